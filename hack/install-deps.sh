@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs the Debian packages that building and testing Canopy needs, only
+# when a command is missing, so a second run does nothing.
+set -euo pipefail
+
+declare -A pkg_for=(
+	[protoc]=protobuf-compiler
+	[etcd]=etcd-server
+)
+missing=()
+for cmd in "${!pkg_for[@]}"; do
+	command -v "$cmd" >/dev/null || missing+=("${pkg_for[$cmd]}")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+	echo "install-deps: missing ${missing[*]}: run as root or install them yourself" >&2
+	exit 1
+fi
+echo "install-deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,10 @@
+//go:build tools
+
+// Package kube lists the Kubernetes commands the test environment builds, so
+// that go mod tidy keeps their dependencies in this module.
+package kube
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+)
