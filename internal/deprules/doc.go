@@ -1,0 +1,91 @@
+// Package deprules holds Canopy's dependency rules as data and a test that
+// checks every package of the module, and every binary under cmd/, against
+// them with go list. The rules keep binaries small and components swappable:
+// the node proxy never links the control plane or client-go, the CNI plugin
+// (exec'd on every pod start) never links client-go or gRPC, nothing links a
+// test helper, and nothing imports istio.io/istio.
+//
+// A new binary under cmd/ fails the test until it is listed in Binaries.
+package deprules
+
+import "strings"
+
+// Module is the module path; rule paths that start with "./" are relative
+// to it.
+const Module = "github.com/canopy-mesh/canopy"
+
+// Rule forbids packages matching Packages to depend (directly or not) on any
+// import path matching Forbid. Patterns are import path prefixes; "./x"
+// means Module + "/x", and a pattern matches the path itself and everything
+// below it.
+type Rule struct {
+	Packages []string
+	// Except are packages that Packages matches but the rule spares.
+	Except []string
+	Forbid []string
+	// Allow, when not empty, turns the rule into an allowlist: besides the
+	// standard library, only paths matching Allow may be dependencies.
+	Allow  []string
+	Reason string
+}
+
+// Binaries are the commands under cmd/, each with the rules that apply only
+// to it. Binaries land with the issue that gives them a job.
+var Binaries = map[string][]Rule{}
+
+// Rules apply to every package of the module they match.
+var Rules = []Rule{
+	{
+		Packages: []string{"./"},
+		Forbid:   []string{"istio.io/istio"},
+		Reason:   "Canopy reads Istio's APIs through istio.io/api and istio.io/client-go only",
+	},
+	{
+		Packages: []string{"./"},
+		Except:   []string{"./internal/testenv", "./internal/ci"},
+		Forbid:   []string{"./internal/testenv", "./internal/ci"},
+		Reason:   "test helpers are for tests only",
+	},
+	{
+		Packages: []string{"./"},
+		Forbid:   []string{"./cmd"},
+		Reason:   "nothing imports a main package; cmd/ is wiring only",
+	},
+	{
+		Packages: []string{"./workloadapi"},
+		Allow:    []string{"./workloadapi", "google.golang.org/protobuf", "github.com/spiffe/go-spiffe/v2/spiffeid"},
+		Reason:   "every binary links the wire types, so they stay dependency-free",
+	},
+	{
+		Packages: []string{"./node"},
+		Forbid:   []string{"./controller", "./cni", "k8s.io/client-go"},
+		Reason:   "the node proxy learns everything over xDS, ZDS and the CA API",
+	},
+	{
+		Packages: []string{"./ca"},
+		Forbid:   []string{"./controller", "./node", "./cni"},
+		Reason:   "the CA is a component of its own; the controller uses it through interfaces",
+	},
+	{
+		Packages: []string{"./cni"},
+		Forbid:   []string{"./controller", "./node"},
+		Reason:   "the CNI agent talks to the node proxy over ZDS only",
+	},
+}
+
+// expand turns a "./x" pattern into a full import path.
+func expand(pattern string) string {
+	if rest, ok := strings.CutPrefix(pattern, "./"); ok {
+		if rest == "" {
+			return Module
+		}
+		return Module + "/" + rest
+	}
+	return pattern
+}
+
+// matches reports whether path is pattern or below it.
+func matches(path, pattern string) bool {
+	p := expand(pattern)
+	return path == p || strings.HasPrefix(path, p+"/")
+}
