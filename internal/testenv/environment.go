@@ -22,19 +22,11 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
-// Controllers are the kube-controller-manager controllers an Environment
+// controllers are the kube-controller-manager controllers an Environment
 // runs: what a mesh control plane's inputs depend on, nothing that needs a
 // kubelet, a scheduler or a cloud.
-var Controllers = []string{
-	"endpointslice",
-	"endpointslicemirroring",
-	"serviceaccount",
-	"serviceaccount-token",
-	"namespace",
-	"garbagecollector",
-	"deployment",
-	"replicaset",
-}
+const controllers = "endpointslice,endpointslicemirroring,serviceaccount,serviceaccount-token," +
+	"namespace,garbagecollector,deployment,replicaset"
 
 // Options configure an Environment. The zero value starts everything on
 // loopback.
@@ -273,7 +265,7 @@ func (e *Environment) startAPIServer(ctx context.Context, path string, opts Opti
 func (e *Environment) startControllerManager(ctx context.Context, path string) error {
 	p, err := e.start("kube-controller-manager", path,
 		"--kubeconfig="+e.KubeconfigPath,
-		"--controllers="+strings.Join(Controllers, ","),
+		"--controllers="+controllers,
 		"--service-account-private-key-file="+filepath.Join(e.dir, "sa.key"),
 		"--root-ca-file="+filepath.Join(e.dir, "apiserver", "apiserver.crt"),
 		"--leader-elect=false",

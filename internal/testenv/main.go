@@ -32,7 +32,7 @@ func Main(m *testing.M, env **Environment) int {
 	if testing.Verbose() {
 		opts.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
-	e, err := Start(context.Background(), opts)
+	e, err := startWithRetry(opts)
 	switch {
 	case errors.Is(err, ErrUnavailable) && !ci.Enabled():
 		fmt.Fprintf(os.Stderr, "testenv: kube-level tests will skip (they fail under CI): %v\n", err)
@@ -55,6 +55,24 @@ func Main(m *testing.M, env **Environment) int {
 		}
 	}
 	return code
+}
+
+// startWithRetry starts an environment, trying again when a component fails
+// to start: free ports are found, not reserved, so test packages starting in
+// parallel can rarely race for one.
+func startWithRetry(opts Options) (*Environment, error) {
+	const attempts = 3
+	var err error
+	for i := 1; i <= attempts; i++ {
+		var e *Environment
+		if e, err = Start(context.Background(), opts); err == nil || errors.Is(err, ErrUnavailable) {
+			return e, err
+		}
+		if i < attempts {
+			fmt.Fprintf(os.Stderr, "testenv: start attempt %d of %d failed, trying again: %v\n", i, attempts, err)
+		}
+	}
+	return nil, err
 }
 
 // Need skips (or, under CI, fails) a test when Main could not start the
