@@ -19,7 +19,7 @@ GOTESTP     ?= 2
 LDFLAGS := -s -w -X $(MODULE)/internal/version.version=$(VERSION)
 BINARIES := $(notdir $(patsubst %/,%,$(dir $(wildcard cmd/*/main.go))))
 
-.PHONY: all build deps kube-binaries test test-unit lint proto proto-check bench clean help
+.PHONY: all build deps tools test test-unit lint proto proto-check bench clean help
 
 all: build
 
@@ -29,8 +29,8 @@ help: ## list the targets
 deps: ## install missing Debian packages (protoc, etcd)
 	@hack/install-deps.sh
 
-kube-binaries: ## build (once) kube-apiserver and kube-controller-manager into the cache
-	@hack/kube-binaries.sh >/dev/null
+tools: ## build (once) the pinned third-party binaries into the cache: Kubernetes, CoreDNS, CNI plugins
+	@for t in kube coredns cni; do hack/tools.sh $$t >/dev/null; done
 
 build: ## static binaries with version ldflags into $(OUT)
 	@mkdir -p $(OUT)
@@ -40,7 +40,7 @@ build: ## static binaries with version ldflags into $(OUT)
 	done
 
 test: deps lint ## every test level: unit, kube (real API server) and root-level
-	@bindir=$$(hack/kube-binaries.sh); \
+	@bindir=$$(hack/tools.sh kube); \
 	CANOPY_KUBE_BIN_DIR=$$bindir $(GO) test -p $(GOTESTP) -count=1 $(GOTESTFLAGS) ./...
 
 test-unit: ## only tests that need no API server and no root

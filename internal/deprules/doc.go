@@ -31,7 +31,15 @@ type Rule struct {
 
 // Binaries are the commands under cmd/, each with the rules that apply only
 // to it. Binaries land with the issue that gives them a job.
-var Binaries = map[string][]Rule{}
+var Binaries = map[string][]Rule{
+	// The test application runs in every demo pod: keep it a plain
+	// networking program.
+	"canopy-echo": {{
+		Packages: []string{"./cmd/canopy-echo"},
+		Forbid:   []string{"k8s.io", "google.golang.org/grpc", "./workloadapi"},
+		Reason:   "the test app is a plain HTTP/TCP program",
+	}},
+}
 
 // Rules apply to every package of the module they match.
 var Rules = []Rule{

@@ -49,7 +49,7 @@ func findBinaries(opts Options) (binaries, error) {
 	}
 	for _, p := range []string{b.apiserver, b.controllerManager} {
 		if _, err := os.Stat(p); err != nil {
-			return binaries{}, fmt.Errorf("%w: %w (make kube-binaries builds it)", ErrUnavailable, err)
+			return binaries{}, fmt.Errorf("%w: %w (make tools builds it)", ErrUnavailable, err)
 		}
 	}
 	return b, nil
@@ -63,9 +63,9 @@ func buildKubeBinaries() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%w: %s not set and %w", ErrUnavailable, EnvKubeBinDir, err)
 	}
-	fmt.Fprintf(os.Stderr, "testenv: %s not set; running hack/kube-binaries.sh (a cold build takes minutes)\n", EnvKubeBinDir)
+	fmt.Fprintf(os.Stderr, "testenv: %s not set; running hack/tools.sh kube (a cold build takes minutes)\n", EnvKubeBinDir)
 	var stderr bytes.Buffer
-	cmd := exec.Command(filepath.Join(root, "hack", "kube-binaries.sh"))
+	cmd := exec.Command(filepath.Join(root, "hack", "tools.sh"), "kube")
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {

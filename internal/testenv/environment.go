@@ -32,7 +32,7 @@ const controllers = "endpointslice,endpointslicemirroring,serviceaccount,service
 // loopback.
 type Options struct {
 	// BinDir holds kube-apiserver and kube-controller-manager. Empty means
-	// $CANOPY_KUBE_BIN_DIR, else what hack/kube-binaries.sh builds.
+	// $CANOPY_KUBE_BIN_DIR, else what hack/tools.sh kube builds.
 	BinDir string
 	// Etcd is the etcd binary. Empty means $CANOPY_ETCD, else etcd on PATH.
 	Etcd string

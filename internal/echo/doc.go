@@ -1,0 +1,15 @@
+// Package echo is the test application of Canopy's local cluster and
+// end-to-end tests: an HTTP and TCP echo server that also makes requests on
+// a caller's behalf from inside its pod, and the matching client.
+//
+// Server endpoints:
+//
+//	GET  /                 JSON description of the server and the request
+//	GET  /healthz          200 unless readiness was failed
+//	POST /healthz/fail     make /healthz answer 503 (to test readiness)
+//	POST /healthz/ok       make /healthz answer 200 again
+//	GET  /fetch?url=U      GET U from inside this pod; relays status and body
+//	GET  /dial?addr=A&msg=M  send M to TCP address A, return what echoes back
+//
+// The TCP listener echoes every byte it receives.
+package echo
