@@ -22,10 +22,10 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
-// controllers are the kube-controller-manager controllers an Environment
-// runs: what a mesh control plane's inputs depend on, nothing that needs a
-// kubelet, a scheduler or a cloud.
-const controllers = "endpointslice,endpointslicemirroring,serviceaccount,serviceaccount-token," +
+// baseControllers are the kube-controller-manager controllers every
+// Environment runs: what a mesh control plane's inputs depend on, nothing
+// that needs a kubelet, a scheduler or a cloud.
+const baseControllers = "endpointslice,endpointslicemirroring,serviceaccount,serviceaccount-token," +
 	"namespace,garbagecollector,deployment,replicaset"
 
 // Options configure an Environment. The zero value starts everything on
@@ -45,6 +45,13 @@ type Options struct {
 	// Dir holds the components' state and logs. Empty means a new temporary
 	// directory, removed by Stop unless logs are kept.
 	Dir string
+	// ExtraControllers are run besides the base set, e.g. "daemonset" for
+	// a cluster with kubelets.
+	ExtraControllers []string
+	// Detached starts the components as long-lived processes in their own
+	// session that outlive the caller (a local cluster's "up"); otherwise
+	// the kernel kills them when the caller dies.
+	Detached bool
 	// StartTimeout bounds the whole start; default 60s.
 	StartTimeout time.Duration
 	// Log receives lifecycle messages; default discards them.
@@ -69,7 +76,24 @@ type Environment struct {
 	removeDir  bool
 	log        *slog.Logger
 	procs      []*process // in start order
-	etcdClient string     // etcd client URL
+	detached   bool
+	etcdClient string // etcd client URL
+}
+
+// Process is a running component.
+type Process struct {
+	Name string
+	PID  int
+}
+
+// Processes returns the components in start order, so that a caller that
+// outlives them (a local cluster's state file) can stop them later.
+func (e *Environment) Processes() []Process {
+	out := make([]Process, 0, len(e.procs))
+	for _, p := range e.procs {
+		out = append(out, Process{Name: p.name, PID: p.cmd.Process.Pid})
+	}
+	return out
 }
 
 // Start runs etcd, kube-apiserver and kube-controller-manager and returns
@@ -82,7 +106,7 @@ func Start(ctx context.Context, opts Options) (_ *Environment, err error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Environment{dir: opts.Dir, log: opts.Log}
+	e := &Environment{dir: opts.Dir, log: opts.Log, detached: opts.Detached}
 	if e.dir == "" {
 		if e.dir, err = os.MkdirTemp("", "canopy-testenv-"); err != nil {
 			return nil, fmt.Errorf("create state directory: %w", err)
@@ -110,7 +134,8 @@ func Start(ctx context.Context, opts Options) (_ *Environment, err error) {
 	if err := e.startAPIServer(ctx, bins.apiserver, opts, ports[2]); err != nil {
 		return nil, err
 	}
-	if err := e.startControllerManager(ctx, bins.controllerManager); err != nil {
+	controllers := strings.Join(append([]string{baseControllers}, opts.ExtraControllers...), ",")
+	if err := e.startControllerManager(ctx, bins.controllerManager, controllers); err != nil {
 		return nil, err
 	}
 	e.log.Info("test environment ready", "server", e.Config.Host, "dir", e.dir)
@@ -158,7 +183,7 @@ func (e *Environment) stop(keepLogs bool) error {
 }
 
 func (e *Environment) start(name, path string, args ...string) (*process, error) {
-	p, err := startProcess(name, path, filepath.Join(e.dir, name+".log"), args...)
+	p, err := startProcess(name, path, filepath.Join(e.dir, name+".log"), e.detached, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -262,7 +287,7 @@ func (e *Environment) startAPIServer(ctx context.Context, path string, opts Opti
 	return writeKubeconfig(e.KubeconfigPath, e.Config)
 }
 
-func (e *Environment) startControllerManager(ctx context.Context, path string) error {
+func (e *Environment) startControllerManager(ctx context.Context, path, controllers string) error {
 	p, err := e.start("kube-controller-manager", path,
 		"--kubeconfig="+e.KubeconfigPath,
 		"--controllers="+controllers,

@@ -21,7 +21,7 @@ type process struct {
 	err     error         // the exit error, valid after done
 }
 
-func startProcess(name, path, logPath string, args ...string) (*process, error) {
+func startProcess(name, path, logPath string, detached bool, args ...string) (*process, error) {
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("open %s log: %w", name, err)
@@ -29,7 +29,7 @@ func startProcess(name, path, logPath string, args ...string) (*process, error) 
 	cmd := exec.Command(path, args...)
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
-	cmd.SysProcAttr = sysProcAttr()
+	cmd.SysProcAttr = sysProcAttr(detached)
 	if err := cmd.Start(); err != nil {
 		logFile.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)

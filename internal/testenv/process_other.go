@@ -5,4 +5,9 @@ package testenv
 import "syscall"
 
 // sysProcAttr: only Linux can tie a child's life to its parent's.
-func sysProcAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
+func sysProcAttr(detached bool) *syscall.SysProcAttr {
+	if detached {
+		return &syscall.SysProcAttr{Setsid: true}
+	}
+	return &syscall.SysProcAttr{Setpgid: true}
+}

@@ -1,0 +1,96 @@
+package kubelet
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+
+	"github.com/virtual-kubelet/virtual-kubelet/node"
+	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// NodeInfo describes the Node object a kubelet registers.
+type NodeInfo struct {
+	Name    string
+	IP      string
+	PodCIDR string
+	// Labels are added to the well-known ones (hostname, os, arch), e.g.
+	// topology.kubernetes.io/region and zone.
+	Labels         map[string]string
+	KubeletVersion string
+}
+
+// NodeTemplate returns the Node a kubelet registers and keeps up to date.
+func NodeTemplate(info NodeInfo) *corev1.Node {
+	labels := map[string]string{
+		corev1.LabelHostname:   info.Name,
+		corev1.LabelOSStable:   runtime.GOOS,
+		corev1.LabelArchStable: runtime.GOARCH,
+	}
+	for k, v := range info.Labels {
+		labels[k] = v
+	}
+	capacity := corev1.ResourceList{
+		corev1.ResourceCPU:    resource.MustParse("8"),
+		corev1.ResourceMemory: resource.MustParse("16Gi"),
+		corev1.ResourcePods:   resource.MustParse("110"),
+	}
+	n := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: info.Name, Labels: labels},
+		Spec:       corev1.NodeSpec{PodCIDR: info.PodCIDR},
+		Status: corev1.NodeStatus{
+			Phase:       corev1.NodePending,
+			Capacity:    capacity,
+			Allocatable: capacity,
+			Addresses: []corev1.NodeAddress{
+				{Type: corev1.NodeInternalIP, Address: info.IP},
+				{Type: corev1.NodeHostName, Address: info.Name},
+			},
+			NodeInfo: corev1.NodeSystemInfo{
+				OperatingSystem: runtime.GOOS,
+				Architecture:    runtime.GOARCH,
+				KubeletVersion:  info.KubeletVersion,
+			},
+			Conditions: []corev1.NodeCondition{
+				{Type: corev1.NodeReady, Status: corev1.ConditionFalse},
+				{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse},
+				{Type: corev1.NodeDiskPressure, Status: corev1.ConditionFalse},
+				{Type: corev1.NodePIDPressure, Status: corev1.ConditionFalse},
+				{Type: corev1.NodeNetworkUnavailable, Status: corev1.ConditionFalse},
+			},
+		},
+	}
+	if info.PodCIDR != "" {
+		n.Spec.PodCIDRs = []string{info.PodCIDR}
+	}
+	return n
+}
+
+// Run registers the node and runs its pods until ctx ends. The node turns
+// Ready once virtual-kubelet's controllers run.
+func Run(ctx context.Context, cfg Config, info NodeInfo) error {
+	p, err := NewProvider(cfg)
+	if err != nil {
+		return err
+	}
+	template := NodeTemplate(info)
+	n, err := nodeutil.NewNode(info.Name,
+		func(nodeutil.ProviderConfig) (nodeutil.Provider, node.NodeProvider, error) { return p, nil, nil },
+		nodeutil.WithClient(cfg.Client),
+		func(c *nodeutil.NodeConfig) error {
+			c.NodeSpec = *template
+			c.NumWorkers = 4
+			return nil
+		},
+	)
+	if err != nil {
+		return fmt.Errorf("create virtual-kubelet node: %w", err)
+	}
+	if err := n.Run(ctx); err != nil && ctx.Err() == nil {
+		return fmt.Errorf("run node %s: %w", info.Name, err)
+	}
+	return nil
+}

@@ -1,0 +1,378 @@
+package kubelet
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/canopy-mesh/canopy/internal/netns"
+)
+
+// podRuntime is one pod on this node: its sandbox (network namespace,
+// volumes, DNS files) and its containers' processes.
+type podRuntime struct {
+	p   *Provider
+	log *slog.Logger
+	dir string
+
+	ctx    context.Context // ends when the pod is deleted
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // the pod's goroutines
+
+	mu         sync.Mutex
+	pod        *corev1.Pod // spec as created; metadata kept current
+	view       podView
+	conditions []corev1.PodCondition
+	netnsPath  string
+	volumes    map[string]string
+	procs      map[string]*os.Process // running processes by container name
+}
+
+func newPodRuntime(p *Provider, pod *corev1.Pod) *podRuntime {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &podRuntime{
+		p:      p,
+		log:    p.log.With("pod", podKey(pod.Namespace, pod.Name)),
+		dir:    filepath.Join(p.cfg.StateDir, "pods", string(pod.UID)),
+		ctx:    ctx,
+		cancel: cancel,
+		pod:    pod,
+		procs:  map[string]*os.Process{},
+	}
+	r.view = podView{
+		RestartPolicy: pod.Spec.RestartPolicy,
+		HostIP:        p.cfg.NodeIP,
+		StartTime:     metav1.Now(),
+	}
+	waiting := corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ContainerCreating"}}
+	for _, c := range pod.Spec.InitContainers {
+		r.view.InitContainers = append(r.view.InitContainers, containerView{Name: c.Name, Image: c.Image, State: waiting})
+	}
+	for _, c := range pod.Spec.Containers {
+		r.view.Containers = append(r.view.Containers, containerView{Name: c.Name, Image: c.Image, State: waiting})
+	}
+	return r
+}
+
+// snapshot returns the pod with its current status; the caller owns it.
+func (r *podRuntime) snapshot() *corev1.Pod {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	pod := r.pod.DeepCopy()
+	pod.Status = buildStatus(r.view, r.conditions, metav1.Now())
+	r.conditions = pod.Status.Conditions
+	return pod
+}
+
+// changed publishes the pod's new status.
+func (r *podRuntime) changed() { r.p.publish(r.snapshot()) }
+
+// update changes the view under the lock and publishes the result.
+func (r *podRuntime) update(f func(v *podView)) {
+	r.mu.Lock()
+	f(&r.view)
+	r.mu.Unlock()
+	r.changed()
+}
+
+func (r *podRuntime) updateMeta(pod *corev1.Pod) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	pod.ObjectMeta.DeepCopyInto(&r.pod.ObjectMeta)
+}
+
+func (r *podRuntime) logPath(container string) string {
+	return filepath.Join(r.dir, "logs", container+".log")
+}
+
+// run brings the pod up: sandbox (retried with backoff until it works or
+// the pod is deleted), init containers in order, then the containers.
+func (r *podRuntime) run() {
+	r.wg.Add(1)
+	defer r.wg.Done()
+	if !r.retry("create pod sandbox", r.setupSandbox) {
+		return
+	}
+	for i := range r.pod.Spec.InitContainers {
+		if !r.runInit(i) {
+			return
+		}
+	}
+	for i := range r.pod.Spec.Containers {
+		c := &r.pod.Spec.Containers[i]
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			r.supervise(i, c)
+		}()
+		r.startProbes(i, c)
+	}
+}
+
+// retry runs f until it succeeds or the pod is deleted, reporting each
+// failure in the containers' waiting state. It reports whether f succeeded.
+func (r *podRuntime) retry(what string, f func() error) bool {
+	backoff := r.p.cfg.RestartBackoff
+	for {
+		err := f()
+		if err == nil {
+			return true
+		}
+		r.log.Warn("pod start failed, will retry", "step", what, "err", err)
+		msg := fmt.Sprintf("%s: %v", what, err)
+		r.update(func(v *podView) {
+			for i := range v.Containers {
+				v.Containers[i].State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ContainerCreating", Message: msg}}
+			}
+			v.Message = msg
+		})
+		select {
+		case <-r.ctx.Done():
+			return false
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, r.p.cfg.MaxRestartBackoff)
+	}
+}
+
+// record is what a later run of the kubelet needs to clean up a pod this
+// run left behind.
+type record struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	UID       string `json:"uid"`
+	Netns     string `json:"netns,omitempty"`
+	PIDs      []int  `json:"pids,omitempty"`
+}
+
+func (r *podRuntime) saveRecord() error {
+	r.mu.Lock()
+	rec := record{Namespace: r.pod.Namespace, Name: r.pod.Name, UID: string(r.pod.UID), Netns: r.netnsPath}
+	for _, p := range r.procs {
+		rec.PIDs = append(rec.PIDs, p.Pid)
+	}
+	r.mu.Unlock()
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(r.dir, "record.json.tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(r.dir, "record.json"))
+}
+
+func (r *podRuntime) setupSandbox() error {
+	if err := os.MkdirAll(filepath.Join(r.dir, "logs"), 0o755); err != nil {
+		return fmt.Errorf("create pod directory: %w", err)
+	}
+	pod := r.pod
+	var ips []string
+	if pod.Spec.HostNetwork {
+		ips = []string{r.p.cfg.NodeIP}
+	} else {
+		path := netns.Path(netnsName(pod))
+		if !netns.Exists(path) {
+			var err error
+			if path, err = netns.Create(netnsName(pod)); err != nil {
+				return err
+			}
+		}
+		r.mu.Lock()
+		r.netnsPath = path
+		r.mu.Unlock()
+		if err := r.saveRecord(); err != nil {
+			return fmt.Errorf("save pod record: %w", err)
+		}
+		var err error
+		if ips, err = r.p.net.add(r.ctx, pod, path); err != nil {
+			return err
+		}
+	}
+	vols, err := r.p.vols.prepare(r.ctx, pod, filepath.Join(r.dir, "volumes"))
+	if err != nil {
+		return err
+	}
+	if err := r.writeDNSFiles(ips); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.volumes = vols
+	r.mu.Unlock()
+	r.update(func(v *podView) {
+		v.PodIPs = ips
+		v.Message = ""
+	})
+	return nil
+}
+
+// netnsName names a pod's network namespace after its UID, which is unique
+// across nodes and clusters.
+func netnsName(pod *corev1.Pod) string { return "cpod-" + string(pod.UID) }
+
+// writeDNSFiles writes the pod's resolv.conf and hosts, as a kubelet does
+// for dnsPolicy ClusterFirst.
+func (r *podRuntime) writeDNSFiles(ips []string) error {
+	pod, cfg := r.pod, r.p.cfg
+	domain := cfg.ClusterDomain
+	resolv := fmt.Sprintf("search %s.svc.%s svc.%s %s\nnameserver %s\noptions ndots:5\n",
+		pod.Namespace, domain, domain, domain, cfg.ClusterDNS)
+	hosts := "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+	for _, ip := range ips {
+		hosts += fmt.Sprintf("%s\t%s\n", ip, pod.Name)
+	}
+	if err := os.WriteFile(filepath.Join(r.dir, "resolv.conf"), []byte(resolv), 0o644); err != nil {
+		return fmt.Errorf("write resolv.conf: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(r.dir, "hosts"), []byte(hosts), 0o644); err != nil {
+		return fmt.Errorf("write hosts: %w", err)
+	}
+	return nil
+}
+
+// stop ends the pod: its goroutines, its processes (SIGTERM, then SIGKILL
+// after grace), then CNI DEL and the network namespace. It is safe to call
+// more than once.
+func (r *podRuntime) stop(grace time.Duration) {
+	r.cancel()
+	r.mu.Lock()
+	procs := make([]*os.Process, 0, len(r.procs))
+	for _, p := range r.procs {
+		procs = append(procs, p)
+	}
+	r.mu.Unlock()
+	for _, p := range procs {
+		_ = syscall.Kill(-p.Pid, syscall.SIGTERM)
+	}
+	done := make(chan struct{})
+	go func() { r.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(grace):
+		for _, p := range procs {
+			_ = syscall.Kill(-p.Pid, syscall.SIGKILL)
+		}
+		<-done
+	}
+
+	r.mu.Lock()
+	path := r.netnsPath
+	r.mu.Unlock()
+	if err := r.teardownNetwork(path); err != nil {
+		r.log.Warn("pod network teardown failed", "err", err)
+	}
+	if err := os.RemoveAll(r.dir); err != nil {
+		r.log.Warn("remove pod directory failed", "err", err)
+	}
+	r.update(func(v *podView) {
+		for _, cs := range [][]containerView{v.InitContainers, v.Containers} {
+			for i := range cs {
+				cs[i].Ready = false
+				if cs[i].State.Terminated == nil {
+					cs[i].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+						ExitCode: 137, Reason: "Killed", FinishedAt: metav1.Now(),
+					}}
+				}
+			}
+		}
+	})
+}
+
+func (r *podRuntime) teardownNetwork(path string) error {
+	if path == "" {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := r.p.net.del(ctx, r.pod, path)
+	return errors.Join(err, netns.DeletePath(path))
+}
+
+// cleanupLeftovers removes the pods an earlier run of this kubelet left:
+// their processes, networks and directories.
+func (p *Provider) cleanupLeftovers(ctx context.Context) error {
+	dirs, err := filepath.Glob(filepath.Join(p.cfg.StateDir, "pods", "*"))
+	if err != nil {
+		return err
+	}
+	for _, dir := range dirs {
+		var rec record
+		if b, err := os.ReadFile(filepath.Join(dir, "record.json")); err == nil {
+			if err := json.Unmarshal(b, &rec); err != nil {
+				p.log.Warn("unreadable pod record", "dir", dir, "err", err)
+			}
+		}
+		for _, pid := range rec.PIDs {
+			_ = syscall.Kill(-pid, syscall.SIGKILL)
+		}
+		if rec.Netns != "" {
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: rec.Namespace, Name: rec.Name, UID: types.UID(rec.UID)}}
+			if err := p.net.del(ctx, pod, rec.Netns); err != nil {
+				p.log.Warn("CNI DEL of a leftover pod failed", "pod", podKey(rec.Namespace, rec.Name), "err", err)
+			}
+			if err := netns.DeletePath(rec.Netns); err != nil {
+				return err
+			}
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			return fmt.Errorf("remove leftover pod directory: %w", err)
+		}
+		p.log.Info("removed leftover pod", "pod", podKey(rec.Namespace, rec.Name))
+	}
+	return nil
+}
+
+// envFor returns a container's environment: what a kubelet injects, then
+// the container's own variables (already resolved by virtual-kubelet).
+func (r *podRuntime) envFor(c *corev1.Container) []string {
+	cfg := r.p.cfg
+	env := []string{
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"HOSTNAME=" + r.pod.Name,
+	}
+	if cfg.APIServiceHost != "" {
+		env = append(env,
+			"KUBERNETES_SERVICE_HOST="+cfg.APIServiceHost,
+			"KUBERNETES_SERVICE_PORT="+cfg.APIServicePort,
+			"KUBERNETES_SERVICE_PORT_HTTPS="+cfg.APIServicePort,
+		)
+	}
+	for _, e := range c.Env {
+		if e.ValueFrom == nil {
+			env = append(env, e.Name+"="+e.Value)
+		}
+	}
+	return env
+}
+
+// imageProgram finds the program an image runs, by repository.
+func (p *Provider) imageProgram(image string) (string, error) {
+	repo := image
+	if i := strings.Index(repo, "@"); i >= 0 {
+		repo = repo[:i]
+	}
+	if i := strings.LastIndex(repo, ":"); i > strings.LastIndex(repo, "/") {
+		repo = repo[:i]
+	}
+	if path, ok := p.cfg.Images[repo]; ok {
+		return path, nil
+	}
+	known := make([]string, 0, len(p.cfg.Images))
+	for k := range p.cfg.Images {
+		known = append(known, k)
+	}
+	return "", fmt.Errorf("image %q is not in the local cluster's image table (known: %s)", image, strings.Join(known, ", "))
+}

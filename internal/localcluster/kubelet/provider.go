@@ -1,0 +1,264 @@
+package kubelet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
+	"github.com/virtual-kubelet/virtual-kubelet/node/api"
+	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
+)
+
+// Config configures a Provider.
+type Config struct {
+	NodeName string
+	// NodeIP is the node's address: the host IP of pods, and the pod IP of
+	// host-network pods.
+	NodeIP string
+	// StateDir holds a directory per pod (volumes, resolv.conf, logs).
+	StateDir string
+	// CNIConfDir and CNIBinDir are the node's CNI configuration and
+	// plugins, as a container runtime is configured.
+	CNIConfDir, CNIBinDir string
+	// Images maps an image repository (the image name without tag or
+	// digest) to the absolute path of the program it runs.
+	Images map[string]string
+	// SelfBinary is a binary whose main runs containerinit.Main for
+	// containerinit.Arg; containers start through it.
+	SelfBinary string
+	// ClusterDNS is the DNS server in pods' resolv.conf; ClusterDomain the
+	// cluster's DNS domain (default cluster.local).
+	ClusterDNS, ClusterDomain string
+	// APIServiceHost and APIServicePort become KUBERNETES_SERVICE_HOST and
+	// KUBERNETES_SERVICE_PORT in every container.
+	APIServiceHost, APIServicePort string
+	// RestartBackoff is the first delay before restarting a container; it
+	// doubles up to MaxRestartBackoff. Defaults 1s and 30s: shorter than a
+	// kubelet's, for a development cluster.
+	RestartBackoff, MaxRestartBackoff time.Duration
+	Client                            kubernetes.Interface
+	Log                               *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.ClusterDomain == "" {
+		c.ClusterDomain = "cluster.local"
+	}
+	if c.RestartBackoff == 0 {
+		c.RestartBackoff = time.Second
+	}
+	if c.MaxRestartBackoff == 0 {
+		c.MaxRestartBackoff = 30 * time.Second
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Provider runs the pods of one node. It implements nodeutil.Provider and
+// node.PodNotifier.
+type Provider struct {
+	cfg  Config
+	net  *network
+	vols volumeSource
+	log  *slog.Logger
+
+	mu     sync.Mutex
+	pods   map[string]*podRuntime // by namespace/name
+	notify func(*corev1.Pod)
+}
+
+var _ nodeutil.Provider = (*Provider)(nil)
+
+// NewProvider returns a Provider after removing what an earlier run of the
+// same node left behind (processes, network namespaces, pod directories):
+// virtual-kubelet creates the node's pods again.
+func NewProvider(cfg Config) (*Provider, error) {
+	cfg = cfg.withDefaults()
+	if cfg.SelfBinary == "" || !filepath.IsAbs(cfg.SelfBinary) {
+		return nil, fmt.Errorf("kubelet: SelfBinary %q must be an absolute path", cfg.SelfBinary)
+	}
+	p := &Provider{
+		cfg:  cfg,
+		net:  newNetwork(cfg.CNIConfDir, cfg.CNIBinDir, filepath.Join(cfg.StateDir, "cni-cache")),
+		vols: volumeSource{client: cfg.Client},
+		log:  cfg.Log.With("component", "kubelet", "node", cfg.NodeName),
+		pods: map[string]*podRuntime{},
+	}
+	if err := p.cleanupLeftovers(context.Background()); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func podKey(namespace, name string) string { return namespace + "/" + name }
+
+// NotifyPods implements node.PodNotifier.
+func (p *Provider) NotifyPods(_ context.Context, cb func(*corev1.Pod)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.notify = cb
+}
+
+func (p *Provider) publish(pod *corev1.Pod) {
+	p.mu.Lock()
+	cb := p.notify
+	p.mu.Unlock()
+	if cb != nil {
+		cb(pod)
+	}
+}
+
+// CreatePod implements node.PodLifecycleHandler. The pod starts in the
+// background; its status tells how far it got.
+func (p *Provider) CreatePod(_ context.Context, pod *corev1.Pod) error {
+	key := podKey(pod.Namespace, pod.Name)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if r, ok := p.pods[key]; ok && r.pod.UID == pod.UID {
+		return nil
+	}
+	r := newPodRuntime(p, pod.DeepCopy())
+	p.pods[key] = r
+	go r.run()
+	return nil
+}
+
+// UpdatePod implements node.PodLifecycleHandler. A pod's containers are
+// immutable; only its metadata is kept up to date.
+func (p *Provider) UpdatePod(_ context.Context, pod *corev1.Pod) error {
+	p.mu.Lock()
+	r, ok := p.pods[podKey(pod.Namespace, pod.Name)]
+	p.mu.Unlock()
+	if !ok {
+		return errdefs.NotFoundf("pod %s/%s not found", pod.Namespace, pod.Name)
+	}
+	r.updateMeta(pod)
+	return nil
+}
+
+// DeletePod implements node.PodLifecycleHandler. It stops the pod in the
+// background and publishes its terminal status when done.
+func (p *Provider) DeletePod(_ context.Context, pod *corev1.Pod) error {
+	key := podKey(pod.Namespace, pod.Name)
+	p.mu.Lock()
+	r, ok := p.pods[key]
+	p.mu.Unlock()
+	if !ok {
+		return errdefs.NotFoundf("pod %s not found", key)
+	}
+	go func() {
+		r.stop(gracePeriod(pod))
+		p.mu.Lock()
+		if p.pods[key] == r {
+			delete(p.pods, key)
+		}
+		p.mu.Unlock()
+		p.publish(r.snapshot())
+	}()
+	return nil
+}
+
+// gracePeriod is how long containers get between SIGTERM and SIGKILL,
+// capped at 10s on a development cluster.
+func gracePeriod(pod *corev1.Pod) time.Duration {
+	g := 30 * time.Second
+	if s := pod.DeletionGracePeriodSeconds; s != nil {
+		g = time.Duration(*s) * time.Second
+	} else if s := pod.Spec.TerminationGracePeriodSeconds; s != nil {
+		g = time.Duration(*s) * time.Second
+	}
+	return min(g, 10*time.Second)
+}
+
+// GetPod implements node.PodLifecycleHandler.
+func (p *Provider) GetPod(_ context.Context, namespace, name string) (*corev1.Pod, error) {
+	p.mu.Lock()
+	r, ok := p.pods[podKey(namespace, name)]
+	p.mu.Unlock()
+	if !ok {
+		return nil, errdefs.NotFoundf("pod %s/%s not found", namespace, name)
+	}
+	return r.snapshot(), nil
+}
+
+// GetPodStatus implements node.PodLifecycleHandler.
+func (p *Provider) GetPodStatus(ctx context.Context, namespace, name string) (*corev1.PodStatus, error) {
+	pod, err := p.GetPod(ctx, namespace, name)
+	if err != nil {
+		return nil, err
+	}
+	return &pod.Status, nil
+}
+
+// GetPods implements node.PodLifecycleHandler.
+func (p *Provider) GetPods(context.Context) ([]*corev1.Pod, error) {
+	p.mu.Lock()
+	rs := make([]*podRuntime, 0, len(p.pods))
+	for _, r := range p.pods {
+		rs = append(rs, r)
+	}
+	p.mu.Unlock()
+	out := make([]*corev1.Pod, 0, len(rs))
+	for _, r := range rs {
+		out = append(out, r.snapshot())
+	}
+	sort.Slice(out, func(i, j int) bool {
+		return podKey(out[i].Namespace, out[i].Name) < podKey(out[j].Namespace, out[j].Name)
+	})
+	return out, nil
+}
+
+// GetContainerLogs implements nodeutil.Provider: the container's output,
+// as kubectl logs shows it.
+func (p *Provider) GetContainerLogs(_ context.Context, namespace, podName, containerName string, _ api.ContainerLogOpts) (io.ReadCloser, error) {
+	p.mu.Lock()
+	r, ok := p.pods[podKey(namespace, podName)]
+	p.mu.Unlock()
+	if !ok {
+		return nil, errdefs.NotFoundf("pod %s/%s not found", namespace, podName)
+	}
+	f, err := os.Open(r.logPath(containerName))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, errdefs.NotFoundf("no logs for container %s", containerName)
+	}
+	return f, err
+}
+
+// RunInContainer implements nodeutil.Provider; exec is not supported.
+func (p *Provider) RunInContainer(context.Context, string, string, string, []string, api.AttachIO) error {
+	return errdefs.InvalidInput("exec is not supported by the local cluster")
+}
+
+// AttachToContainer implements nodeutil.Provider; attach is not supported.
+func (p *Provider) AttachToContainer(context.Context, string, string, string, api.AttachIO) error {
+	return errdefs.InvalidInput("attach is not supported by the local cluster")
+}
+
+// GetStatsSummary implements nodeutil.Provider; no stats are collected.
+func (p *Provider) GetStatsSummary(context.Context) (*statsv1alpha1.Summary, error) {
+	return &statsv1alpha1.Summary{}, nil
+}
+
+// GetMetricsResource implements nodeutil.Provider; no metrics are collected.
+func (p *Provider) GetMetricsResource(context.Context) ([]*dto.MetricFamily, error) {
+	return nil, nil
+}
+
+// PortForward implements nodeutil.Provider; not supported yet.
+func (p *Provider) PortForward(context.Context, string, string, int32, io.ReadWriteCloser) error {
+	return errdefs.InvalidInput("port-forward is not supported by the local cluster yet")
+}
