@@ -6,6 +6,8 @@ set -euo pipefail
 declare -A pkg_for=(
 	[protoc]=protobuf-compiler
 	[etcd]=etcd-server
+	# kube-proxy's nftables mode drives the kernel through nft.
+	[nft]=nftables
 )
 missing=()
 for cmd in "${!pkg_for[@]}"; do

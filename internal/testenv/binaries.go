@@ -1,29 +1,22 @@
 package testenv
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
+
+	"github.com/canopy-mesh/canopy/internal/tools"
 )
 
 // ErrUnavailable is wrapped by Start's error when a prerequisite is missing
 // (etcd, or the Kubernetes binaries), as opposed to a component that failed.
 var ErrUnavailable = errors.New("test environment unavailable")
 
-// Environment variables that point the environment at its binaries.
-const (
-	// EnvKubeBinDir names a directory holding kube-apiserver and
-	// kube-controller-manager; make test sets it.
-	EnvKubeBinDir = "CANOPY_KUBE_BIN_DIR"
-	// EnvEtcd names the etcd binary; default: etcd on PATH.
-	EnvEtcd = "CANOPY_ETCD"
-)
-
-const modulePath = "github.com/canopy-mesh/canopy"
+// EnvEtcd names the etcd binary; default: etcd on PATH. The Kubernetes
+// binaries are found through internal/tools ($CANOPY_KUBE_BIN_DIR).
+const EnvEtcd = "CANOPY_ETCD"
 
 // binaries are the absolute paths of the programs an environment runs.
 type binaries struct {
@@ -36,10 +29,10 @@ func findBinaries(opts Options) (binaries, error) {
 	if err != nil {
 		return binaries{}, fmt.Errorf("%w: etcd: %w (install Debian etcd-server: make deps)", ErrUnavailable, err)
 	}
-	dir := firstNonEmpty(opts.BinDir, os.Getenv(EnvKubeBinDir))
+	dir := opts.BinDir
 	if dir == "" {
-		if dir, err = buildKubeBinaries(); err != nil {
-			return binaries{}, err
+		if dir, err = tools.Dir("kube"); err != nil {
+			return binaries{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 	}
 	b := binaries{
@@ -53,45 +46,6 @@ func findBinaries(opts Options) (binaries, error) {
 		}
 	}
 	return b, nil
-}
-
-// buildKubeBinaries runs the repo's build script, which builds the pinned
-// Kubernetes binaries once into the cache and prints their directory. It
-// lets a plain go test work without make; cold, it takes minutes.
-func buildKubeBinaries() (string, error) {
-	root, err := moduleRoot()
-	if err != nil {
-		return "", fmt.Errorf("%w: %s not set and %w", ErrUnavailable, EnvKubeBinDir, err)
-	}
-	fmt.Fprintf(os.Stderr, "testenv: %s not set; running hack/tools.sh kube (a cold build takes minutes)\n", EnvKubeBinDir)
-	var stderr bytes.Buffer
-	cmd := exec.Command(filepath.Join(root, "hack", "tools.sh"), "kube")
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("%w: build Kubernetes binaries: %w\n%s", ErrUnavailable, err, stderr.String())
-	}
-	return strings.TrimSpace(string(out)), nil
-}
-
-// moduleRoot finds the Canopy repository root from the working directory,
-// which go test sets to the package directory.
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-		if err == nil && bytes.HasPrefix(b, []byte("module "+modulePath+"\n")) {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", fmt.Errorf("no %s go.mod above the working directory", modulePath)
-		}
-		dir = parent
-	}
 }
 
 func firstNonEmpty(s ...string) string {

@@ -32,7 +32,7 @@ const baseControllers = "endpointslice,endpointslicemirroring,serviceaccount,ser
 // loopback.
 type Options struct {
 	// BinDir holds kube-apiserver and kube-controller-manager. Empty means
-	// $CANOPY_KUBE_BIN_DIR, else what hack/tools.sh kube builds.
+	// what internal/tools finds ($CANOPY_KUBE_BIN_DIR, else hack/tools.sh).
 	BinDir string
 	// Etcd is the etcd binary. Empty means $CANOPY_ETCD, else etcd on PATH.
 	Etcd string
@@ -112,6 +112,8 @@ func Start(ctx context.Context, opts Options) (_ *Environment, err error) {
 			return nil, fmt.Errorf("create state directory: %w", err)
 		}
 		e.removeDir = true
+	} else if err := os.MkdirAll(e.dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create state directory: %w", err)
 	}
 	defer func() {
 		if err != nil {

@@ -48,8 +48,8 @@ type Config struct {
 	// doubles up to MaxRestartBackoff. Defaults 1s and 30s: shorter than a
 	// kubelet's, for a development cluster.
 	RestartBackoff, MaxRestartBackoff time.Duration
-	Client                            kubernetes.Interface
-	Log                               *slog.Logger
+	Client                            kubernetes.Interface `json:"-"`
+	Log                               *slog.Logger         `json:"-"`
 }
 
 func (c Config) withDefaults() Config {

@@ -1,0 +1,207 @@
+// Command canopy-local runs a Kubernetes cluster on one Linux machine out of
+// network namespaces and processes, for Canopy's end-to-end tests and demos:
+//
+//	canopy-local up [--nodes N]   start a cluster, print its kubeconfig path
+//	canopy-local status           components, nodes and pods
+//	canopy-local down             remove everything up made
+//
+// It needs root.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/canopy-mesh/canopy/internal/localcluster"
+	"github.com/canopy-mesh/canopy/internal/localcluster/containerinit"
+	"github.com/canopy-mesh/canopy/internal/tools"
+	"github.com/canopy-mesh/canopy/internal/version"
+)
+
+func main() {
+	// A container's init runs before anything else: it must not start
+	// goroutines or parse flags of its own.
+	if len(os.Args) > 1 && os.Args[1] == containerinit.Arg {
+		if err := containerinit.Main(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "canopy-local container init:", err)
+		}
+		os.Exit(127)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := newRootCommand().ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "canopy-local:", err)
+		os.Exit(1)
+	}
+}
+
+type globalOptions struct {
+	name     string
+	stateDir string
+	verbose  bool
+}
+
+func (g globalOptions) dir() string {
+	if g.stateDir != "" {
+		return g.stateDir
+	}
+	return filepath.Join("/var/lib/canopy-local", g.name)
+}
+
+func (g globalOptions) logger(w io.Writer) *slog.Logger {
+	level := slog.LevelInfo
+	if g.verbose {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+}
+
+func newRootCommand() *cobra.Command {
+	var g globalOptions
+	root := &cobra.Command{
+		Use:           "canopy-local",
+		Short:         "A Kubernetes cluster of network namespaces and processes on this machine",
+		Version:       version.Get(),
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringVar(&g.name, "name", "canopy", "cluster name")
+	root.PersistentFlags().StringVar(&g.stateDir, "state-dir", "", "state directory (default /var/lib/canopy-local/<name>)")
+	root.PersistentFlags().BoolVarP(&g.verbose, "verbose", "v", false, "debug logging")
+
+	var up upOptions
+	upCmd := &cobra.Command{
+		Use:   "up",
+		Short: "Start a cluster and wait until it is ready",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runUp(cmd.Context(), g, up, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
+	}
+	upCmd.Flags().IntVar(&up.nodes, "nodes", 2, "number of nodes")
+	upCmd.Flags().StringArrayVar(&up.images, "image", nil, "extra image table entry repository=/path/to/program (repeatable)")
+	upCmd.Flags().StringVar(&up.echo, "echo", "", "canopy-echo binary (default: next to canopy-local, else on PATH)")
+
+	downCmd := &cobra.Command{
+		Use:   "down",
+		Short: "Remove every process, namespace, link and file of a cluster",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return localcluster.Down(cmd.Context(), g.dir())
+		},
+	}
+	statusCmd := &cobra.Command{
+		Use:   "status",
+		Short: "Print components, nodes and pods",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return localcluster.PrintStatus(cmd.Context(), g.dir(), cmd.OutOrStdout())
+		},
+	}
+
+	var kubeletConfig string
+	kubeletCmd := &cobra.Command{
+		Use:    "kubelet",
+		Short:  "Run a node's kubelet stand-in (started by up inside the node's namespace)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return localcluster.RunKubelet(cmd.Context(), kubeletConfig, g.logger(cmd.ErrOrStderr()))
+		},
+	}
+	kubeletCmd.Flags().StringVar(&kubeletConfig, "config", "", "kubelet configuration file written by up")
+	var kubeconfig string
+	schedulerCmd := &cobra.Command{
+		Use:    "scheduler",
+		Short:  "Run the cluster's scheduler (started by up)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return localcluster.RunScheduler(cmd.Context(), kubeconfig, g.logger(cmd.ErrOrStderr()))
+		},
+	}
+	schedulerCmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the cluster")
+
+	root.AddCommand(upCmd, downCmd, statusCmd, kubeletCmd, schedulerCmd)
+	return root
+}
+
+type upOptions struct {
+	nodes  int
+	images []string
+	echo   string
+}
+
+func runUp(ctx context.Context, g globalOptions, o upOptions, out, errOut io.Writer) error {
+	bins, err := findBinaries(o.echo)
+	if err != nil {
+		return err
+	}
+	images := map[string]string{}
+	for _, e := range o.images {
+		repo, path, ok := strings.Cut(e, "=")
+		if !ok || repo == "" || !filepath.IsAbs(path) {
+			return fmt.Errorf("--image %q: want repository=/absolute/path", e)
+		}
+		images[repo] = path
+	}
+	start := time.Now()
+	c, err := localcluster.Up(ctx, localcluster.Config{
+		Name:     g.name,
+		Nodes:    o.nodes,
+		StateDir: g.stateDir,
+		Images:   images,
+		Binaries: bins,
+		Log:      g.logger(errOut),
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "cluster %q is ready in %.1fs with %d nodes\nexport KUBECONFIG=%s\n",
+		g.name, time.Since(start).Seconds(), len(c.State.Nodes), c.State.Kubeconfig)
+	return nil
+}
+
+// findBinaries locates what a cluster runs: this binary, canopy-echo and
+// the pinned third-party tools.
+func findBinaries(echo string) (localcluster.Binaries, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return localcluster.Binaries{}, fmt.Errorf("find own binary: %w", err)
+	}
+	if echo == "" {
+		echo = filepath.Join(filepath.Dir(self), "canopy-echo")
+		if _, err := os.Stat(echo); err != nil {
+			if echo, err = exec.LookPath("canopy-echo"); err != nil {
+				return localcluster.Binaries{}, fmt.Errorf("canopy-echo not found next to %s or on PATH: make build, or pass --echo", self)
+			}
+		}
+	}
+	if echo, err = filepath.Abs(echo); err != nil {
+		return localcluster.Binaries{}, err
+	}
+	b := localcluster.Binaries{Self: self, Echo: echo}
+	dirs := map[string]*string{"kube": &b.KubeDir, "cni": &b.CNIDir}
+	for module, dst := range dirs {
+		if *dst, err = tools.Dir(module); err != nil {
+			return b, err
+		}
+	}
+	dnsDir, err := tools.Dir("coredns")
+	if err != nil {
+		return b, err
+	}
+	b.CoreDNS = filepath.Join(dnsDir, "coredns")
+	return b, nil
+}
