@@ -19,7 +19,7 @@ GOTESTP     ?= 2
 LDFLAGS := -s -w -X $(MODULE)/internal/version.version=$(VERSION)
 BINARIES := $(notdir $(patsubst %/,%,$(dir $(wildcard cmd/*/main.go))))
 
-.PHONY: all build deps tools test test-unit lint proto proto-check bench clean help
+.PHONY: all build deps tools demo demo-down test test-unit lint proto proto-check bench clean help
 
 all: build
 
@@ -39,9 +39,20 @@ build: ## static binaries with version ldflags into $(OUT)
 		CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(OUT)/$$b ./cmd/$$b; \
 	done
 
-test: deps lint ## every test level: unit, kube (real API server) and root-level
-	@bindir=$$(hack/tools.sh kube); \
-	CANOPY_KUBE_BIN_DIR=$$bindir $(GO) test -p $(GOTESTP) -count=1 $(GOTESTFLAGS) ./...
+# TOOLS_ENV points tests and the local cluster at the pinned third-party
+# binaries, building them first when the cache lacks them.
+TOOLS_ENV = CANOPY_KUBE_BIN_DIR=$$(hack/tools.sh kube) \
+	CANOPY_CNI_BIN_DIR=$$(hack/tools.sh cni) \
+	CANOPY_COREDNS_BIN_DIR=$$(hack/tools.sh coredns)
+
+test: deps lint ## every test level: unit, kube (real API server), root-level and e2e (local cluster)
+	@env $(TOOLS_ENV) $(GO) test -p $(GOTESTP) -count=1 $(GOTESTFLAGS) ./...
+
+demo: deps build ## a local cluster with the sample app (needs root); see canopy-local status
+	@OUT=$(OUT) hack/demo.sh
+
+demo-down: ## remove the demo cluster
+	$(OUT)/canopy-local --name demo down
 
 test-unit: ## only tests that need no API server and no root
 	$(GO) test -short $(GOTESTFLAGS) ./...

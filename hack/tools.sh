@@ -3,7 +3,7 @@
 # each pinned in its own Go module under tools/, into a cache outside the
 # repo, and prints the directory that holds them:
 #
-#   hack/tools.sh kube      kube-apiserver, kube-controller-manager, kube-proxy
+#   hack/tools.sh kube      kube-apiserver, kube-controller-manager, kube-proxy, kubectl
 #   hack/tools.sh coredns   coredns (cluster DNS)
 #   hack/tools.sh cni       ptp, host-local, loopback (CNI reference plugins)
 #
@@ -33,6 +33,7 @@ kube)
 		"kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver"
 		"kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager"
 		"kube-proxy k8s.io/kubernetes/cmd/kube-proxy"
+		"kubectl k8s.io/kubernetes/cmd/kubectl"
 	)
 	;;
 coredns)
@@ -61,5 +62,7 @@ for entry in "${binaries[@]}"; do
 	echo "tools: building $bin $version (cold: minutes)" >&2
 	(cd "$mod" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out/$bin.tmp" "$pkg")
 	mv "$out/$bin.tmp" "$out/$bin"
+	# A new build supersedes older ones of this module: keep the cache small.
+	find "$(dirname "$out")" -mindepth 1 -maxdepth 1 -type d ! -path "$out" -exec rm -rf {} +
 done
 echo "$out"
