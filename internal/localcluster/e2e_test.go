@@ -3,6 +3,7 @@ package localcluster_test
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -46,6 +47,10 @@ var (
 func TestMain(m *testing.M) { os.Exit(run(m)) }
 
 func run(m *testing.M) int {
+	flag.Parse()
+	if testing.Short() {
+		return m.Run() // need skips every test
+	}
 	if os.Geteuid() != 0 {
 		unavailable = "the local cluster needs root"
 		return m.Run()
@@ -121,6 +126,9 @@ func buildBinaries(dir string) (localcluster.Binaries, error) {
 
 func need(t *testing.T) kubernetes.Interface {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("end-to-end test: skipped in -short mode")
+	}
 	if cluster == nil {
 		ci.Unavailable(t, "no local cluster: %s", unavailable)
 	}
@@ -394,6 +402,30 @@ func TestDeletingPodRemovesNamespaceAndProcesses(t *testing.T) {
 		_, err := os.Stat(netnsPath)
 		return os.IsNotExist(err) && !anyAlive(pids), nil
 	})
+}
+
+func TestCrashingContainerRestartsWithBackoff(t *testing.T) {
+	c := need(t)
+	t.Parallel()
+	ns := namespace(t, c, "crashloop")
+	pod := echoPod("crasher", "node-1", nil, nil)
+	// A port that does not parse: the server exits at once with an error.
+	pod.Spec.Containers[0].Args = []string{"serve", "--http", "not-a-port"}
+	if _, err := c.CoreV1().Pods(ns).Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var last corev1.ContainerStatus
+	poll(t, 60*time.Second, "two restarts", func(ctx context.Context) (bool, error) {
+		p, err := c.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil || len(p.Status.ContainerStatuses) == 0 {
+			return false, nil
+		}
+		last = p.Status.ContainerStatuses[0]
+		return last.RestartCount >= 2, nil
+	})
+	if term := last.LastTerminationState.Terminated; term == nil || term.ExitCode == 0 {
+		t.Errorf("last termination = %+v, want a non-zero exit", last.LastTerminationState)
+	}
 }
 
 // TestDownAfterKilledUp kills every process of a cluster, as a crash or a

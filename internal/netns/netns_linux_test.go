@@ -14,6 +14,9 @@ import (
 
 func needRoot(t *testing.T) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("root-level test: skipped in -short mode")
+	}
 	if os.Geteuid() != 0 {
 		ci.Unavailable(t, "network namespaces need root")
 	}

@@ -28,6 +28,9 @@ func Main(m *testing.M, env **Environment) int {
 	if !flag.Parsed() {
 		flag.Parse()
 	}
+	if testing.Short() {
+		return m.Run() // Need skips every test
+	}
 	opts := Options{}
 	if testing.Verbose() {
 		opts.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -76,9 +79,12 @@ func startWithRetry(opts Options) (*Environment, error) {
 }
 
 // Need skips (or, under CI, fails) a test when Main could not start the
-// environment.
+// environment. In -short mode it always skips.
 func Need(t testing.TB, env *Environment) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("kube-level test: skipped in -short mode")
+	}
 	if env == nil {
 		ci.Unavailable(t, "no Kubernetes test environment (see the testenv line at the top of the test output)")
 	}

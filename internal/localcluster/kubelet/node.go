@@ -3,7 +3,9 @@ package kubelet
 import (
 	"context"
 	"fmt"
+	"os"
 	"runtime"
+	"strings"
 
 	"github.com/virtual-kubelet/virtual-kubelet/node"
 	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
@@ -50,9 +52,12 @@ func NodeTemplate(info NodeInfo) *corev1.Node {
 				{Type: corev1.NodeHostName, Address: info.Name},
 			},
 			NodeInfo: corev1.NodeSystemInfo{
-				OperatingSystem: runtime.GOOS,
-				Architecture:    runtime.GOARCH,
-				KubeletVersion:  info.KubeletVersion,
+				OperatingSystem:         runtime.GOOS,
+				Architecture:            runtime.GOARCH,
+				KubeletVersion:          info.KubeletVersion,
+				KernelVersion:           kernelRelease(),
+				OSImage:                 "canopy-local",
+				ContainerRuntimeVersion: "canopy-local://processes",
 			},
 			Conditions: []corev1.NodeCondition{
 				{Type: corev1.NodeReady, Status: corev1.ConditionFalse},
@@ -67,6 +72,15 @@ func NodeTemplate(info NodeInfo) *corev1.Node {
 		n.Spec.PodCIDRs = []string{info.PodCIDR}
 	}
 	return n
+}
+
+// kernelRelease is the running kernel's release, as uname -r prints it.
+func kernelRelease() string {
+	b, err := os.ReadFile("/proc/sys/kernel/osrelease")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // Run registers the node and runs its pods until ctx ends. The node turns
