@@ -56,7 +56,7 @@ func (g globalOptions) dir() string {
 	if g.stateDir != "" {
 		return g.stateDir
 	}
-	return filepath.Join("/var/lib/canopy-local", g.name)
+	return localcluster.DefaultStateDir(g.name)
 }
 
 func (g globalOptions) logger(w io.Writer) *slog.Logger {

@@ -6,9 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -55,7 +55,7 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	}
 	if old, err := loadState(cfg.StateDir); err == nil {
 		for _, p := range old.Processes {
-			if p.alive() {
+			if p.Alive() {
 				return nil, fmt.Errorf("cluster %q is already up (state in %s): run canopy-local down first", cfg.Name, cfg.StateDir)
 			}
 		}
@@ -63,6 +63,8 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 		if err := Down(ctx, cfg.StateDir); err != nil {
 			return nil, fmt.Errorf("clean up earlier run: %w", err)
 		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("state of an earlier run (remove %s by hand if it is not a cluster): %w", cfg.StateDir, err)
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o755); err != nil {
 		return nil, fmt.Errorf("create state directory: %w", err)
@@ -130,8 +132,12 @@ func (u *upper) run(ctx context.Context) error {
 	}
 	u.client = env.Client
 	st.Kubeconfig, st.APIServer = env.KubeconfigPath, env.Config.Host
-	if _, port, err := net.SplitHostPort(st.APIServer[len("https://"):]); err == nil {
-		u.apiPort, _ = strconv.Atoi(port)
+	server, err := url.Parse(st.APIServer)
+	if err != nil {
+		return fmt.Errorf("parse API server URL: %w", err)
+	}
+	if u.apiPort, err = strconv.Atoi(server.Port()); err != nil {
+		return fmt.Errorf("API server URL %s has no port", st.APIServer)
 	}
 	if err := st.save(); err != nil {
 		return err
@@ -336,6 +342,9 @@ func (u *upper) startNode(ctx context.Context, i int) error {
 			ClusterDNS:     cfg.dnsServiceIP().String(),
 			APIServiceHost: cfg.apiServiceIP().String(),
 			APIServicePort: "443",
+			// A CNI agent's DaemonSet installs itself through these
+			// paths, as on a real node.
+			HostPaths: map[string]string{"/etc/cni/net.d": confDir, "/opt/cni/bin": binDir},
 		},
 	}
 	b, err := json.MarshalIndent(kc, "", "  ")

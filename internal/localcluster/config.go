@@ -76,7 +76,7 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("nodes: %d is not between 1 and 200", c.Nodes)
 	}
 	if c.StateDir == "" {
-		c.StateDir = filepath.Join("/var/lib/canopy-local", c.Name)
+		c.StateDir = DefaultStateDir(c.Name)
 	}
 	def := func(p *netip.Prefix, s string) {
 		if !p.IsValid() {
@@ -110,6 +110,11 @@ func (c Config) withDefaults() (Config, error) {
 		}
 	}
 	return c, nil
+}
+
+// DefaultStateDir is where a cluster called name keeps its state.
+func DefaultStateDir(name string) string {
+	return filepath.Join("/var/lib/canopy-local", name)
 }
 
 // nth returns the n-th address of p (0 is p's first).

@@ -2,16 +2,15 @@ package localcluster
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"syscall"
 	"time"
 
+	"github.com/canopy-mesh/canopy/internal/localcluster/kubelet"
 	"github.com/canopy-mesh/canopy/internal/netns"
+	"github.com/canopy-mesh/canopy/internal/procs"
 )
 
 // Down removes everything Up recorded in dir: processes (the recorded ones,
@@ -30,18 +29,13 @@ func Down(_ context.Context, dir string) error {
 	// Components first, the last started first: scheduler, kubelets and
 	// proxies before the API server they talk to.
 	for i := len(st.Processes) - 1; i >= 0; i-- {
-		st.Processes[i].stop(5 * time.Second)
+		st.Processes[i].Stop(5 * time.Second)
 	}
 
-	namespaces := append([]string(nil), st.Netns...)
-	pods, podPIDs := podLeftovers(st.Dir)
-	namespaces = append(namespaces, pods...)
-	for _, pid := range podPIDs {
-		_ = syscall.Kill(-pid, syscall.SIGKILL)
-	}
-	// Whatever still runs in the cluster's namespaces (pods' processes,
-	// host-network pods in node namespaces) goes too.
-	killInNamespaces(namespaces)
+	// Then every process in the cluster's namespaces: pods' processes, and
+	// host-network pods' in the node namespaces.
+	namespaces := append(append([]string(nil), st.Netns...), kubelet.PodNetns(filepath.Join(dir, "nodes", "*"))...)
+	procs.KillInNetns(namespaces...)
 
 	var errs []error
 	for _, path := range namespaces {
@@ -62,77 +56,8 @@ func Down(_ context.Context, dir string) error {
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
-	if err := os.RemoveAll(st.Dir); err != nil {
+	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("remove state directory: %w", err)
 	}
 	return nil
-}
-
-// podLeftovers reads the kubelets' pod records: pods' namespaces and
-// process IDs.
-func podLeftovers(dir string) (namespaces []string, pids []int) {
-	files, _ := filepath.Glob(filepath.Join(dir, "nodes", "*", "pods", "*", "record.json"))
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		var rec struct {
-			Netns string `json:"netns"`
-			PIDs  []int  `json:"pids"`
-		}
-		if json.Unmarshal(b, &rec) != nil {
-			continue
-		}
-		if rec.Netns != "" {
-			namespaces = append(namespaces, rec.Netns)
-		}
-		pids = append(pids, rec.PIDs...)
-	}
-	return namespaces, pids
-}
-
-// killInNamespaces sends SIGKILL to every process whose network namespace
-// is one of paths, and waits briefly for them to go.
-func killInNamespaces(paths []string) {
-	want := map[uint64]bool{}
-	for _, p := range paths {
-		if ino, ok := inode(p); ok {
-			want[ino] = true
-		}
-	}
-	if len(want) == 0 {
-		return
-	}
-	for range 50 {
-		entries, err := os.ReadDir("/proc")
-		if err != nil {
-			return
-		}
-		found := false
-		for _, e := range entries {
-			pid, err := strconv.Atoi(e.Name())
-			if err != nil || pid == os.Getpid() {
-				continue
-			}
-			if ino, ok := inode(fmt.Sprintf("/proc/%d/ns/net", pid)); ok && want[ino] {
-				if _, err := procStartTime(pid); err == nil { // not a zombie
-					found = true
-					_ = syscall.Kill(pid, syscall.SIGKILL)
-				}
-			}
-		}
-		if !found {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-func inode(path string) (uint64, bool) {
-	var st syscall.Stat_t
-	if err := syscall.Stat(path, &st); err != nil {
-		return 0, false
-	}
-	return st.Ino, true
 }

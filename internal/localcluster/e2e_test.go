@@ -31,6 +31,7 @@ import (
 	"github.com/canopy-mesh/canopy/internal/ci"
 	"github.com/canopy-mesh/canopy/internal/echo"
 	"github.com/canopy-mesh/canopy/internal/localcluster"
+	"github.com/canopy-mesh/canopy/internal/procs"
 	"github.com/canopy-mesh/canopy/internal/tools"
 )
 
@@ -485,7 +486,7 @@ func TestDownAfterKilledUp(t *testing.T) {
 func podProcesses(pids []int) []localcluster.Process {
 	var out []localcluster.Process
 	for _, pid := range pids {
-		out = append(out, localcluster.Process{Name: "pod process", PID: pid})
+		out = append(out, localcluster.Process{Name: "pod process", Process: procs.Process{PID: pid}})
 	}
 	return out
 }

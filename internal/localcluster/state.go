@@ -2,14 +2,11 @@ package localcluster
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
-	"syscall"
-	"time"
+
+	"github.com/canopy-mesh/canopy/internal/procs"
 )
 
 // State records what Up created, written after every step so that Down can
@@ -28,12 +25,10 @@ type State struct {
 	Ready      bool   `json:"ready"`
 }
 
-// Process is a long-lived process of the cluster. StartTime (from
-// /proc/<pid>/stat) tells it apart from a later process that reuses its PID.
+// Process is a long-lived process of the cluster.
 type Process struct {
-	Name      string `json:"name"`
-	PID       int    `json:"pid"`
-	StartTime uint64 `json:"startTime"`
+	Name string `json:"name"`
+	procs.Process
 }
 
 // Node is a node of the cluster as Up made it.
@@ -75,59 +70,10 @@ func (s *State) save() error {
 }
 
 func (s *State) addProcess(name string, pid int) error {
-	st, err := procStartTime(pid)
+	p, err := procs.Lookup(pid)
 	if err != nil {
 		return fmt.Errorf("record %s: %w", name, err)
 	}
-	s.Processes = append(s.Processes, Process{Name: name, PID: pid, StartTime: st})
+	s.Processes = append(s.Processes, Process{Name: name, Process: p})
 	return s.save()
-}
-
-// procStartTime reads a running process's start time in clock ticks since
-// boot. A zombie counts as gone.
-func procStartTime(pid int) (uint64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// The command name (field 2) may hold spaces; fields after its closing
-	// parenthesis are plain.
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return 0, errors.New("malformed /proc stat")
-	}
-	f := strings.Fields(string(b[i+1:]))
-	// Field 22 overall is starttime; f starts at field 3.
-	if len(f) < 20 {
-		return 0, errors.New("short /proc stat")
-	}
-	if f[0] == "Z" || f[0] == "X" {
-		return 0, errors.New("process has exited")
-	}
-	return strconv.ParseUint(f[19], 10, 64)
-}
-
-// alive reports whether the recorded process still runs.
-func (p Process) alive() bool {
-	st, err := procStartTime(p.PID)
-	return err == nil && st == p.StartTime
-}
-
-// stop sends SIGTERM to the process (and its group, which it leads), waits
-// up to grace, then sends SIGKILL.
-func (p Process) stop(grace time.Duration) {
-	if !p.alive() {
-		return
-	}
-	_ = syscall.Kill(-p.PID, syscall.SIGTERM)
-	_ = syscall.Kill(p.PID, syscall.SIGTERM)
-	deadline := time.Now().Add(grace)
-	for time.Now().Before(deadline) {
-		if !p.alive() {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	_ = syscall.Kill(-p.PID, syscall.SIGKILL)
-	_ = syscall.Kill(p.PID, syscall.SIGKILL)
 }

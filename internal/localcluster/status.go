@@ -23,7 +23,7 @@ func PrintStatus(ctx context.Context, dir string, w io.Writer) error {
 	fmt.Fprintln(tw, "COMPONENT\tPID\tSTATE")
 	for _, p := range st.Processes {
 		state := "running"
-		if !p.alive() {
+		if !p.Alive() {
 			state = "gone"
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\n", p.Name, p.PID, state)

@@ -34,6 +34,15 @@ func createBridge(name string, addr netip.Prefix) error {
 	if err := netlink.LinkSetUp(br); err != nil {
 		return fmt.Errorf("bring up bridge %s: %w", name, err)
 	}
+	// With br_netfilter loaded, bridged packets go through the host's
+	// iptables FORWARD chain, which a host firewall may drop: traffic
+	// between nodes is L2 on this bridge and must not be filtered there.
+	for _, f := range []string{"nf_call_iptables", "nf_call_ip6tables", "nf_call_arptables"} {
+		path := filepath.Join("/sys/class/net", name, "bridge", f)
+		if err := os.WriteFile(path, []byte("0"), 0o644); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("disable %s on %s: %w", f, name, err)
+		}
+	}
 	return nil
 }
 

@@ -35,6 +35,10 @@ type Mount struct {
 	Source   string `json:"source"`
 	Target   string `json:"target"`
 	ReadOnly bool   `json:"readOnly,omitempty"`
+	// Bidirectional makes mounts the container makes under Target appear
+	// on the host too (Kubernetes mount propagation Bidirectional). Host
+	// mounts always reach the container.
+	Bidirectional bool `json:"bidirectional,omitempty"`
 }
 
 // Command returns the command that runs spec as a container: self (a binary
@@ -72,9 +76,11 @@ func Main(args []string) error {
 	if len(spec.Argv) == 0 {
 		return errors.New("container spec has no program")
 	}
-	// Mounts made here must not leak back to the host's mount namespace.
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("make mounts private: %w", err)
+	// Mounts made here must not leak back to the host, but the host's must
+	// still reach the container: a network namespace pinned or unpinned
+	// under /run/netns after the container started, say.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
+		return fmt.Errorf("make mounts slaves of the host: %w", err)
 	}
 	if spec.Hostname != "" {
 		if err := unix.Sethostname([]byte(spec.Hostname)); err != nil {
@@ -124,6 +130,11 @@ func bind(m Mount) error {
 	if m.ReadOnly {
 		if err := unix.Mount("", m.Target, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_REC, ""); err != nil {
 			return fmt.Errorf("make %s read-only: %w", m.Target, err)
+		}
+	}
+	if m.Bidirectional {
+		if err := unix.Mount("", m.Target, "", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("share %s with the host: %w", m.Target, err)
 		}
 	}
 	return nil

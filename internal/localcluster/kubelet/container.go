@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -48,6 +49,11 @@ func (r *podRuntime) runProcess(c *corev1.Container, onStart func(metav1.Time)) 
 	r.mu.Lock()
 	r.procs[c.Name] = cmd.Process
 	r.mu.Unlock()
+	// stop signals what is registered; a process that registered after it
+	// began is killed here instead.
+	if r.ctx.Err() != nil {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	}
 	if err := r.saveRecord(); err != nil {
 		r.log.Warn("save pod record failed", "err", err)
 	}
@@ -57,6 +63,9 @@ func (r *podRuntime) runProcess(c *corev1.Container, onStart func(metav1.Time)) 
 	r.mu.Lock()
 	delete(r.procs, c.Name)
 	r.mu.Unlock()
+	if err := r.saveRecord(); err != nil {
+		r.log.Warn("save pod record failed", "err", err)
+	}
 	st := exitStatus{started: started, reason: "Completed"}
 	var exitErr *exec.ExitError
 	switch {
@@ -134,7 +143,15 @@ func (r *podRuntime) supervise(i int, c *corev1.Container) {
 		})
 		if err != nil {
 			r.update(func(v *podView) {
-				v.Containers[i].State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "RunContainerError", Message: err.Error()}}
+				cv := &v.Containers[i]
+				if r.pod.Spec.RestartPolicy == corev1.RestartPolicyNever {
+					// Never retried: a terminal state, so the pod fails.
+					cv.State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+						ExitCode: 128, Reason: "StartError", Message: err.Error(), FinishedAt: metav1.Now(),
+					}}
+					return
+				}
+				cv.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "RunContainerError", Message: err.Error()}}
 			})
 		} else {
 			r.update(func(v *podView) {

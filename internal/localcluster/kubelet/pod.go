@@ -3,7 +3,6 @@ package kubelet
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -18,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/canopy-mesh/canopy/internal/netns"
+	"github.com/canopy-mesh/canopy/internal/procs"
 )
 
 // podRuntime is one pod on this node: its sandbox (network namespace,
@@ -27,15 +27,24 @@ type podRuntime struct {
 	log *slog.Logger
 	dir string
 
-	ctx    context.Context // ends when the pod is deleted
-	cancel context.CancelFunc
-	wg     sync.WaitGroup // the pod's goroutines
+	// pod is the pod as created: its identity and spec never change, so
+	// it is read without the lock. Its current metadata is meta.
+	pod *corev1.Pod
+
+	ctx      context.Context // ends when the pod is deleted
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup // the pod's goroutines; Add before they start
+	stopOnce sync.Once
+	stopped  chan struct{} // closed when stop has finished
+
+	recordMu sync.Mutex // serializes record writes
 
 	mu         sync.Mutex
-	pod        *corev1.Pod // spec as created; metadata kept current
+	meta       *metav1.ObjectMeta // replaced, never modified, on update
 	view       podView
 	conditions []corev1.PodCondition
 	netnsPath  string
+	ips        []string // set once CNI ADD has succeeded
 	volumes    map[string]string
 	procs      map[string]*os.Process // running processes by container name
 }
@@ -43,13 +52,15 @@ type podRuntime struct {
 func newPodRuntime(p *Provider, pod *corev1.Pod) *podRuntime {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &podRuntime{
-		p:      p,
-		log:    p.log.With("pod", podKey(pod.Namespace, pod.Name)),
-		dir:    filepath.Join(p.cfg.StateDir, "pods", string(pod.UID)),
-		ctx:    ctx,
-		cancel: cancel,
-		pod:    pod,
-		procs:  map[string]*os.Process{},
+		p:       p,
+		log:     p.log.With("pod", podKey(pod.Namespace, pod.Name)),
+		dir:     filepath.Join(p.cfg.StateDir, "pods", string(pod.UID)),
+		ctx:     ctx,
+		cancel:  cancel,
+		stopped: make(chan struct{}),
+		pod:     pod,
+		meta:    pod.ObjectMeta.DeepCopy(),
+		procs:   map[string]*os.Process{},
 	}
 	r.view = podView{
 		RestartPolicy: pod.Spec.RestartPolicy,
@@ -71,6 +82,7 @@ func (r *podRuntime) snapshot() *corev1.Pod {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	pod := r.pod.DeepCopy()
+	r.meta.DeepCopyInto(&pod.ObjectMeta)
 	pod.Status = buildStatus(r.view, r.conditions, metav1.Now())
 	r.conditions = pod.Status.Conditions
 	return pod
@@ -88,22 +100,41 @@ func (r *podRuntime) update(f func(v *podView)) {
 }
 
 func (r *podRuntime) updateMeta(pod *corev1.Pod) {
+	meta := pod.ObjectMeta.DeepCopy()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	pod.ObjectMeta.DeepCopyInto(&r.pod.ObjectMeta)
+	r.meta = meta
+}
+
+// current returns the pod with its current metadata (for the downward API).
+func (r *podRuntime) current() *corev1.Pod {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	pod := r.pod.DeepCopy()
+	r.meta.DeepCopyInto(&pod.ObjectMeta)
+	return pod
 }
 
 func (r *podRuntime) logPath(container string) string {
 	return filepath.Join(r.dir, "logs", container+".log")
 }
 
-// run brings the pod up: sandbox (retried with backoff until it works or
-// the pod is deleted), init containers in order, then the containers.
+// run brings the pod up: sandbox (each step retried with backoff until it
+// works or the pod is deleted), init containers in order, then the
+// containers. The caller has done r.wg.Add(1) for it.
 func (r *podRuntime) run() {
-	r.wg.Add(1)
 	defer r.wg.Done()
-	if !r.retry("create pod sandbox", r.setupSandbox) {
-		return
+	for _, step := range []struct {
+		name string
+		f    func() error
+	}{
+		{"create pod network", r.setupNetwork},
+		{"prepare volumes", r.setupVolumes},
+		{"write DNS files", r.writeDNSFiles},
+	} {
+		if !r.retry(step.name, step.f) {
+			return
+		}
 	}
 	for i := range r.pod.Spec.InitContainers {
 		if !r.runInit(i) {
@@ -148,24 +179,32 @@ func (r *podRuntime) retry(what string, f func() error) bool {
 }
 
 // record is what a later run of the kubelet needs to clean up a pod this
-// run left behind.
+// run left behind. A pod's own network namespace is found from its UID.
 type record struct {
 	Namespace string `json:"namespace"`
 	Name      string `json:"name"`
 	UID       string `json:"uid"`
-	Netns     string `json:"netns,omitempty"`
-	PIDs      []int  `json:"pids,omitempty"`
+	// Processes are the running containers' processes; for a host-network
+	// pod they are the only way to find them.
+	Processes []procs.Process `json:"processes,omitempty"`
 }
 
 func (r *podRuntime) saveRecord() error {
+	r.recordMu.Lock()
+	defer r.recordMu.Unlock()
+	rec := record{Namespace: r.pod.Namespace, Name: r.pod.Name, UID: string(r.pod.UID)}
 	r.mu.Lock()
-	rec := record{Namespace: r.pod.Namespace, Name: r.pod.Name, UID: string(r.pod.UID), Netns: r.netnsPath}
 	for _, p := range r.procs {
-		rec.PIDs = append(rec.PIDs, p.Pid)
+		if pr, err := procs.Lookup(p.Pid); err == nil {
+			rec.Processes = append(rec.Processes, pr)
+		}
 	}
 	r.mu.Unlock()
 	b, err := json.Marshal(rec)
 	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(r.dir, 0o755); err != nil {
 		return err
 	}
 	tmp := filepath.Join(r.dir, "record.json.tmp")
@@ -175,47 +214,61 @@ func (r *podRuntime) saveRecord() error {
 	return os.Rename(tmp, filepath.Join(r.dir, "record.json"))
 }
 
-func (r *podRuntime) setupSandbox() error {
+// setupNetwork creates the pod's network namespace and runs CNI ADD, once:
+// a failed ADD is undone with DEL before the next try, as the CNI
+// specification asks of runtimes.
+func (r *podRuntime) setupNetwork() error {
 	if err := os.MkdirAll(filepath.Join(r.dir, "logs"), 0o755); err != nil {
 		return fmt.Errorf("create pod directory: %w", err)
 	}
+	if err := r.saveRecord(); err != nil {
+		return fmt.Errorf("save pod record: %w", err)
+	}
 	pod := r.pod
-	var ips []string
 	if pod.Spec.HostNetwork {
-		ips = []string{r.p.cfg.NodeIP}
-	} else {
-		path := netns.Path(netnsName(pod))
-		if !netns.Exists(path) {
-			var err error
-			if path, err = netns.Create(netnsName(pod)); err != nil {
-				return err
-			}
+		r.update(func(v *podView) { v.PodIPs = []string{r.p.cfg.NodeIP} })
+		return nil
+	}
+	path := netns.Path(netnsName(pod))
+	if !netns.Exists(path) {
+		// A pin left by a crash is not a namespace: replace it.
+		if err := netns.DeletePath(path); err != nil {
+			return err
 		}
-		r.mu.Lock()
-		r.netnsPath = path
-		r.mu.Unlock()
-		if err := r.saveRecord(); err != nil {
-			return fmt.Errorf("save pod record: %w", err)
-		}
-		var err error
-		if ips, err = r.p.net.add(r.ctx, pod, path); err != nil {
+		if _, err := netns.Create(netnsName(pod)); err != nil {
 			return err
 		}
 	}
-	vols, err := r.p.vols.prepare(r.ctx, pod, filepath.Join(r.dir, "volumes"))
+	r.mu.Lock()
+	r.netnsPath = path
+	r.mu.Unlock()
+	ips, err := r.p.net.add(r.ctx, pod, path)
 	if err != nil {
-		return err
-	}
-	if err := r.writeDNSFiles(ips); err != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if delErr := r.p.net.del(ctx, pod, path); delErr != nil {
+			r.log.Debug("CNI DEL after a failed ADD failed", "err", delErr)
+		}
 		return err
 	}
 	r.mu.Lock()
-	r.volumes = vols
+	r.ips = ips
 	r.mu.Unlock()
 	r.update(func(v *podView) {
 		v.PodIPs = ips
 		v.Message = ""
 	})
+	return nil
+}
+
+func (r *podRuntime) setupVolumes() error {
+	vols, err := r.p.vols.prepare(r.ctx, r.current(), filepath.Join(r.dir, "volumes"), r.p.cfg.hostPath)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.volumes = vols
+	r.mu.Unlock()
 	return nil
 }
 
@@ -225,8 +278,11 @@ func netnsName(pod *corev1.Pod) string { return "cpod-" + string(pod.UID) }
 
 // writeDNSFiles writes the pod's resolv.conf and hosts, as a kubelet does
 // for dnsPolicy ClusterFirst.
-func (r *podRuntime) writeDNSFiles(ips []string) error {
+func (r *podRuntime) writeDNSFiles() error {
 	pod, cfg := r.pod, r.p.cfg
+	r.mu.Lock()
+	ips := r.view.PodIPs
+	r.mu.Unlock()
 	domain := cfg.ClusterDomain
 	resolv := fmt.Sprintf("search %s.svc.%s svc.%s %s\nnameserver %s\noptions ndots:5\n",
 		pod.Namespace, domain, domain, domain, cfg.ClusterDNS)
@@ -244,61 +300,95 @@ func (r *podRuntime) writeDNSFiles(ips []string) error {
 }
 
 // stop ends the pod: its goroutines, its processes (SIGTERM, then SIGKILL
-// after grace), then CNI DEL and the network namespace. It is safe to call
-// more than once.
+// after grace), then CNI DEL and the network namespace. Concurrent and
+// repeated calls wait for the first one.
 func (r *podRuntime) stop(grace time.Duration) {
-	r.cancel()
-	r.mu.Lock()
-	procs := make([]*os.Process, 0, len(r.procs))
-	for _, p := range r.procs {
-		procs = append(procs, p)
-	}
-	r.mu.Unlock()
-	for _, p := range procs {
-		_ = syscall.Kill(-p.Pid, syscall.SIGTERM)
-	}
-	done := make(chan struct{})
-	go func() { r.wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(grace):
-		for _, p := range procs {
-			_ = syscall.Kill(-p.Pid, syscall.SIGKILL)
+	r.stopOnce.Do(func() {
+		defer close(r.stopped)
+		r.cancel()
+		r.signalAll(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { r.wg.Wait(); close(done) }()
+		deadline := time.After(grace)
+	wait:
+		for {
+			select {
+			case <-done:
+				break wait
+			case <-deadline:
+				// Keep killing: a process started just before cancel may
+				// have registered after the first round.
+				deadline = nil
+				for {
+					r.signalAll(syscall.SIGKILL)
+					select {
+					case <-done:
+						break wait
+					case <-time.After(100 * time.Millisecond):
+					}
+				}
+			}
 		}
-		<-done
-	}
+		r.teardown()
+		r.update(func(v *podView) {
+			for _, cs := range [][]containerView{v.InitContainers, v.Containers} {
+				for i := range cs {
+					cs[i].Ready = false
+					if cs[i].State.Terminated == nil {
+						cs[i].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+							ExitCode: 137, Reason: "Killed", FinishedAt: metav1.Now(),
+						}}
+					}
+				}
+			}
+		})
+	})
+	<-r.stopped
+}
 
+func (r *podRuntime) signalAll(sig syscall.Signal) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, p := range r.procs {
+		_ = syscall.Kill(-p.Pid, sig)
+	}
+}
+
+// teardown removes the pod's network and files. When CNI DEL fails the
+// namespace and the pod's record stay, so that the next kubelet start
+// retries the cleanup.
+func (r *podRuntime) teardown() {
 	r.mu.Lock()
 	path := r.netnsPath
 	r.mu.Unlock()
-	if err := r.teardownNetwork(path); err != nil {
-		r.log.Warn("pod network teardown failed", "err", err)
+	if path != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := r.p.net.del(ctx, r.pod, path); err != nil {
+			r.log.Warn("CNI DEL failed; the next kubelet start retries it", "err", err)
+			return
+		}
+		if err := netns.DeletePath(path); err != nil {
+			r.log.Warn("remove pod network namespace failed", "err", err)
+		}
 	}
 	if err := os.RemoveAll(r.dir); err != nil {
 		r.log.Warn("remove pod directory failed", "err", err)
 	}
-	r.update(func(v *podView) {
-		for _, cs := range [][]containerView{v.InitContainers, v.Containers} {
-			for i := range cs {
-				cs[i].Ready = false
-				if cs[i].State.Terminated == nil {
-					cs[i].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
-						ExitCode: 137, Reason: "Killed", FinishedAt: metav1.Now(),
-					}}
-				}
-			}
-		}
-	})
 }
 
-func (r *podRuntime) teardownNetwork(path string) error {
-	if path == "" {
-		return nil
+// PodNetns lists the network namespaces of the pods whose directories are
+// under the kubelet state directories matching stateDirGlob.
+func PodNetns(stateDirGlob string) []string {
+	dirs, _ := filepath.Glob(filepath.Join(stateDirGlob, "pods", "*"))
+	var out []string
+	for _, d := range dirs {
+		path := netns.Path("cpod-" + filepath.Base(d))
+		if _, err := os.Stat(path); err == nil {
+			out = append(out, path)
+		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	err := r.p.net.del(ctx, r.pod, path)
-	return errors.Join(err, netns.DeletePath(path))
+	return out
 }
 
 // cleanupLeftovers removes the pods an earlier run of this kubelet left:
@@ -309,21 +399,24 @@ func (p *Provider) cleanupLeftovers(ctx context.Context) error {
 		return err
 	}
 	for _, dir := range dirs {
-		var rec record
+		uid := filepath.Base(dir)
+		rec := record{UID: uid}
 		if b, err := os.ReadFile(filepath.Join(dir, "record.json")); err == nil {
 			if err := json.Unmarshal(b, &rec); err != nil {
 				p.log.Warn("unreadable pod record", "dir", dir, "err", err)
 			}
 		}
-		for _, pid := range rec.PIDs {
-			_ = syscall.Kill(-pid, syscall.SIGKILL)
+		for _, pr := range rec.Processes {
+			pr.Kill()
 		}
-		if rec.Netns != "" {
-			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: rec.Namespace, Name: rec.Name, UID: types.UID(rec.UID)}}
-			if err := p.net.del(ctx, pod, rec.Netns); err != nil {
+		path := netns.Path("cpod-" + uid)
+		if _, err := os.Stat(path); err == nil {
+			procs.KillInNetns(path)
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: rec.Namespace, Name: rec.Name, UID: types.UID(uid)}}
+			if err := p.net.del(ctx, pod, path); err != nil {
 				p.log.Warn("CNI DEL of a leftover pod failed", "pod", podKey(rec.Namespace, rec.Name), "err", err)
 			}
-			if err := netns.DeletePath(rec.Netns); err != nil {
+			if err := netns.DeletePath(path); err != nil {
 				return err
 			}
 		}

@@ -47,23 +47,27 @@ func (r *podRuntime) startProbes(i int, c *corev1.Container) {
 
 // probeLoop runs probe every period while the container runs and active
 // says the probe applies, and calls onResult when the result crosses the
-// success or failure threshold.
+// success or failure threshold. Each start of the container begins afresh:
+// counters reset and the initial delay counts from that start.
 func (r *podRuntime) probeLoop(i int, c *corev1.Container, probe *corev1.Probe, active func(*containerView) bool, onResult func(ok bool)) {
 	period := seconds(probe.PeriodSeconds, 10)
 	timeout := seconds(probe.TimeoutSeconds, 1)
-	successes, failures := int32(0), int32(0)
+	delay := time.Duration(probe.InitialDelaySeconds) * time.Second
 	needSuccess, needFailure := max(probe.SuccessThreshold, 1), probe.FailureThreshold
 	if needFailure <= 0 {
 		needFailure = 3
 	}
+	if h := probe.ProbeHandler; h.HTTPGet == nil && h.TCPSocket == nil {
+		r.log.Warn("probe type not supported by the local cluster; treating it as passing", "container", c.Name)
+	}
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
-		select {
-		case <-r.ctx.Done():
-			return
-		case <-time.After(time.Duration(probe.InitialDelaySeconds) * time.Second):
-		}
+		var (
+			lastStart            time.Time
+			successes, failures  int32
+			reported, lastResult bool
+		)
 		tick := time.NewTicker(period)
 		defer tick.Stop()
 		for {
@@ -74,22 +78,31 @@ func (r *podRuntime) probeLoop(i int, c *corev1.Container, probe *corev1.Probe, 
 				podIP = r.view.PodIPs[0]
 			}
 			r.mu.Unlock()
-			if cv.State.Running != nil && active(&cv) {
-				err := r.probeOnce(c, probe, podIP, timeout)
-				if err == nil {
+			switch {
+			case cv.State.Running == nil || !active(&cv):
+				successes, failures, reported = 0, 0, false
+			case !cv.State.Running.StartedAt.Time.Equal(lastStart):
+				lastStart = cv.State.Running.StartedAt.Time
+				successes, failures, reported = 0, 0, false
+				fallthrough
+			default:
+				if time.Since(lastStart) < delay {
+					break
+				}
+				if err := r.probeOnce(c, probe, podIP, timeout); err == nil {
 					successes, failures = successes+1, 0
-					if successes == needSuccess {
+					if successes >= needSuccess && (!reported || !lastResult) {
+						reported, lastResult = true, true
 						onResult(true)
 					}
 				} else {
 					successes, failures = 0, failures+1
 					r.log.Debug("probe failed", "container", c.Name, "err", err)
-					if failures == needFailure {
+					if failures >= needFailure && (!reported || lastResult) {
+						reported, lastResult = true, false
 						onResult(false)
 					}
 				}
-			} else {
-				successes, failures = 0, 0
 			}
 			select {
 			case <-r.ctx.Done():
@@ -108,7 +121,7 @@ func seconds(v, def int32) time.Duration {
 }
 
 // probeOnce runs one probe attempt. Exec and gRPC probes are not supported:
-// they count as success, and the kubelet logs that once per container.
+// they count as success (probeLoop logs that once).
 func (r *podRuntime) probeOnce(c *corev1.Container, probe *corev1.Probe, podIP string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(r.ctx, timeout)
 	defer cancel()
@@ -131,7 +144,6 @@ func (r *podRuntime) probeOnce(c *corev1.Container, probe *corev1.Probe, podIP s
 		}
 		return conn.Close()
 	default:
-		r.log.Warn("probe type not supported by the local cluster; treating it as passing", "container", c.Name)
 		return nil
 	}
 }

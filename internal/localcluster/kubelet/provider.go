@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,8 +18,11 @@ import (
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
 	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
+	"k8s.io/utils/ptr"
 )
 
 // Config configures a Provider.
@@ -44,12 +48,50 @@ type Config struct {
 	// APIServiceHost and APIServicePort become KUBERNETES_SERVICE_HOST and
 	// KUBERNETES_SERVICE_PORT in every container.
 	APIServiceHost, APIServicePort string
+	// HostPaths maps hostPath volume paths to node-local directories, so
+	// that nodes sharing one machine keep node-local files apart: e.g.
+	// /etc/cni/net.d to the node's CNI config directory. A path under a
+	// key maps to the same place under its value. Paths under
+	// SharedHostPaths are used as they are; every other host path maps
+	// under <StateDir>/root.
+	HostPaths map[string]string
 	// RestartBackoff is the first delay before restarting a container; it
 	// doubles up to MaxRestartBackoff. Defaults 1s and 30s: shorter than a
 	// kubelet's, for a development cluster.
 	RestartBackoff, MaxRestartBackoff time.Duration
 	Client                            kubernetes.Interface `json:"-"`
 	Log                               *slog.Logger         `json:"-"`
+}
+
+// SharedHostPaths are host paths every node sees as they are: kernel
+// interfaces and the network namespace pins (which a CNI agent on a node
+// must see to reach that node's pods).
+var SharedHostPaths = []string{"/proc", "/sys", "/dev", "/lib/modules", "/run/netns", "/var/run/netns"}
+
+// hostPath maps a hostPath volume's path to where it lives for this node.
+func (c Config) hostPath(path string) string {
+	path = filepath.Clean(path)
+	for _, shared := range SharedHostPaths {
+		if under(path, shared) {
+			return path
+		}
+	}
+	// The longest matching key wins.
+	best := ""
+	for k := range c.HostPaths {
+		if under(path, k) && len(k) > len(best) {
+			best = k
+		}
+	}
+	if best != "" {
+		return filepath.Join(c.HostPaths[best], strings.TrimPrefix(path, best))
+	}
+	return filepath.Join(c.StateDir, "root", path)
+}
+
+// under reports whether path is dir or inside it.
+func under(path, dir string) bool {
+	return path == dir || strings.HasPrefix(path, strings.TrimSuffix(dir, "/")+"/")
 }
 
 func (c Config) withDefaults() Config {
@@ -128,11 +170,18 @@ func (p *Provider) CreatePod(_ context.Context, pod *corev1.Pod) error {
 	key := podKey(pod.Namespace, pod.Name)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if r, ok := p.pods[key]; ok && r.pod.UID == pod.UID {
+	old, ok := p.pods[key]
+	if ok && old.pod.UID == pod.UID {
 		return nil
+	}
+	if ok {
+		// The name was reused by a new pod (a StatefulSet, a forced
+		// replace): the old one's processes and network go first.
+		go old.stop(0)
 	}
 	r := newPodRuntime(p, pod.DeepCopy())
 	p.pods[key] = r
+	r.wg.Add(1)
 	go r.run()
 	return nil
 }
@@ -167,7 +216,17 @@ func (p *Provider) DeletePod(_ context.Context, pod *corev1.Pod) error {
 			delete(p.pods, key)
 		}
 		p.mu.Unlock()
-		p.publish(r.snapshot())
+		// As a kubelet does once a pod's containers are gone: remove the
+		// object now rather than when its grace period runs out.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		err := p.cfg.Client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+			GracePeriodSeconds: ptr.To[int64](0),
+			Preconditions:      &metav1.Preconditions{UID: &pod.UID},
+		})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			p.log.Warn("final delete of pod failed", "pod", key, "err", err)
+		}
 	}()
 	return nil
 }
@@ -222,8 +281,9 @@ func (p *Provider) GetPods(context.Context) ([]*corev1.Pod, error) {
 	return out, nil
 }
 
-// GetContainerLogs implements nodeutil.Provider: the container's output,
-// as kubectl logs shows it.
+// GetContainerLogs implements nodeutil.Provider: the container's output.
+// (The local cluster serves no kubelet API yet, so kubectl logs cannot reach
+// it; the files are under the node's state directory.)
 func (p *Provider) GetContainerLogs(_ context.Context, namespace, podName, containerName string, _ api.ContainerLogOpts) (io.ReadCloser, error) {
 	p.mu.Lock()
 	r, ok := p.pods[podKey(namespace, podName)]

@@ -24,16 +24,16 @@ type volumeSource struct {
 }
 
 // prepare writes every volume of pod under dir and returns each volume's
-// host path by name.
-func (v volumeSource) prepare(ctx context.Context, pod *corev1.Pod, dir string) (map[string]string, error) {
+// host path by name. hostPath maps a hostPath volume's path to the node's.
+func (v volumeSource) prepare(ctx context.Context, pod *corev1.Pod, dir string, hostPath func(string) string) (map[string]string, error) {
 	paths := map[string]string{}
 	for _, vol := range pod.Spec.Volumes {
 		path := filepath.Join(dir, vol.Name)
 		var err error
 		switch {
 		case vol.HostPath != nil:
-			path = vol.HostPath.Path
-			err = prepareHostPath(vol.HostPath)
+			path = hostPath(vol.HostPath.Path)
+			err = prepareHostPath(path, ptrValue(vol.HostPath.Type))
 		case vol.EmptyDir != nil:
 			err = os.MkdirAll(path, 0o777)
 		case vol.ConfigMap != nil:
@@ -55,23 +55,27 @@ func (v volumeSource) prepare(ctx context.Context, pod *corev1.Pod, dir string) 
 	return paths, nil
 }
 
-func prepareHostPath(h *corev1.HostPathVolumeSource) error {
-	switch t := ptrValue(h.Type); t {
+func prepareHostPath(path string, t corev1.HostPathType) error {
+	switch t {
 	case corev1.HostPathDirectoryOrCreate:
-		return os.MkdirAll(h.Path, 0o755)
+		return os.MkdirAll(path, 0o755)
 	case corev1.HostPathFileOrCreate:
-		if err := os.MkdirAll(filepath.Dir(h.Path), 0o755); err != nil {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			return err
 		}
-		f, err := os.OpenFile(h.Path, os.O_CREATE|os.O_RDONLY, 0o644)
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDONLY, 0o644)
 		if err != nil {
 			return err
 		}
 		return f.Close()
 	case corev1.HostPathUnset:
+		// Like a container runtime: a missing path becomes a directory.
+		if _, err := os.Stat(path); err != nil {
+			return os.MkdirAll(path, 0o755)
+		}
 		return nil
 	default:
-		if _, err := os.Stat(h.Path); err != nil {
+		if _, err := os.Stat(path); err != nil {
 			return fmt.Errorf("hostPath of type %s: %w", t, err)
 		}
 		return nil
@@ -296,7 +300,12 @@ func containerMounts(c *corev1.Container, volumes map[string]string) ([]containe
 		if m.SubPath != "" {
 			src = filepath.Join(src, m.SubPath)
 		}
-		out = append(out, containerinit.Mount{Source: src, Target: m.MountPath, ReadOnly: m.ReadOnly})
+		out = append(out, containerinit.Mount{
+			Source:        src,
+			Target:        m.MountPath,
+			ReadOnly:      m.ReadOnly,
+			Bidirectional: ptrValue(m.MountPropagation) == corev1.MountPropagationBidirectional,
+		})
 	}
 	return out, nil
 }

@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -32,9 +33,10 @@ const Name = corev1.DefaultSchedulerName
 // ErrNoFit means no node can run the pod now.
 var ErrNoFit = errors.New("no node fits the pod")
 
-// PickNode chooses the node for pod among nodes: Ready, schedulable,
-// matching the pod's node selector and required affinity, with every
-// NoSchedule/NoExecute taint tolerated; then the one running fewest pods
+// PickNode chooses the node for pod among nodes: schedulable (or the pod
+// tolerates that), matching the pod's node selector and required affinity,
+// with every NoSchedule/NoExecute taint tolerated (a NotReady node carries
+// the node.kubernetes.io/not-ready taint); then the one running fewest pods
 // (load counts pods per node name), by name on a tie.
 func PickNode(pod *corev1.Pod, nodes []*corev1.Node, load map[string]int) (string, error) {
 	affinity := nodeaffinity.GetRequiredNodeAffinity(pod)
@@ -60,11 +62,8 @@ func PickNode(pod *corev1.Pod, nodes []*corev1.Node, load map[string]int) (strin
 }
 
 func unfit(pod *corev1.Pod, n *corev1.Node, affinity nodeaffinity.RequiredNodeAffinity) string {
-	if n.Spec.Unschedulable {
+	if n.Spec.Unschedulable && !tolerates(pod, corev1.TaintNodeUnschedulable) {
 		return "unschedulable"
-	}
-	if !ready(n) {
-		return "not ready"
 	}
 	if ok, err := affinity.Match(n); err != nil || !ok {
 		return "node selector or affinity does not match"
@@ -78,10 +77,11 @@ func unfit(pod *corev1.Pod, n *corev1.Node, affinity nodeaffinity.RequiredNodeAf
 	return ""
 }
 
-func ready(n *corev1.Node) bool {
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue
+func tolerates(pod *corev1.Pod, key string) bool {
+	taint := corev1.Taint{Key: key, Effect: corev1.TaintEffectNoSchedule}
+	for _, t := range pod.Spec.Tolerations {
+		if t.ToleratesTaint(klog.Background(), &taint, false) {
+			return true
 		}
 	}
 	return false
@@ -94,8 +94,12 @@ type Scheduler struct {
 	pods   corelisters.PodLister
 	nodes  corelisters.NodeLister
 	queue  workqueue.TypedRateLimitingInterface[string]
-	synced []cache.InformerSynced
-	start  func(stop <-chan struct{})
+	// assumed remembers the node of each pod bound here until the
+	// informer shows the binding, so that pods created together spread
+	// out. Only the worker touches it.
+	assumed map[types.UID]string
+	synced  []cache.InformerSynced
+	start   func(stop <-chan struct{})
 }
 
 // New returns a Scheduler watching through client.
@@ -103,13 +107,14 @@ func New(client kubernetes.Interface, log *slog.Logger) (*Scheduler, error) {
 	f := informers.NewSharedInformerFactory(client, 0)
 	podInf, nodeInf := f.Core().V1().Pods(), f.Core().V1().Nodes()
 	s := &Scheduler{
-		client: client,
-		log:    log.With("component", "scheduler"),
-		pods:   podInf.Lister(),
-		nodes:  nodeInf.Lister(),
-		queue:  workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
-		synced: []cache.InformerSynced{podInf.Informer().HasSynced, nodeInf.Informer().HasSynced},
-		start:  f.Start,
+		client:  client,
+		log:     log.With("component", "scheduler"),
+		pods:    podInf.Lister(),
+		nodes:   nodeInf.Lister(),
+		queue:   workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
+		assumed: map[types.UID]string{},
+		synced:  []cache.InformerSynced{podInf.Informer().HasSynced, nodeInf.Informer().HasSynced},
+		start:   f.Start,
 	}
 	enqueue := func(obj any) {
 		if pod, ok := obj.(*corev1.Pod); ok && pending(pod) {
@@ -198,9 +203,22 @@ func (s *Scheduler) schedule(ctx context.Context, key string) error {
 		return err
 	}
 	load := map[string]int{}
+	seen := map[types.UID]bool{}
 	for _, p := range all {
-		if p.Spec.NodeName != "" && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
-			load[p.Spec.NodeName]++
+		seen[p.UID] = true
+		node := p.Spec.NodeName
+		if node == "" {
+			node = s.assumed[p.UID]
+		} else {
+			delete(s.assumed, p.UID)
+		}
+		if node != "" && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+			load[node]++
+		}
+	}
+	for uid := range s.assumed {
+		if !seen[uid] {
+			delete(s.assumed, uid)
 		}
 	}
 	node, err := PickNode(pod, nodes, load)
@@ -218,6 +236,7 @@ func (s *Scheduler) schedule(ctx context.Context, key string) error {
 	if err != nil {
 		return fmt.Errorf("bind %s to %s: %w", key, node, err)
 	}
+	s.assumed[pod.UID] = node
 	s.log.Info("bound pod", "pod", key, "node", node)
 	return nil
 }

@@ -27,7 +27,7 @@ func TestPickNode(t *testing.T) {
 	nodes := []*corev1.Node{
 		node("n1", true, zoneA),
 		node("n2", true, nil),
-		node("n3", false, zoneA),
+		node("n3", false, zoneA, corev1.Taint{Key: corev1.TaintNodeNotReady, Effect: corev1.TaintEffectNoSchedule}),
 		node("n4", true, zoneA, noSchedule),
 	}
 	daemonPod := &corev1.Pod{Spec: corev1.PodSpec{Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
@@ -50,6 +50,10 @@ func TestPickNode(t *testing.T) {
 			NodeSelector: zoneA,
 			Tolerations:  []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpExists}},
 		}}, load: map[string]int{"n1": 5}, want: "n4"},
+		{name: "daemon tolerates not-ready", pod: &corev1.Pod{Spec: corev1.PodSpec{
+			NodeSelector: zoneA,
+			Tolerations:  []corev1.Toleration{{Key: corev1.TaintNodeNotReady, Operator: corev1.TolerationOpExists}},
+		}}, load: map[string]int{"n1": 5}, want: "n3"},
 		{name: "nothing fits", pod: &corev1.Pod{Spec: corev1.PodSpec{NodeSelector: map[string]string{"zone": "z"}}}, wantErr: true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
