@@ -25,7 +25,6 @@ import (
 
 	"github.com/canopy-mesh/canopy/internal/localcluster"
 	"github.com/canopy-mesh/canopy/internal/localcluster/containerinit"
-	"github.com/canopy-mesh/canopy/internal/tools"
 	"github.com/canopy-mesh/canopy/internal/version"
 )
 
@@ -192,16 +191,5 @@ func findBinaries(echo string) (localcluster.Binaries, error) {
 		return localcluster.Binaries{}, err
 	}
 	b := localcluster.Binaries{Self: self, Echo: echo}
-	dirs := map[string]*string{"kube": &b.KubeDir, "cni": &b.CNIDir}
-	for module, dst := range dirs {
-		if *dst, err = tools.Dir(module); err != nil {
-			return b, err
-		}
-	}
-	dnsDir, err := tools.Dir("coredns")
-	if err != nil {
-		return b, err
-	}
-	b.CoreDNS = filepath.Join(dnsDir, "coredns")
-	return b, nil
+	return b, b.FindTools()
 }

@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"path/filepath"
 	"regexp"
+
+	"github.com/canopy-mesh/canopy/internal/tools"
 )
 
 // Config describes a local cluster. The zero value, with Binaries set, is a
@@ -110,6 +112,25 @@ func (c Config) withDefaults() (Config, error) {
 		}
 	}
 	return c, nil
+}
+
+// FindTools fills in the pinned third-party binaries (Kubernetes, CNI
+// plugins, CoreDNS) through internal/tools: from $CANOPY_*_BIN_DIR, else
+// built by hack/tools.sh inside the repository.
+func (b *Binaries) FindTools() error {
+	var err error
+	if b.KubeDir, err = tools.Dir("kube"); err != nil {
+		return err
+	}
+	if b.CNIDir, err = tools.Dir("cni"); err != nil {
+		return err
+	}
+	dns, err := tools.Dir("coredns")
+	if err != nil {
+		return err
+	}
+	b.CoreDNS = filepath.Join(dns, "coredns")
+	return nil
 }
 
 // DefaultStateDir is where a cluster called name keeps its state.

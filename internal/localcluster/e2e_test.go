@@ -111,18 +111,7 @@ func buildBinaries(dir string) (localcluster.Binaries, error) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return b, fmt.Errorf("build binaries: %w\n%s", err, out)
 	}
-	if b.KubeDir, err = tools.Dir("kube"); err != nil {
-		return b, err
-	}
-	if b.CNIDir, err = tools.Dir("cni"); err != nil {
-		return b, err
-	}
-	dns, err := tools.Dir("coredns")
-	if err != nil {
-		return b, err
-	}
-	b.CoreDNS = filepath.Join(dns, "coredns")
-	return b, nil
+	return b, b.FindTools()
 }
 
 func need(t *testing.T) kubernetes.Interface {
