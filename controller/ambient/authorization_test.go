@@ -1,0 +1,177 @@
+package ambient
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	securityapi "istio.io/api/security/v1beta1"
+	typeapi "istio.io/api/type/v1beta1"
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func policy(ns string, action securityapi.AuthorizationPolicy_Action, selector bool, rules ...*securityapi.Rule) *securityv1.AuthorizationPolicy {
+	p := &securityv1.AuthorizationPolicy{ObjectMeta: metav1.ObjectMeta{Name: "pol", Namespace: ns}}
+	p.Spec.Action = action
+	p.Spec.Rules = rules
+	if selector {
+		p.Spec.Selector = &typeapi.WorkloadSelector{MatchLabels: map[string]string{"app": "echo"}}
+	}
+	return p
+}
+
+func from(s *securityapi.Source) *securityapi.Rule_From { return &securityapi.Rule_From{Source: s} }
+func to(o *securityapi.Operation) *securityapi.Rule_To  { return &securityapi.Rule_To{Operation: o} }
+func when(key string, values ...string) *securityapi.Condition {
+	return &securityapi.Condition{Key: key, Values: values}
+}
+
+func TestBuildAuthorization(t *testing.T) {
+	t.Parallel()
+	const allow, deny = securityapi.AuthorizationPolicy_ALLOW, securityapi.AuthorizationPolicy_DENY
+	for _, tt := range []struct {
+		name         string
+		policy       *securityv1.AuthorizationPolicy
+		wantWarnings int
+	}{
+		{name: "selector policy is workload scoped", policy: policy("shop", allow, true, &securityapi.Rule{
+			From: []*securityapi.Rule_From{from(&securityapi.Source{Principals: []string{"cluster.local/ns/shop/sa/web"}})},
+		})},
+		{name: "no selector is namespace scoped", policy: policy("shop", allow, false, &securityapi.Rule{})},
+		{name: "root namespace is global", policy: policy("istio-system", deny, false, &securityapi.Rule{
+			From: []*securityapi.Rule_From{from(&securityapi.Source{NotNamespaces: []string{"istio-system"}})},
+		})},
+		{name: "empty rule allows everything", policy: policy("shop", allow, true, &securityapi.Rule{})},
+		{name: "no rules", policy: policy("shop", allow, true)},
+		{name: "every source field", policy: policy("shop", allow, true, &securityapi.Rule{From: []*securityapi.Rule_From{
+			from(&securityapi.Source{
+				Principals: []string{"cluster.local/ns/a/sa/b"}, NotPrincipals: []string{"cluster.local/ns/a/sa/evil"},
+				Namespaces: []string{"a"}, NotNamespaces: []string{"b"},
+				IpBlocks: []string{"10.0.0.0/8", "192.168.1.7"}, NotIpBlocks: []string{"10.1.0.0/16", "fd00::/8"},
+				ServiceAccounts: []string{"other/api", "local-sa"}, NotServiceAccounts: []string{"shop/banned"},
+			}),
+			from(&securityapi.Source{Namespaces: []string{"c"}}),
+		}})},
+		{name: "to ports", policy: policy("shop", allow, true, &securityapi.Rule{To: []*securityapi.Rule_To{
+			to(&securityapi.Operation{Ports: []string{"8080", "9090"}}),
+			to(&securityapi.Operation{NotPorts: []string{"22"}}),
+		}})},
+		{name: "when L4 keys", policy: policy("shop", allow, true, &securityapi.Rule{When: []*securityapi.Condition{
+			when("source.ip", "10.0.0.1"), when("source.namespace", "a"), when("source.principal", "*/sa/b"),
+			when("destination.ip", "10.96.0.0/12"), when("destination.port", "443"),
+			{Key: "source.namespace", NotValues: []string{"kube-system"}},
+		}})},
+		{name: "from to and when are separate clauses", policy: policy("shop", allow, true, &securityapi.Rule{
+			From: []*securityapi.Rule_From{from(&securityapi.Source{Namespaces: []string{"a"}})},
+			To:   []*securityapi.Rule_To{to(&securityapi.Operation{Ports: []string{"80"}})},
+			When: []*securityapi.Condition{when("source.ip", "10.0.0.0/8")},
+		})},
+		{name: "wildcards", policy: policy("shop", allow, true, &securityapi.Rule{From: []*securityapi.Rule_From{from(&securityapi.Source{
+			Principals: []string{"*", "*/sa/web", "cluster.local/ns/shop/*", "exact"},
+			Namespaces: []string{"prod-*"},
+		})}})},
+		{name: "http attributes drop an ALLOW rule", wantWarnings: 1, policy: policy("shop", allow, true,
+			&securityapi.Rule{To: []*securityapi.Rule_To{to(&securityapi.Operation{Methods: []string{"GET"}, Ports: []string{"80"}})}},
+			&securityapi.Rule{From: []*securityapi.Rule_From{from(&securityapi.Source{Namespaces: []string{"a"}})}},
+		)},
+		{name: "ALLOW with only http rules matches nothing", wantWarnings: 1, policy: policy("shop", allow, true,
+			&securityapi.Rule{To: []*securityapi.Rule_To{to(&securityapi.Operation{Paths: []string{"/admin"}})}},
+		)},
+		{name: "http attributes reduce a DENY rule to L4", wantWarnings: 1, policy: policy("shop", deny, true, &securityapi.Rule{
+			From: []*securityapi.Rule_From{from(&securityapi.Source{Namespaces: []string{"a"}, RequestPrincipals: []string{"*"}})},
+			To:   []*securityapi.Rule_To{to(&securityapi.Operation{Ports: []string{"80"}, Paths: []string{"/admin"}, Hosts: []string{"x"}})},
+			When: []*securityapi.Condition{when("request.headers[x-user]", "bob"), when("destination.port", "80")},
+		})},
+		{name: "DENY with only http attributes denies at L4", wantWarnings: 1, policy: policy("shop", deny, true, &securityapi.Rule{
+			To: []*securityapi.Rule_To{to(&securityapi.Operation{Methods: []string{"DELETE"}})},
+		})},
+		{name: "dry run", policy: func() *securityv1.AuthorizationPolicy {
+			p := policy("shop", deny, true, &securityapi.Rule{})
+			p.Annotations = map[string]string{AnnotationDryRun: "true"}
+			return p
+		}()},
+		{name: "targetRefs are for waypoints", policy: func() *securityv1.AuthorizationPolicy {
+			p := policy("shop", allow, false, &securityapi.Rule{})
+			p.Spec.TargetRefs = []*typeapi.PolicyTargetReference{{Kind: "Service", Name: "echo"}}
+			return p
+		}()},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			res, err := BuildAuthorization(tt.policy, Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.Warnings) != tt.wantWarnings {
+				t.Errorf("warnings = %q, want %d", res.Warnings, tt.wantWarnings)
+			}
+			checkGolden(t, "authorization/"+golden(tt.name), res.Authorization)
+		})
+	}
+}
+
+func TestBuildAuthorizationErrors(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name   string
+		policy *securityv1.AuthorizationPolicy
+		want   string
+	}{
+		{"custom action", policy("shop", securityapi.AuthorizationPolicy_CUSTOM, true), "CUSTOM"},
+		{"audit action", policy("shop", securityapi.AuthorizationPolicy_AUDIT, true), "AUDIT"},
+		{"bad ip", policy("shop", securityapi.AuthorizationPolicy_ALLOW, true, &securityapi.Rule{
+			From: []*securityapi.Rule_From{from(&securityapi.Source{IpBlocks: []string{"10.0.0.300"}})}}), "10.0.0.300"},
+		{"bad cidr", policy("shop", securityapi.AuthorizationPolicy_ALLOW, true, &securityapi.Rule{
+			When: []*securityapi.Condition{when("destination.ip", "10.0.0.0/33")}}), "10.0.0.0/33"},
+		{"bad port", policy("shop", securityapi.AuthorizationPolicy_ALLOW, true, &securityapi.Rule{
+			To: []*securityapi.Rule_To{to(&securityapi.Operation{Ports: []string{"http"}})}}), "http"},
+		{"port zero", policy("shop", securityapi.AuthorizationPolicy_DENY, true, &securityapi.Rule{
+			When: []*securityapi.Condition{when("destination.port", "0")}}), "port"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := BuildAuthorization(tt.policy, Config{})
+			if !errors.Is(err, ErrUnsupportedPolicy) || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("BuildAuthorization() error = %v, want ErrUnsupportedPolicy mentioning %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func peerAuth(ns string, selector bool, mode securityapi.PeerAuthentication_MutualTLS_Mode, ports map[uint32]securityapi.PeerAuthentication_MutualTLS_Mode) *securityv1.PeerAuthentication {
+	pa := &securityv1.PeerAuthentication{ObjectMeta: metav1.ObjectMeta{Name: "mtls", Namespace: ns}}
+	pa.Spec.Mtls = &securityapi.PeerAuthentication_MutualTLS{Mode: mode}
+	if selector {
+		pa.Spec.Selector = &typeapi.WorkloadSelector{MatchLabels: map[string]string{"app": "echo"}}
+	}
+	for port, m := range ports {
+		if pa.Spec.PortLevelMtls == nil {
+			pa.Spec.PortLevelMtls = map[uint32]*securityapi.PeerAuthentication_MutualTLS{}
+		}
+		pa.Spec.PortLevelMtls[port] = &securityapi.PeerAuthentication_MutualTLS{Mode: m}
+	}
+	return pa
+}
+
+func TestBuildPeerAuthentication(t *testing.T) {
+	t.Parallel()
+	const strict, permissive, disable = securityapi.PeerAuthentication_MutualTLS_STRICT, securityapi.PeerAuthentication_MutualTLS_PERMISSIVE, securityapi.PeerAuthentication_MutualTLS_DISABLE
+	for _, tt := range []struct {
+		name string
+		pa   *securityv1.PeerAuthentication
+	}{
+		{"mesh wide strict is the global static policy", peerAuth("istio-system", false, strict, nil)},
+		{"namespace strict", peerAuth("shop", false, strict, nil)},
+		{"namespace permissive enforces nothing", peerAuth("shop", false, permissive, nil)},
+		{"selector strict", peerAuth("shop", true, strict, nil)},
+		{"selector strict with permissive ports", peerAuth("shop", true, strict, map[uint32]securityapi.PeerAuthentication_MutualTLS_Mode{9090: permissive, 8081: disable})},
+		{"selector permissive with strict ports", peerAuth("shop", true, permissive, map[uint32]securityapi.PeerAuthentication_MutualTLS_Mode{8443: strict, 8080: strict})},
+		{"selector disable", peerAuth("shop", true, disable, nil)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			checkGolden(t, "peerauthentication/"+golden(tt.name), BuildPeerAuthentication(tt.pa, Config{}))
+		})
+	}
+}
