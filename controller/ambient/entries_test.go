@@ -1,0 +1,140 @@
+package ambient
+
+import (
+	"testing"
+
+	networkingapi "istio.io/api/networking/v1alpha3"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/canopy-mesh/canopy/workloadapi"
+)
+
+func serviceEntry(mods ...func(*networkingv1.ServiceEntry)) *networkingv1.ServiceEntry {
+	se := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Name: "payments", Namespace: "shop"}}
+	se.Spec.Hosts = []string{"payments.example.com"}
+	se.Spec.Addresses = []string{"240.0.0.5"}
+	se.Spec.Ports = []*networkingapi.ServicePort{
+		{Number: 443, Name: "https", Protocol: "TLS"},
+		{Number: 80, Name: "http", Protocol: "HTTP", TargetPort: 8080},
+	}
+	se.Spec.Resolution = networkingapi.ServiceEntry_STATIC
+	for _, m := range mods {
+		m(se)
+	}
+	return se
+}
+
+// entriesResult puts a builder's several outputs in one message for a
+// golden file: Services then Workloads, as Addresses.
+type entriesResult struct {
+	services  []*workloadapi.Service
+	workloads []*workloadapi.Workload
+}
+
+func checkEntries(t *testing.T, name string, r entriesResult) {
+	t.Helper()
+	for i, s := range r.services {
+		checkGolden(t, name+"/service-"+string(rune('0'+i)), s)
+	}
+	for i, w := range r.workloads {
+		checkGolden(t, name+"/workload-"+string(rune('0'+i)), w)
+	}
+}
+
+func TestBuildServiceEntry(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		se   *networkingv1.ServiceEntry
+	}{
+		{"hosts without endpoints", serviceEntry(func(se *networkingv1.ServiceEntry) {
+			se.Spec.Hosts = append(se.Spec.Hosts, "pay.example.com")
+			se.Spec.SubjectAltNames = []string{"spiffe://example.com/payments"}
+		})},
+		{"cidr address", serviceEntry(func(se *networkingv1.ServiceEntry) { se.Spec.Addresses = []string{"240.0.0.0/24", "2001:db8::/64"} })},
+		{"inline endpoints", serviceEntry(func(se *networkingv1.ServiceEntry) {
+			se.Spec.Endpoints = []*networkingapi.WorkloadEntry{
+				{Address: "10.10.0.5", Ports: map[string]uint32{"https": 8443}, Labels: map[string]string{"app": "pay", LabelTunnel: "http"},
+					ServiceAccount: "pay", Locality: "eu/eu-1", Weight: 3},
+				{Address: "10.10.0.6", Network: "vm-net"},
+			}
+		})},
+		{"dns endpoint uses hostname", serviceEntry(func(se *networkingv1.ServiceEntry) {
+			se.Spec.Resolution = networkingapi.ServiceEntry_DNS
+			se.Spec.Endpoints = []*networkingapi.WorkloadEntry{{Address: "pay-1.example.com"}}
+		})},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			svcs, wls := BuildServiceEntry(ServiceEntryInput{ServiceEntry: tt.se}, Config{})
+			checkEntries(t, "serviceentry/"+golden(tt.name), entriesResult{svcs, wls})
+		})
+	}
+}
+
+func TestBuildWorkloadEntry(t *testing.T) {
+	t.Parallel()
+	we := func(mods ...func(*networkingv1.WorkloadEntry)) *networkingv1.WorkloadEntry {
+		w := &networkingv1.WorkloadEntry{ObjectMeta: metav1.ObjectMeta{Name: "vm-1", Namespace: "shop"}}
+		w.Spec.Address = "10.10.1.1"
+		w.Spec.Labels = map[string]string{"app": "payments", "version": "v1"}
+		w.Spec.ServiceAccount = "payments"
+		w.Spec.Ports = map[string]uint32{"https": 9443}
+		for _, m := range mods {
+			m(w)
+		}
+		return w
+	}
+	for _, tt := range []struct {
+		name string
+		in   WorkloadEntryInput
+	}{
+		{"vm behind a service entry", WorkloadEntryInput{WorkloadEntry: we(), ServiceEntries: []*networkingv1.ServiceEntry{serviceEntry()}, Policies: []string{"shop/p"}}},
+		{"owned by a workload group with locality and weight", WorkloadEntryInput{WorkloadEntry: we(func(w *networkingv1.WorkloadEntry) {
+			w.OwnerReferences = []metav1.OwnerReference{{Kind: "WorkloadGroup", Name: "payments-vms"}}
+			w.Spec.Locality = "us-east/us-east-1b/rack-9"
+			w.Spec.Weight = 10
+			w.Spec.Network = "vm-net"
+		})}},
+		{"hostname address", WorkloadEntryInput{WorkloadEntry: we(func(w *networkingv1.WorkloadEntry) { w.Spec.Address = "vm-1.corp.example" })}},
+		{"tunnel label", WorkloadEntryInput{WorkloadEntry: we(func(w *networkingv1.WorkloadEntry) { w.Spec.Labels[LabelTunnel] = "http" })}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			checkGolden(t, "workloadentry/"+golden(tt.name), BuildWorkloadEntry(tt.in, Config{}))
+		})
+	}
+}
+
+func TestBuildEndpointSliceWorkloads(t *testing.T) {
+	t.Parallel()
+	svc := testService("legacy-db", func(s *corev1.Service) {
+		s.Spec.Selector = nil
+		s.Spec.Ports = []corev1.ServicePort{{Name: "pg", Port: 5432}}
+	})
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "legacy-db-abc12", Namespace: "shop", Labels: map[string]string{discoveryv1.LabelServiceName: "legacy-db"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("pg"), Port: ptr.To[int32](15432)}},
+		Endpoints: []discoveryv1.Endpoint{
+			{Addresses: []string{"192.168.5.10"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}, NodeName: ptr.To("node-1")},
+			{Addresses: []string{"192.168.5.11"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(false)}},
+			{Addresses: []string{"10.244.1.7"}, TargetRef: &corev1.ObjectReference{Kind: "Pod", Name: "echo"}},
+			{Addresses: []string{"192.168.5.12"}}, // nil ready means ready
+		},
+	}
+	got := BuildEndpointSliceWorkloads(slice, svc, Config{})
+	if len(got) != 3 {
+		t.Fatalf("got %d workloads, want 3 (the pod endpoint is the pod's)", len(got))
+	}
+	for i, w := range got {
+		checkGolden(t, "endpointslice/workload-"+string(rune('0'+i)), w)
+	}
+	if BuildEndpointSliceWorkloads(slice, nil, Config{}) != nil {
+		t.Error("workloads for a slice without its Service")
+	}
+}
