@@ -1,0 +1,207 @@
+// Package index keeps the workload discovery tables current: it holds the
+// Kubernetes objects the tables depend on, and on every object change
+// recomputes only the outputs that change can affect, through the pure
+// builders of controller/ambient, and reports what changed by xDS resource
+// name.
+//
+// Published protos are never modified: a recomputed output replaces the
+// old one. An Index is safe for concurrent use; updates are serialized.
+package index
+
+import (
+	"slices"
+	"sync"
+
+	"google.golang.org/protobuf/proto"
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/canopy-mesh/canopy/controller/ambient"
+	"github.com/canopy-mesh/canopy/workloadapi"
+	"github.com/canopy-mesh/canopy/workloadapi/security"
+)
+
+// Changes lists resource names by what happened to them.
+type Changes struct {
+	Added, Updated, Removed []string
+}
+
+// Empty reports whether nothing changed.
+func (c Changes) Empty() bool { return len(c.Added)+len(c.Updated)+len(c.Removed) == 0 }
+
+// ChangeSet is what one object change did to the tables.
+type ChangeSet struct {
+	// Addresses are workload UIDs and "<namespace>/<hostname>" service keys.
+	Addresses Changes
+	// Authorizations are "<namespace>/<name>" policy keys.
+	Authorizations Changes
+}
+
+// Empty reports whether nothing changed.
+func (c ChangeSet) Empty() bool { return c.Addresses.Empty() && c.Authorizations.Empty() }
+
+type key struct{ namespace, name string }
+
+func (k key) String() string { return k.namespace + "/" + k.name }
+
+// Index holds the inputs and the published tables.
+type Index struct {
+	cfg ambient.Config
+
+	mu         sync.RWMutex
+	namespaces map[string]*corev1.Namespace
+	nodes      map[string]*corev1.Node
+	pods       map[key]*corev1.Pod
+	services   map[key]*corev1.Service
+	policies   map[key]*securityv1.AuthorizationPolicy
+	peerAuths  map[key]*securityv1.PeerAuthentication
+	gateways   map[key]*gatewayv1.Gateway
+
+	// Secondary indexes keep each update proportional to what it touches.
+	podsByNamespace     map[string]map[key]bool
+	podsByNode          map[string]map[key]bool
+	servicesByNamespace map[string]map[key]bool
+	policiesByNamespace map[string]map[key]bool
+
+	addresses      map[string]*workloadapi.Address
+	authorizations map[string]*security.Authorization
+	// policyKeys maps each policy object to the Authorization key it
+	// produced, and problems records why an object produced nothing.
+	peerAuthKeys map[key]string
+	problems     map[string]string
+}
+
+// New returns an empty Index.
+func New(cfg ambient.Config) *Index {
+	return &Index{
+		cfg:                 cfg.WithDefaults(),
+		namespaces:          map[string]*corev1.Namespace{},
+		nodes:               map[string]*corev1.Node{},
+		pods:                map[key]*corev1.Pod{},
+		services:            map[key]*corev1.Service{},
+		policies:            map[key]*securityv1.AuthorizationPolicy{},
+		peerAuths:           map[key]*securityv1.PeerAuthentication{},
+		gateways:            map[key]*gatewayv1.Gateway{},
+		podsByNamespace:     map[string]map[key]bool{},
+		podsByNode:          map[string]map[key]bool{},
+		servicesByNamespace: map[string]map[key]bool{},
+		policiesByNamespace: map[string]map[key]bool{},
+		addresses:           map[string]*workloadapi.Address{},
+		authorizations:      map[string]*security.Authorization{},
+		peerAuthKeys:        map[key]string{},
+		problems:            map[string]string{},
+	}
+}
+
+// Address returns the published Address of a resource name, or nil.
+func (x *Index) Address(name string) *workloadapi.Address {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.addresses[name]
+}
+
+// Authorization returns the published Authorization of a key, or nil.
+func (x *Index) Authorization(name string) *security.Authorization {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.authorizations[name]
+}
+
+// AddressNames returns every published Address name, sorted.
+func (x *Index) AddressNames() []string {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return sortedKeys(x.addresses)
+}
+
+// AuthorizationNames returns every published Authorization key, sorted.
+func (x *Index) AuthorizationNames() []string {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return sortedKeys(x.authorizations)
+}
+
+// Problems returns, by object ("<kind> <namespace>/<name>"), why an input
+// produced no output or a reduced one; the caller reports them in status
+// or events.
+func (x *Index) Problems() map[string]string {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	out := make(map[string]string, len(x.problems))
+	for k, v := range x.problems {
+		out[k] = v
+	}
+	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// change accumulates a ChangeSet while one update recomputes outputs.
+type change struct{ cs ChangeSet }
+
+func (c *change) record(ch *Changes, name string, had, has bool, same bool) {
+	switch {
+	case !had && has:
+		ch.Added = append(ch.Added, name)
+	case had && !has:
+		ch.Removed = append(ch.Removed, name)
+	case had && has && !same:
+		ch.Updated = append(ch.Updated, name)
+	}
+}
+
+// setAddress publishes (or with nil, removes) an Address.
+func (x *Index) setAddress(c *change, name string, a *workloadapi.Address) {
+	old, had := x.addresses[name]
+	same := had && a != nil && proto.Equal(old, a)
+	if same {
+		return
+	}
+	if a == nil {
+		delete(x.addresses, name)
+	} else {
+		x.addresses[name] = a
+	}
+	c.record(&c.cs.Addresses, name, had, a != nil, same)
+}
+
+func (x *Index) setAuthorization(c *change, name string, a *security.Authorization) {
+	old, had := x.authorizations[name]
+	same := had && a != nil && proto.Equal(old, a)
+	if same {
+		return
+	}
+	if a == nil {
+		delete(x.authorizations, name)
+	} else {
+		x.authorizations[name] = a
+	}
+	c.record(&c.cs.Authorizations, name, had, a != nil, same)
+}
+
+func add(m map[string]map[key]bool, group string, k key) {
+	if m[group] == nil {
+		m[group] = map[key]bool{}
+	}
+	m[group][k] = true
+}
+
+func remove(m map[string]map[key]bool, group string, k key) {
+	delete(m[group], k)
+	if len(m[group]) == 0 {
+		delete(m, group)
+	}
+}
+
+func selects(selector map[string]string, lbls map[string]string) bool {
+	return len(selector) > 0 && labels.SelectorFromValidatedSet(selector).Matches(labels.Set(lbls))
+}

@@ -1,0 +1,151 @@
+package index
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	securityapi "istio.io/api/security/v1beta1"
+	typeapi "istio.io/api/type/v1beta1"
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/canopy-mesh/canopy/controller/ambient"
+)
+
+func pod(name, node string, lbls map[string]string, ip string) *corev1.Pod {
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "shop", Labels: lbls},
+		Spec:       corev1.PodSpec{NodeName: node, ServiceAccountName: "default"},
+		Status:     corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+	if ip != "" {
+		p.Status.PodIPs = []corev1.PodIP{{IP: ip}}
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+	}
+	return p
+}
+
+func service(name string, selector map[string]string) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "shop"},
+		Spec: corev1.ServiceSpec{
+			Selector: selector, ClusterIPs: []string{"10.96.0.50"},
+			Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}},
+		},
+	}
+}
+
+func node(name, zone string) *corev1.Node {
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{corev1.LabelTopologyZone: zone}}}
+}
+
+const (
+	podA = "Kubernetes//Pod/shop/a"
+	podB = "Kubernetes//Pod/shop/b"
+	svc  = "shop/echo.shop.svc.cluster.local"
+)
+
+func check(t *testing.T, step string, got, want ChangeSet) {
+	t.Helper()
+	if diff := cmp.Diff(want, got, cmpopts.EquateEmpty(), cmpopts.SortSlices(func(a, b string) bool { return a < b })); diff != "" {
+		t.Errorf("%s: change set mismatch (-want +got):\n%s", step, diff)
+	}
+}
+
+func addr(added, updated, removed []string) ChangeSet {
+	return ChangeSet{Addresses: Changes{Added: added, Updated: updated, Removed: removed}}
+}
+
+func TestIndexChangeSets(t *testing.T) {
+	x := New(ambient.Config{})
+	echo := map[string]string{"app": "echo"}
+
+	check(t, "pod without IP", x.UpsertPod(pod("a", "n1", echo, "")), ChangeSet{})
+	check(t, "pod gets IP", x.UpsertPod(pod("a", "n1", echo, "10.244.1.5")), addr([]string{podA}, nil, nil))
+	check(t, "second pod on another node", x.UpsertPod(pod("b", "n2", echo, "10.244.2.5")), addr([]string{podB}, nil, nil))
+	check(t, "same pod again", x.UpsertPod(pod("b", "n2", echo, "10.244.2.5")), ChangeSet{})
+
+	check(t, "service selecting both", x.UpsertService(service("echo", echo)), addr([]string{svc}, []string{podA, podB}, nil))
+	if w := x.Address(podA).GetWorkload(); w.GetServices()[svc] == nil {
+		t.Errorf("pod a's services = %v, want %s", w.GetServices(), svc)
+	}
+	check(t, "pod b relabelled away", x.UpsertPod(pod("b", "n2", map[string]string{"app": "other"}, "10.244.2.5")), addr(nil, []string{podB}, nil))
+	check(t, "service selector narrowed to nothing", x.UpsertService(service("echo", map[string]string{"app": "none"})), addr(nil, []string{podA}, nil))
+	check(t, "service back", x.UpsertService(service("echo", echo)), addr(nil, []string{podA}, nil))
+
+	check(t, "node n1 labels reach only its pods", x.UpsertNode(node("n1", "zone-a")), addr(nil, []string{podA}, nil))
+	if got := x.Address(podA).GetWorkload().GetLocality().GetZone(); got != "zone-a" {
+		t.Errorf("pod a zone = %q", got)
+	}
+	check(t, "unrelated node", x.UpsertNode(node("n9", "zone-z")), ChangeSet{})
+
+	sel := &securityv1.AuthorizationPolicy{ObjectMeta: metav1.ObjectMeta{Name: "allow-echo", Namespace: "shop"}}
+	sel.Spec.Selector = &typeapi.WorkloadSelector{MatchLabels: echo}
+	sel.Spec.Rules = []*securityapi.Rule{{}}
+	check(t, "selector policy", x.UpsertAuthorizationPolicy(sel), ChangeSet{
+		Addresses:      Changes{Updated: []string{podA}},
+		Authorizations: Changes{Added: []string{"shop/allow-echo"}},
+	})
+	if got := x.Address(podA).GetWorkload().GetAuthorizationPolicies(); !cmp.Equal(got, []string{"shop/allow-echo"}) {
+		t.Errorf("pod a policies = %v", got)
+	}
+	nsPolicy := &securityv1.AuthorizationPolicy{ObjectMeta: metav1.ObjectMeta{Name: "ns-wide", Namespace: "shop"}}
+	check(t, "namespace policy touches no workload", x.UpsertAuthorizationPolicy(nsPolicy), ChangeSet{
+		Authorizations: Changes{Added: []string{"shop/ns-wide"}},
+	})
+	custom := &securityv1.AuthorizationPolicy{ObjectMeta: metav1.ObjectMeta{Name: "ext-authz", Namespace: "shop"}}
+	custom.Spec.Action = securityapi.AuthorizationPolicy_CUSTOM
+	check(t, "unsupported policy", x.UpsertAuthorizationPolicy(custom), ChangeSet{})
+	if p := x.Problems()["AuthorizationPolicy shop/ext-authz"]; p == "" {
+		t.Errorf("no problem recorded for a CUSTOM policy: %v", x.Problems())
+	}
+	check(t, "policy deleted", x.DeleteAuthorizationPolicy("shop", "allow-echo"), ChangeSet{
+		Addresses:      Changes{Updated: []string{podA}},
+		Authorizations: Changes{Removed: []string{"shop/allow-echo"}},
+	})
+
+	pa := &securityv1.PeerAuthentication{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: "istio-system"}}
+	pa.Spec.Mtls = &securityapi.PeerAuthentication_MutualTLS{Mode: securityapi.PeerAuthentication_MutualTLS_STRICT}
+	check(t, "mesh strict", x.UpsertPeerAuthentication(pa), ChangeSet{Authorizations: Changes{Added: []string{"istio-system/istio_converted_static_strict"}}})
+	relaxed := pa.DeepCopy()
+	relaxed.Spec.Mtls.Mode = securityapi.PeerAuthentication_MutualTLS_PERMISSIVE
+	check(t, "mesh permissive", x.UpsertPeerAuthentication(relaxed), ChangeSet{Authorizations: Changes{Removed: []string{"istio-system/istio_converted_static_strict"}}})
+
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{ambient.LabelUseWaypoint: "waypoint"}}}
+	check(t, "namespace binds a missing waypoint", x.UpsertNamespace(ns), ChangeSet{})
+	gw := &gatewayv1.Gateway{
+		ObjectMeta: metav1.ObjectMeta{Name: "waypoint", Namespace: "shop", Labels: map[string]string{ambient.LabelWaypointFor: "all"}},
+		Spec:       gatewayv1.GatewaySpec{GatewayClassName: ambient.WaypointClass},
+		Status:     gatewayv1.GatewayStatus{Addresses: []gatewayv1.GatewayStatusAddress{{Type: ptr.To(gatewayv1.IPAddressType), Value: "10.96.0.99"}}},
+	}
+	check(t, "waypoint appears", x.UpsertGateway(gw), addr(nil, []string{podA, podB, svc}, nil))
+	if x.Address(svc).GetService().GetWaypoint() == nil || x.Address(podA).GetWorkload().GetWaypoint() == nil {
+		t.Error("waypoint not bound")
+	}
+
+	check(t, "pod deleted", x.DeletePod("shop", "a"), addr(nil, nil, []string{podA}))
+	check(t, "service deleted", x.DeleteService("shop", "echo"), addr(nil, nil, []string{svc}))
+	if got := x.AddressNames(); !cmp.Equal(got, []string{podB}) {
+		t.Errorf("addresses left = %v", got)
+	}
+}
+
+func TestIndexPublishedProtosAreNotModified(t *testing.T) {
+	x := New(ambient.Config{})
+	x.UpsertPod(pod("a", "n1", map[string]string{"app": "echo"}, "10.244.1.5"))
+	before := x.Address(podA)
+	snapshot := fmt.Sprint(before)
+	x.UpsertService(service("echo", map[string]string{"app": "echo"}))
+	if fmt.Sprint(before) != snapshot {
+		t.Error("an update modified a published Address")
+	}
+	if x.Address(podA) == before {
+		t.Error("the recomputed Address is the same object")
+	}
+}

@@ -1,0 +1,372 @@
+package index
+
+import (
+	"sort"
+
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/canopy-mesh/canopy/controller/ambient"
+	"github.com/canopy-mesh/canopy/workloadapi"
+	"github.com/canopy-mesh/canopy/workloadapi/security"
+)
+
+// Each Upsert and Delete stores or forgets one object (never modifying it:
+// objects come from informer caches), recomputes the outputs it affects and
+// returns what changed.
+
+// UpsertNamespace records a namespace: its labels bind waypoints.
+func (x *Index) UpsertNamespace(ns *corev1.Namespace) ChangeSet {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.namespaces[ns.Name] = ns
+	return x.recomputeNamespace(ns.Name)
+}
+
+// DeleteNamespace forgets a namespace.
+func (x *Index) DeleteNamespace(name string) ChangeSet {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	delete(x.namespaces, name)
+	return x.recomputeNamespace(name)
+}
+
+func (x *Index) recomputeNamespace(name string) ChangeSet {
+	var c change
+	for k := range x.podsByNamespace[name] {
+		x.recomputePod(&c, k)
+	}
+	for k := range x.servicesByNamespace[name] {
+		x.recomputeService(&c, k)
+	}
+	return c.cs
+}
+
+// UpsertNode records a node: its topology labels are its pods' locality.
+func (x *Index) UpsertNode(n *corev1.Node) ChangeSet {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.nodes[n.Name] = n
+	return x.recomputeNode(n.Name)
+}
+
+// DeleteNode forgets a node.
+func (x *Index) DeleteNode(name string) ChangeSet {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	delete(x.nodes, name)
+	return x.recomputeNode(name)
+}
+
+func (x *Index) recomputeNode(name string) ChangeSet {
+	var c change
+	for k := range x.podsByNode[name] {
+		x.recomputePod(&c, k)
+	}
+	return c.cs
+}
+
+// UpsertPod records a pod.
+func (x *Index) UpsertPod(p *corev1.Pod) ChangeSet {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	k := key{p.Namespace, p.Name}
+	if old, ok := x.pods[k]; ok && old.Spec.NodeName != p.Spec.NodeName {
+		remove(x.podsByNode, old.Spec.NodeName, k)
+	}
+	x.pods[k] = p
+	add(x.podsByNamespace, p.Namespace, k)
+	add(x.podsByNode, p.Spec.NodeName, k)
+	var c change
+	x.recomputePod(&c, k)
+	return c.cs
+}
+
+// DeletePod forgets a pod.
+func (x *Index) DeletePod(namespace, name string) ChangeSet {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	k := key{namespace, name}
+	if old, ok := x.pods[k]; ok {
+		remove(x.podsByNode, old.Spec.NodeName, k)
+	}
+	delete(x.pods, k)
+	remove(x.podsByNamespace, namespace, k)
+	var c change
+	x.recomputePod(&c, k)
+	return c.cs
+}
+
+// UpsertService records a Service: its entry, and the services map of the
+// pods its old or new selector picks.
+func (x *Index) UpsertService(s *corev1.Service) ChangeSet {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	k := key{s.Namespace, s.Name}
+	old := x.services[k]
+	x.services[k] = s
+	add(x.servicesByNamespace, s.Namespace, k)
+	return x.serviceChanged(k, old, s)
+}
+
+// DeleteService forgets a Service.
+func (x *Index) DeleteService(namespace, name string) ChangeSet {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	k := key{namespace, name}
+	old := x.services[k]
+	delete(x.services, k)
+	remove(x.servicesByNamespace, namespace, k)
+	return x.serviceChanged(k, old, nil)
+}
+
+func (x *Index) serviceChanged(k key, old, cur *corev1.Service) ChangeSet {
+	var c change
+	x.recomputeService(&c, k)
+	for pk := range x.podsByNamespace[k.namespace] {
+		pod := x.pods[pk]
+		if (old != nil && selects(old.Spec.Selector, pod.Labels)) || (cur != nil && selects(cur.Spec.Selector, pod.Labels)) {
+			x.recomputePod(&c, pk)
+		}
+	}
+	return c.cs
+}
+
+// UpsertAuthorizationPolicy records a policy: its Authorization, and the
+// policy lists of the workloads its old or new selector picks.
+func (x *Index) UpsertAuthorizationPolicy(p *securityv1.AuthorizationPolicy) ChangeSet {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	k := key{p.Namespace, p.Name}
+	old := x.policies[k]
+	x.policies[k] = p
+	add(x.policiesByNamespace, p.Namespace, k)
+	return x.policyChanged(k, old, p)
+}
+
+// DeleteAuthorizationPolicy forgets a policy.
+func (x *Index) DeleteAuthorizationPolicy(namespace, name string) ChangeSet {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	k := key{namespace, name}
+	old := x.policies[k]
+	delete(x.policies, k)
+	remove(x.policiesByNamespace, namespace, k)
+	return x.policyChanged(k, old, nil)
+}
+
+func (x *Index) policyChanged(k key, old, cur *securityv1.AuthorizationPolicy) ChangeSet {
+	var c change
+	problem := "AuthorizationPolicy " + k.String()
+	delete(x.problems, problem)
+	if cur == nil {
+		x.setAuthorization(&c, k.String(), nil)
+	} else {
+		res, err := ambient.BuildAuthorization(cur, x.cfg)
+		switch {
+		case err != nil:
+			x.problems[problem] = err.Error()
+		case len(res.Warnings) > 0:
+			x.problems[problem] = joinWarnings(res.Warnings)
+		}
+		x.setAuthorization(&c, k.String(), res.Authorization)
+	}
+	// Workloads list selector-bound policies: recompute those selected
+	// before or after. A root-namespace policy selects in every namespace.
+	if hasSelector(old) || hasSelector(cur) {
+		for pk := range x.podsInScope(k.namespace) {
+			pod := x.pods[pk]
+			if policySelects(old, pod) || policySelects(cur, pod) {
+				x.recomputePod(&c, pk)
+			}
+		}
+	}
+	return c.cs
+}
+
+func joinWarnings(w []string) string {
+	out := w[0]
+	for _, s := range w[1:] {
+		out += "; " + s
+	}
+	return out
+}
+
+// podsInScope is the pods a policy of namespace ns can select.
+func (x *Index) podsInScope(ns string) map[key]bool {
+	if ns != x.cfg.RootNamespace {
+		return x.podsByNamespace[ns]
+	}
+	all := make(map[key]bool, len(x.pods))
+	for k := range x.pods {
+		all[k] = true
+	}
+	return all
+}
+
+func hasSelector(p *securityv1.AuthorizationPolicy) bool {
+	return p != nil && p.Spec.GetSelector() != nil
+}
+
+// policySelects reports whether a selector-bound policy picks a pod: in its
+// namespace, or anywhere for the root namespace. An empty selector picks
+// every pod in scope.
+func policySelects(p *securityv1.AuthorizationPolicy, pod *corev1.Pod) bool {
+	if !hasSelector(p) {
+		return false
+	}
+	return labels.SelectorFromValidatedSet(p.Spec.GetSelector().GetMatchLabels()).Matches(labels.Set(pod.Labels))
+}
+
+// UpsertPeerAuthentication records a PeerAuthentication.
+func (x *Index) UpsertPeerAuthentication(pa *securityv1.PeerAuthentication) ChangeSet {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	k := key{pa.Namespace, pa.Name}
+	x.peerAuths[k] = pa
+	return x.peerAuthChanged(k, pa)
+}
+
+// DeletePeerAuthentication forgets a PeerAuthentication.
+func (x *Index) DeletePeerAuthentication(namespace, name string) ChangeSet {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	k := key{namespace, name}
+	delete(x.peerAuths, k)
+	return x.peerAuthChanged(k, nil)
+}
+
+func (x *Index) peerAuthChanged(k key, pa *securityv1.PeerAuthentication) ChangeSet {
+	var c change
+	var auth *security.Authorization
+	if pa != nil {
+		auth = ambient.BuildPeerAuthentication(pa, x.cfg)
+	}
+	newKey := ""
+	if auth != nil {
+		newKey = auth.Namespace + "/" + auth.Name
+	}
+	if oldKey, ok := x.peerAuthKeys[k]; ok && oldKey != newKey {
+		x.setAuthorization(&c, oldKey, nil)
+		delete(x.peerAuthKeys, k)
+	}
+	if auth != nil {
+		x.peerAuthKeys[k] = newKey
+		x.setAuthorization(&c, newKey, auth)
+	}
+	return c.cs
+}
+
+// UpsertGateway records a Gateway; waypoints' addresses come from it.
+// Objects anywhere may bind to a waypoint, so every pod and Service is
+// recomputed: Gateways change rarely.
+func (x *Index) UpsertGateway(gw *gatewayv1.Gateway) ChangeSet {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.gateways[key{gw.Namespace, gw.Name}] = gw
+	return x.recomputeAll()
+}
+
+// DeleteGateway forgets a Gateway.
+func (x *Index) DeleteGateway(namespace, name string) ChangeSet {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	delete(x.gateways, key{namespace, name})
+	return x.recomputeAll()
+}
+
+func (x *Index) recomputeAll() ChangeSet {
+	var c change
+	for k := range x.pods {
+		x.recomputePod(&c, k)
+	}
+	for k := range x.services {
+		x.recomputeService(&c, k)
+	}
+	return c.cs
+}
+
+// recomputePod rebuilds one pod's Workload from the current inputs.
+func (x *Index) recomputePod(c *change, k key) {
+	uid := workloadapi.PodUID(x.cfg.ClusterID, k.namespace, k.name)
+	pod, ok := x.pods[k]
+	if !ok {
+		x.setAddress(c, uid, nil)
+		return
+	}
+	in := ambient.PodInput{Pod: pod, Node: x.nodes[pod.Spec.NodeName]}
+	for sk := range x.servicesByNamespace[k.namespace] {
+		if svc := x.services[sk]; selects(svc.Spec.Selector, pod.Labels) {
+			in.Services = append(in.Services, svc)
+		}
+	}
+	sort.Slice(in.Services, func(i, j int) bool { return in.Services[i].Name < in.Services[j].Name })
+	for _, ns := range []string{k.namespace, x.cfg.RootNamespace} {
+		for pk := range x.policiesByNamespace[ns] {
+			if policySelects(x.policies[pk], pod) && x.authorizations[pk.String()] != nil {
+				in.Policies = append(in.Policies, pk.String())
+			}
+		}
+		if ns == x.cfg.RootNamespace {
+			break
+		}
+	}
+	in.Waypoint = x.waypoint("Pod "+k.String(), k.namespace, pod.Labels, true)
+	w := ambient.BuildPodWorkload(in, x.cfg)
+	if w == nil {
+		x.setAddress(c, uid, nil)
+		return
+	}
+	x.setAddress(c, uid, &workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: w}})
+}
+
+// recomputeService rebuilds one Service's entry.
+func (x *Index) recomputeService(c *change, k key) {
+	name := workloadapi.ServiceKey(k.namespace, ambient.ServiceHostname(k.name, k.namespace, x.cfg))
+	svc, ok := x.services[k]
+	if !ok {
+		x.setAddress(c, name, nil)
+		return
+	}
+	in := ambient.ServiceInput{Service: svc, Waypoint: x.waypoint("Service "+k.String(), k.namespace, svc.Labels, false)}
+	if ns := x.namespaces[k.namespace]; ns != nil {
+		in.NamespaceLabels = ns.Labels
+	}
+	s := ambient.BuildService(in, x.cfg)
+	if s == nil {
+		x.setAddress(c, name, nil)
+		return
+	}
+	x.setAddress(c, name, &workloadapi.Address{Type: &workloadapi.Address_Service{Service: s}})
+}
+
+// waypoint resolves an object's waypoint binding, recording why a binding
+// could not be used.
+func (x *Index) waypoint(object, namespace string, lbls map[string]string, forWorkload bool) *workloadapi.GatewayAddress {
+	delete(x.problems, object)
+	var nsLabels map[string]string
+	if ns := x.namespaces[namespace]; ns != nil {
+		nsLabels = ns.Labels
+	}
+	ref, ok := ambient.WaypointBinding(namespace, lbls, nsLabels)
+	if !ok {
+		return nil
+	}
+	gw := x.gateways[key{ref.Namespace, ref.Name}]
+	if gw == nil {
+		x.problems[object] = "waypoint " + ref.Namespace + "/" + ref.Name + " not found"
+		return nil
+	}
+	addr, err := ambient.WaypointAddress(gw, nil, forWorkload, x.cfg)
+	if err != nil {
+		// A namespace-wide binding to a service-only waypoint is normal for
+		// pods; only report what the object asked for itself.
+		if lbls[ambient.LabelUseWaypoint] != "" {
+			x.problems[object] = err.Error()
+		}
+		return nil
+	}
+	return addr
+}
