@@ -19,7 +19,7 @@ GOTESTP     ?= 2
 LDFLAGS := -s -w -X $(MODULE)/internal/version.version=$(VERSION)
 BINARIES := $(notdir $(patsubst %/,%,$(dir $(wildcard cmd/*/main.go))))
 
-.PHONY: all build deps tools demo demo-down test test-unit lint proto proto-check bench clean help
+.PHONY: all build deps tools demo demo-down crds test test-unit lint proto proto-check bench clean help
 
 all: build
 
@@ -63,6 +63,9 @@ lint: ## go vet and staticcheck (pinned as a Go tool)
 
 proto: deps ## regenerate workloadapi/ from proto/
 	hack/gen-proto.sh
+
+crds: ## copy the CRDs Canopy reads from the pinned API modules into deploy/crds
+	hack/crds.sh
 
 bench: ## Go benchmarks
 	$(GO) test -run '^$$' -bench . -benchmem ./...

@@ -96,9 +96,9 @@ func (e *Environment) Processes() []Process {
 	return out
 }
 
-// Start runs etcd, kube-apiserver and kube-controller-manager and returns
-// when the API server is ready and the controllers have created the default
-// service account. On error everything started is stopped again. An error
+// Start runs etcd, kube-apiserver and kube-controller-manager, installs the
+// CRDs of deploy/crds, and returns when the API server is ready, serves the
+// CRDs and the controllers have created the default service account. On error everything started is stopped again. An error
 // that wraps ErrUnavailable means a prerequisite is missing.
 func Start(ctx context.Context, opts Options) (_ *Environment, err error) {
 	opts = withDefaults(opts)
@@ -135,6 +135,9 @@ func Start(ctx context.Context, opts Options) (_ *Environment, err error) {
 	}
 	if err := e.startAPIServer(ctx, bins.apiserver, opts, ports[2]); err != nil {
 		return nil, err
+	}
+	if err := installCRDs(ctx, e.Config); err != nil {
+		return nil, fmt.Errorf("install CRDs: %w", err)
 	}
 	controllers := strings.Join(append([]string{baseControllers}, opts.ExtraControllers...), ",")
 	if err := e.startControllerManager(ctx, bins.controllerManager, controllers); err != nil {

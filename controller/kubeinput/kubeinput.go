@@ -1,0 +1,158 @@
+// Package kubeinput feeds the table index from Kubernetes: shared informers
+// for Namespaces, Nodes, Pods, Services, Istio's AuthorizationPolicy and
+// PeerAuthentication, and Gateway API Gateways, each event applied to the
+// index and its change set handed on.
+//
+// It only reads: every replica of the controller runs it, without leader
+// election.
+package kubeinput
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+	istioclient "istio.io/client-go/pkg/clientset/versioned"
+	istioinformers "istio.io/client-go/pkg/informers/externalversions"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+	gatewayinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
+
+	"github.com/canopy-mesh/canopy/controller/index"
+)
+
+// Index is what the watcher drives; *index.Index implements it.
+type Index interface {
+	UpsertNamespace(*corev1.Namespace) index.ChangeSet
+	DeleteNamespace(name string) index.ChangeSet
+	UpsertNode(*corev1.Node) index.ChangeSet
+	DeleteNode(name string) index.ChangeSet
+	UpsertPod(*corev1.Pod) index.ChangeSet
+	DeletePod(namespace, name string) index.ChangeSet
+	UpsertService(*corev1.Service) index.ChangeSet
+	DeleteService(namespace, name string) index.ChangeSet
+	UpsertAuthorizationPolicy(*securityv1.AuthorizationPolicy) index.ChangeSet
+	DeleteAuthorizationPolicy(namespace, name string) index.ChangeSet
+	UpsertPeerAuthentication(*securityv1.PeerAuthentication) index.ChangeSet
+	DeletePeerAuthentication(namespace, name string) index.ChangeSet
+	UpsertGateway(*gatewayv1.Gateway) index.ChangeSet
+	DeleteGateway(namespace, name string) index.ChangeSet
+}
+
+// Clients are the API clients the watcher lists and watches with.
+type Clients struct {
+	Kube    kubernetes.Interface
+	Istio   istioclient.Interface
+	Gateway gatewayclient.Interface
+}
+
+// Watcher keeps an Index in step with the cluster.
+type Watcher struct {
+	clients  Clients
+	index    Index
+	onChange func(index.ChangeSet)
+	log      *slog.Logger
+	synced   chan struct{}
+}
+
+// New returns a Watcher; onChange (may be nil) receives every non-empty
+// change set, from one goroutine per informer.
+func New(c Clients, x Index, onChange func(index.ChangeSet), log *slog.Logger) *Watcher {
+	if onChange == nil {
+		onChange = func(index.ChangeSet) {}
+	}
+	return &Watcher{clients: c, index: x, onChange: onChange, log: log.With("component", "kubeinput"), synced: make(chan struct{})}
+}
+
+// Synced is closed once every informer has delivered its initial list.
+func (w *Watcher) Synced() <-chan struct{} { return w.synced }
+
+// Run watches until ctx ends.
+func (w *Watcher) Run(ctx context.Context) error {
+	kube := informers.NewSharedInformerFactory(w.clients.Kube, 0)
+	istio := istioinformers.NewSharedInformerFactory(w.clients.Istio, 0)
+	gw := gatewayinformers.NewSharedInformerFactory(w.clients.Gateway, 0)
+
+	x := w.index
+	errs := []error{
+		register(w, kube.Core().V1().Namespaces().Informer(), x.UpsertNamespace, func(_, name string) index.ChangeSet { return x.DeleteNamespace(name) }),
+		register(w, kube.Core().V1().Nodes().Informer(), x.UpsertNode, func(_, name string) index.ChangeSet { return x.DeleteNode(name) }),
+		register(w, kube.Core().V1().Pods().Informer(), x.UpsertPod, x.DeletePod),
+		register(w, kube.Core().V1().Services().Informer(), x.UpsertService, x.DeleteService),
+		register(w, istio.Security().V1().AuthorizationPolicies().Informer(), x.UpsertAuthorizationPolicy, x.DeleteAuthorizationPolicy),
+		register(w, istio.Security().V1().PeerAuthentications().Informer(), x.UpsertPeerAuthentication, x.DeletePeerAuthentication),
+		register(w, gw.Gateway().V1().Gateways().Informer(), x.UpsertGateway, x.DeleteGateway),
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("register informer handlers: %w", err)
+	}
+	kube.Start(ctx.Done())
+	istio.Start(ctx.Done())
+	gw.Start(ctx.Done())
+	for name, f := range map[string]func(<-chan struct{}) bool{
+		"kubernetes":  func(stop <-chan struct{}) bool { return allSynced(kube.WaitForCacheSync(stop)) },
+		"istio":       func(stop <-chan struct{}) bool { return allSynced(istio.WaitForCacheSync(stop)) },
+		"gateway-api": func(stop <-chan struct{}) bool { return allSynced(gw.WaitForCacheSync(stop)) },
+	} {
+		if !f(ctx.Done()) {
+			return fmt.Errorf("%s informers did not sync: %w", name, ctx.Err())
+		}
+	}
+	close(w.synced)
+	w.log.Info("informers synced")
+	<-ctx.Done()
+	kube.Shutdown()
+	istio.Shutdown()
+	gw.Shutdown()
+	return nil
+}
+
+func allSynced[K comparable](m map[K]bool) bool {
+	for _, ok := range m {
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+type object interface {
+	GetNamespace() string
+	GetName() string
+}
+
+// register applies an informer's events to the index.
+func register[T object](w *Watcher, inf cache.SharedIndexInformer, upsert func(T) index.ChangeSet, del func(namespace, name string) index.ChangeSet) error {
+	emit := func(cs index.ChangeSet) {
+		if !cs.Empty() {
+			w.onChange(cs)
+		}
+	}
+	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if o, ok := obj.(T); ok {
+				emit(upsert(o))
+			}
+		},
+		UpdateFunc: func(_, obj any) {
+			if o, ok := obj.(T); ok {
+				emit(upsert(o))
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if o, ok := obj.(T); ok {
+				emit(del(o.GetNamespace(), o.GetName()))
+			}
+		},
+	})
+	return err
+}
