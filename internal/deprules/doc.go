@@ -32,6 +32,11 @@ type Rule struct {
 // Binaries are the commands under cmd/, each with the rules that apply only
 // to it. Binaries land with the issue that gives them a job.
 var Binaries = map[string][]Rule{
+	"canopy-controller": {{
+		Packages: []string{"./cmd/canopy-controller"},
+		Forbid:   []string{"./node", "./cni", "./internal/localcluster"},
+		Reason:   "the control plane links no data-plane or development code",
+	}},
 	// The local cluster runs components as processes; it must not link
 	// them, or it would hide their dependency problems.
 	"canopy-local": {{

@@ -1,0 +1,151 @@
+// Command canopy-controller is Canopy's control plane. Today it watches the
+// cluster and keeps the workload, service and authorization tables current,
+// serving health and the tables on its monitoring port; the xDS server and
+// the CA arrive with their issues.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	istioclient "istio.io/client-go/pkg/clientset/versioned"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+
+	"github.com/canopy-mesh/canopy/controller/ambient"
+	"github.com/canopy-mesh/canopy/controller/debug"
+	"github.com/canopy-mesh/canopy/controller/index"
+	"github.com/canopy-mesh/canopy/controller/kubeinput"
+	"github.com/canopy-mesh/canopy/internal/version"
+)
+
+type config struct {
+	kubeconfig  string
+	monitorAddr string
+	logLevel    slog.Level
+	mesh        ambient.Config
+}
+
+func parseFlags(args []string) (config, error) {
+	var c config
+	fs := flag.NewFlagSet("canopy-controller", flag.ContinueOnError)
+	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
+	fs.StringVar(&c.monitorAddr, "monitoring-addr", ":15014", "address of the monitoring port (health, /debug/tables)")
+	fs.StringVar(&c.mesh.ClusterID, "cluster-id", "Kubernetes", "cluster ID in workload UIDs")
+	fs.StringVar(&c.mesh.Network, "network", "", "network of this cluster's workloads (empty: the default network)")
+	fs.StringVar(&c.mesh.TrustDomain, "trust-domain", "cluster.local", "trust domain of workload identities")
+	fs.StringVar(&c.mesh.DomainSuffix, "domain-suffix", "cluster.local", "cluster DNS domain")
+	fs.StringVar(&c.mesh.RootNamespace, "root-namespace", "istio-system", "namespace of mesh-wide policies")
+	level := fs.String("log-level", "info", "debug, info, warn or error")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if *showVersion {
+		fmt.Println(version.Get())
+		os.Exit(0)
+	}
+	if err := c.logLevel.UnmarshalText([]byte(*level)); err != nil {
+		return c, fmt.Errorf("--log-level: %w", err)
+	}
+	if _, _, err := net.SplitHostPort(c.monitorAddr); err != nil {
+		return c, fmt.Errorf("--monitoring-addr %q: %w", c.monitorAddr, err)
+	}
+	return c, nil
+}
+
+func main() {
+	cfg, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "canopy-controller:", err)
+		os.Exit(2)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, cfg, log); err != nil {
+		log.Error("canopy-controller failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, cfg config, log *slog.Logger) error {
+	rc, err := restConfig(cfg.kubeconfig)
+	if err != nil {
+		return err
+	}
+	clients := kubeinput.Clients{}
+	if clients.Kube, err = kubernetes.NewForConfig(rc); err != nil {
+		return err
+	}
+	if clients.Istio, err = istioclient.NewForConfig(rc); err != nil {
+		return err
+	}
+	if clients.Gateway, err = gatewayclient.NewForConfig(rc); err != nil {
+		return err
+	}
+
+	tables := index.New(cfg.mesh)
+	watcher := kubeinput.New(clients, tables, func(cs index.ChangeSet) {
+		log.Debug("tables changed",
+			"addresses_added", len(cs.Addresses.Added), "addresses_updated", len(cs.Addresses.Updated),
+			"addresses_removed", len(cs.Addresses.Removed), "authorizations_changed",
+			len(cs.Authorizations.Added)+len(cs.Authorizations.Updated)+len(cs.Authorizations.Removed))
+	}, log)
+	ready := func() bool {
+		select {
+		case <-watcher.Synced():
+			return true
+		default:
+			return false
+		}
+	}
+	srv := &http.Server{Addr: cfg.monitorAddr, Handler: debug.Handler(tables, ready), ReadHeaderTimeout: 10 * time.Second}
+
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return watcher.Run(ctx) })
+	g.Go(func() error {
+		log.Info("serving monitoring port", "addr", cfg.monitorAddr, "version", version.Get())
+		if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("monitoring port: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return srv.Shutdown(shutdown)
+	})
+	return g.Wait()
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		c, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("load kubeconfig %s: %w", kubeconfig, err)
+		}
+		return c, nil
+	}
+	c, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("in-cluster configuration (pass --kubeconfig outside a cluster): %w", err)
+	}
+	return c, nil
+}
