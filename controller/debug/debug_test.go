@@ -20,7 +20,9 @@ func (fakeTables) AuthorizationNames() []string { return []string{"a/p"} }
 func (fakeTables) Authorization(string) *security.Authorization {
 	return &security.Authorization{Name: "p", Namespace: "a"}
 }
-func (fakeTables) Problems() map[string]string { return map[string]string{"AuthorizationPolicy a/x": "CUSTOM"} }
+func (fakeTables) Problems() map[string]string {
+	return map[string]string{"AuthorizationPolicy a/x": "CUSTOM"}
+}
 
 func TestHandler(t *testing.T) {
 	ready := false

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
@@ -58,12 +59,22 @@ type Index struct {
 	policies   map[key]*securityv1.AuthorizationPolicy
 	peerAuths  map[key]*securityv1.PeerAuthentication
 	gateways   map[key]*gatewayv1.Gateway
+	slices     map[key]*discoveryv1.EndpointSlice
 
 	// Secondary indexes keep each update proportional to what it touches.
 	podsByNamespace     map[string]map[key]bool
 	podsByNode          map[string]map[key]bool
 	servicesByNamespace map[string]map[key]bool
 	policiesByNamespace map[string]map[key]bool
+	// slicesByService and slicePods follow EndpointSlices: the slices of
+	// each Service, and the Services whose slices point at each pod (how
+	// a selector-less Service gets its pods).
+	slicesByService map[key]map[key]bool
+	slicePods       map[key]map[key]bool // pod -> services
+	servicePods     map[key]map[key]bool // service -> pods
+	// sliceWorkloads are the workload UIDs each slice's pod-less
+	// endpoints produced.
+	sliceWorkloads map[key][]string
 
 	addresses      map[string]*workloadapi.Address
 	authorizations map[string]*security.Authorization
@@ -84,6 +95,11 @@ func New(cfg ambient.Config) *Index {
 		policies:            map[key]*securityv1.AuthorizationPolicy{},
 		peerAuths:           map[key]*securityv1.PeerAuthentication{},
 		gateways:            map[key]*gatewayv1.Gateway{},
+		slices:              map[key]*discoveryv1.EndpointSlice{},
+		slicesByService:     map[key]map[key]bool{},
+		slicePods:           map[key]map[key]bool{},
+		servicePods:         map[key]map[key]bool{},
+		sliceWorkloads:      map[key][]string{},
 		podsByNamespace:     map[string]map[key]bool{},
 		podsByNode:          map[string]map[key]bool{},
 		servicesByNamespace: map[string]map[key]bool{},

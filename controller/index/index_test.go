@@ -10,6 +10,7 @@ import (
 	typeapi "istio.io/api/type/v1beta1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -148,4 +149,29 @@ func TestIndexPublishedProtosAreNotModified(t *testing.T) {
 	if x.Address(podA) == before {
 		t.Error("the recomputed Address is the same object")
 	}
+}
+
+func TestIndexEndpointSlices(t *testing.T) {
+	x := New(ambient.Config{})
+	x.UpsertPod(pod("a", "n1", nil, "10.244.1.5"))
+	legacy := service("legacy", nil) // no selector: members come from its slices
+	check(t, "selector-less service", x.UpsertService(legacy), addr([]string{"shop/legacy.shop.svc.cluster.local"}, nil, nil))
+
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: "legacy-1", Namespace: "shop", Labels: map[string]string{discoveryv1.LabelServiceName: "legacy"}},
+		Ports:      []discoveryv1.EndpointPort{{Port: ptr.To[int32](8080)}},
+		Endpoints: []discoveryv1.Endpoint{
+			{Addresses: []string{"10.244.1.5"}, TargetRef: &corev1.ObjectReference{Kind: "Pod", Name: "a"}},
+			{Addresses: []string{"192.168.7.7"}},
+		},
+	}
+	ext := "Kubernetes/discovery.k8s.io/EndpointSlice/shop/legacy-1/192.168.7.7"
+	check(t, "slice adds the pod to the service and a pod-less workload", x.UpsertEndpointSlice(slice), addr([]string{ext}, []string{podA}, nil))
+	if x.Address(podA).GetWorkload().GetServices()["shop/legacy.shop.svc.cluster.local"] == nil {
+		t.Errorf("pod a not in the selector-less service: %v", x.Address(podA).GetWorkload().GetServices())
+	}
+	shrunk := slice.DeepCopy()
+	shrunk.Endpoints = shrunk.Endpoints[:1]
+	check(t, "endpoint removed", x.UpsertEndpointSlice(shrunk), addr(nil, nil, []string{ext}))
+	check(t, "slice deleted", x.DeleteEndpointSlice("shop", "legacy-1"), addr(nil, []string{podA}, nil))
 }

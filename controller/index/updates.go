@@ -127,9 +127,14 @@ func (x *Index) serviceChanged(k key, old, cur *corev1.Service) ChangeSet {
 	x.recomputeService(&c, k)
 	for pk := range x.podsByNamespace[k.namespace] {
 		pod := x.pods[pk]
-		if (old != nil && selects(old.Spec.Selector, pod.Labels)) || (cur != nil && selects(cur.Spec.Selector, pod.Labels)) {
+		if (old != nil && selects(old.Spec.Selector, pod.Labels)) || (cur != nil && selects(cur.Spec.Selector, pod.Labels)) ||
+			x.slicePods[pk][k] {
 			x.recomputePod(&c, pk)
 		}
+	}
+	// The Service's ports shape its pod-less endpoints' workloads.
+	for sk := range x.slicesByService[k] {
+		x.recomputeSliceWorkloads(&c, sk)
 	}
 	return c.cs
 }
@@ -298,7 +303,10 @@ func (x *Index) recomputePod(c *change, k key) {
 	}
 	in := ambient.PodInput{Pod: pod, Node: x.nodes[pod.Spec.NodeName]}
 	for sk := range x.servicesByNamespace[k.namespace] {
-		if svc := x.services[sk]; selects(svc.Spec.Selector, pod.Labels) {
+		svc := x.services[sk]
+		// Members: selected by the Service, or, for a selector-less
+		// Service, pointed at by its EndpointSlices.
+		if selects(svc.Spec.Selector, pod.Labels) || (len(svc.Spec.Selector) == 0 && x.slicePods[k][sk]) {
 			in.Services = append(in.Services, svc)
 		}
 	}

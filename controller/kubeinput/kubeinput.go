@@ -1,5 +1,5 @@
 // Package kubeinput feeds the table index from Kubernetes: shared informers
-// for Namespaces, Nodes, Pods, Services, Istio's AuthorizationPolicy and
+// for Namespaces, Nodes, Pods, Services, EndpointSlices, Istio's AuthorizationPolicy and
 // PeerAuthentication, and Gateway API Gateways, each event applied to the
 // index and its change set handed on.
 //
@@ -17,6 +17,7 @@ import (
 	istioclient "istio.io/client-go/pkg/clientset/versioned"
 	istioinformers "istio.io/client-go/pkg/informers/externalversions"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -37,6 +38,8 @@ type Index interface {
 	DeletePod(namespace, name string) index.ChangeSet
 	UpsertService(*corev1.Service) index.ChangeSet
 	DeleteService(namespace, name string) index.ChangeSet
+	UpsertEndpointSlice(*discoveryv1.EndpointSlice) index.ChangeSet
+	DeleteEndpointSlice(namespace, name string) index.ChangeSet
 	UpsertAuthorizationPolicy(*securityv1.AuthorizationPolicy) index.ChangeSet
 	DeleteAuthorizationPolicy(namespace, name string) index.ChangeSet
 	UpsertPeerAuthentication(*securityv1.PeerAuthentication) index.ChangeSet
@@ -85,6 +88,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 		register(w, kube.Core().V1().Nodes().Informer(), x.UpsertNode, func(_, name string) index.ChangeSet { return x.DeleteNode(name) }),
 		register(w, kube.Core().V1().Pods().Informer(), x.UpsertPod, x.DeletePod),
 		register(w, kube.Core().V1().Services().Informer(), x.UpsertService, x.DeleteService),
+		register(w, kube.Discovery().V1().EndpointSlices().Informer(), x.UpsertEndpointSlice, x.DeleteEndpointSlice),
 		register(w, istio.Security().V1().AuthorizationPolicies().Informer(), x.UpsertAuthorizationPolicy, x.DeleteAuthorizationPolicy),
 		register(w, istio.Security().V1().PeerAuthentications().Informer(), x.UpsertPeerAuthentication, x.DeletePeerAuthentication),
 		register(w, gw.Gateway().V1().Gateways().Informer(), x.UpsertGateway, x.DeleteGateway),
