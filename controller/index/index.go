@@ -13,6 +13,7 @@ import (
 	"sync"
 
 	"google.golang.org/protobuf/proto"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -51,15 +52,17 @@ func (k key) String() string { return k.namespace + "/" + k.name }
 type Index struct {
 	cfg ambient.Config
 
-	mu         sync.RWMutex
-	namespaces map[string]*corev1.Namespace
-	nodes      map[string]*corev1.Node
-	pods       map[key]*corev1.Pod
-	services   map[key]*corev1.Service
-	policies   map[key]*securityv1.AuthorizationPolicy
-	peerAuths  map[key]*securityv1.PeerAuthentication
-	gateways   map[key]*gatewayv1.Gateway
-	slices     map[key]*discoveryv1.EndpointSlice
+	mu              sync.RWMutex
+	namespaces      map[string]*corev1.Namespace
+	nodes           map[string]*corev1.Node
+	pods            map[key]*corev1.Pod
+	services        map[key]*corev1.Service
+	policies        map[key]*securityv1.AuthorizationPolicy
+	peerAuths       map[key]*securityv1.PeerAuthentication
+	gateways        map[key]*gatewayv1.Gateway
+	slices          map[key]*discoveryv1.EndpointSlice
+	serviceEntries  map[key]*networkingv1.ServiceEntry
+	workloadEntries map[key]*networkingv1.WorkloadEntry
 
 	// Secondary indexes keep each update proportional to what it touches.
 	podsByNamespace     map[string]map[key]bool
@@ -75,6 +78,12 @@ type Index struct {
 	// sliceWorkloads are the workload UIDs each slice's pod-less
 	// endpoints produced.
 	sliceWorkloads map[key][]string
+	// entriesByNamespace holds ServiceEntries and WorkloadEntries by
+	// namespace; entryOutputs the resource names each ServiceEntry
+	// produced.
+	serviceEntriesByNamespace  map[string]map[key]bool
+	workloadEntriesByNamespace map[string]map[key]bool
+	entryOutputs               map[key][]string
 
 	addresses      map[string]*workloadapi.Address
 	authorizations map[string]*security.Authorization
@@ -87,27 +96,32 @@ type Index struct {
 // New returns an empty Index.
 func New(cfg ambient.Config) *Index {
 	return &Index{
-		cfg:                 cfg.WithDefaults(),
-		namespaces:          map[string]*corev1.Namespace{},
-		nodes:               map[string]*corev1.Node{},
-		pods:                map[key]*corev1.Pod{},
-		services:            map[key]*corev1.Service{},
-		policies:            map[key]*securityv1.AuthorizationPolicy{},
-		peerAuths:           map[key]*securityv1.PeerAuthentication{},
-		gateways:            map[key]*gatewayv1.Gateway{},
-		slices:              map[key]*discoveryv1.EndpointSlice{},
-		slicesByService:     map[key]map[key]bool{},
-		slicePods:           map[key]map[key]bool{},
-		servicePods:         map[key]map[key]bool{},
-		sliceWorkloads:      map[key][]string{},
-		podsByNamespace:     map[string]map[key]bool{},
-		podsByNode:          map[string]map[key]bool{},
-		servicesByNamespace: map[string]map[key]bool{},
-		policiesByNamespace: map[string]map[key]bool{},
-		addresses:           map[string]*workloadapi.Address{},
-		authorizations:      map[string]*security.Authorization{},
-		peerAuthKeys:        map[key]string{},
-		problems:            map[string]string{},
+		cfg:                        cfg.WithDefaults(),
+		namespaces:                 map[string]*corev1.Namespace{},
+		nodes:                      map[string]*corev1.Node{},
+		pods:                       map[key]*corev1.Pod{},
+		services:                   map[key]*corev1.Service{},
+		policies:                   map[key]*securityv1.AuthorizationPolicy{},
+		peerAuths:                  map[key]*securityv1.PeerAuthentication{},
+		gateways:                   map[key]*gatewayv1.Gateway{},
+		slices:                     map[key]*discoveryv1.EndpointSlice{},
+		slicesByService:            map[key]map[key]bool{},
+		slicePods:                  map[key]map[key]bool{},
+		servicePods:                map[key]map[key]bool{},
+		sliceWorkloads:             map[key][]string{},
+		serviceEntries:             map[key]*networkingv1.ServiceEntry{},
+		workloadEntries:            map[key]*networkingv1.WorkloadEntry{},
+		serviceEntriesByNamespace:  map[string]map[key]bool{},
+		workloadEntriesByNamespace: map[string]map[key]bool{},
+		entryOutputs:               map[key][]string{},
+		podsByNamespace:            map[string]map[key]bool{},
+		podsByNode:                 map[string]map[key]bool{},
+		servicesByNamespace:        map[string]map[key]bool{},
+		policiesByNamespace:        map[string]map[key]bool{},
+		addresses:                  map[string]*workloadapi.Address{},
+		authorizations:             map[string]*security.Authorization{},
+		peerAuthKeys:               map[key]string{},
+		problems:                   map[string]string{},
 	}
 }
 

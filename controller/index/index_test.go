@@ -6,8 +6,10 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+	networkingapi "istio.io/api/networking/v1alpha3"
 	securityapi "istio.io/api/security/v1beta1"
 	typeapi "istio.io/api/type/v1beta1"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -174,4 +176,32 @@ func TestIndexEndpointSlices(t *testing.T) {
 	shrunk.Endpoints = shrunk.Endpoints[:1]
 	check(t, "endpoint removed", x.UpsertEndpointSlice(shrunk), addr(nil, nil, []string{ext}))
 	check(t, "slice deleted", x.DeleteEndpointSlice("shop", "legacy-1"), addr(nil, []string{podA}, nil))
+}
+
+func TestIndexServiceAndWorkloadEntries(t *testing.T) {
+	x := New(ambient.Config{})
+	we := &networkingv1.WorkloadEntry{ObjectMeta: metav1.ObjectMeta{Name: "vm-1", Namespace: "shop"}}
+	we.Spec.Address = "10.10.1.1"
+	we.Spec.Labels = map[string]string{"app": "payments"}
+	vm := "Kubernetes/networking.istio.io/WorkloadEntry/shop/vm-1"
+	check(t, "workload entry", x.UpsertWorkloadEntry(we), addr([]string{vm}, nil, nil))
+
+	se := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Name: "payments", Namespace: "shop"}}
+	se.Spec.Hosts = []string{"payments.example.com"}
+	se.Spec.Ports = []*networkingapi.ServicePort{{Number: 443, Name: "https"}}
+	se.Spec.WorkloadSelector = &networkingapi.WorkloadSelector{Labels: map[string]string{"app": "payments"}}
+	se.Spec.Endpoints = []*networkingapi.WorkloadEntry{{Address: "10.10.2.2"}}
+	host := "shop/payments.example.com"
+	inline := "Kubernetes/networking.istio.io/ServiceEntry/shop/payments/10.10.2.2"
+	check(t, "service entry selects the VM", x.UpsertServiceEntry(se), addr([]string{host, inline}, []string{vm}, nil))
+	if x.Address(vm).GetWorkload().GetServices()[host] == nil {
+		t.Error("VM not in the ServiceEntry's host")
+	}
+	moved := se.DeepCopy()
+	moved.Spec.Hosts = []string{"pay.example.com"}
+	moved.Spec.Endpoints = nil
+	check(t, "host renamed and endpoint dropped", x.UpsertServiceEntry(moved),
+		addr([]string{"shop/pay.example.com"}, []string{vm}, []string{host, inline}))
+	check(t, "service entry deleted", x.DeleteServiceEntry("shop", "payments"), addr(nil, []string{vm}, []string{"shop/pay.example.com"}))
+	check(t, "workload entry deleted", x.DeleteWorkloadEntry("shop", "vm-1"), addr(nil, nil, []string{vm}))
 }

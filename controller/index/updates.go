@@ -41,6 +41,12 @@ func (x *Index) recomputeNamespace(name string) ChangeSet {
 	for k := range x.servicesByNamespace[name] {
 		x.recomputeService(&c, k)
 	}
+	for k := range x.serviceEntriesByNamespace[name] {
+		x.recomputeServiceEntry(&c, k)
+	}
+	for k := range x.workloadEntriesByNamespace[name] {
+		x.recomputeWorkloadEntry(&c, k)
+	}
 	return c.cs
 }
 
@@ -183,8 +189,19 @@ func (x *Index) policyChanged(k key, old, cur *securityv1.AuthorizationPolicy) C
 	if hasSelector(old) || hasSelector(cur) {
 		for pk := range x.podsInScope(k.namespace) {
 			pod := x.pods[pk]
-			if policySelects(old, pod) || policySelects(cur, pod) {
+			if policySelects(old, pod.Labels) || policySelects(cur, pod.Labels) {
 				x.recomputePod(&c, pk)
+			}
+		}
+		for ns, entries := range x.workloadEntriesByNamespace {
+			if ns != k.namespace && k.namespace != x.cfg.RootNamespace {
+				continue
+			}
+			for wk := range entries {
+				lbls := entryLabels(x.workloadEntries[wk])
+				if policySelects(old, lbls) || policySelects(cur, lbls) {
+					x.recomputeWorkloadEntry(&c, wk)
+				}
 			}
 		}
 	}
@@ -218,11 +235,11 @@ func hasSelector(p *securityv1.AuthorizationPolicy) bool {
 // policySelects reports whether a selector-bound policy picks a pod: in its
 // namespace, or anywhere for the root namespace. An empty selector picks
 // every pod in scope.
-func policySelects(p *securityv1.AuthorizationPolicy, pod *corev1.Pod) bool {
+func policySelects(p *securityv1.AuthorizationPolicy, lbls map[string]string) bool {
 	if !hasSelector(p) {
 		return false
 	}
-	return labels.SelectorFromValidatedSet(p.Spec.GetSelector().GetMatchLabels()).Matches(labels.Set(pod.Labels))
+	return labels.SelectorFromValidatedSet(p.Spec.GetSelector().GetMatchLabels()).Matches(labels.Set(lbls))
 }
 
 // UpsertPeerAuthentication records a PeerAuthentication.
@@ -290,6 +307,12 @@ func (x *Index) recomputeAll() ChangeSet {
 	for k := range x.services {
 		x.recomputeService(&c, k)
 	}
+	for k := range x.serviceEntries {
+		x.recomputeServiceEntry(&c, k)
+	}
+	for k := range x.workloadEntries {
+		x.recomputeWorkloadEntry(&c, k)
+	}
 	return c.cs
 }
 
@@ -313,7 +336,7 @@ func (x *Index) recomputePod(c *change, k key) {
 	sort.Slice(in.Services, func(i, j int) bool { return in.Services[i].Name < in.Services[j].Name })
 	for _, ns := range []string{k.namespace, x.cfg.RootNamespace} {
 		for pk := range x.policiesByNamespace[ns] {
-			if policySelects(x.policies[pk], pod) && x.authorizations[pk.String()] != nil {
+			if policySelects(x.policies[pk], pod.Labels) && x.authorizations[pk.String()] != nil {
 				in.Policies = append(in.Policies, pk.String())
 			}
 		}

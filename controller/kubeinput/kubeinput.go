@@ -1,7 +1,8 @@
 // Package kubeinput feeds the table index from Kubernetes: shared informers
-// for Namespaces, Nodes, Pods, Services, EndpointSlices, Istio's AuthorizationPolicy and
-// PeerAuthentication, and Gateway API Gateways, each event applied to the
-// index and its change set handed on.
+// for Namespaces, Nodes, Pods, Services, EndpointSlices, Istio's
+// AuthorizationPolicy, PeerAuthentication, ServiceEntry and WorkloadEntry,
+// and Gateway API Gateways, each event applied to the index and its change
+// set handed on.
 //
 // It only reads: every replica of the controller runs it, without leader
 // election.
@@ -13,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	istioclient "istio.io/client-go/pkg/clientset/versioned"
 	istioinformers "istio.io/client-go/pkg/informers/externalversions"
@@ -44,6 +46,10 @@ type Index interface {
 	DeleteAuthorizationPolicy(namespace, name string) index.ChangeSet
 	UpsertPeerAuthentication(*securityv1.PeerAuthentication) index.ChangeSet
 	DeletePeerAuthentication(namespace, name string) index.ChangeSet
+	UpsertServiceEntry(*networkingv1.ServiceEntry) index.ChangeSet
+	DeleteServiceEntry(namespace, name string) index.ChangeSet
+	UpsertWorkloadEntry(*networkingv1.WorkloadEntry) index.ChangeSet
+	DeleteWorkloadEntry(namespace, name string) index.ChangeSet
 	UpsertGateway(*gatewayv1.Gateway) index.ChangeSet
 	DeleteGateway(namespace, name string) index.ChangeSet
 }
@@ -91,6 +97,8 @@ func (w *Watcher) Run(ctx context.Context) error {
 		register(w, kube.Discovery().V1().EndpointSlices().Informer(), x.UpsertEndpointSlice, x.DeleteEndpointSlice),
 		register(w, istio.Security().V1().AuthorizationPolicies().Informer(), x.UpsertAuthorizationPolicy, x.DeleteAuthorizationPolicy),
 		register(w, istio.Security().V1().PeerAuthentications().Informer(), x.UpsertPeerAuthentication, x.DeletePeerAuthentication),
+		register(w, istio.Networking().V1().ServiceEntries().Informer(), x.UpsertServiceEntry, x.DeleteServiceEntry),
+		register(w, istio.Networking().V1().WorkloadEntries().Informer(), x.UpsertWorkloadEntry, x.DeleteWorkloadEntry),
 		register(w, gw.Gateway().V1().Gateways().Informer(), x.UpsertGateway, x.DeleteGateway),
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -1,0 +1,144 @@
+package index
+
+import (
+	"slices"
+	"sort"
+
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+
+	"github.com/canopy-mesh/canopy/controller/ambient"
+	"github.com/canopy-mesh/canopy/workloadapi"
+)
+
+// UpsertServiceEntry records a ServiceEntry: its Services and inline
+// endpoints, and the WorkloadEntries its old or new selector picks.
+func (x *Index) UpsertServiceEntry(se *networkingv1.ServiceEntry) ChangeSet {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	k := key{se.Namespace, se.Name}
+	old := x.serviceEntries[k]
+	x.serviceEntries[k] = se
+	add(x.serviceEntriesByNamespace, se.Namespace, k)
+	return x.serviceEntryChanged(k, old, se)
+}
+
+// DeleteServiceEntry forgets a ServiceEntry.
+func (x *Index) DeleteServiceEntry(namespace, name string) ChangeSet {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	k := key{namespace, name}
+	old := x.serviceEntries[k]
+	delete(x.serviceEntries, k)
+	remove(x.serviceEntriesByNamespace, namespace, k)
+	return x.serviceEntryChanged(k, old, nil)
+}
+
+func (x *Index) serviceEntryChanged(k key, old, cur *networkingv1.ServiceEntry) ChangeSet {
+	var c change
+	x.recomputeServiceEntry(&c, k)
+	for wk := range x.workloadEntriesByNamespace[k.namespace] {
+		we := x.workloadEntries[wk]
+		if entrySelects(old, entryLabels(we)) || entrySelects(cur, entryLabels(we)) {
+			x.recomputeWorkloadEntry(&c, wk)
+		}
+	}
+	return c.cs
+}
+
+// UpsertWorkloadEntry records a WorkloadEntry.
+func (x *Index) UpsertWorkloadEntry(we *networkingv1.WorkloadEntry) ChangeSet {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	k := key{we.Namespace, we.Name}
+	x.workloadEntries[k] = we
+	add(x.workloadEntriesByNamespace, we.Namespace, k)
+	var c change
+	x.recomputeWorkloadEntry(&c, k)
+	return c.cs
+}
+
+// DeleteWorkloadEntry forgets a WorkloadEntry.
+func (x *Index) DeleteWorkloadEntry(namespace, name string) ChangeSet {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	k := key{namespace, name}
+	delete(x.workloadEntries, k)
+	remove(x.workloadEntriesByNamespace, namespace, k)
+	var c change
+	x.recomputeWorkloadEntry(&c, k)
+	return c.cs
+}
+
+// entryLabels are the labels a WorkloadEntry is selected by: its spec's,
+// else its object's.
+func entryLabels(we *networkingv1.WorkloadEntry) map[string]string {
+	if len(we.Spec.GetLabels()) > 0 {
+		return we.Spec.GetLabels()
+	}
+	return we.Labels
+}
+
+func entrySelects(se *networkingv1.ServiceEntry, lbls map[string]string) bool {
+	return se != nil && se.Spec.GetWorkloadSelector() != nil && selects(se.Spec.GetWorkloadSelector().GetLabels(), lbls)
+}
+
+// recomputeServiceEntry rebuilds a ServiceEntry's Services and inline
+// endpoint workloads, removing names it no longer produces.
+func (x *Index) recomputeServiceEntry(c *change, k key) {
+	var names []string
+	if se := x.serviceEntries[k]; se != nil {
+		in := ambient.ServiceEntryInput{ServiceEntry: se,
+			Waypoint: x.waypoint("ServiceEntry "+k.String(), k.namespace, se.Labels, false)}
+		svcs, wls := ambient.BuildServiceEntry(in, x.cfg)
+		for _, s := range svcs {
+			name := workloadapi.ServiceKey(s.Namespace, s.Hostname)
+			names = append(names, name)
+			x.setAddress(c, name, &workloadapi.Address{Type: &workloadapi.Address_Service{Service: s}})
+		}
+		for _, w := range wls {
+			names = append(names, w.Uid)
+			x.setAddress(c, w.Uid, &workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: w}})
+		}
+	}
+	for _, old := range x.entryOutputs[k] {
+		if !slices.Contains(names, old) {
+			x.setAddress(c, old, nil)
+		}
+	}
+	if len(names) == 0 {
+		delete(x.entryOutputs, k)
+	} else {
+		x.entryOutputs[k] = names
+	}
+}
+
+// recomputeWorkloadEntry rebuilds a WorkloadEntry's workload.
+func (x *Index) recomputeWorkloadEntry(c *change, k key) {
+	cfg := x.cfg
+	uid := workloadapi.WorkloadEntryUID(cfg.ClusterID, k.namespace, k.name)
+	we := x.workloadEntries[k]
+	if we == nil {
+		x.setAddress(c, uid, nil)
+		return
+	}
+	lbls := entryLabels(we)
+	in := ambient.WorkloadEntryInput{WorkloadEntry: we,
+		Waypoint: x.waypoint("WorkloadEntry "+k.String(), k.namespace, we.Labels, true)}
+	for sk := range x.serviceEntriesByNamespace[k.namespace] {
+		if se := x.serviceEntries[sk]; entrySelects(se, lbls) {
+			in.ServiceEntries = append(in.ServiceEntries, se)
+		}
+	}
+	sort.Slice(in.ServiceEntries, func(i, j int) bool { return in.ServiceEntries[i].Name < in.ServiceEntries[j].Name })
+	for _, ns := range []string{k.namespace, cfg.RootNamespace} {
+		for pk := range x.policiesByNamespace[ns] {
+			if policySelects(x.policies[pk], lbls) && x.authorizations[pk.String()] != nil {
+				in.Policies = append(in.Policies, pk.String())
+			}
+		}
+		if ns == cfg.RootNamespace {
+			break
+		}
+	}
+	x.setAddress(c, uid, &workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: ambient.BuildWorkloadEntry(in, cfg)}})
+}
