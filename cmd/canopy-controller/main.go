@@ -19,23 +19,29 @@ import (
 
 	"golang.org/x/sync/errgroup"
 	istioclient "istio.io/client-go/pkg/clientset/versioned"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/record"
 	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/canopy-mesh/canopy/controller/ambient"
 	"github.com/canopy-mesh/canopy/controller/debug"
 	"github.com/canopy-mesh/canopy/controller/index"
 	"github.com/canopy-mesh/canopy/controller/kubeinput"
+	"github.com/canopy-mesh/canopy/controller/status"
 	"github.com/canopy-mesh/canopy/internal/version"
 )
 
 type config struct {
-	kubeconfig  string
-	monitorAddr string
-	logLevel    slog.Level
-	mesh        ambient.Config
+	kubeconfig      string
+	monitorAddr     string
+	logLevel        slog.Level
+	problemInterval time.Duration
+	mesh            ambient.Config
 }
 
 func parseFlags(args []string) (config, error) {
@@ -48,6 +54,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.mesh.TrustDomain, "trust-domain", "cluster.local", "trust domain of workload identities")
 	fs.StringVar(&c.mesh.DomainSuffix, "domain-suffix", "cluster.local", "cluster DNS domain")
 	fs.StringVar(&c.mesh.RootNamespace, "root-namespace", "istio-system", "namespace of mesh-wide policies")
+	fs.DurationVar(&c.problemInterval, "problem-interval", 5*time.Second, "how often unsupported input is checked and reported as Events")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -59,6 +66,9 @@ func parseFlags(args []string) (config, error) {
 	}
 	if err := c.logLevel.UnmarshalText([]byte(*level)); err != nil {
 		return c, fmt.Errorf("--log-level: %w", err)
+	}
+	if c.problemInterval <= 0 {
+		return c, fmt.Errorf("--problem-interval must be positive, got %s", c.problemInterval)
 	}
 	if _, _, err := net.SplitHostPort(c.monitorAddr); err != nil {
 		return c, fmt.Errorf("--monitoring-addr %q: %w", c.monitorAddr, err)
@@ -100,13 +110,13 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		return err
 	}
 
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	defer broadcaster.Shutdown()
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: clients.Kube.CoreV1().Events("")})
+	reporter := status.NewReporter(broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "canopy-controller"}))
+
 	tables := index.New(cfg.mesh)
-	watcher := kubeinput.New(clients, tables, func(cs index.ChangeSet) {
-		log.Debug("tables changed",
-			"addresses_added", len(cs.Addresses.Added), "addresses_updated", len(cs.Addresses.Updated),
-			"addresses_removed", len(cs.Addresses.Removed), "authorizations_changed",
-			len(cs.Authorizations.Added)+len(cs.Authorizations.Updated)+len(cs.Authorizations.Removed))
-	}, log)
+	var watcher *kubeinput.Watcher
 	ready := func() bool {
 		select {
 		case <-watcher.Synced():
@@ -115,10 +125,36 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 			return false
 		}
 	}
+	watcher = kubeinput.New(clients, tables, func(cs index.ChangeSet) {
+		log.Debug("tables changed",
+			"addresses_added", len(cs.Addresses.Added), "addresses_updated", len(cs.Addresses.Updated),
+			"addresses_removed", len(cs.Addresses.Removed), "authorizations_changed",
+			len(cs.Authorizations.Added)+len(cs.Authorizations.Updated)+len(cs.Authorizations.Removed))
+	}, log)
 	srv := &http.Server{Addr: cfg.monitorAddr, Handler: debug.Handler(tables, ready), ReadHeaderTimeout: 10 * time.Second}
 
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return watcher.Run(ctx) })
+	g.Go(func() error {
+		// Problems are reported once the initial lists are in (before, a
+		// problem may only mean its cause, a Gateway say, is not listed
+		// yet), then every few seconds: checking them costs the cluster.
+		select {
+		case <-watcher.Synced():
+		case <-ctx.Done():
+			return nil
+		}
+		tick := time.NewTicker(cfg.problemInterval)
+		defer tick.Stop()
+		for {
+			reporter.Report(tables.Problems())
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-tick.C:
+			}
+		}
+	})
 	g.Go(func() error {
 		log.Info("serving monitoring port", "addr", cfg.monitorAddr, "version", version.Get())
 		if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {

@@ -9,7 +9,9 @@
 package index
 
 import (
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	"google.golang.org/protobuf/proto"
@@ -18,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/canopy-mesh/canopy/controller/ambient"
@@ -155,7 +158,9 @@ func (x *Index) AuthorizationNames() []string {
 
 // Problems returns, by object ("<kind> <namespace>/<name>"), why an input
 // produced no output or a reduced one; the caller reports them in status
-// or events.
+// or events. It also checks every Service for a named target port that
+// none of its pods has, so it costs the whole cluster: call it
+// periodically, not per change.
 func (x *Index) Problems() map[string]string {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
@@ -163,7 +168,51 @@ func (x *Index) Problems() map[string]string {
 	for k, v := range x.problems {
 		out[k] = v
 	}
+	for k, svc := range x.services {
+		if msg := x.unresolvedPorts(svc); msg != "" {
+			out["Service "+k.String()] = msg
+		}
+	}
 	return out
+}
+
+// unresolvedPorts names the Service's named target ports that none of its
+// selected pods declares, when it has pods: traffic to those ports has
+// nowhere to go.
+func (x *Index) unresolvedPorts(svc *corev1.Service) string {
+	var named []string
+	for _, p := range svc.Spec.Ports {
+		if p.TargetPort.Type == intstr.String && p.TargetPort.StrVal != "" {
+			named = append(named, p.TargetPort.StrVal)
+		}
+	}
+	if len(named) == 0 || len(svc.Spec.Selector) == 0 {
+		return ""
+	}
+	found := map[string]bool{}
+	pods := 0
+	for pk := range x.podsByNamespace[svc.Namespace] {
+		pod := x.pods[pk]
+		if !selects(svc.Spec.Selector, pod.Labels) {
+			continue
+		}
+		pods++
+		for _, c := range pod.Spec.Containers {
+			for _, cp := range c.Ports {
+				found[cp.Name] = true
+			}
+		}
+	}
+	var missing []string
+	for _, n := range named {
+		if !found[n] {
+			missing = append(missing, fmt.Sprintf("%q", n))
+		}
+	}
+	if pods == 0 || len(missing) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("target port %s is declared by none of the Service's %d pods", strings.Join(missing, ", "), pods)
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -205,3 +205,23 @@ func TestIndexServiceAndWorkloadEntries(t *testing.T) {
 	check(t, "service entry deleted", x.DeleteServiceEntry("shop", "payments"), addr(nil, []string{vm}, []string{"shop/pay.example.com"}))
 	check(t, "workload entry deleted", x.DeleteWorkloadEntry("shop", "vm-1"), addr(nil, nil, []string{vm}))
 }
+
+func TestIndexReportsUnresolvedNamedPorts(t *testing.T) {
+	x := New(ambient.Config{})
+	s := service("web", map[string]string{"app": "web"})
+	s.Spec.Ports = []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromString("http")}}
+	x.UpsertService(s)
+	if p := x.Problems()["Service shop/web"]; p != "" {
+		t.Errorf("a Service without pods has a problem: %q", p)
+	}
+	x.UpsertPod(pod("w", "n1", map[string]string{"app": "web"}, "10.244.1.9"))
+	if p := x.Problems()["Service shop/web"]; p == "" {
+		t.Error("no problem for a named target port no pod declares")
+	}
+	withPort := pod("w", "n1", map[string]string{"app": "web"}, "10.244.1.9")
+	withPort.Spec.Containers = []corev1.Container{{Name: "web", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}}}
+	x.UpsertPod(withPort)
+	if p := x.Problems()["Service shop/web"]; p != "" {
+		t.Errorf("problem remains after the pod declared the port: %q", p)
+	}
+}

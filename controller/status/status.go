@@ -1,0 +1,80 @@
+// Package status reports what the tables could not represent (an
+// unsupported policy, a missing waypoint) as Kubernetes Events on the
+// objects concerned, so that nothing is lost silently: kubectl describe
+// shows it.
+//
+// Every controller replica computes the same problems and reports them;
+// the API server's event aggregation folds the repeats.
+package status
+
+import (
+	"strings"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/record"
+)
+
+// Reason of the Events this package writes.
+const ReasonNotApplied = "NotAppliedByNodeProxies"
+
+// apiVersions maps the kinds the index reports on to their API versions.
+var apiVersions = map[string]string{
+	"Pod":                 "v1",
+	"Service":             "v1",
+	"AuthorizationPolicy": "security.istio.io/v1",
+	"PeerAuthentication":  "security.istio.io/v1",
+	"ServiceEntry":        "networking.istio.io/v1",
+	"WorkloadEntry":       "networking.istio.io/v1",
+}
+
+// Reporter turns problem sets into Events, one per new or changed problem.
+// It is safe for concurrent use.
+type Reporter struct {
+	recorder record.EventRecorder
+
+	mu       sync.Mutex
+	reported map[string]string
+}
+
+// NewReporter returns a Reporter writing through recorder.
+func NewReporter(recorder record.EventRecorder) *Reporter {
+	return &Reporter{recorder: recorder, reported: map[string]string{}}
+}
+
+// Report takes the current problems, keyed "<Kind> <namespace>/<name>",
+// and emits a Warning Event for each one not reported before with the same
+// message. Problems that went away are forgotten, so they are reported
+// again if they come back.
+func (r *Reporter) Report(problems map[string]string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for k, msg := range problems {
+		if r.reported[k] == msg {
+			continue
+		}
+		if ref, ok := objectRef(k); ok {
+			r.recorder.Event(ref, corev1.EventTypeWarning, ReasonNotApplied, msg)
+		}
+		r.reported[k] = msg
+	}
+	for k := range r.reported {
+		if _, ok := problems[k]; !ok {
+			delete(r.reported, k)
+		}
+	}
+}
+
+// objectRef parses a problem key into the object it concerns.
+func objectRef(k string) (*corev1.ObjectReference, bool) {
+	kind, nsName, ok := strings.Cut(k, " ")
+	if !ok {
+		return nil, false
+	}
+	ns, name, ok := strings.Cut(nsName, "/")
+	apiVersion, known := apiVersions[kind]
+	if !ok || !known || name == "" {
+		return nil, false
+	}
+	return &corev1.ObjectReference{APIVersion: apiVersion, Kind: kind, Namespace: ns, Name: name}, true
+}
