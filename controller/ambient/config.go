@@ -16,6 +16,10 @@ type Config struct {
 	DomainSuffix string
 	// RootNamespace holds mesh-wide policies; default "istio-system".
 	RootNamespace string
+	// SystemNamespace is where the control plane runs; its
+	// topology.istio.io/network label, when set, is the network (the index
+	// applies it). Default "istio-system".
+	SystemNamespace string
 }
 
 // WithDefaults returns c with its empty fields defaulted.
@@ -31,6 +35,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.RootNamespace == "" {
 		c.RootNamespace = "istio-system"
+	}
+	if c.SystemNamespace == "" {
+		c.SystemNamespace = "istio-system"
 	}
 	return c
 }

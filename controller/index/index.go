@@ -54,6 +54,9 @@ func (k key) String() string { return k.namespace + "/" + k.name }
 // Index holds the inputs and the published tables.
 type Index struct {
 	cfg ambient.Config
+	// network is cfg.Network as configured; cfg.Network follows the system
+	// namespace's topology.istio.io/network label when it has one.
+	network string
 
 	mu              sync.RWMutex
 	namespaces      map[string]*corev1.Namespace

@@ -225,3 +225,17 @@ func TestIndexReportsUnresolvedNamedPorts(t *testing.T) {
 		t.Errorf("problem remains after the pod declared the port: %q", p)
 	}
 }
+
+func TestIndexNetworkFromSystemNamespace(t *testing.T) {
+	x := New(ambient.Config{})
+	x.UpsertPod(pod("a", "n1", nil, "10.244.1.5"))
+	sys := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "istio-system", Labels: map[string]string{ambient.LabelNetwork: "net-east"}}}
+	check(t, "network label", x.UpsertNamespace(sys), addr(nil, []string{podA}, nil))
+	if got := x.Address(podA).GetWorkload().GetNetwork(); got != "net-east" {
+		t.Errorf("network = %q, want net-east", got)
+	}
+	check(t, "label removed", x.UpsertNamespace(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "istio-system"}}), addr(nil, []string{podA}, nil))
+	if got := x.Address(podA).GetWorkload().GetNetwork(); got != "" {
+		t.Errorf("network = %q after the label went, want the configured default", got)
+	}
+}

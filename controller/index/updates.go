@@ -22,6 +22,9 @@ func (x *Index) UpsertNamespace(ns *corev1.Namespace) ChangeSet {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.namespaces[ns.Name] = ns
+	if cs, changed := x.updateNetwork(); changed {
+		return cs
+	}
 	return x.recomputeNamespace(ns.Name)
 }
 
@@ -30,7 +33,24 @@ func (x *Index) DeleteNamespace(name string) ChangeSet {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	delete(x.namespaces, name)
+	if cs, changed := x.updateNetwork(); changed {
+		return cs
+	}
 	return x.recomputeNamespace(name)
+}
+
+// updateNetwork applies the system namespace's network label (spec §7.3):
+// every workload and VIP is on that network, so all outputs change.
+func (x *Index) updateNetwork() (ChangeSet, bool) {
+	network := x.network
+	if ns := x.namespaces[x.cfg.SystemNamespace]; ns != nil && ns.Labels[ambient.LabelNetwork] != "" {
+		network = ns.Labels[ambient.LabelNetwork]
+	}
+	if network == x.cfg.Network {
+		return ChangeSet{}, false
+	}
+	x.cfg.Network = network
+	return x.recomputeAll(), true
 }
 
 func (x *Index) recomputeNamespace(name string) ChangeSet {
