@@ -67,8 +67,12 @@ proto: deps ## regenerate workloadapi/ from proto/
 crds: ## copy the CRDs Canopy reads from the pinned API modules into deploy/crds
 	hack/crds.sh
 
+# Only packages that have benchmarks: others' TestMain would start test
+# environments for nothing.
+BENCH_PKGS = $(shell grep -rl --include='*_test.go' '^func Benchmark' . | xargs -r -n1 dirname | sort -u)
+
 bench: ## Go benchmarks
-	$(GO) test -run '^$$' -bench . -benchmem ./...
+	$(GO) test -run '^$$' -bench . -benchmem $(BENCH_PKGS)
 
 clean: ## remove build outputs (keeps the cached Kubernetes binaries)
 	rm -rf $(OUT)
