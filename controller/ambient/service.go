@@ -42,7 +42,9 @@ func BuildService(in ServiceInput, cfg Config) *workloadapi.Service {
 		LoadBalancing: loadBalancing(svc),
 		IpFamilies:    ipFamilies(svc.Spec.IPFamilies),
 		Canonical:     true,
-		Waypoint:      in.Waypoint,
+	}
+	if !isWaypoint(svc.Labels) {
+		out.Waypoint = in.Waypoint
 	}
 	for _, p := range svc.Spec.Ports {
 		out.Ports = append(out.Ports, &workloadapi.Port{

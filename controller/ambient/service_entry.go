@@ -47,8 +47,10 @@ func BuildServiceEntry(in ServiceEntryInput, cfg Config) ([]*workloadapi.Service
 			Addresses:       vips,
 			Ports:           ports,
 			SubjectAltNames: spec.GetSubjectAltNames(),
-			Waypoint:        in.Waypoint,
 		})
+		if !isWaypoint(se.Labels) {
+			services[len(services)-1].Waypoint = in.Waypoint
+		}
 	}
 
 	var workloads []*workloadapi.Workload

@@ -72,6 +72,9 @@ func TestBuildService(t *testing.T) {
 			NamespaceLabels: map[string]string{LabelIngressUseWaypoint: "true"},
 		}},
 		{name: "service waypoint", in: ServiceInput{Service: testService("echo"), Waypoint: waypoint}},
+		{name: "the service of a waypoint gets no waypoint", in: ServiceInput{Service: testService("waypoint", func(s *corev1.Service) {
+			s.Labels = map[string]string{LabelManagedGateway: ManagedByMesh}
+		}), Waypoint: waypoint}},
 		{name: "network and domain", in: ServiceInput{Service: testService("echo")}, cfg: Config{Network: "net-1", DomainSuffix: "corp.local"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -86,6 +86,7 @@ func entrySelects(se *networkingv1.ServiceEntry, lbls map[string]string) bool {
 // endpoint workloads, removing names it no longer produces.
 func (x *Index) recomputeServiceEntry(c *change, k key) {
 	var names []string
+	delete(x.problems, "ServiceEntry "+k.String())
 	if se := x.serviceEntries[k]; se != nil {
 		in := ambient.ServiceEntryInput{ServiceEntry: se,
 			Waypoint: x.waypoint("ServiceEntry "+k.String(), k.namespace, se.Labels, false)}
@@ -118,6 +119,7 @@ func (x *Index) recomputeWorkloadEntry(c *change, k key) {
 	uid := workloadapi.WorkloadEntryUID(cfg.ClusterID, k.namespace, k.name)
 	we := x.workloadEntries[k]
 	if we == nil {
+		delete(x.problems, "WorkloadEntry "+k.String())
 		x.setAddress(c, uid, nil)
 		return
 	}

@@ -103,6 +103,7 @@ type Index struct {
 func New(cfg ambient.Config) *Index {
 	return &Index{
 		cfg:                        cfg.WithDefaults(),
+		network:                    cfg.Network,
 		namespaces:                 map[string]*corev1.Namespace{},
 		nodes:                      map[string]*corev1.Node{},
 		pods:                       map[key]*corev1.Pod{},
@@ -173,6 +174,9 @@ func (x *Index) Problems() map[string]string {
 	}
 	for k, svc := range x.services {
 		if msg := x.unresolvedPorts(svc); msg != "" {
+			if prev := out["Service "+k.String()]; prev != "" {
+				msg = prev + "; " + msg
+			}
 			out["Service "+k.String()] = msg
 		}
 	}

@@ -226,6 +226,16 @@ func TestIndexReportsUnresolvedNamedPorts(t *testing.T) {
 	}
 }
 
+func TestIndexKeepsConfiguredNetwork(t *testing.T) {
+	x := New(ambient.Config{Network: "net-1"})
+	x.UpsertPod(pod("a", "n1", nil, "10.244.1.5"))
+	check(t, "unrelated namespace", x.UpsertNamespace(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}), ChangeSet{})
+	check(t, "system namespace without label", x.UpsertNamespace(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "istio-system"}}), ChangeSet{})
+	if got := x.Address(podA).GetWorkload().GetNetwork(); got != "net-1" {
+		t.Errorf("network = %q, want the configured net-1", got)
+	}
+}
+
 func TestIndexNetworkFromSystemNamespace(t *testing.T) {
 	x := New(ambient.Config{})
 	x.UpsertPod(pod("a", "n1", nil, "10.244.1.5"))

@@ -333,6 +333,9 @@ func (x *Index) recomputeAll() ChangeSet {
 	for k := range x.workloadEntries {
 		x.recomputeWorkloadEntry(&c, k)
 	}
+	for k := range x.slices {
+		x.recomputeSliceWorkloads(&c, k)
+	}
 	return c.cs
 }
 
@@ -341,6 +344,7 @@ func (x *Index) recomputePod(c *change, k key) {
 	uid := workloadapi.PodUID(x.cfg.ClusterID, k.namespace, k.name)
 	pod, ok := x.pods[k]
 	if !ok {
+		delete(x.problems, "Pod "+k.String())
 		x.setAddress(c, uid, nil)
 		return
 	}
@@ -378,6 +382,7 @@ func (x *Index) recomputeService(c *change, k key) {
 	name := workloadapi.ServiceKey(k.namespace, ambient.ServiceHostname(k.name, k.namespace, x.cfg))
 	svc, ok := x.services[k]
 	if !ok {
+		delete(x.problems, "Service "+k.String())
 		x.setAddress(c, name, nil)
 		return
 	}
