@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/emptypb"
 	securityapi "istio.io/api/security/v1beta1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
@@ -35,7 +36,10 @@ type PolicyResult struct {
 // from/to/when into clauses, wildcard strings into prefix, suffix or
 // presence. Rules with HTTP attributes are dropped from ALLOW policies (the
 // stricter choice) and reduced to their L4 part in DENY policies. CUSTOM and
-// AUDIT actions, and values that do not parse, are errors.
+// AUDIT actions are errors with no Authorization (node proxies ignore
+// them). A value that does not parse is an error too, but the result then
+// fails closed: an ALLOW policy with no rules (it allows nothing) or a DENY
+// policy that denies everything, rather than no policy at all.
 func BuildAuthorization(p *securityv1.AuthorizationPolicy, cfg Config) (PolicyResult, error) {
 	cfg = cfg.WithDefaults()
 	spec := &p.Spec
@@ -66,9 +70,13 @@ func BuildAuthorization(p *securityv1.AuthorizationPolicy, cfg Config) (PolicyRe
 
 	var res PolicyResult
 	for i, r := range spec.GetRules() {
-		rule, httpOnly, err := convertRule(r, p.Namespace)
+		rule, httpOnly, err := convertRule(r, p.Namespace, out.Action)
 		if err != nil {
-			return PolicyResult{}, fmt.Errorf("rule %d: %w", i, err)
+			out.Rules = nil
+			if out.Action == security.Action_DENY {
+				out.Rules = []*security.Rule{{}} // an empty rule matches every connection
+			}
+			return PolicyResult{Authorization: out}, fmt.Errorf("rule %d: %w", i, err)
 		}
 		if len(httpOnly) > 0 {
 			if out.Action == security.Action_ALLOW {
@@ -87,10 +95,23 @@ func BuildAuthorization(p *securityv1.AuthorizationPolicy, cfg Config) (PolicyRe
 
 // convertRule turns one rule into clauses (AND): one for from (a Match per
 // source, OR), one for to (a Match per operation), one per L4 condition.
-// It also lists the HTTP-only attributes it could not keep.
-func convertRule(r *securityapi.Rule, policyNamespace string) (*security.Rule, []string, error) {
+// It also lists the HTTP-only attributes it could not keep. In a DENY rule,
+// a source or operation left empty by that removal matched on HTTP alone:
+// its clause is dropped, so the rule denies at L4 (node proxies skip empty
+// Matches, which would otherwise make the clause match nothing).
+func convertRule(r *securityapi.Rule, policyNamespace string, action security.Action) (*security.Rule, []string, error) {
 	var httpOnly []string
 	out := &security.Rule{}
+	addClause := func(c *security.Clause) {
+		if action == security.Action_DENY {
+			for _, m := range c.Matches {
+				if proto.Size(m) == 0 {
+					return
+				}
+			}
+		}
+		out.Clauses = append(out.Clauses, c)
+	}
 	if len(r.GetFrom()) > 0 {
 		c := &security.Clause{}
 		for _, f := range r.GetFrom() {
@@ -101,7 +122,7 @@ func convertRule(r *securityapi.Rule, policyNamespace string) (*security.Rule, [
 			httpOnly = append(httpOnly, skipped...)
 			c.Matches = append(c.Matches, m)
 		}
-		out.Clauses = append(out.Clauses, c)
+		addClause(c)
 	}
 	if len(r.GetTo()) > 0 {
 		c := &security.Clause{}
@@ -113,7 +134,7 @@ func convertRule(r *securityapi.Rule, policyNamespace string) (*security.Rule, [
 			httpOnly = append(httpOnly, skipped...)
 			c.Matches = append(c.Matches, m)
 		}
-		out.Clauses = append(out.Clauses, c)
+		addClause(c)
 	}
 	for _, cond := range r.GetWhen() {
 		m, ok, err := conditionMatch(cond)

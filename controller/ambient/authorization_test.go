@@ -86,6 +86,10 @@ func TestBuildAuthorization(t *testing.T) {
 		{name: "DENY with only http attributes denies at L4", wantWarnings: 1, policy: policy("shop", deny, true, &securityapi.Rule{
 			To: []*securityapi.Rule_To{to(&securityapi.Operation{Methods: []string{"DELETE"}})},
 		})},
+		{name: "DENY source with only http attributes does not limit the rule", wantWarnings: 1, policy: policy("shop", deny, true, &securityapi.Rule{
+			From: []*securityapi.Rule_From{from(&securityapi.Source{Namespaces: []string{"a"}}), from(&securityapi.Source{RequestPrincipals: []string{"*"}})},
+			To:   []*securityapi.Rule_To{to(&securityapi.Operation{Ports: []string{"22"}})},
+		})},
 		{name: "dry run", policy: func() *securityv1.AuthorizationPolicy {
 			p := policy("shop", deny, true, &securityapi.Rule{})
 			p.Annotations = map[string]string{AnnotationDryRun: "true"}
@@ -131,10 +135,11 @@ func TestBuildAuthorizationErrors(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			_, err := BuildAuthorization(tt.policy, Config{})
+			res, err := BuildAuthorization(tt.policy, Config{})
 			if !errors.Is(err, ErrUnsupportedPolicy) || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("BuildAuthorization() error = %v, want ErrUnsupportedPolicy mentioning %q", err, tt.want)
 			}
+			checkGolden(t, "authorization-error/"+golden(tt.name), res.Authorization)
 		})
 	}
 }
