@@ -161,22 +161,51 @@ func peerAuth(ns string, selector bool, mode securityapi.PeerAuthentication_Mutu
 
 func TestBuildPeerAuthentication(t *testing.T) {
 	t.Parallel()
-	const strict, permissive, disable = securityapi.PeerAuthentication_MutualTLS_STRICT, securityapi.PeerAuthentication_MutualTLS_PERMISSIVE, securityapi.PeerAuthentication_MutualTLS_DISABLE
+	const strict, permissive, disable, unset = securityapi.PeerAuthentication_MutualTLS_STRICT, securityapi.PeerAuthentication_MutualTLS_PERMISSIVE,
+		securityapi.PeerAuthentication_MutualTLS_DISABLE, securityapi.PeerAuthentication_MutualTLS_UNSET
+	checkGolden(t, "peerauthentication/static-strict", StaticStrictPolicy(Config{}))
 	for _, tt := range []struct {
-		name string
-		pa   *securityv1.PeerAuthentication
+		name      string
+		pa        *securityv1.PeerAuthentication
+		inherited securityapi.PeerAuthentication_MutualTLS_Mode
 	}{
-		{"mesh wide strict is the global static policy", peerAuth("istio-system", false, strict, nil)},
-		{"namespace strict", peerAuth("shop", false, strict, nil)},
-		{"namespace permissive enforces nothing", peerAuth("shop", false, permissive, nil)},
-		{"selector strict", peerAuth("shop", true, strict, nil)},
-		{"selector strict with permissive ports", peerAuth("shop", true, strict, map[uint32]securityapi.PeerAuthentication_MutualTLS_Mode{9090: permissive, 8081: disable})},
-		{"selector permissive with strict ports", peerAuth("shop", true, permissive, map[uint32]securityapi.PeerAuthentication_MutualTLS_Mode{8443: strict, 8080: strict})},
-		{"selector disable", peerAuth("shop", true, disable, nil)},
+		{"namespace policy acts through the static policy", peerAuth("shop", false, strict, nil), permissive},
+		{"selector policy without ports acts through the static policy", peerAuth("shop", true, strict, nil), permissive},
+		{"selector strict with permissive ports", peerAuth("shop", true, strict, map[uint32]securityapi.PeerAuthentication_MutualTLS_Mode{9090: permissive, 8081: disable}), permissive},
+		{"selector permissive with strict ports", peerAuth("shop", true, permissive, map[uint32]securityapi.PeerAuthentication_MutualTLS_Mode{8443: strict, 8080: strict}), permissive},
+		{"selector unset inherits strict", peerAuth("shop", true, unset, map[uint32]securityapi.PeerAuthentication_MutualTLS_Mode{9090: permissive}), strict},
+		{"selector permissive ports only", peerAuth("shop", true, permissive, map[uint32]securityapi.PeerAuthentication_MutualTLS_Mode{9090: disable}), permissive},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			checkGolden(t, "peerauthentication/"+golden(tt.name), BuildPeerAuthentication(tt.pa, Config{}))
+			checkGolden(t, "peerauthentication/"+golden(tt.name), BuildPeerAuthentication(tt.pa, tt.inherited))
+		})
+	}
+}
+
+func TestPeerAuthenticationsModeAndKey(t *testing.T) {
+	t.Parallel()
+	const strict, permissive, unset = securityapi.PeerAuthentication_MutualTLS_STRICT, securityapi.PeerAuthentication_MutualTLS_PERMISSIVE, securityapi.PeerAuthentication_MutualTLS_UNSET
+	mesh := peerAuth("istio-system", false, strict, nil)
+	for _, tt := range []struct {
+		name    string
+		p       PeerAuthentications
+		wantKey string
+	}{
+		{"nothing is permissive", PeerAuthentications{}, ""},
+		{"mesh strict", PeerAuthentications{Mesh: mesh}, "istio-system/istio_converted_static_strict"},
+		{"namespace permissive relaxes mesh strict", PeerAuthentications{Mesh: mesh, Namespace: peerAuth("shop", false, permissive, nil)}, ""},
+		{"namespace unset inherits", PeerAuthentications{Mesh: mesh, Namespace: peerAuth("shop", false, unset, nil)}, "istio-system/istio_converted_static_strict"},
+		{"workload strict in permissive namespace", PeerAuthentications{Workload: peerAuth("shop", true, strict, nil), Namespace: peerAuth("shop", false, permissive, nil)}, "istio-system/istio_converted_static_strict"},
+		{"workload permissive in strict mesh", PeerAuthentications{Workload: peerAuth("shop", true, permissive, nil), Mesh: mesh}, ""},
+		{"workload port-level uses its converted policy", PeerAuthentications{Mesh: mesh,
+			Workload: peerAuth("shop", true, unset, map[uint32]securityapi.PeerAuthentication_MutualTLS_Mode{9090: permissive})}, "shop/converted_peer_authentication_mtls"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if got := tt.p.PolicyKey(Config{}); got != tt.wantKey {
+				t.Errorf("PolicyKey() = %q, want %q", got, tt.wantKey)
+			}
 		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 	securityapi "istio.io/api/security/v1beta1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/canopy-mesh/canopy/workloadapi/security"
 )
@@ -18,30 +19,86 @@ const (
 	convertedPeerAuthPolicyPrefix = "converted_peer_authentication_"
 )
 
-// BuildPeerAuthentication converts a PeerAuthentication into the DENY
-// policy that enforces it on node proxies: deny connections without a peer
-// identity (not_principals: presence). A STRICT policy without a selector is
-// the static policy of its namespace, GLOBAL in the root namespace; one with
-// a selector becomes converted_peer_authentication_<name>, limited to its
-// STRICT ports when port-level modes differ. It returns nil when nothing is
-// enforced (PERMISSIVE, DISABLE, UNSET).
-//
-// Not modelled: a namespace's PERMISSIVE does not relax a mesh-wide STRICT.
-func BuildPeerAuthentication(pa *securityv1.PeerAuthentication, cfg Config) *security.Authorization {
+// StaticStrictPolicy is the one policy that enforces STRICT mTLS (spec
+// §1.8): in the root namespace, DENY to peers without an identity
+// (not_principals: presence). It is selector-scoped: a workload lists it
+// in Workload.authorization_policies when its effective mode is STRICT.
+func StaticStrictPolicy(cfg Config) *security.Authorization {
 	cfg = cfg.WithDefaults()
-	spec := &pa.Spec
-	strict := spec.GetMtls().GetMode() == securityapi.PeerAuthentication_MutualTLS_STRICT
-	if spec.GetSelector() == nil {
-		if !strict {
-			return nil
-		}
-		scope := security.Scope_NAMESPACE
-		if pa.Namespace == cfg.RootNamespace {
-			scope = security.Scope_GLOBAL
-		}
-		return denyPlaintext(StaticStrictPolicyName, pa.Namespace, scope, &security.Match{})
-	}
+	return denyPlaintext(StaticStrictPolicyName, cfg.RootNamespace, &security.Match{})
+}
 
+// PeerAuthentications are what decides one workload's mTLS mode: the
+// selector-bound policy that picks it (in its namespace), its namespace's
+// policy and the mesh's (no selector, in the root namespace). Any may be
+// nil.
+type PeerAuthentications struct {
+	Workload, Namespace, Mesh *securityv1.PeerAuthentication
+}
+
+// Mode is the effective mTLS mode: the workload's policy, else the
+// namespace's, else the mesh's, each only if it sets a mode (UNSET
+// inherits); PERMISSIVE by default.
+func (p PeerAuthentications) Mode() securityapi.PeerAuthentication_MutualTLS_Mode {
+	for _, pa := range []*securityv1.PeerAuthentication{p.Workload, p.Namespace, p.Mesh} {
+		if m := mtlsMode(pa); m != securityapi.PeerAuthentication_MutualTLS_UNSET {
+			return m
+		}
+	}
+	return securityapi.PeerAuthentication_MutualTLS_PERMISSIVE
+}
+
+// PolicyKey returns the Authorization a workload lists to enforce its
+// mTLS mode: its own policy's converted form when that sets port-level
+// modes, else the static strict policy when its mode is STRICT, else "".
+func (p PeerAuthentications) PolicyKey(cfg Config) string {
+	cfg = cfg.WithDefaults()
+	if w := p.Workload; w != nil && len(w.Spec.GetPortLevelMtls()) > 0 {
+		if BuildPeerAuthentication(w, p.inherited()) != nil {
+			return w.Namespace + "/" + convertedPeerAuthPolicyPrefix + w.Name
+		}
+		return ""
+	}
+	if p.Mode() == securityapi.PeerAuthentication_MutualTLS_STRICT {
+		return cfg.RootNamespace + "/" + StaticStrictPolicyName
+	}
+	return ""
+}
+
+func mtlsMode(pa *securityv1.PeerAuthentication) securityapi.PeerAuthentication_MutualTLS_Mode {
+	if pa == nil {
+		return securityapi.PeerAuthentication_MutualTLS_UNSET
+	}
+	return pa.Spec.GetMtls().GetMode()
+}
+
+// inherited is the mode a workload policy with mode UNSET takes.
+func (p PeerAuthentications) inherited() securityapi.PeerAuthentication_MutualTLS_Mode {
+	return PeerAuthentications{Namespace: p.Namespace, Mesh: p.Mesh}.Mode()
+}
+
+// PeerAuthSelects reports whether a selector-bound PeerAuthentication picks
+// a workload with these labels.
+func PeerAuthSelects(pa *securityv1.PeerAuthentication, lbls map[string]string) bool {
+	sel := pa.Spec.GetSelector()
+	return sel != nil && labels.SelectorFromValidatedSet(sel.GetMatchLabels()).Matches(labels.Set(lbls))
+}
+
+// BuildPeerAuthentication converts a selector-bound PeerAuthentication with
+// port-level modes into converted_peer_authentication_<name> (spec §1.8):
+// DENY to peers without an identity on its STRICT ports. inherited is the
+// mode its namespace or the mesh gives when the policy's own is UNSET. It
+// returns nil for any other policy: those act through StaticStrictPolicy
+// and PolicyKey.
+func BuildPeerAuthentication(pa *securityv1.PeerAuthentication, inherited securityapi.PeerAuthentication_MutualTLS_Mode) *security.Authorization {
+	spec := &pa.Spec
+	if spec.GetSelector() == nil || len(spec.GetPortLevelMtls()) == 0 {
+		return nil
+	}
+	mode := spec.GetMtls().GetMode()
+	if mode == securityapi.PeerAuthentication_MutualTLS_UNSET {
+		mode = inherited
+	}
 	var strictPorts, relaxedPorts []uint32
 	for port, m := range spec.GetPortLevelMtls() {
 		switch m.GetMode() {
@@ -55,23 +112,24 @@ func BuildPeerAuthentication(pa *securityv1.PeerAuthentication, cfg Config) *sec
 	sortPorts(relaxedPorts)
 	match := &security.Match{}
 	switch {
-	case strict:
+	case mode == securityapi.PeerAuthentication_MutualTLS_STRICT:
 		match.NotDestinationPorts = relaxedPorts
 	case len(strictPorts) > 0:
 		match.DestinationPorts = strictPorts
 	default:
 		return nil
 	}
-	return denyPlaintext(convertedPeerAuthPolicyPrefix+pa.Name, pa.Namespace, security.Scope_WORKLOAD_SELECTOR, match)
+	return denyPlaintext(convertedPeerAuthPolicyPrefix+pa.Name, pa.Namespace, match)
 }
 
-// denyPlaintext denies connections without a peer identity that match m.
-func denyPlaintext(name, namespace string, scope security.Scope, m *security.Match) *security.Authorization {
+// denyPlaintext denies connections without a peer identity that match m,
+// for the workloads that list it.
+func denyPlaintext(name, namespace string, m *security.Match) *security.Authorization {
 	m.NotPrincipals = []*security.StringMatch{{MatchType: &security.StringMatch_Presence{Presence: &emptypb.Empty{}}}}
 	return &security.Authorization{
 		Name:      name,
 		Namespace: namespace,
-		Scope:     scope,
+		Scope:     security.Scope_WORKLOAD_SELECTOR,
 		Action:    security.Action_DENY,
 		Rules:     []*security.Rule{{Clauses: []*security.Clause{{Matches: []*security.Match{m}}}}},
 	}

@@ -142,5 +142,8 @@ func (x *Index) recomputeWorkloadEntry(c *change, k key) {
 			break
 		}
 	}
+	if key := x.peerAuthsFor(k.namespace, lbls).PolicyKey(cfg); key != "" {
+		in.Policies = append(in.Policies, key)
+	}
 	x.setAddress(c, uid, &workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: ambient.BuildWorkloadEntry(in, cfg)}})
 }

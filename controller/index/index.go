@@ -91,12 +91,11 @@ type Index struct {
 	workloadEntriesByNamespace map[string]map[key]bool
 	entryOutputs               map[key][]string
 
-	addresses      map[string]*workloadapi.Address
-	authorizations map[string]*security.Authorization
-	// policyKeys maps each policy object to the Authorization key it
-	// produced, and problems records why an object produced nothing.
-	peerAuthKeys map[key]string
-	problems     map[string]string
+	addresses            map[string]*workloadapi.Address
+	authorizations       map[string]*security.Authorization
+	peerAuthsByNamespace map[string]map[key]bool
+	// problems records why an object produced nothing, or less.
+	problems map[string]string
 }
 
 // New returns an empty Index.
@@ -127,7 +126,7 @@ func New(cfg ambient.Config) *Index {
 		policiesByNamespace:        map[string]map[key]bool{},
 		addresses:                  map[string]*workloadapi.Address{},
 		authorizations:             map[string]*security.Authorization{},
-		peerAuthKeys:               map[key]string{},
+		peerAuthsByNamespace:       map[string]map[key]bool{},
 		problems:                   map[string]string{},
 	}
 }

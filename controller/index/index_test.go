@@ -115,10 +115,24 @@ func TestIndexChangeSets(t *testing.T) {
 
 	pa := &securityv1.PeerAuthentication{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: "istio-system"}}
 	pa.Spec.Mtls = &securityapi.PeerAuthentication_MutualTLS{Mode: securityapi.PeerAuthentication_MutualTLS_STRICT}
-	check(t, "mesh strict", x.UpsertPeerAuthentication(pa), ChangeSet{Authorizations: Changes{Added: []string{"istio-system/istio_converted_static_strict"}}})
+	const static = "istio-system/istio_converted_static_strict"
+	check(t, "mesh strict: every workload lists the static policy", x.UpsertPeerAuthentication(pa), ChangeSet{
+		Addresses:      Changes{Updated: []string{podA, podB}},
+		Authorizations: Changes{Added: []string{static}},
+	})
+	if got := x.Address(podB).GetWorkload().GetAuthorizationPolicies(); !cmp.Equal(got, []string{static}) {
+		t.Errorf("pod b policies under mesh STRICT = %v", got)
+	}
+	nsPermissive := &securityv1.PeerAuthentication{ObjectMeta: metav1.ObjectMeta{Name: "relaxed", Namespace: "shop"}}
+	nsPermissive.Spec.Mtls = &securityapi.PeerAuthentication_MutualTLS{Mode: securityapi.PeerAuthentication_MutualTLS_PERMISSIVE}
+	check(t, "namespace permissive relaxes the mesh", x.UpsertPeerAuthentication(nsPermissive), addr(nil, []string{podA, podB}, nil))
+	check(t, "namespace policy deleted", x.DeletePeerAuthentication("shop", "relaxed"), addr(nil, []string{podA, podB}, nil))
 	relaxed := pa.DeepCopy()
 	relaxed.Spec.Mtls.Mode = securityapi.PeerAuthentication_MutualTLS_PERMISSIVE
-	check(t, "mesh permissive", x.UpsertPeerAuthentication(relaxed), ChangeSet{Authorizations: Changes{Removed: []string{"istio-system/istio_converted_static_strict"}}})
+	check(t, "mesh permissive", x.UpsertPeerAuthentication(relaxed), addr(nil, []string{podA, podB}, nil))
+	check(t, "last PeerAuthentication deleted", x.DeletePeerAuthentication("istio-system", "default"), ChangeSet{
+		Authorizations: Changes{Removed: []string{static}},
+	})
 
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{ambient.LabelUseWaypoint: "waypoint"}}}
 	check(t, "namespace binds a missing waypoint", x.UpsertNamespace(ns), ChangeSet{})

@@ -262,13 +262,16 @@ func policySelects(p *securityv1.AuthorizationPolicy, lbls map[string]string) bo
 	return labels.SelectorFromValidatedSet(p.Spec.GetSelector().GetMatchLabels()).Matches(labels.Set(lbls))
 }
 
-// UpsertPeerAuthentication records a PeerAuthentication.
+// UpsertPeerAuthentication records a PeerAuthentication: it changes the
+// mTLS mode of the workloads in its scope (its namespace, or the mesh from
+// the root namespace), and the converted port-level policies there.
 func (x *Index) UpsertPeerAuthentication(pa *securityv1.PeerAuthentication) ChangeSet {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	k := key{pa.Namespace, pa.Name}
 	x.peerAuths[k] = pa
-	return x.peerAuthChanged(k, pa)
+	add(x.peerAuthsByNamespace, pa.Namespace, k)
+	return x.peerAuthChanged(k.namespace)
 }
 
 // DeletePeerAuthentication forgets a PeerAuthentication.
@@ -277,28 +280,92 @@ func (x *Index) DeletePeerAuthentication(namespace, name string) ChangeSet {
 	defer x.mu.Unlock()
 	k := key{namespace, name}
 	delete(x.peerAuths, k)
-	return x.peerAuthChanged(k, nil)
+	remove(x.peerAuthsByNamespace, namespace, k)
+	var c change
+	x.setAuthorization(&c, namespace+"/"+convertedName(name), nil)
+	cs := x.peerAuthChanged(namespace)
+	cs.Authorizations.Removed = append(cs.Authorizations.Removed, c.cs.Authorizations.Removed...)
+	return cs
 }
 
-func (x *Index) peerAuthChanged(k key, pa *securityv1.PeerAuthentication) ChangeSet {
+func convertedName(paName string) string { return "converted_peer_authentication_" + paName }
+
+// peerAuthChanged republishes the PeerAuthentication policies of a scope
+// and recomputes its workloads. PeerAuthentications change rarely; a
+// change in the root namespace touches the whole mesh.
+func (x *Index) peerAuthChanged(namespace string) ChangeSet {
 	var c change
-	var auth *security.Authorization
-	if pa != nil {
-		auth = ambient.BuildPeerAuthentication(pa, x.cfg)
+	// The static strict policy exists while any PeerAuthentication does.
+	var static *security.Authorization
+	if len(x.peerAuths) > 0 {
+		static = ambient.StaticStrictPolicy(x.cfg)
 	}
-	newKey := ""
-	if auth != nil {
-		newKey = auth.Namespace + "/" + auth.Name
+	x.setAuthorization(&c, x.cfg.RootNamespace+"/"+ambient.StaticStrictPolicyName, static)
+
+	inScope := func(ns string) bool { return namespace == x.cfg.RootNamespace || ns == namespace }
+	for ns, pas := range x.peerAuthsByNamespace {
+		if !inScope(ns) {
+			continue
+		}
+		for pk := range pas {
+			pa := x.peerAuths[pk]
+			inherited := x.peerAuthsFor(ns, nil).Mode()
+			x.setAuthorization(&c, ns+"/"+convertedName(pk.name), ambient.BuildPeerAuthentication(pa, inherited))
+		}
 	}
-	if oldKey, ok := x.peerAuthKeys[k]; ok && oldKey != newKey {
-		x.setAuthorization(&c, oldKey, nil)
-		delete(x.peerAuthKeys, k)
+	for ns, pods := range x.podsByNamespace {
+		if inScope(ns) {
+			for pk := range pods {
+				x.recomputePod(&c, pk)
+			}
+		}
 	}
-	if auth != nil {
-		x.peerAuthKeys[k] = newKey
-		x.setAuthorization(&c, newKey, auth)
+	for ns, entries := range x.workloadEntriesByNamespace {
+		if inScope(ns) {
+			for wk := range entries {
+				x.recomputeWorkloadEntry(&c, wk)
+			}
+		}
 	}
 	return c.cs
+}
+
+// peerAuthsFor gathers the PeerAuthentications that decide the mTLS mode
+// of a workload with labels lbls in namespace ns (nil labels: the
+// namespace's own mode). Of several candidates the oldest wins, as in
+// Istio.
+func (x *Index) peerAuthsFor(ns string, lbls map[string]string) ambient.PeerAuthentications {
+	var out ambient.PeerAuthentications
+	for pk := range x.peerAuthsByNamespace[ns] {
+		pa := x.peerAuths[pk]
+		switch {
+		case pa.Spec.GetSelector() == nil:
+			out.Namespace = older(out.Namespace, pa)
+		case lbls != nil && ambient.PeerAuthSelects(pa, lbls):
+			out.Workload = older(out.Workload, pa)
+		}
+	}
+	for pk := range x.peerAuthsByNamespace[x.cfg.RootNamespace] {
+		if pa := x.peerAuths[pk]; pa.Spec.GetSelector() == nil {
+			out.Mesh = older(out.Mesh, pa)
+		}
+	}
+	if ns == x.cfg.RootNamespace {
+		out.Namespace = nil // the root namespace's policy is the mesh's
+	}
+	return out
+}
+
+func older(a, b *securityv1.PeerAuthentication) *securityv1.PeerAuthentication {
+	switch {
+	case a == nil:
+		return b
+	case b.CreationTimestamp.Before(&a.CreationTimestamp),
+		b.CreationTimestamp.Equal(&a.CreationTimestamp) && b.Name < a.Name:
+		return b
+	default:
+		return a
+	}
 }
 
 // UpsertGateway records a Gateway; waypoints' addresses come from it.
@@ -367,6 +434,9 @@ func (x *Index) recomputePod(c *change, k key) {
 		if ns == x.cfg.RootNamespace {
 			break
 		}
+	}
+	if key := x.peerAuthsFor(k.namespace, pod.Labels).PolicyKey(x.cfg); key != "" {
+		in.Policies = append(in.Policies, key)
 	}
 	in.Waypoint = x.waypoint("Pod "+k.String(), k.namespace, pod.Labels, true)
 	w := ambient.BuildPodWorkload(in, x.cfg)
