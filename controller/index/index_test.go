@@ -87,6 +87,9 @@ func TestIndexChangeSets(t *testing.T) {
 		t.Errorf("pod a zone = %q", got)
 	}
 	check(t, "unrelated node", x.UpsertNode(node("n9", "zone-z")), ChangeSet{})
+	heartbeat := node("n1", "zone-a")
+	heartbeat.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+	check(t, "node status update recomputes nothing", x.UpsertNode(heartbeat), ChangeSet{})
 
 	sel := &securityv1.AuthorizationPolicy{ObjectMeta: metav1.ObjectMeta{Name: "allow-echo", Namespace: "shop"}}
 	sel.Spec.Selector = &typeapi.WorkloadSelector{MatchLabels: echo}
@@ -142,6 +145,11 @@ func TestIndexChangeSets(t *testing.T) {
 		Status:     gatewayv1.GatewayStatus{Addresses: []gatewayv1.GatewayStatusAddress{{Type: ptr.To(gatewayv1.IPAddressType), Value: "10.96.0.99"}}},
 	}
 	check(t, "waypoint appears", x.UpsertGateway(gw), addr(nil, []string{podA, podB, svc}, nil))
+	programmed := gw.DeepCopy()
+	programmed.Status.Conditions = []metav1.Condition{{Type: "Programmed", Status: metav1.ConditionTrue}}
+	check(t, "waypoint condition update recomputes nothing", x.UpsertGateway(programmed), ChangeSet{})
+	ingress := &gatewayv1.Gateway{ObjectMeta: metav1.ObjectMeta{Name: "ingress", Namespace: "shop"}, Spec: gatewayv1.GatewaySpec{GatewayClassName: "istio"}}
+	check(t, "ingress gateway", x.UpsertGateway(ingress), ChangeSet{})
 	if x.Address(svc).GetService().GetWaypoint() == nil || x.Address(podA).GetWorkload().GetWaypoint() == nil {
 		t.Error("waypoint not bound")
 	}

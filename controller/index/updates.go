@@ -5,6 +5,7 @@ import (
 
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/labels"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
@@ -21,7 +22,11 @@ import (
 func (x *Index) UpsertNamespace(ns *corev1.Namespace) ChangeSet {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	old := x.namespaces[ns.Name]
 	x.namespaces[ns.Name] = ns
+	if old != nil && sameLabels(old.Labels, ns.Labels, namespaceLabels) {
+		return ChangeSet{} // nothing the tables read changed
+	}
 	if cs, changed := x.updateNetwork(); changed {
 		return cs
 	}
@@ -74,8 +79,28 @@ func (x *Index) recomputeNamespace(name string) ChangeSet {
 func (x *Index) UpsertNode(n *corev1.Node) ChangeSet {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	old := x.nodes[n.Name]
 	x.nodes[n.Name] = n
+	// Nodes update their status every few seconds; only locality matters.
+	if old != nil && sameLabels(old.Labels, n.Labels, nodeLabels) {
+		return ChangeSet{}
+	}
 	return x.recomputeNode(n.Name)
+}
+
+// The labels the tables read from namespaces and nodes.
+var (
+	namespaceLabels = []string{ambient.LabelUseWaypoint, ambient.LabelUseWaypointNamespace, ambient.LabelIngressUseWaypoint, ambient.LabelNetwork}
+	nodeLabels      = []string{corev1.LabelTopologyRegion, corev1.LabelTopologyZone, ambient.LabelSubzone}
+)
+
+func sameLabels(a, b map[string]string, keys []string) bool {
+	for _, k := range keys {
+		if a[k] != b[k] {
+			return false
+		}
+	}
+	return true
 }
 
 // DeleteNode forgets a node.
@@ -374,15 +399,40 @@ func older(a, b *securityv1.PeerAuthentication) *securityv1.PeerAuthentication {
 func (x *Index) UpsertGateway(gw *gatewayv1.Gateway) ChangeSet {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	x.gateways[key{gw.Namespace, gw.Name}] = gw
+	k := key{gw.Namespace, gw.Name}
+	old := x.gateways[k]
+	x.gateways[k] = gw
+	if !waypointChanged(old, gw) {
+		return ChangeSet{}
+	}
 	return x.recomputeAll()
+}
+
+// waypointChanged reports whether a Gateway update changes what binding
+// to it yields: its class, what traffic it serves, or its addresses. Other
+// Gateways (ingress) and other updates (conditions) change nothing.
+func waypointChanged(old, cur *gatewayv1.Gateway) bool {
+	if old == nil {
+		return cur.Spec.GatewayClassName == ambient.WaypointClass
+	}
+	if old.Spec.GatewayClassName != ambient.WaypointClass && cur.Spec.GatewayClassName != ambient.WaypointClass {
+		return false
+	}
+	return old.Spec.GatewayClassName != cur.Spec.GatewayClassName ||
+		old.Labels[ambient.LabelWaypointFor] != cur.Labels[ambient.LabelWaypointFor] ||
+		!equality.Semantic.DeepEqual(old.Status.Addresses, cur.Status.Addresses)
 }
 
 // DeleteGateway forgets a Gateway.
 func (x *Index) DeleteGateway(namespace, name string) ChangeSet {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	delete(x.gateways, key{namespace, name})
+	k := key{namespace, name}
+	old := x.gateways[k]
+	delete(x.gateways, k)
+	if old == nil || old.Spec.GatewayClassName != ambient.WaypointClass {
+		return ChangeSet{}
+	}
 	return x.recomputeAll()
 }
 
