@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -20,6 +21,8 @@ type PodInput struct {
 	// Services are the Services the pod backs: in its namespace, selecting
 	// it, or selector-less with an EndpointSlice that targets it.
 	Services []*corev1.Service
+	// ServiceEntries select the pod by their workloadSelector.
+	ServiceEntries []*networkingv1.ServiceEntry
 	// Policies are the keys ("<namespace>/<name>") of the selector-bound
 	// authorization policies that select the pod.
 	Policies []string
@@ -55,6 +58,14 @@ func BuildPodWorkload(in PodInput, cfg Config) *workloadapi.Workload {
 		Locality:              nodeLocality(in.Node),
 		AuthorizationPolicies: sortedCopy(in.Policies),
 		Services:              podServices(pod, in.Services, cfg),
+	}
+	for _, se := range in.ServiceEntries {
+		if w.Services == nil {
+			w.Services = map[string]*workloadapi.PortList{}
+		}
+		for _, host := range se.Spec.GetHosts() {
+			w.Services[workloadapi.ServiceKey(se.Namespace, host)] = entryPodPorts(se, pod)
+		}
 	}
 	if cfg.TrustDomain != workloadapi.DefaultTrustDomain {
 		w.TrustDomain = cfg.TrustDomain
@@ -197,6 +208,21 @@ func podServices(pod *corev1.Pod, services []*corev1.Service, cfg Config) map[st
 		return nil
 	}
 	return out
+}
+
+// entryPodPorts maps a ServiceEntry's ports onto a pod it selects (spec
+// §7.2): the container port named like the ServiceEntry port, else the
+// port's target port, else the service port.
+func entryPodPorts(se *networkingv1.ServiceEntry, pod *corev1.Pod) *workloadapi.PortList {
+	named := map[string]uint32{}
+	for _, c := range pod.Spec.Containers {
+		for _, cp := range c.Ports {
+			if cp.Name != "" {
+				named[cp.Name] = uint32(cp.ContainerPort)
+			}
+		}
+	}
+	return entryPorts(se.Spec.GetPorts(), named)
 }
 
 // resolveTargetPort finds a service port's target on a pod.

@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	networkingapi "istio.io/api/networking/v1alpha3"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -153,6 +155,11 @@ func TestBuildPodWorkload(t *testing.T) {
 			p.Labels[LabelManagedGateway] = ManagedByMesh
 			p.Labels[LabelTunnel] = "http"
 		}), Waypoint: waypoint}},
+		{name: "selected by a service entry", in: PodInput{Pod: testPod(), ServiceEntries: []*networkingv1.ServiceEntry{func() *networkingv1.ServiceEntry {
+			se := serviceEntry()
+			se.Spec.Ports = append(se.Spec.Ports, &networkingapi.ServicePort{Number: 9000, Name: "metrics"})
+			return se
+		}()}}},
 		{name: "policies sorted and unique", in: PodInput{Pod: testPod(), Policies: []string{"shop/deny-b", "shop/allow-a", "shop/deny-b"}}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -11,7 +11,8 @@ import (
 )
 
 // UpsertServiceEntry records a ServiceEntry: its Services and inline
-// endpoints, and the WorkloadEntries its old or new selector picks.
+// endpoints, and the pods and WorkloadEntries its old or new selector
+// picks.
 func (x *Index) UpsertServiceEntry(se *networkingv1.ServiceEntry) ChangeSet {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -40,6 +41,13 @@ func (x *Index) serviceEntryChanged(k key, old, cur *networkingv1.ServiceEntry) 
 		we := x.workloadEntries[wk]
 		if entrySelects(old, entryLabels(we)) || entrySelects(cur, entryLabels(we)) {
 			x.recomputeWorkloadEntry(&c, wk)
+		}
+	}
+	// A workloadSelector picks pods too.
+	for pk := range x.podsByNamespace[k.namespace] {
+		pod := x.pods[pk]
+		if entrySelects(old, pod.Labels) || entrySelects(cur, pod.Labels) {
+			x.recomputePod(&c, pk)
 		}
 	}
 	return c.cs

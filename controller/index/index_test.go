@@ -226,6 +226,15 @@ func TestIndexServiceAndWorkloadEntries(t *testing.T) {
 		addr([]string{"shop/pay.example.com"}, []string{vm}, []string{host, inline}))
 	check(t, "service entry deleted", x.DeleteServiceEntry("shop", "payments"), addr(nil, []string{vm}, []string{"shop/pay.example.com"}))
 	check(t, "workload entry deleted", x.DeleteWorkloadEntry("shop", "vm-1"), addr(nil, nil, []string{vm}))
+
+	p := pod("pay-1", "n1", map[string]string{"app": "payments"}, "10.244.1.20")
+	p.Spec.Containers = []corev1.Container{{Name: "pay", Ports: []corev1.ContainerPort{{Name: "https", ContainerPort: 8443}}}}
+	podPay := "Kubernetes//Pod/shop/pay-1"
+	check(t, "pod", x.UpsertPod(p), addr([]string{podPay}, nil, nil))
+	check(t, "service entry selects the pod", x.UpsertServiceEntry(se), addr([]string{host, inline}, []string{podPay}, nil))
+	if pl := x.Address(podPay).GetWorkload().GetServices()[host]; len(pl.GetPorts()) != 1 || pl.GetPorts()[0].GetTargetPort() != 8443 {
+		t.Errorf("pod's ServiceEntry ports = %v, want 443 -> 8443 by port name", pl)
+	}
 }
 
 func TestIndexReportsUnresolvedNamedPorts(t *testing.T) {

@@ -475,6 +475,12 @@ func (x *Index) recomputePod(c *change, k key) {
 		}
 	}
 	sort.Slice(in.Services, func(i, j int) bool { return in.Services[i].Name < in.Services[j].Name })
+	for sek := range x.serviceEntriesByNamespace[k.namespace] {
+		if se := x.serviceEntries[sek]; entrySelects(se, pod.Labels) {
+			in.ServiceEntries = append(in.ServiceEntries, se)
+		}
+	}
+	sort.Slice(in.ServiceEntries, func(i, j int) bool { return in.ServiceEntries[i].Name < in.ServiceEntries[j].Name })
 	for _, ns := range []string{k.namespace, x.cfg.RootNamespace} {
 		for pk := range x.policiesByNamespace[ns] {
 			if policySelects(x.policies[pk], pod.Labels) && x.authorizations[pk.String()] != nil {
