@@ -94,15 +94,17 @@ func entrySelects(se *networkingv1.ServiceEntry, lbls map[string]string) bool {
 // endpoint workloads, removing names it no longer produces.
 func (x *Index) recomputeServiceEntry(c *change, k key) {
 	var names []string
-	delete(x.problems, "ServiceEntry "+k.String())
-	if se := x.serviceEntries[k]; se != nil {
+	owner := "ServiceEntry " + k.String()
+	delete(x.problems, owner)
+	se := x.serviceEntries[k]
+	if se != nil {
 		in := ambient.ServiceEntryInput{ServiceEntry: se,
-			Waypoint: x.waypoint("ServiceEntry "+k.String(), k.namespace, se.Labels, false)}
+			Waypoint: x.waypoint(owner, k.namespace, se.Labels, false)}
 		svcs, wls := ambient.BuildServiceEntry(in, x.cfg)
 		for _, s := range svcs {
 			name := workloadapi.ServiceKey(s.Namespace, s.Hostname)
 			names = append(names, name)
-			x.setAddress(c, name, &workloadapi.Address{Type: &workloadapi.Address_Service{Service: s}})
+			x.publishService(c, name, serviceSource{service: s, created: se.CreationTimestamp.Time, owner: owner})
 		}
 		for _, w := range wls {
 			names = append(names, w.Uid)
@@ -110,7 +112,12 @@ func (x *Index) recomputeServiceEntry(c *change, k key) {
 		}
 	}
 	for _, old := range x.entryOutputs[k] {
-		if !slices.Contains(names, old) {
+		if slices.Contains(names, old) {
+			continue
+		}
+		if _, isService := x.serviceSources[old][owner]; isService {
+			x.publishService(c, old, serviceSource{owner: owner})
+		} else {
 			x.setAddress(c, old, nil)
 		}
 	}

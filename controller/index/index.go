@@ -91,7 +91,10 @@ type Index struct {
 	workloadEntriesByNamespace map[string]map[key]bool
 	entryOutputs               map[key][]string
 
-	addresses            map[string]*workloadapi.Address
+	addresses map[string]*workloadapi.Address
+	// serviceSources are the objects that want to publish each Service
+	// name; publishService picks one.
+	serviceSources       map[string]map[string]serviceSource
 	authorizations       map[string]*security.Authorization
 	peerAuthsByNamespace map[string]map[key]bool
 	// problems records why an object produced nothing, or less.
@@ -125,6 +128,7 @@ func New(cfg ambient.Config) *Index {
 		servicesByNamespace:        map[string]map[key]bool{},
 		policiesByNamespace:        map[string]map[key]bool{},
 		addresses:                  map[string]*workloadapi.Address{},
+		serviceSources:             map[string]map[string]serviceSource{},
 		authorizations:             map[string]*security.Authorization{},
 		peerAuthsByNamespace:       map[string]map[key]bool{},
 		problems:                   map[string]string{},

@@ -280,3 +280,25 @@ func TestIndexNetworkFromSystemNamespace(t *testing.T) {
 		t.Errorf("network = %q after the label went, want the configured default", got)
 	}
 }
+
+func TestIndexServiceNameOwners(t *testing.T) {
+	x := New(ambient.Config{})
+	newSE := func(name string, created int64) *networkingv1.ServiceEntry {
+		se := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "shop", CreationTimestamp: metav1.Unix(created, 0)}}
+		se.Spec.Hosts = []string{"echo.shop.svc.cluster.local"}
+		se.Spec.Ports = []*networkingapi.ServicePort{{Number: 80, Name: "http"}}
+		return se
+	}
+	check(t, "service entry claims the service's name", x.UpsertServiceEntry(newSE("newer", 200)), addr([]string{svc}, nil, nil))
+	check(t, "an older entry wins", x.UpsertServiceEntry(newSE("older", 100)), addr(nil, []string{svc}, nil))
+	if got := x.Address(svc).GetService().GetName(); got != "older" {
+		t.Errorf("published %q, want the older entry", got)
+	}
+	check(t, "the kubernetes service wins", x.UpsertService(service("echo", nil)), addr(nil, []string{svc}, nil))
+	check(t, "the older entry goes, the service stays", x.DeleteServiceEntry("shop", "older"), ChangeSet{})
+	check(t, "the service goes, the remaining entry returns", x.DeleteService("shop", "echo"), addr(nil, []string{svc}, nil))
+	if got := x.Address(svc).GetService().GetName(); got != "newer" {
+		t.Errorf("published %q, want the remaining entry", got)
+	}
+	check(t, "last owner gone", x.DeleteServiceEntry("shop", "newer"), addr(nil, nil, []string{svc}))
+}

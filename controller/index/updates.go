@@ -506,22 +506,18 @@ func (x *Index) recomputePod(c *change, k key) {
 // recomputeService rebuilds one Service's entry.
 func (x *Index) recomputeService(c *change, k key) {
 	name := workloadapi.ServiceKey(k.namespace, ambient.ServiceHostname(k.name, k.namespace, x.cfg))
+	owner := "Service " + k.String()
 	svc, ok := x.services[k]
 	if !ok {
-		delete(x.problems, "Service "+k.String())
-		x.setAddress(c, name, nil)
+		delete(x.problems, owner)
+		x.publishService(c, name, serviceSource{owner: owner})
 		return
 	}
 	in := ambient.ServiceInput{Service: svc, Waypoint: x.waypoint("Service "+k.String(), k.namespace, svc.Labels, false)}
 	if ns := x.namespaces[k.namespace]; ns != nil {
 		in.NamespaceLabels = ns.Labels
 	}
-	s := ambient.BuildService(in, x.cfg)
-	if s == nil {
-		x.setAddress(c, name, nil)
-		return
-	}
-	x.setAddress(c, name, &workloadapi.Address{Type: &workloadapi.Address_Service{Service: s}})
+	x.publishService(c, name, serviceSource{service: ambient.BuildService(in, x.cfg), kube: true, created: svc.CreationTimestamp.Time, owner: owner})
 }
 
 // waypoint resolves an object's waypoint binding, recording why a binding
