@@ -99,6 +99,10 @@ type Index struct {
 	peerAuthsByNamespace map[string]map[key]bool
 	// problems records why an object produced nothing, or less.
 	problems map[string]string
+	// portProblems caches the unresolved named ports of Services;
+	// dirtyPorts lists the Services to check again.
+	portProblems map[key]string
+	dirtyPorts   map[key]bool
 }
 
 // New returns an empty Index.
@@ -132,6 +136,8 @@ func New(cfg ambient.Config) *Index {
 		authorizations:             map[string]*security.Authorization{},
 		peerAuthsByNamespace:       map[string]map[key]bool{},
 		problems:                   map[string]string{},
+		portProblems:               map[key]string{},
+		dirtyPorts:                 map[key]bool{},
 	}
 }
 
@@ -165,23 +171,34 @@ func (x *Index) AuthorizationNames() []string {
 
 // Problems returns, by object ("<kind> <namespace>/<name>"), why an input
 // produced no output or a reduced one; the caller reports them in status
-// or events. It also checks every Service for a named target port that
-// none of its pods has, so it costs the whole cluster: call it
-// periodically, not per change.
+// or events. It also checks the Services whose pods changed since the last
+// call for named target ports that none of their pods declares, so its
+// cost follows the changes, not the cluster.
 func (x *Index) Problems() map[string]string {
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	out := make(map[string]string, len(x.problems))
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for k := range x.dirtyPorts {
+		msg := ""
+		if svc := x.services[k]; svc != nil {
+			msg = x.unresolvedPorts(svc)
+		}
+		if msg == "" {
+			delete(x.portProblems, k)
+		} else {
+			x.portProblems[k] = msg
+		}
+	}
+	clear(x.dirtyPorts)
+	out := make(map[string]string, len(x.problems)+len(x.portProblems))
 	for k, v := range x.problems {
 		out[k] = v
 	}
-	for k, svc := range x.services {
-		if msg := x.unresolvedPorts(svc); msg != "" {
-			if prev := out["Service "+k.String()]; prev != "" {
-				msg = prev + "; " + msg
-			}
-			out["Service "+k.String()] = msg
+	for k, msg := range x.portProblems {
+		name := "Service " + k.String()
+		if prev := out[name]; prev != "" {
+			msg = prev + "; " + msg
 		}
+		out[name] = msg
 	}
 	return out
 }

@@ -459,6 +459,10 @@ func (x *Index) recomputeAll() ChangeSet {
 // recomputePod rebuilds one pod's Workload from the current inputs.
 func (x *Index) recomputePod(c *change, k key) {
 	uid := workloadapi.PodUID(x.cfg.ClusterID, k.namespace, k.name)
+	// The pod may have joined or left a Service, or changed its ports.
+	for sk := range x.servicesByNamespace[k.namespace] {
+		x.dirtyPorts[sk] = true
+	}
 	pod, ok := x.pods[k]
 	if !ok {
 		delete(x.problems, "Pod "+k.String())
@@ -507,6 +511,7 @@ func (x *Index) recomputePod(c *change, k key) {
 func (x *Index) recomputeService(c *change, k key) {
 	name := workloadapi.ServiceKey(k.namespace, ambient.ServiceHostname(k.name, k.namespace, x.cfg))
 	owner := "Service " + k.String()
+	x.dirtyPorts[k] = true
 	svc, ok := x.services[k]
 	if !ok {
 		delete(x.problems, owner)
