@@ -1,0 +1,80 @@
+package pki
+
+import (
+	"crypto/rand"
+	"crypto/x509"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/canopy-mesh/canopy/workloadapi"
+)
+
+// TTL turns a requested validity in seconds into a lifetime: the default
+// for zero or less, capped at maxTTL (spec §6.1).
+func TTL(requestedSeconds int64, def, maxTTL time.Duration) time.Duration {
+	if requestedSeconds <= 0 {
+		return def
+	}
+	if requestedSeconds > int64(maxTTL/time.Second) {
+		return maxTTL
+	}
+	return time.Duration(requestedSeconds) * time.Second
+}
+
+// Sign issues a workload certificate for the CSR's key with id as its only
+// identity (a URI SAN; the CSR's own names are ignored), valid from now for
+// ttl but never past the CA's own certificate. It returns the chain as PEM
+// strings, leaf first and root last, each ending in a newline (spec §6.1).
+func (a *Authority) Sign(csr *x509.CertificateRequest, id workloadapi.Identity, ttl time.Duration, now time.Time) ([]string, error) {
+	uri, err := url.Parse(id.String())
+	if err != nil {
+		return nil, fmt.Errorf("identity %s: %w", id, err)
+	}
+	serial, err := randomSerial()
+	if err != nil {
+		return nil, err
+	}
+	notAfter := now.Add(ttl)
+	if notAfter.After(a.Cert.NotAfter) {
+		notAfter = a.Cert.NotAfter
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		// An empty subject makes the SAN extension critical, as RFC 5280
+		// asks: the URI is the certificate's only name.
+		NotBefore:             now.Add(-time.Minute), // tolerate clock skew between nodes
+		NotAfter:              notAfter,
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		BasicConstraintsValid: true,
+		URIs:                  []*url.URL{uri},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, a.Cert, csr.PublicKey, a.Key)
+	if err != nil {
+		return nil, fmt.Errorf("sign certificate: %w", err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	chain := []string{string(EncodeCertificates(leaf))}
+	for _, c := range a.Chain {
+		chain = append(chain, string(EncodeCertificates(c)))
+	}
+	// The chain ends with the root: a plug-in CA's chain may stop at its
+	// intermediates, so add the root it chains to when missing.
+	if last := a.Chain[len(a.Chain)-1]; !isSelfSigned(last) {
+		for _, r := range a.Roots {
+			if last.CheckSignatureFrom(r) == nil {
+				chain = append(chain, string(EncodeCertificates(r)))
+				break
+			}
+		}
+	}
+	return chain, nil
+}
+
+func isSelfSigned(c *x509.Certificate) bool {
+	return c.CheckSignatureFrom(c) == nil
+}
