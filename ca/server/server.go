@@ -1,0 +1,180 @@
+// Package server is the CA's gRPC service,
+// istio.v1.auth.IstioCertificateService/CreateCertificate (spec §6): it
+// authenticates the caller's bearer token, decides the identity (its own
+// or, for a trusted node proxy, the one it impersonates), checks the CSR
+// and signs. Every request is counted by result.
+package server
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	securityapi "istio.io/api/security/v1alpha1"
+
+	"github.com/canopy-mesh/canopy/ca/authn"
+	"github.com/canopy-mesh/canopy/ca/identity"
+	"github.com/canopy-mesh/canopy/ca/pki"
+	"github.com/canopy-mesh/canopy/workloadapi"
+)
+
+// MetadataImpersonatedIdentity is the request metadata key a node proxy
+// names the identity it asks for with.
+const MetadataImpersonatedIdentity = "ImpersonatedIdentity"
+
+// Authenticator turns a bearer token and cluster ID into a caller.
+type Authenticator interface {
+	Authenticate(ctx context.Context, token, clusterID string) (authn.Caller, error)
+}
+
+// Decider picks the identity to sign for a caller.
+type Decider interface {
+	Decide(ctx context.Context, caller authn.Caller, impersonated string) (workloadapi.Identity, error)
+}
+
+// Config configures a Server.
+type Config struct {
+	DefaultTTL, MaxTTL time.Duration
+	Now                func() time.Time
+	// Registerer receives the request counter; nil registers nowhere.
+	Registerer prometheus.Registerer
+}
+
+// Server implements securityapi.IstioCertificateServiceServer.
+type Server struct {
+	securityapi.UnimplementedIstioCertificateServiceServer
+	cfg      Config
+	authn    Authenticator
+	decider  Decider
+	ca       *pki.Authority
+	log      *slog.Logger
+	requests *prometheus.CounterVec
+}
+
+// New returns a Server signing with ca.
+func New(cfg Config, a Authenticator, d Decider, ca *pki.Authority, log *slog.Logger) (*Server, error) {
+	if cfg.DefaultTTL == 0 {
+		cfg.DefaultTTL = pki.DefaultTTL
+	}
+	if cfg.MaxTTL == 0 {
+		cfg.MaxTTL = pki.MaxTTL
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	s := &Server{cfg: cfg, authn: a, decider: d, ca: ca, log: log.With("component", "ca"),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "canopy_ca_requests_total",
+			Help: "Certificate requests by result: ok, or the reason they were refused.",
+		}, []string{"result"}),
+	}
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(s.requests); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Requests returns the request counter (for tests and debug views).
+func (s *Server) Requests() *prometheus.CounterVec { return s.requests }
+
+// CreateCertificate implements securityapi.IstioCertificateServiceServer.
+func (s *Server) CreateCertificate(ctx context.Context, req *securityapi.IstioCertificateRequest) (*securityapi.IstioCertificateResponse, error) {
+	chain, reason, err := s.create(ctx, req)
+	s.requests.WithLabelValues(reason).Inc()
+	if err != nil {
+		s.log.Debug("certificate refused", "reason", reason, "err", err)
+		return nil, err
+	}
+	return &securityapi.IstioCertificateResponse{CertChain: chain}, nil
+}
+
+func (s *Server) create(ctx context.Context, req *securityapi.IstioCertificateRequest) ([]string, string, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	token, ok := bearer(md.Get("authorization"))
+	if !ok {
+		return nil, "no_token", status.Error(codes.Unauthenticated, "missing bearer token in the authorization header")
+	}
+	caller, err := s.authn.Authenticate(ctx, token, first(md.Get("clusterid")))
+	if err != nil {
+		return nil, authnReason(err), status.Errorf(codes.Unauthenticated, "authenticate: %v", err)
+	}
+	impersonated := req.GetMetadata().GetFields()[MetadataImpersonatedIdentity].GetStringValue()
+	id, err := s.decider.Decide(ctx, caller, impersonated)
+	if err != nil {
+		return nil, identityReason(err), status.Errorf(codes.Unauthenticated, "identity: %v", err)
+	}
+	csr, err := pki.ParseCSR([]byte(req.GetCsr()))
+	if err != nil {
+		return nil, csrReason(err), status.Errorf(codes.InvalidArgument, "csr: %v", err)
+	}
+	chain, err := s.ca.Sign(csr, id, pki.TTL(req.GetValidityDuration(), s.cfg.DefaultTTL, s.cfg.MaxTTL), s.cfg.Now())
+	if err != nil {
+		return nil, "sign_failed", status.Errorf(codes.Internal, "sign: %v", err)
+	}
+	return chain, "ok", nil
+}
+
+func bearer(values []string) (string, bool) {
+	for _, v := range values {
+		if t, ok := strings.CutPrefix(v, "Bearer "); ok && t != "" {
+			return t, true
+		}
+	}
+	return "", false
+}
+
+func first(v []string) string {
+	if len(v) == 0 {
+		return ""
+	}
+	return v[0]
+}
+
+func authnReason(err error) string {
+	switch {
+	case errors.Is(err, authn.ErrUnknownCluster):
+		return "unknown_cluster"
+	case errors.Is(err, authn.ErrNotWorkload):
+		return "not_a_workload"
+	case errors.Is(err, authn.ErrRejected):
+		return "token_rejected"
+	default:
+		return "authn_error"
+	}
+}
+
+func identityReason(err error) string {
+	switch {
+	case errors.Is(err, identity.ErrUntrustedImpersonator):
+		return "impersonation_untrusted_account"
+	case errors.Is(err, identity.ErrNoPodOnNode):
+		return "impersonation_no_pod_on_node"
+	case errors.Is(err, identity.ErrCallerPod), errors.Is(err, identity.ErrNotPodBound):
+		return "impersonation_caller_pod"
+	case errors.Is(err, identity.ErrMalformedIdentity), errors.Is(err, identity.ErrForeignTrustDomain):
+		return "impersonation_bad_identity"
+	default:
+		return "identity_error"
+	}
+}
+
+func csrReason(err error) string {
+	switch {
+	case errors.Is(err, pki.ErrCSRTooLarge):
+		return "csr_too_large"
+	case errors.Is(err, pki.ErrCSRSignature):
+		return "csr_bad_signature"
+	case errors.Is(err, pki.ErrCSRKeyRejected):
+		return "csr_key_rejected"
+	default:
+		return "csr_malformed"
+	}
+}
