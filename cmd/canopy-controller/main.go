@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -26,8 +27,12 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
+	"github.com/canopy-mesh/canopy/ca/identity"
 	"github.com/canopy-mesh/canopy/controller/ambient"
 	"github.com/canopy-mesh/canopy/controller/debug"
 	"github.com/canopy-mesh/canopy/controller/index"
@@ -42,6 +47,13 @@ type config struct {
 	logLevel        slog.Level
 	problemInterval time.Duration
 	mesh            ambient.Config
+
+	// The CA.
+	secureAddr          string
+	caNamespace         string
+	caDNSNames          []string
+	trustedNodeAccounts []identity.Account
+	tokenAudiences      []string
 }
 
 func parseFlags(args []string) (config, error) {
@@ -57,6 +69,15 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.mesh.RootNamespace, "root-namespace", "istio-system", "namespace of mesh-wide policies")
 	fs.DurationVar(&c.problemInterval, "problem-interval", 5*time.Second, "how often unsupported input is checked and reported as Events")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&c.secureAddr, "secure-addr", ":15012", "address of the CA (TLS gRPC)")
+	caNamespace := os.Getenv("POD_NAMESPACE")
+	if caNamespace == "" {
+		caNamespace = "istio-system"
+	}
+	fs.StringVar(&c.caNamespace, "ca-namespace", caNamespace, "namespace of the CA's Secrets (default $POD_NAMESPACE, else istio-system)")
+	dnsNames := fs.String("ca-dns-names", "", "comma-separated DNS names of the CA's serving certificate (default canopy-controller.<ns>.svc and istiod.<ns>.svc)")
+	trusted := fs.String("trusted-node-accounts", "", "comma-separated namespace/serviceaccount that may impersonate pods of their node (default <ca-namespace>/canopy-node)")
+	audiences := fs.String("token-audiences", "istio-ca", "comma-separated audiences callers' tokens must carry")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -68,6 +89,21 @@ func parseFlags(args []string) (config, error) {
 	if err := c.logLevel.UnmarshalText([]byte(*level)); err != nil {
 		return c, fmt.Errorf("--log-level: %w", err)
 	}
+	if *dnsNames == "" {
+		*dnsNames = "canopy-controller." + c.caNamespace + ".svc,istiod." + c.caNamespace + ".svc"
+	}
+	c.caDNSNames = strings.Split(*dnsNames, ",")
+	if *trusted == "" {
+		*trusted = c.caNamespace + "/canopy-node"
+	}
+	for _, a := range strings.Split(*trusted, ",") {
+		ns, name, ok := strings.Cut(strings.TrimSpace(a), "/")
+		if !ok || ns == "" || name == "" {
+			return c, fmt.Errorf("--trusted-node-accounts: %q is not namespace/serviceaccount", a)
+		}
+		c.trustedNodeAccounts = append(c.trustedNodeAccounts, identity.Account{Namespace: ns, Name: name})
+	}
+	c.tokenAudiences = strings.Split(*audiences, ",")
 	if c.problemInterval <= 0 {
 		return c, fmt.Errorf("--problem-interval must be positive, got %s", c.problemInterval)
 	}
@@ -132,9 +168,18 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 			"addresses_removed", len(cs.Addresses.Removed), "authorizations_changed",
 			len(cs.Authorizations.Added)+len(cs.Authorizations.Updated)+len(cs.Authorizations.Removed))
 	}, log)
-	srv := &http.Server{Addr: cfg.monitorAddr, Handler: debug.Handler(tables, ready), ReadHeaderTimeout: 10 * time.Second}
+	registry := prometheus.NewRegistry()
+	ca, err := newCA(ctx, cfg, clients.Kube, registry, log)
+	if err != nil {
+		return err
+	}
+	monitor := http.NewServeMux()
+	monitor.Handle("/", debug.Handler(tables, ready))
+	monitor.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	srv := &http.Server{Addr: cfg.monitorAddr, Handler: monitor, ReadHeaderTimeout: 10 * time.Second}
 
 	g, ctx := errgroup.WithContext(ctx)
+	ca.start(ctx, g)
 	g.Go(func() error { return watcher.Run(ctx) })
 	g.Go(func() error {
 		// Problems are reported once the initial lists are in (before, a

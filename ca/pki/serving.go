@@ -1,0 +1,52 @@
+package pki
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"time"
+)
+
+// IssueServing issues a TLS serving certificate for the CA's own server
+// (the controller's 15012): a new ECDSA P-256 key and a leaf for dnsNames,
+// valid from now for ttl (never past the CA), with the chain up to the
+// root so that clients trusting the bundle verify it.
+func (a *Authority) IssueServing(dnsNames []string, ttl time.Duration, now time.Time) (*tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generate serving key: %w", err)
+	}
+	serial, err := randomSerial()
+	if err != nil {
+		return nil, err
+	}
+	notAfter := now.Add(ttl)
+	if notAfter.After(a.Cert.NotAfter) {
+		notAfter = a.Cert.NotAfter
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		NotBefore:             now.Add(-time.Minute),
+		NotAfter:              notAfter,
+		KeyUsage:              x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true,
+		DNSNames:              dnsNames,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, a.Cert, key.Public(), a.Key)
+	if err != nil {
+		return nil, fmt.Errorf("sign serving certificate: %w", err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	c := &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
+	for _, ca := range a.Chain {
+		c.Certificate = append(c.Certificate, ca.Raw)
+	}
+	return c, nil
+}

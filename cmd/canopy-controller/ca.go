@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	securityapi "istio.io/api/security/v1alpha1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/canopy-mesh/canopy/ca/authn"
+	"github.com/canopy-mesh/canopy/ca/identity"
+	"github.com/canopy-mesh/canopy/ca/pki"
+	"github.com/canopy-mesh/canopy/ca/rootcm"
+	"github.com/canopy-mesh/canopy/ca/rootstore"
+	"github.com/canopy-mesh/canopy/ca/server"
+)
+
+// maxRequestBytes bounds a CreateCertificate request: a CSR is a few KiB.
+const maxRequestBytes = 64 << 10
+
+// caParts is the CA as the controller runs it: the gRPC service on the
+// secure port with a certificate of its own, and the root ConfigMaps.
+type caParts struct {
+	addr    string
+	grpc    *grpc.Server
+	serving *server.ServingCert
+	roots   *rootcm.Publisher
+	log     *slog.Logger
+}
+
+func newCA(ctx context.Context, cfg config, kube kubernetes.Interface, reg prometheus.Registerer, log *slog.Logger) (*caParts, error) {
+	authority, source, err := rootstore.Load(ctx, kube, cfg.caNamespace, cfg.mesh.TrustDomain, time.Now())
+	if err != nil {
+		return nil, fmt.Errorf("load CA: %w", err)
+	}
+	log.Info("CA loaded", "source", string(source), "namespace", cfg.caNamespace)
+	authenticator, err := authn.New(authn.Config{
+		LocalCluster: cfg.mesh.ClusterID,
+		Clusters:     map[string]authn.TokenReviewer{cfg.mesh.ClusterID: authn.Reviewer{Client: kube.AuthenticationV1()}},
+		Audiences:    cfg.tokenAudiences,
+	})
+	if err != nil {
+		return nil, err
+	}
+	decider := identity.Decider{TrustDomain: cfg.mesh.TrustDomain, TrustedNodeAccounts: cfg.trustedNodeAccounts, Pods: identity.APIPods{Client: kube}}
+	svc, err := server.New(server.Config{Registerer: reg}, authenticator, decider, authority, log)
+	if err != nil {
+		return nil, err
+	}
+	serving, err := server.NewServingCert(authority, cfg.caDNSNames, 24*time.Hour, time.Now, log)
+	if err != nil {
+		return nil, err
+	}
+	creds := credentials.NewTLS(&tls.Config{GetCertificate: serving.GetCertificate, MinVersion: tls.VersionTLS12})
+	g := grpc.NewServer(grpc.Creds(creds), grpc.MaxRecvMsgSize(maxRequestBytes))
+	securityapi.RegisterIstioCertificateServiceServer(g, svc)
+	roots, err := rootcm.New(kube, pki.EncodeCertificates(authority.Roots...), log)
+	if err != nil {
+		return nil, err
+	}
+	return &caParts{addr: cfg.secureAddr, grpc: g, serving: serving, roots: roots, log: log}, nil
+}
+
+func (c *caParts) start(ctx context.Context, g *errgroup.Group) {
+	g.Go(func() error { return c.roots.Run(ctx) })
+	g.Go(func() error { c.serving.Run(ctx, time.Minute); return nil })
+	g.Go(func() error {
+		lis, err := net.Listen("tcp", c.addr)
+		if err != nil {
+			return fmt.Errorf("CA listen: %w", err)
+		}
+		c.log.Info("serving CA", "addr", c.addr)
+		if err := c.grpc.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			return fmt.Errorf("CA: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-ctx.Done()
+		c.grpc.GracefulStop()
+		return nil
+	})
+}
