@@ -34,7 +34,9 @@ var env *testenv.Environment
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
 
-func csr(t *testing.T) string {
+func csr(t *testing.T) string { return csrFor(t) }
+
+func csrFor(t testing.TB) string {
 	t.Helper()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
