@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	securityapi "istio.io/api/security/v1alpha1"
 
 	"github.com/canopy-mesh/canopy/ca/authn"
@@ -41,7 +42,11 @@ type Decider interface {
 // Config configures a Server.
 type Config struct {
 	DefaultTTL, MaxTTL time.Duration
-	Now                func() time.Time
+	// MaxRequestBytes refuses (and counts) larger requests; default 64 KiB.
+	// Set the gRPC server's receive limit above it, so that such requests
+	// reach the counter instead of failing in the transport.
+	MaxRequestBytes int
+	Now             func() time.Time
 	// Registerer receives the request counter; nil registers nowhere.
 	Registerer prometheus.Registerer
 }
@@ -67,6 +72,9 @@ func New(cfg Config, a Authenticator, d Decider, ca *pki.Authority, log *slog.Lo
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.MaxRequestBytes == 0 {
+		cfg.MaxRequestBytes = 64 << 10
 	}
 	s := &Server{cfg: cfg, authn: a, decider: d, ca: ca, log: log.With("component", "ca"),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -97,6 +105,9 @@ func (s *Server) CreateCertificate(ctx context.Context, req *securityapi.IstioCe
 }
 
 func (s *Server) create(ctx context.Context, req *securityapi.IstioCertificateRequest) ([]string, string, error) {
+	if n := proto.Size(req); n > s.cfg.MaxRequestBytes {
+		return nil, "request_too_large", status.Errorf(codes.ResourceExhausted, "request of %d bytes, at most %d", n, s.cfg.MaxRequestBytes)
+	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	token, ok := bearer(md.Get("authorization"))
 	if !ok {

@@ -4,18 +4,20 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -84,11 +86,22 @@ func TestCreateCertificateOverGRPC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
+	// Real TLS, as on 15012: the server presents a certificate of its own
+	// CA for its Service name; the client trusts only the root bundle.
+	serving, err := server.NewServingCert(ca, []string{"canopy-controller.canopy-system.svc"}, time.Hour, time.Now, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{GetCertificate: serving.GetCertificate, MinVersion: tls.VersionTLS12})),
+		grpc.MaxRecvMsgSize(1<<20))
 	securityapi.RegisterIstioCertificateServiceServer(g, srv)
 	go func() { _ = g.Serve(lis) }()
 	t.Cleanup(g.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	bundle := x509.NewCertPool()
+	bundle.AppendCertsFromPEM(pki.EncodeCertificates(ca.Roots...))
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
+		RootCAs: bundle, ServerName: "canopy-controller.canopy-system.svc", MinVersion: tls.VersionTLS12,
+	})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,6 +154,7 @@ func TestCreateCertificateOverGRPC(t *testing.T) {
 		{"malformed csr", tok("default", nil), "-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n", "", codes.InvalidArgument},
 		{"untrusted impersonation", tok("default", nil), csr(t), "spiffe://cluster.local/ns/" + ns + "/sa/canopy-node", codes.Unauthenticated},
 		{"pod on no node", tok("canopy-node", proxy), csr(t), "spiffe://cluster.local/ns/" + ns + "/sa/ghost", codes.Unauthenticated},
+		{"oversized request", tok("default", nil), strings.Repeat("x", 100<<10), "", codes.ResourceExhausted},
 	} {
 		_, err := call(tt.token, tt.csr, tt.impersonate)
 		if status.Code(err) != tt.code {
@@ -149,7 +163,7 @@ func TestCreateCertificateOverGRPC(t *testing.T) {
 	}
 	for reason, want := range map[string]float64{
 		"ok": 2, "no_token": 1, "token_rejected": 1, "csr_malformed": 1,
-		"impersonation_untrusted_account": 1, "impersonation_no_pod_on_node": 1,
+		"impersonation_untrusted_account": 1, "impersonation_no_pod_on_node": 1, "request_too_large": 1,
 	} {
 		if got := testutil.ToFloat64(srv.Requests().WithLabelValues(reason)); got != want {
 			t.Errorf("requests{result=%q} = %v, want %v", reason, got, want)
