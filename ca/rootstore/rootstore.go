@@ -1,4 +1,4 @@
-// Package rootstore keeps the CA's key material in Kubernetes (spec §6.4):
+// Package rootstore keeps the CA's key material (spec §6.4): plug-in files,
 // a plug-in CA from Secret cacerts when it exists, else the self-signed
 // root of Secret istio-ca-secret, generated on first start. Replicas that
 // start together race on creating the Secret; exactly one wins and every
@@ -9,6 +9,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -36,6 +38,7 @@ const (
 type Source string
 
 const (
+	SourcePlugInDir  Source = "plug-in (files)"
 	SourcePlugIn     Source = "plug-in (Secret cacerts)"
 	SourceSelfSigned Source = "self-signed (Secret istio-ca-secret)"
 )
@@ -100,6 +103,25 @@ func create(ctx context.Context, client kubernetes.Interface, namespace, trustDo
 		return nil, fmt.Errorf("create Secret %s/%s: %w", namespace, SelfSignedSecret, err)
 	}
 	return created, nil
+}
+
+// LoadDir returns the plug-in CA of a directory holding the cacerts files
+// (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem), as mounted at
+// ./etc/cacerts; ok is false when the directory has no ca-cert.pem.
+func LoadDir(dir string, now time.Time) (a *pki.Authority, ok bool, err error) {
+	read := func(name string) []byte {
+		b, _ := os.ReadFile(filepath.Join(dir, name))
+		return b
+	}
+	cert := read(KeyCACert)
+	if len(cert) == 0 {
+		return nil, false, nil
+	}
+	a, err = pki.Load(cert, read(KeyCAKey), chainAbove(cert, read(KeyCertChain)), read(KeyRootCert), now)
+	if err != nil {
+		return nil, true, fmt.Errorf("plug-in CA in %s: %w", dir, err)
+	}
+	return a, true, nil
 }
 
 func fromSelfSigned(s *corev1.Secret, now time.Time) (*pki.Authority, error) {

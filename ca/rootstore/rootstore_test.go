@@ -118,3 +118,34 @@ func TestPlugInCAWins(t *testing.T) {
 		t.Error("a self-signed root was created although cacerts exists")
 	}
 }
+
+func TestLoadDir(t *testing.T) {
+	now := time.Now()
+	dir := t.TempDir()
+	if _, ok, err := rootstore.LoadDir(dir, now); ok || err != nil {
+		t.Fatalf("empty directory: ok %v, err %v", ok, err)
+	}
+	root, err := pki.NewSelfSigned("cluster.local", 0, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _ := pki.EncodeKey(root.Key)
+	for name, b := range map[string][]byte{
+		rootstore.KeyCACert: pki.EncodeCertificates(root.Cert), rootstore.KeyCAKey: key,
+		rootstore.KeyCertChain: pki.EncodeCertificates(root.Cert), rootstore.KeyRootCert: pki.EncodeCertificates(root.Cert),
+	} {
+		if err := os.WriteFile(dir+"/"+name, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, ok, err := rootstore.LoadDir(dir, now)
+	if err != nil || !ok || !a.Cert.Equal(root.Cert) {
+		t.Fatalf("LoadDir = %v, %v, %v", a, ok, err)
+	}
+	if err := os.WriteFile(dir+"/"+rootstore.KeyCAKey, []byte("garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := rootstore.LoadDir(dir, now); !ok || err == nil {
+		t.Errorf("a broken key was accepted: ok %v, err %v", ok, err)
+	}
+}

@@ -39,9 +39,15 @@ type caParts struct {
 }
 
 func newCA(ctx context.Context, cfg config, kube kubernetes.Interface, reg prometheus.Registerer, log *slog.Logger) (*caParts, error) {
-	authority, source, err := rootstore.Load(ctx, kube, cfg.caNamespace, cfg.mesh.TrustDomain, time.Now())
+	authority, fromDir, err := rootstore.LoadDir(cfg.caCertsDir, time.Now())
+	source := rootstore.SourcePlugInDir
 	if err != nil {
-		return nil, fmt.Errorf("load CA: %w", err)
+		return nil, err
+	}
+	if !fromDir {
+		if authority, source, err = rootstore.Load(ctx, kube, cfg.caNamespace, cfg.mesh.TrustDomain, time.Now()); err != nil {
+			return nil, fmt.Errorf("load CA: %w", err)
+		}
 	}
 	log.Info("CA loaded", "source", string(source), "namespace", cfg.caNamespace)
 	authenticator, err := authn.New(authn.Config{

@@ -51,6 +51,7 @@ type config struct {
 	// The CA.
 	secureAddr          string
 	caNamespace         string
+	caCertsDir          string
 	caDNSNames          []string
 	trustedNodeAccounts []identity.Account
 	tokenAudiences      []string
@@ -70,6 +71,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.problemInterval, "problem-interval", 5*time.Second, "how often unsupported input is checked and reported as Events")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.secureAddr, "secure-addr", ":15012", "address of the CA (TLS gRPC)")
+	fs.StringVar(&c.caCertsDir, "cacerts-dir", "./etc/cacerts", "directory of a plug-in CA's files (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem); used when it holds ca-cert.pem")
 	caNamespace := os.Getenv("POD_NAMESPACE")
 	if caNamespace == "" {
 		caNamespace = "istio-system"
