@@ -19,23 +19,13 @@ func (a *Authority) IssueServing(dnsNames []string, ttl time.Duration, now time.
 	if err != nil {
 		return nil, fmt.Errorf("generate serving key: %w", err)
 	}
-	serial, err := randomSerial()
+	tmpl, err := a.leafTemplate(ttl, now)
 	if err != nil {
 		return nil, err
 	}
-	notAfter := now.Add(ttl)
-	if notAfter.After(a.Cert.NotAfter) {
-		notAfter = a.Cert.NotAfter
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial,
-		NotBefore:             now.Add(-time.Minute),
-		NotAfter:              notAfter,
-		KeyUsage:              x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		BasicConstraintsValid: true,
-		DNSNames:              dnsNames,
-	}
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
+	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+	tmpl.DNSNames = dnsNames
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, a.Cert, key.Public(), a.Key)
 	if err != nil {
 		return nil, fmt.Errorf("sign serving certificate: %w", err)

@@ -31,25 +31,15 @@ func (a *Authority) Sign(csr *x509.CertificateRequest, id workloadapi.Identity, 
 	if err != nil {
 		return nil, fmt.Errorf("identity %s: %w", id, err)
 	}
-	serial, err := randomSerial()
+	tmpl, err := a.leafTemplate(ttl, now)
 	if err != nil {
 		return nil, err
 	}
-	notAfter := now.Add(ttl)
-	if notAfter.After(a.Cert.NotAfter) {
-		notAfter = a.Cert.NotAfter
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		// An empty subject makes the SAN extension critical, as RFC 5280
-		// asks: the URI is the certificate's only name.
-		NotBefore:             now.Add(-time.Minute), // tolerate clock skew between nodes
-		NotAfter:              notAfter,
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		BasicConstraintsValid: true,
-		URIs:                  []*url.URL{uri},
-	}
+	// An empty subject makes the SAN extension critical, as RFC 5280 asks:
+	// the URI is the certificate's only name.
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment
+	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
+	tmpl.URIs = []*url.URL{uri}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, a.Cert, csr.PublicKey, a.Key)
 	if err != nil {
 		return nil, fmt.Errorf("sign certificate: %w", err)
@@ -73,6 +63,25 @@ func (a *Authority) Sign(csr *x509.CertificateRequest, id workloadapi.Identity, 
 		}
 	}
 	return chain, nil
+}
+
+// leafTemplate starts a leaf certificate: a random serial, valid from a
+// minute ago (clock skew between nodes) for ttl, but never past the CA.
+func (a *Authority) leafTemplate(ttl time.Duration, now time.Time) (*x509.Certificate, error) {
+	serial, err := randomSerial()
+	if err != nil {
+		return nil, err
+	}
+	notAfter := now.Add(ttl)
+	if notAfter.After(a.Cert.NotAfter) {
+		notAfter = a.Cert.NotAfter
+	}
+	return &x509.Certificate{
+		SerialNumber:          serial,
+		NotBefore:             now.Add(-time.Minute),
+		NotAfter:              notAfter,
+		BasicConstraintsValid: true,
+	}, nil
 }
 
 func isSelfSigned(c *x509.Certificate) bool {
