@@ -186,7 +186,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	g.Go(func() error {
 		// Problems are reported once the initial lists are in (before, a
 		// problem may only mean its cause, a Gateway say, is not listed
-		// yet), then every few seconds: checking them costs the cluster.
+		// yet), then every few seconds, which batches the named-port checks.
 		select {
 		case <-watcher.Synced():
 		case <-ctx.Done():

@@ -17,9 +17,7 @@ func (x *Index) UpsertServiceEntry(se *networkingv1.ServiceEntry) ChangeSet {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	k := key{se.Namespace, se.Name}
-	old := x.serviceEntries[k]
-	x.serviceEntries[k] = se
-	add(x.serviceEntriesByNamespace, se.Namespace, k)
+	old := put(x.serviceEntries, x.serviceEntriesByNamespace, k, se)
 	return x.serviceEntryChanged(k, old, se)
 }
 
@@ -28,9 +26,7 @@ func (x *Index) DeleteServiceEntry(namespace, name string) ChangeSet {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	k := key{namespace, name}
-	old := x.serviceEntries[k]
-	delete(x.serviceEntries, k)
-	remove(x.serviceEntriesByNamespace, namespace, k)
+	old := drop(x.serviceEntries, x.serviceEntriesByNamespace, k)
 	return x.serviceEntryChanged(k, old, nil)
 }
 
@@ -58,8 +54,7 @@ func (x *Index) UpsertWorkloadEntry(we *networkingv1.WorkloadEntry) ChangeSet {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	k := key{we.Namespace, we.Name}
-	x.workloadEntries[k] = we
-	add(x.workloadEntriesByNamespace, we.Namespace, k)
+	put(x.workloadEntries, x.workloadEntriesByNamespace, k, we)
 	var c change
 	x.recomputeWorkloadEntry(&c, k)
 	return c.cs
@@ -70,8 +65,7 @@ func (x *Index) DeleteWorkloadEntry(namespace, name string) ChangeSet {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	k := key{namespace, name}
-	delete(x.workloadEntries, k)
-	remove(x.workloadEntriesByNamespace, namespace, k)
+	drop(x.workloadEntries, x.workloadEntriesByNamespace, k)
 	var c change
 	x.recomputeWorkloadEntry(&c, k)
 	return c.cs

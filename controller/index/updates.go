@@ -88,6 +88,22 @@ func (x *Index) UpsertNode(n *corev1.Node) ChangeSet {
 	return x.recomputeNode(n.Name)
 }
 
+// put stores obj under k and in its namespace's set, returning what it
+// replaced; drop forgets k and returns what it held.
+func put[T any](objs map[key]T, byNamespace map[string]map[key]bool, k key, obj T) T {
+	old := objs[k]
+	objs[k] = obj
+	add(byNamespace, k.namespace, k)
+	return old
+}
+
+func drop[T any](objs map[key]T, byNamespace map[string]map[key]bool, k key) T {
+	old := objs[k]
+	delete(objs, k)
+	remove(byNamespace, k.namespace, k)
+	return old
+}
+
 // The labels the tables read from namespaces and nodes.
 var (
 	namespaceLabels = []string{ambient.LabelUseWaypoint, ambient.LabelUseWaypointNamespace, ambient.LabelIngressUseWaypoint, ambient.LabelNetwork}
@@ -156,9 +172,7 @@ func (x *Index) UpsertService(s *corev1.Service) ChangeSet {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	k := key{s.Namespace, s.Name}
-	old := x.services[k]
-	x.services[k] = s
-	add(x.servicesByNamespace, s.Namespace, k)
+	old := put(x.services, x.servicesByNamespace, k, s)
 	return x.serviceChanged(k, old, s)
 }
 
@@ -167,9 +181,7 @@ func (x *Index) DeleteService(namespace, name string) ChangeSet {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	k := key{namespace, name}
-	old := x.services[k]
-	delete(x.services, k)
-	remove(x.servicesByNamespace, namespace, k)
+	old := drop(x.services, x.servicesByNamespace, k)
 	return x.serviceChanged(k, old, nil)
 }
 
@@ -196,9 +208,7 @@ func (x *Index) UpsertAuthorizationPolicy(p *securityv1.AuthorizationPolicy) Cha
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	k := key{p.Namespace, p.Name}
-	old := x.policies[k]
-	x.policies[k] = p
-	add(x.policiesByNamespace, p.Namespace, k)
+	old := put(x.policies, x.policiesByNamespace, k, p)
 	return x.policyChanged(k, old, p)
 }
 
@@ -207,9 +217,7 @@ func (x *Index) DeleteAuthorizationPolicy(namespace, name string) ChangeSet {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	k := key{namespace, name}
-	old := x.policies[k]
-	delete(x.policies, k)
-	remove(x.policiesByNamespace, namespace, k)
+	old := drop(x.policies, x.policiesByNamespace, k)
 	return x.policyChanged(k, old, nil)
 }
 
@@ -293,19 +301,15 @@ func policySelects(p *securityv1.AuthorizationPolicy, lbls map[string]string) bo
 func (x *Index) UpsertPeerAuthentication(pa *securityv1.PeerAuthentication) ChangeSet {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	k := key{pa.Namespace, pa.Name}
-	x.peerAuths[k] = pa
-	add(x.peerAuthsByNamespace, pa.Namespace, k)
-	return x.peerAuthChanged(k.namespace)
+	put(x.peerAuths, x.peerAuthsByNamespace, key{pa.Namespace, pa.Name}, pa)
+	return x.peerAuthChanged(pa.Namespace)
 }
 
 // DeletePeerAuthentication forgets a PeerAuthentication.
 func (x *Index) DeletePeerAuthentication(namespace, name string) ChangeSet {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	k := key{namespace, name}
-	delete(x.peerAuths, k)
-	remove(x.peerAuthsByNamespace, namespace, k)
+	drop(x.peerAuths, x.peerAuthsByNamespace, key{namespace, name})
 	var c change
 	x.setAuthorization(&c, namespace+"/"+convertedName(name), nil)
 	cs := x.peerAuthChanged(namespace)
@@ -332,10 +336,9 @@ func (x *Index) peerAuthChanged(namespace string) ChangeSet {
 		if !inScope(ns) {
 			continue
 		}
+		inherited := x.peerAuthsFor(ns, nil).Mode()
 		for pk := range pas {
-			pa := x.peerAuths[pk]
-			inherited := x.peerAuthsFor(ns, nil).Mode()
-			x.setAuthorization(&c, ns+"/"+convertedName(pk.name), ambient.BuildPeerAuthentication(pa, inherited))
+			x.setAuthorization(&c, ns+"/"+convertedName(pk.name), ambient.BuildPeerAuthentication(x.peerAuths[pk], inherited))
 		}
 	}
 	for ns, pods := range x.podsByNamespace {

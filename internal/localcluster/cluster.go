@@ -376,9 +376,8 @@ func (u *upper) startNode(ctx context.Context, i int) error {
 // images is the image table: canopy/echo, plus what the caller adds.
 func (c Config) images() map[string]string {
 	m := map[string]string{
-		"canopy/echo":              c.Binaries.Echo,
-		"canopy-echo":              c.Binaries.Echo,
-		"ghcr.io/canopy-mesh/echo": c.Binaries.Echo,
+		"canopy/echo": c.Binaries.Echo,
+		"canopy-echo": c.Binaries.Echo,
 	}
 	for k, v := range c.Images {
 		m[k] = v

@@ -506,12 +506,8 @@ func processesIn(t *testing.T, path string) []int {
 }
 
 func processAlive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	i := strings.LastIndexByte(string(b), ')')
-	return i > 0 && len(b) > i+2 && b[i+2] != 'Z'
+	_, err := procs.Lookup(pid) // a zombie counts as gone
+	return err == nil
 }
 
 func anyAlive(pids []int) bool {
