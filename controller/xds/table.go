@@ -1,0 +1,203 @@
+package xds
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"sync"
+
+	"github.com/cespare/xxhash/v2"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/canopy-mesh/canopy/workloadapi"
+)
+
+// Resource is one xDS resource as every connection sends it: marshalled
+// once, shared by all. A Resource is immutable; a change replaces it, so
+// a connection that remembers the *Resource it sent knows exactly what the
+// proxy holds.
+type Resource struct {
+	TypeURL string
+	Name    string
+	// Version is the hex xxhash64 of the marshalled Any (spec §1.9).
+	Version string
+	Body    *anypb.Any
+	// Aliases are the on-demand lookup names of an Address.
+	Aliases []string
+
+	// node is a workload's node; services the service keys it serves.
+	node     string
+	services []string
+}
+
+// NewResource marshals msg (deterministically, so equal content has equal
+// versions) into a Resource named name.
+func NewResource(typeURL, name string, msg proto.Message) (*Resource, error) {
+	value, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
+	if err != nil {
+		return nil, fmt.Errorf("marshal %s %q: %w", typeURL, name, err)
+	}
+	body := &anypb.Any{TypeUrl: typeURL, Value: value}
+	whole, err := proto.MarshalOptions{Deterministic: true}.Marshal(body)
+	if err != nil {
+		return nil, fmt.Errorf("marshal %s %q: %w", typeURL, name, err)
+	}
+	r := &Resource{TypeURL: typeURL, Name: name, Version: strconv.FormatUint(xxhash.Sum64(whole), 16), Body: body}
+	if a, ok := msg.(*workloadapi.Address); ok {
+		r.Aliases = workloadapi.Aliases(a)
+		if w := a.GetWorkload(); w != nil {
+			r.node = w.GetNode()
+			r.services = slices.Sorted(maps.Keys(w.GetServices()))
+		}
+	}
+	return r, nil
+}
+
+// Table holds the current resources of every type, with the lookups that
+// on-demand subscriptions need. One goroutine writes (the push pipeline);
+// connections read.
+type Table struct {
+	mu     sync.RWMutex
+	byType map[string]map[string]*Resource
+	// byAlias, byNode and byService map to Address names.
+	byAlias   map[string]map[string]struct{}
+	byNode    map[string]map[string]struct{}
+	byService map[string]map[string]struct{}
+}
+
+// NewTable returns an empty Table.
+func NewTable() *Table {
+	return &Table{
+		byType:    map[string]map[string]*Resource{},
+		byAlias:   map[string]map[string]struct{}{},
+		byNode:    map[string]map[string]struct{}{},
+		byService: map[string]map[string]struct{}{},
+	}
+}
+
+// Put stores r (nil removes name) and reports whether the table changed:
+// a resource with the same version is kept, so its *Resource stays the same.
+func (t *Table) Put(typeURL, name string, r *Resource) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	resources := t.byType[typeURL]
+	if resources == nil {
+		resources = map[string]*Resource{}
+		t.byType[typeURL] = resources
+	}
+	old := resources[name]
+	if r == nil {
+		if old == nil {
+			return false
+		}
+		t.unlink(old)
+		delete(resources, name)
+		return true
+	}
+	if old != nil && old.Version == r.Version {
+		return false
+	}
+	if old != nil {
+		t.unlink(old)
+	}
+	resources[name] = r
+	t.link(r)
+	return true
+}
+
+func (t *Table) link(r *Resource) {
+	for _, a := range r.Aliases {
+		addTo(t.byAlias, a, r.Name)
+	}
+	if r.node != "" {
+		addTo(t.byNode, r.node, r.Name)
+	}
+	for _, s := range r.services {
+		addTo(t.byService, s, r.Name)
+	}
+}
+
+func (t *Table) unlink(r *Resource) {
+	for _, a := range r.Aliases {
+		removeFrom(t.byAlias, a, r.Name)
+	}
+	if r.node != "" {
+		removeFrom(t.byNode, r.node, r.Name)
+	}
+	for _, s := range r.services {
+		removeFrom(t.byService, s, r.Name)
+	}
+}
+
+func addTo(m map[string]map[string]struct{}, k, name string) {
+	set := m[k]
+	if set == nil {
+		set = map[string]struct{}{}
+		m[k] = set
+	}
+	set[name] = struct{}{}
+}
+
+func removeFrom(m map[string]map[string]struct{}, k, name string) {
+	delete(m[k], name)
+	if len(m[k]) == 0 {
+		delete(m, k)
+	}
+}
+
+// Get returns the current resource, or nil.
+func (t *Table) Get(typeURL, name string) *Resource {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.byType[typeURL][name]
+}
+
+// Names returns every resource name of a type, in no order.
+func (t *Table) Names(typeURL string) []string {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return slices.Collect(maps.Keys(t.byType[typeURL]))
+}
+
+// Len returns the number of resources of a type.
+func (t *Table) Len(typeURL string) int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return len(t.byType[typeURL])
+}
+
+// Resolve returns the names an on-demand key stands for (spec §2.4): the
+// key itself when it is a resource's name, and the resources it is an
+// alias of. Only Addresses have aliases.
+func (t *Table) Resolve(typeURL, key string) []string {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	var out []string
+	if _, ok := t.byType[typeURL][key]; ok {
+		out = append(out, key)
+	}
+	if typeURL == workloadapi.AddressTypeURL {
+		for name := range t.byAlias[key] {
+			if name != key {
+				out = append(out, name)
+			}
+		}
+	}
+	return out
+}
+
+// NodeWorkloads returns the names of the workloads on a node.
+func (t *Table) NodeWorkloads(node string) []string {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return slices.Collect(maps.Keys(t.byNode[node]))
+}
+
+// ServiceWorkloads returns the names of the workloads serving a service key.
+func (t *Table) ServiceWorkloads(service string) []string {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return slices.Collect(maps.Keys(t.byService[service]))
+}

@@ -1,0 +1,251 @@
+package xds
+
+import (
+	"fmt"
+	"time"
+)
+
+// staleVersion stands for a resource a reconnecting proxy holds at a
+// version the table no longer has: it never equals a current resource, so
+// the next response replaces or removes it.
+var staleVersion = &Resource{Version: "stale"}
+
+// watch is one connection's subscription to one type: what the proxy asked
+// for, what it holds, and what may have changed since the last response.
+// The connection serializes access.
+type watch struct {
+	typeURL string
+	// wildcard: every resource of the type (spec §2.3).
+	wildcard bool
+	// subscribed are on-demand keys: names or aliases (spec §2.4).
+	subscribed map[string]struct{}
+	// sent is what the proxy holds: exactly the *Resource last sent.
+	sent map[string]*Resource
+
+	// answer are keys subscribed since the last response; each is answered,
+	// with its resources even if unchanged, or as removed if unknown.
+	answer map[string]struct{}
+	// dirty are names changed since the last response; full replaces them
+	// with the whole table once they grow past the connection's bound.
+	dirty   map[string]struct{}
+	full    bool
+	initial bool
+	// oldest is when the earliest change waiting to be sent happened.
+	oldest time.Time
+}
+
+func newWatch(typeURL string) *watch {
+	return &watch{
+		typeURL:    typeURL,
+		subscribed: map[string]struct{}{},
+		sent:       map[string]*Resource{},
+		answer:     map[string]struct{}{},
+		dirty:      map[string]struct{}{},
+	}
+}
+
+// subscription is the part of a DeltaDiscoveryRequest that changes a watch.
+type subscription struct {
+	subscribe, unsubscribe []string
+	// initialVersions is set on a stream's first request of a type.
+	initialVersions map[string]string
+}
+
+// start applies a type's first request (spec §2.3): an empty subscribe
+// list means wildcard, and initial_resource_versions is what a
+// reconnecting proxy holds, unchanged resources are not sent again.
+func (w *watch) start(t *Table, s subscription, limit int) error {
+	if len(s.subscribe) == 0 {
+		w.wildcard = true
+	}
+	if len(s.initialVersions) > limit {
+		return fmt.Errorf("%d initial resource versions, limit %d", len(s.initialVersions), limit)
+	}
+	for name, version := range s.initialVersions {
+		if version == "" {
+			// Requested on demand but not received: still wanted.
+			w.subscribed[name] = struct{}{}
+			w.answer[name] = struct{}{}
+			continue
+		}
+		if cur := t.Get(w.typeURL, name); cur != nil && cur.Version == version {
+			w.sent[name] = cur
+		} else {
+			w.sent[name] = staleVersion
+		}
+		w.subscribed[name] = struct{}{}
+	}
+	w.full, w.initial = true, true
+	return w.update(t, s, limit)
+}
+
+// update applies subscription changes. "*" subscribes or unsubscribes the
+// wildcard; ztunnel's on-demand mode sends both, meaning "nothing yet".
+func (w *watch) update(t *Table, s subscription, limit int) error {
+	for _, name := range s.subscribe {
+		if name == "*" {
+			if !w.wildcard {
+				w.wildcard, w.full = true, true
+			}
+			continue
+		}
+		w.subscribed[name] = struct{}{}
+		w.answer[name] = struct{}{}
+	}
+	if len(w.subscribed) > limit {
+		return fmt.Errorf("%d subscribed names, limit %d", len(w.subscribed), limit)
+	}
+	for _, name := range s.unsubscribe {
+		if name == "*" {
+			w.wildcard = false
+			continue
+		}
+		delete(w.subscribed, name)
+		delete(w.answer, name)
+		// The proxy drops what it unsubscribed; stop sending it.
+		delete(w.sent, name)
+		for _, n := range t.Resolve(w.typeURL, name) {
+			delete(w.sent, n)
+		}
+	}
+	return nil
+}
+
+// mark records names that changed at time at. Past limit pending names the
+// watch falls back to comparing the whole table, so a slow proxy costs a
+// bounded amount of memory however much changes.
+func (w *watch) mark(names []string, at time.Time, limit int) {
+	if len(names) == 0 {
+		return
+	}
+	if w.oldest.IsZero() || at.Before(w.oldest) {
+		w.oldest = at
+	}
+	if w.full {
+		return
+	}
+	for _, n := range names {
+		w.dirty[n] = struct{}{}
+	}
+	if len(w.dirty) > limit {
+		w.full = true
+		clear(w.dirty)
+	}
+}
+
+// pending reports whether the watch has something to send.
+func (w *watch) pending() bool {
+	return w.initial || w.full || len(w.dirty) > 0 || len(w.answer) > 0
+}
+
+// delta is one response's content.
+type delta struct {
+	resources []*Resource
+	removed   []string
+	// initial is the type's first response, sent even when empty.
+	initial bool
+	// oldest is when the earliest change it carries happened.
+	oldest time.Time
+}
+
+func (d delta) empty() bool { return len(d.resources) == 0 && len(d.removed) == 0 }
+
+// next computes the response that brings the proxy up to date with t and
+// records it as sent. node is the proxy's node: on-demand proxies get its
+// workloads without asking (spec §2.4).
+func (w *watch) next(t *Table, node string) delta {
+	d := delta{initial: w.initial, oldest: w.oldest}
+	removed := map[string]bool{}
+	remove := func(name string) {
+		if !removed[name] {
+			removed[name] = true
+			d.removed = append(d.removed, name)
+		}
+	}
+	candidates := map[string]struct{}{}
+	answered := map[string]bool{}
+	// Answers first: they are sent even when the proxy holds them, so a
+	// lookup by alias always completes; a service brings its workloads.
+	for key := range w.answer {
+		names := t.Resolve(w.typeURL, key)
+		if len(names) == 0 {
+			remove(key)
+			continue
+		}
+		for _, n := range names {
+			if cur := t.Get(w.typeURL, n); cur != nil && !answered[n] {
+				answered[n] = true
+				d.resources = append(d.resources, cur)
+				w.sent[n] = cur
+				candidates[n] = struct{}{}
+				for _, wl := range t.ServiceWorkloads(n) {
+					candidates[wl] = struct{}{}
+				}
+			}
+		}
+	}
+	if w.full {
+		for _, n := range t.Names(w.typeURL) {
+			candidates[n] = struct{}{}
+		}
+		for n := range w.sent {
+			candidates[n] = struct{}{}
+		}
+	} else {
+		for n := range w.dirty {
+			candidates[n] = struct{}{}
+		}
+	}
+	for name := range candidates {
+		if answered[name] {
+			continue
+		}
+		cur, had := t.Get(w.typeURL, name), w.sent[name]
+		if cur == nil {
+			if had != nil {
+				delete(w.sent, name)
+				remove(name)
+			}
+			continue
+		}
+		if had == cur {
+			continue
+		}
+		if had != nil || w.wants(cur, node) {
+			d.resources = append(d.resources, cur)
+			w.sent[name] = cur
+		}
+	}
+	clear(w.answer)
+	clear(w.dirty)
+	w.full, w.initial, w.oldest = false, false, time.Time{}
+	return d
+}
+
+// wants reports whether the proxy subscribed to r (spec §2.4): by name or
+// alias, as a workload on its node, or as a workload of a service it holds.
+func (w *watch) wants(r *Resource, node string) bool {
+	if w.wildcard {
+		return true
+	}
+	if _, ok := w.subscribed[r.Name]; ok {
+		return true
+	}
+	for _, a := range r.Aliases {
+		if _, ok := w.subscribed[a]; ok {
+			return true
+		}
+	}
+	if node != "" && r.node == node {
+		return true
+	}
+	for _, s := range r.services {
+		if _, ok := w.subscribed[s]; ok {
+			return true
+		}
+		if w.sent[s] != nil {
+			return true
+		}
+	}
+	return false
+}
