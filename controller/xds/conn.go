@@ -1,0 +1,346 @@
+package xds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/canopy-mesh/canopy/ca/authn"
+	"github.com/canopy-mesh/canopy/workloadapi"
+)
+
+// Debug types (spec §8.3).
+const (
+	// SynczTypeURL asks for every connected proxy's sync status.
+	SynczTypeURL = "istio.io/debug/syncz"
+	debugPrefix  = "istio.io/debug"
+)
+
+// maxQueuedDebug bounds the debug responses waiting on one stream.
+const maxQueuedDebug = 4
+
+// typeStatus is what proxy status shows of one watch.
+type typeState struct {
+	nonceSent, nonceAcked string
+	sentAt, ackedAt       time.Time
+	// nack is the last rejection, cleared by a later ACK.
+	nack      string
+	nackNonce string
+	nackAt    time.Time
+}
+
+// conn is one proxy's Delta ADS stream.
+type conn struct {
+	id          string
+	proxy       Proxy
+	caller      authn.Caller
+	peer        string
+	connectedAt time.Time
+
+	wake chan struct{}
+	// cancel ends the stream with a cause.
+	cancel context.CancelCauseFunc
+
+	mu      sync.Mutex
+	watches map[string]*watch
+	states  map[string]*typeState
+	debug   []*discoveryv3.DeltaDiscoveryResponse
+	nonce   uint64
+}
+
+func (c *conn) signal() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// mark queues changed names on the connection's watches.
+func (c *conn) mark(changed map[string][]string, at time.Time, limit int) {
+	c.mu.Lock()
+	wake := false
+	for typ, names := range changed {
+		if w := c.watches[typ]; w != nil {
+			w.mark(names, at, limit)
+			wake = true
+		}
+	}
+	c.mu.Unlock()
+	if wake {
+		c.signal()
+	}
+}
+
+func (c *conn) nextNonce() string {
+	c.nonce++
+	return strconv.FormatUint(c.nonce, 10)
+}
+
+// streamError ends a stream with a status and counts it by reason.
+func (s *Server) streamError(reason string, code codes.Code, format string, args ...any) error {
+	s.metrics.rejected.WithLabelValues(reason).Inc()
+	return status.Errorf(code, format, args...)
+}
+
+// authenticate checks the caller's bearer token and clusterid header.
+func (s *Server) authenticate(ctx context.Context) (authn.Caller, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	token := ""
+	if v := md.Get("authorization"); len(v) > 0 {
+		if t, ok := strings.CutPrefix(v[0], "Bearer "); ok {
+			token = strings.TrimSpace(t)
+		}
+	}
+	cluster := ""
+	if v := md.Get("clusterid"); len(v) > 0 {
+		cluster = v[0]
+	}
+	caller, err := s.auth.Authenticate(ctx, token, cluster)
+	if err != nil {
+		return authn.Caller{}, s.streamError("unauthenticated", codes.Unauthenticated, "authentication failed: %v", err)
+	}
+	return caller, nil
+}
+
+// authorize checks the node against the caller's identity (spec §2.2).
+func (s *Server) authorize(caller authn.Caller, p Proxy) error {
+	if caller.Namespace != p.Namespace {
+		return s.streamError("identity", codes.PermissionDenied,
+			"caller %s/%s may not act for a proxy in namespace %q", caller.Namespace, caller.ServiceAccount, p.Namespace)
+	}
+	if p.ServiceAccount != "" && caller.ServiceAccount != p.ServiceAccount {
+		return s.streamError("identity", codes.PermissionDenied,
+			"caller %s/%s may not act for service account %q", caller.Namespace, caller.ServiceAccount, p.ServiceAccount)
+	}
+	if p.ClusterID != "" && caller.Cluster != p.ClusterID {
+		return s.streamError("identity", codes.PermissionDenied,
+			"caller of cluster %q may not act for a proxy of cluster %q", caller.Cluster, p.ClusterID)
+	}
+	return nil
+}
+
+// open authenticates a stream and parses its first request's node.
+func (s *Server) open(ctx context.Context, node *corev3.Node) (Proxy, authn.Caller, error) {
+	caller, err := s.authenticate(ctx)
+	if err != nil {
+		return Proxy{}, caller, err
+	}
+	p, err := ParseNode(node)
+	if err != nil {
+		return Proxy{}, caller, s.streamError("node", codes.InvalidArgument, "%v", err)
+	}
+	if err := s.authorize(caller, p); err != nil {
+		return Proxy{}, caller, err
+	}
+	return p, caller, nil
+}
+
+// DeltaAggregatedResources serves one proxy's Delta ADS stream.
+func (s *Server) DeltaAggregatedResources(stream grpc.BidiStreamingServer[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse]) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	proxy, caller, err := s.open(stream.Context(), first.GetNode())
+	if err != nil {
+		return err
+	}
+	c := &conn{
+		id:          proxy.ProxyID + "-" + strconv.FormatUint(s.connSeq.Add(1), 10),
+		proxy:       proxy,
+		caller:      caller,
+		connectedAt: s.cfg.Now(),
+		wake:        make(chan struct{}, 1),
+		watches:     map[string]*watch{},
+		states:      map[string]*typeState{},
+	}
+	if p, ok := peer.FromContext(stream.Context()); ok {
+		c.peer = p.Addr.String()
+	}
+	log := s.log.With("proxy", proxy.ProxyID, "conn", c.id)
+	s.addConn(c)
+	defer s.removeConn(c)
+	log.Info("proxy connected", "type", proxy.Type, "node", proxy.NodeName, "peer", c.peer)
+	defer log.Info("proxy disconnected")
+
+	ctx, cancel := context.WithCancelCause(stream.Context())
+	defer cancel(nil)
+	c.cancel = cancel
+	go func() { cancel(s.sendLoop(ctx, c, stream)) }()
+	go func() {
+		req := first
+		for {
+			if err := s.handle(c, req); err != nil {
+				cancel(err)
+				return
+			}
+			var err error
+			if req, err = stream.Recv(); err != nil {
+				cancel(err)
+				return
+			}
+		}
+	}()
+	<-ctx.Done()
+	err = context.Cause(ctx)
+	if errors.Is(err, context.Canceled) && stream.Context().Err() != nil {
+		return nil // the proxy went away
+	}
+	if _, ok := status.FromError(err); ok || err == nil {
+		return err
+	}
+	return status.Error(codes.Unavailable, err.Error())
+}
+
+// handle applies one request: an ACK or NACK, subscription changes, or a
+// debug query.
+func (s *Server) handle(c *conn, req *discoveryv3.DeltaDiscoveryRequest) error {
+	typ := req.GetTypeUrl()
+	if strings.HasPrefix(typ, debugPrefix) {
+		return s.handleDebugDelta(c, req)
+	}
+	if typ != workloadapi.AddressTypeURL && typ != workloadapi.AuthorizationTypeURL {
+		return s.streamError("type", codes.InvalidArgument,
+			"unsupported type URL %q: this server serves %s and %s over Delta ADS", typ, workloadapi.AddressTypeURL, workloadapi.AuthorizationTypeURL)
+	}
+	sub := subscription{subscribe: req.GetResourceNamesSubscribe(), unsubscribe: req.GetResourceNamesUnsubscribe()}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := c.states[typ]
+	if nonce := req.GetResponseNonce(); nonce != "" && st != nil && nonce == st.nonceSent {
+		now := s.cfg.Now()
+		if msg := req.GetErrorDetail().GetMessage(); req.GetErrorDetail() != nil {
+			s.metrics.nacks.WithLabelValues(shortType(typ)).Inc()
+			if st.nackNonce != nonce {
+				s.log.Warn("proxy rejected a response", "proxy", c.proxy.ProxyID, "type", shortType(typ), "nonce", nonce, "error", msg)
+			}
+			st.nack, st.nackNonce, st.nackAt = msg, nonce, now
+		} else {
+			st.nonceAcked, st.ackedAt = nonce, now
+			st.nack, st.nackNonce = "", ""
+		}
+	}
+	w := c.watches[typ]
+	if w == nil {
+		if req.GetResponseNonce() != "" && len(sub.subscribe) == 0 && len(sub.unsubscribe) == 0 {
+			return nil // an ACK of a previous stream's response
+		}
+		w = newWatch(typ)
+		sub.initialVersions = req.GetInitialResourceVersions()
+		if err := w.start(s.table, sub, s.cfg.MaxSubscriptions); err != nil {
+			return s.streamError("limit", codes.ResourceExhausted, "%s: %v", shortType(typ), err)
+		}
+		c.watches[typ] = w
+		c.states[typ] = &typeState{}
+	} else if err := w.update(s.table, sub, s.cfg.MaxSubscriptions); err != nil {
+		return s.streamError("limit", codes.ResourceExhausted, "%s: %v", shortType(typ), err)
+	}
+	if w.pending() {
+		c.signal()
+	}
+	return nil
+}
+
+// sendLoop sends what each watch has pending, and queued debug answers,
+// until ctx ends. It alone sends on the stream.
+func (s *Server) sendLoop(ctx context.Context, c *conn, stream grpc.BidiStreamingServer[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse]) error {
+	select {
+	case <-s.ready:
+	case <-ctx.Done():
+		return nil
+	}
+	for {
+		for {
+			resp, oldest := s.nextResponse(c)
+			if resp == nil {
+				break
+			}
+			if err := s.send(ctx, c, stream, resp); err != nil {
+				return err
+			}
+			if short := shortType(resp.TypeUrl); !strings.HasPrefix(resp.TypeUrl, debugPrefix) {
+				s.metrics.pushes.WithLabelValues(short).Inc()
+				s.metrics.resourcesSent.WithLabelValues(short).Add(float64(len(resp.Resources) + len(resp.RemovedResources)))
+				if !oldest.IsZero() {
+					s.metrics.pushLatency.WithLabelValues(short).Observe(s.cfg.Now().Sub(oldest).Seconds())
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-c.wake:
+		}
+	}
+}
+
+// nextResponse builds the next response the connection owes, or nil.
+func (s *Server) nextResponse(c *conn) (*discoveryv3.DeltaDiscoveryResponse, time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.debug) > 0 {
+		resp := c.debug[0]
+		c.debug = c.debug[1:]
+		resp.Nonce = c.nextNonce()
+		return resp, time.Time{}
+	}
+	for _, typ := range types {
+		w := c.watches[typ]
+		if w == nil || !w.pending() {
+			continue
+		}
+		d := w.next(s.table, c.proxy.NodeName)
+		if d.empty() && !d.initial {
+			continue
+		}
+		resp := &discoveryv3.DeltaDiscoveryResponse{
+			TypeUrl:           typ,
+			SystemVersionInfo: strconv.FormatUint(s.gen.Load(), 10),
+			Resources:         make([]*discoveryv3.Resource, len(d.resources)),
+			RemovedResources:  d.removed,
+			Nonce:             c.nextNonce(),
+		}
+		for i, r := range d.resources {
+			resp.Resources[i] = &discoveryv3.Resource{Name: r.Name, Version: r.Version, Resource: r.Body}
+			if !w.wildcard {
+				// Aliases are for on-demand answers (spec §1.9).
+				resp.Resources[i].Aliases = r.Aliases
+			}
+		}
+		st := c.states[typ]
+		st.nonceSent, st.sentAt = resp.Nonce, s.cfg.Now()
+		return resp, d.oldest
+	}
+	return nil, time.Time{}
+}
+
+// send sends one response. A proxy that does not take it within the send
+// timeout is disconnected: the stream's end unblocks Send, and the proxy
+// never holds more than one response's memory here.
+func (s *Server) send(ctx context.Context, c *conn, stream grpc.BidiStreamingServer[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse], resp *discoveryv3.DeltaDiscoveryResponse) error {
+	timer := time.AfterFunc(s.cfg.SendTimeout, func() {
+		s.metrics.cutOff.Inc()
+		s.log.Warn("proxy too slow to read; disconnecting", "proxy", c.proxy.ProxyID, "conn", c.id, "timeout", s.cfg.SendTimeout)
+		c.cancel(s.streamError("slow", codes.ResourceExhausted, "proxy did not read a response within %s", s.cfg.SendTimeout))
+	})
+	defer timer.Stop()
+	if err := stream.Send(resp); err != nil {
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		return fmt.Errorf("send: %w", err)
+	}
+	return nil
+}

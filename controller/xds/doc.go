@@ -1,0 +1,22 @@
+// Package xds serves the workload tables to node proxies over Delta ADS
+// (spec §2): istio.workload.Address and istio.security.Authorization,
+// wildcard and on demand, with ACK/NACK tracking, reconnects that skip
+// unchanged resources, and proxy status (istio.io/debug/syncz, spec §8.3).
+//
+// It uses go-control-plane's discovery and CSDS types but not its server
+// or cache: the cache has no notion of aliases (an on-demand lookup by
+// "<network>/<ip>" answered under a workload's UID), of implicit
+// subscriptions (every workload on the proxy's node, the workloads of a
+// subscribed service), or of per-connection coalescing with a memory
+// bound, and its server does not expose the per-type nonces proxy status
+// needs. What is here instead:
+//
+//   - Table: every resource marshalled once into an Any with its version
+//     (xxhash64 of the Any) and aliases, shared by all connections.
+//   - watch: one connection's subscription to one type, the *Resource
+//     last sent for each name, and the names changed since; a response is
+//     the difference between the table and what was sent.
+//   - Server: the push pipeline (change sets from the index, debounced,
+//     applied to the Table, then marked on every connection) and the gRPC
+//     streams, each with its own sender so a slow proxy delays nobody.
+package xds

@@ -1,0 +1,62 @@
+package xds
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/canopy-mesh/canopy/workloadapi"
+)
+
+// shortType is a type's name in metrics and proxy status, as istioctl
+// abbreviates it.
+func shortType(typeURL string) string {
+	switch typeURL {
+	case workloadapi.AddressTypeURL:
+		return "WDS"
+	case workloadapi.AuthorizationTypeURL:
+		return "WADS"
+	}
+	return typeURL
+}
+
+type metrics struct {
+	pushes        *prometheus.CounterVec
+	resourcesSent *prometheus.CounterVec
+	pushLatency   *prometheus.HistogramVec
+	nacks         *prometheus.CounterVec
+	rejected      *prometheus.CounterVec
+	cutOff        prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer, connected func() float64) (*metrics, error) {
+	m := &metrics{
+		pushes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "canopy_xds_pushes_total", Help: "xDS responses sent, by type.",
+		}, []string{"type"}),
+		resourcesSent: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "canopy_xds_resources_sent_total", Help: "Resources and removals sent in xDS responses, by type.",
+		}, []string{"type"}),
+		pushLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "canopy_xds_push_latency_seconds",
+			Help:    "Time from a table change to the response carrying it being sent, by type.",
+			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"type"}),
+		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "canopy_xds_nacks_total", Help: "Responses proxies rejected, by type.",
+		}, []string{"type"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "canopy_xds_rejected_streams_total", Help: "xDS streams refused or ended by the server, by reason.",
+		}, []string{"reason"}),
+		cutOff: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "canopy_xds_slow_proxies_disconnected_total", Help: "Proxies disconnected because they did not read a response in time.",
+		}),
+	}
+	gauge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "canopy_xds_connected_proxies", Help: "Open xDS streams.",
+	}, connected)
+	for _, c := range []prometheus.Collector{m.pushes, m.resourcesSent, m.pushLatency, m.nacks, m.rejected, m.cutOff, gauge} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}

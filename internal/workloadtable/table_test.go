@@ -1,0 +1,100 @@
+package workloadtable
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/canopy-mesh/canopy/workloadapi"
+	"github.com/canopy-mesh/canopy/workloadapi/security"
+)
+
+func resource(t *testing.T, typeURL string, m proto.Message) *discoveryv3.Resource {
+	t.Helper()
+	b, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := ""
+	switch m := m.(type) {
+	case *workloadapi.Address:
+		name = workloadapi.ResourceName(m)
+	case *security.Authorization:
+		name = security.ResourceName(m)
+	}
+	return &discoveryv3.Resource{Name: name, Resource: &anypb.Any{TypeUrl: typeURL, Value: b}}
+}
+
+func workload(uid, node, ip string, mode workloadapi.NetworkMode) *workloadapi.Address {
+	return &workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: &workloadapi.Workload{
+		Uid: uid, Node: node, Addresses: [][]byte{netip.MustParseAddr(ip).AsSlice()}, NetworkMode: mode,
+	}}}
+}
+
+func TestApply(t *testing.T) {
+	t.Parallel()
+	const at = workloadapi.AddressTypeURL
+	tbl := New()
+	echo := &workloadapi.Address{Type: &workloadapi.Address_Service{Service: &workloadapi.Service{
+		Namespace: "default", Hostname: "echo.default.svc.cluster.local",
+		Addresses: []*workloadapi.NetworkAddress{{Address: netip.MustParseAddr("10.96.0.20").AsSlice()}},
+	}}}
+	bad := &discoveryv3.Resource{Name: "x", Resource: &anypb.Any{TypeUrl: at, Value: []byte{0xff}}}
+	misnamed := resource(t, at, workload("u9", "", "10.0.0.9", 0))
+	misnamed.Name = "other"
+	rej := tbl.Apply(at, []*discoveryv3.Resource{
+		resource(t, at, workload("u1", "node-1", "10.244.1.5", 0)),
+		resource(t, at, workload("u2", "node-1", "10.99.0.11", workloadapi.NetworkMode_HOST_NETWORK)),
+		resource(t, at, echo),
+		bad, misnamed,
+	}, nil)
+	if len(rej) != 2 || !strings.Contains(JoinRejections(rej), "x: decode") || !strings.Contains(JoinRejections(rej), `other: address is named "u9"`) {
+		t.Errorf("rejections = %q, want the undecodable and the misnamed one", JoinRejections(rej))
+	}
+	if w, _ := tbl.ByAddress("", netip.MustParseAddr("10.244.1.5")); w.GetUid() != "u1" {
+		t.Errorf("ByAddress(10.244.1.5) = %v, want u1", w)
+	}
+	if w, s := tbl.ByAddress("", netip.MustParseAddr("10.99.0.11")); w != nil || s != nil {
+		t.Error("a host-network workload is indexed by IP")
+	}
+	if _, s := tbl.ByAddress("", netip.MustParseAddr("10.96.0.20")); s.GetHostname() != "echo.default.svc.cluster.local" {
+		t.Errorf("ByAddress(VIP) = %v, want echo", s)
+	}
+	if got := len(tbl.NodeWorkloads("node-1")); got != 2 {
+		t.Errorf("NodeWorkloads(node-1) = %d workloads, want 2", got)
+	}
+
+	// u1 moves: the old IP and node no longer find it.
+	tbl.Apply(at, []*discoveryv3.Resource{resource(t, at, workload("u1", "node-2", "10.244.2.5", 0))}, nil)
+	if w, _ := tbl.ByAddress("", netip.MustParseAddr("10.244.1.5")); w != nil {
+		t.Error("old IP still finds the replaced workload")
+	}
+	if !tbl.Has("/10.244.2.5") || len(tbl.NodeWorkloads("node-1")) != 1 {
+		t.Error("replaced workload not indexed under its new IP and node")
+	}
+
+	// Removals: a UID, a service key, an unknown name.
+	tbl.Apply(at, nil, []string{"u1", "default/echo.default.svc.cluster.local", "nope", "a/b/c"})
+	got := tbl.Snapshot()
+	if len(got.Workloads) != 1 || got.Workloads[0].GetUid() != "u2" || len(got.Services) != 0 || tbl.Has("/10.96.0.20") {
+		t.Errorf("after removals: %v", got)
+	}
+
+	const pt = workloadapi.AuthorizationTypeURL
+	p := &security.Authorization{Name: "allow", Namespace: "default"}
+	if rej := tbl.Apply(pt, []*discoveryv3.Resource{resource(t, pt, p)}, nil); rej != nil {
+		t.Fatal(rej)
+	}
+	if diff := cmp.Diff("allow", tbl.Policy("default/allow").GetName()); diff != "" {
+		t.Error(diff)
+	}
+	tbl.Apply(pt, nil, []string{"default/allow"})
+	if tbl.Has("default/allow") {
+		t.Error("removed policy still held")
+	}
+}
