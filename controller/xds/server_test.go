@@ -1,0 +1,302 @@
+package xds_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/structpb"
+	istioclient "istio.io/client-go/pkg/clientset/versioned"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+
+	"github.com/canopy-mesh/canopy/ca/authn"
+	"github.com/canopy-mesh/canopy/controller/ambient"
+	"github.com/canopy-mesh/canopy/controller/index"
+	"github.com/canopy-mesh/canopy/controller/kubeinput"
+	"github.com/canopy-mesh/canopy/controller/xds"
+	"github.com/canopy-mesh/canopy/internal/testenv"
+	"github.com/canopy-mesh/canopy/internal/workloadtable"
+	"github.com/canopy-mesh/canopy/internal/xdsclient"
+	"github.com/canopy-mesh/canopy/workloadapi"
+)
+
+var env *testenv.Environment
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
+
+// mesh is a controller's xDS half against the test API server: informers,
+// the index, the xDS server on a loopback port.
+type mesh struct {
+	addr   string
+	server *xds.Server
+	reg    *prometheus.Registry
+	// ns is the proxies' namespace, also the system namespace.
+	ns string
+}
+
+func startMesh(t *testing.T, cfg xds.Config) *mesh {
+	t.Helper()
+	testenv.Need(t, env)
+	istio, err := istioclient.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := gatewayclient.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &mesh{reg: prometheus.NewRegistry(), ns: env.Namespace(t, "proxies", nil)}
+	auth, err := authn.New(authn.Config{LocalCluster: "Kubernetes",
+		Clusters: map[string]authn.TokenReviewer{"Kubernetes": authn.Reviewer{Client: env.Client.AuthenticationV1()}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := index.New(ambient.Config{})
+	cfg.Registerer, cfg.SystemNamespace = m.reg, m.ns
+	if cfg.Quiet == 0 {
+		cfg.Quiet, cfg.MaxDelay = 10*time.Millisecond, 50*time.Millisecond
+	}
+	log := slog.New(slog.DiscardHandler)
+	if m.server, err = xds.New(cfg, x, auth, log); err != nil {
+		t.Fatal(err)
+	}
+	w := kubeinput.New(kubeinput.Clients{Kube: env.Client, Istio: istio, Gateway: gw}, x, m.server.Changed, log)
+	g := grpc.NewServer()
+	m.server.Register(g)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.addr = lis.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = w.Run(ctx) })
+	wg.Go(func() { _ = m.server.Run(ctx, w.Synced()) })
+	wg.Go(func() { _ = g.Serve(lis) })
+	t.Cleanup(func() {
+		cancel()
+		g.Stop()
+		wg.Wait()
+	})
+	return m
+}
+
+func (m *mesh) token(t testing.TB) string {
+	t.Helper()
+	tok, err := env.Token(t.Context(), m.ns, "default", testenv.TokenOptions{Audiences: []string{"istio-ca"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+func (m *mesh) node(t testing.TB, pod, nodeName string) *corev3.Node {
+	t.Helper()
+	md, err := structpb.NewStruct(map[string]any{"NAMESPACE": m.ns, "NAME": pod, "NODE_NAME": nodeName, "CLUSTER_ID": "Kubernetes", "ISTIO_VERSION": "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &corev3.Node{Id: fmt.Sprintf("ztunnel~10.0.0.1~%s.%s~%s.svc.cluster.local", pod, m.ns, m.ns), Metadata: md}
+}
+
+func dial(t testing.TB, addr string, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+// proxy is a connected xdsclient with its table.
+type proxy struct {
+	client *xdsclient.Client
+	table  *workloadtable.Table
+	stop   func()
+}
+
+type proxyOptions struct {
+	onDemand bool
+	handler  xdsclient.Handler
+	onACK    func(typeURL, nonce string, rejected []workloadtable.Rejection)
+	conn     *grpc.ClientConn
+}
+
+func (m *mesh) connect(t testing.TB, pod, nodeName string, o proxyOptions) *proxy {
+	t.Helper()
+	p := &proxy{table: workloadtable.New()}
+	if o.handler == nil {
+		o.handler = p.table
+	}
+	if o.conn == nil {
+		o.conn = dial(t, m.addr)
+	}
+	tok := m.token(t)
+	c, err := xdsclient.New(xdsclient.Config{
+		Conn: o.conn, Node: m.node(t, pod, nodeName), ClusterID: "Kubernetes", OnDemand: o.onDemand,
+		Token:   func(context.Context) (string, error) { return tok, nil },
+		Handler: o.handler, OnACK: o.onACK, InitialBackoff: 20 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.client = c
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(ctx) }()
+	var once sync.Once
+	p.stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(p.stop)
+	select {
+	case <-c.Ready():
+	case <-time.After(30 * time.Second):
+		t.Fatal("proxy not ready: no ACK of both types")
+	}
+	return p
+}
+
+func eventually(t testing.TB, what string, f func() bool) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) { return f(), nil })
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// ambientPod creates a running, captured pod with an IP on a node.
+func ambientPod(t testing.TB, ns, name, node, ip string, lbls map[string]string) string {
+	t.Helper()
+	ctx := t.Context()
+	_, err := env.Client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: lbls, Annotations: map[string]string{ambient.AnnotationRedirection: "enabled"}},
+		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "app", Image: "canopy/echo"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	setPodIP(t, ns, name, ip)
+	return workloadapi.PodUID("Kubernetes", ns, name)
+}
+
+func setPodIP(t testing.TB, ns, name, ip string) {
+	t.Helper()
+	status, _ := json.Marshal(map[string]any{"status": corev1.PodStatus{
+		Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}},
+		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()}},
+	}})
+	if _, err := env.Client.CoreV1().Pods(ns).Patch(t.Context(), name, types.MergePatchType, status, metav1.PatchOptions{}, "status"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func deletePod(t testing.TB, ns, name string) {
+	t.Helper()
+	zero := int64(0)
+	if err := env.Client.CoreV1().Pods(ns).Delete(t.Context(), name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPodLifecycle: a wildcard proxy sees a pod appear, change and go.
+func TestPodLifecycle(t *testing.T) {
+	m := startMesh(t, xds.Config{})
+	p := m.connect(t, "ztunnel-1", "node-1", proxyOptions{})
+	ns := env.Namespace(t, "apps", nil)
+
+	uid := ambientPod(t, ns, "echo", "node-1", "10.244.1.20", map[string]string{"app": "echo"})
+	eventually(t, "pod appears", func() bool { return p.table.Workload(uid).GetNode() == "node-1" })
+
+	setPodIP(t, ns, "echo", "10.244.1.21")
+	eventually(t, "pod changes", func() bool { return p.table.Has("/10.244.1.21") && !p.table.Has("/10.244.1.20") })
+
+	deletePod(t, ns, "echo")
+	eventually(t, "pod goes", func() bool { return p.table.Workload(uid) == nil })
+
+	// The server's view agrees: the proxy is synced on both types.
+	eventually(t, "proxy status synced", func() bool {
+		for _, ps := range m.server.Status() {
+			if ps.ProxyID == "ztunnel-1."+m.ns {
+				return len(ps.Types) == 2 && ps.Types[0].Status == xds.Synced && ps.Types[1].Status == xds.Synced
+			}
+		}
+		return false
+	})
+}
+
+// TestOnDemandLookup: a lookup by IP returns the workload under its UID
+// with the IP as alias; an unknown IP comes back as a removal; the
+// proxy's own node's workloads arrive unasked.
+func TestOnDemandLookup(t *testing.T) {
+	m := startMesh(t, xds.Config{})
+	ns := env.Namespace(t, "apps", nil)
+	// The pod informer delivers in order: once local arrives, remote is in
+	// the server's table too.
+	remote := ambientPod(t, ns, "remote", "node-other", "10.244.8.10", nil)
+	local := ambientPod(t, ns, "local", "node-od", "10.244.7.10", nil)
+
+	var mu sync.Mutex
+	var aliases []string
+	rec := handlerFunc(func(typeURL string, rs []*discoveryv3.Resource, removed []string) []workloadtable.Rejection {
+		mu.Lock()
+		for _, r := range rs {
+			if r.GetName() == remote {
+				aliases = append(aliases, r.GetAliases()...)
+			}
+		}
+		mu.Unlock()
+		return nil
+	})
+	p := &proxy{table: workloadtable.New()}
+	both := handlerFunc(func(typeURL string, rs []*discoveryv3.Resource, removed []string) []workloadtable.Rejection {
+		rec(typeURL, rs, removed)
+		return p.table.Apply(typeURL, rs, removed)
+	})
+	c := m.connect(t, "ztunnel-od", "node-od", proxyOptions{onDemand: true, handler: both})
+	eventually(t, "own node's workload arrives unasked", func() bool { return p.table.Workload(local) != nil })
+	if p.table.Workload(remote) != nil {
+		t.Fatal("a workload of another node was sent to an on-demand proxy without a lookup")
+	}
+
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	found, err := c.client.Lookup(ctx, "/10.244.8.10")
+	if err != nil || !found {
+		t.Fatalf("Lookup(/10.244.8.10) = %v, %v; want found", found, err)
+	}
+	if p.table.Workload(remote) == nil {
+		t.Error("looked-up workload not in the table under its UID")
+	}
+	mu.Lock()
+	if !slices.Contains(aliases, "/10.244.8.10") {
+		t.Errorf("aliases = %q, want /10.244.8.10", aliases)
+	}
+	mu.Unlock()
+
+	found, err = c.client.Lookup(ctx, "/10.250.0.1")
+	if err != nil || found {
+		t.Fatalf("Lookup(unknown) = %v, %v; want not found", found, err)
+	}
+}
+
+type handlerFunc func(typeURL string, rs []*discoveryv3.Resource, removed []string) []workloadtable.Rejection
+
+func (f handlerFunc) Apply(typeURL string, rs []*discoveryv3.Resource, removed []string) []workloadtable.Rejection {
+	return f(typeURL, rs, removed)
+}
