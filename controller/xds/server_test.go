@@ -132,6 +132,17 @@ type proxy struct {
 	stop   func()
 }
 
+// run runs the client until stop; run again after stop is a reconnect
+// that keeps what the client holds.
+func (p *proxy) run(t testing.TB) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = p.client.Run(ctx) }()
+	var once sync.Once
+	p.stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(p.stop)
+}
+
 type proxyOptions struct {
 	onDemand bool
 	handler  xdsclient.Handler
@@ -158,12 +169,7 @@ func (m *mesh) connect(t testing.TB, pod, nodeName string, o proxyOptions) *prox
 		t.Fatal(err)
 	}
 	p.client = c
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = c.Run(ctx) }()
-	var once sync.Once
-	p.stop = func() { once.Do(func() { cancel(); <-done }) }
-	t.Cleanup(p.stop)
+	p.run(t)
 	select {
 	case <-c.Ready():
 	case <-time.After(30 * time.Second):
@@ -299,4 +305,22 @@ type handlerFunc func(typeURL string, rs []*discoveryv3.Resource, removed []stri
 
 func (f handlerFunc) Apply(typeURL string, rs []*discoveryv3.Resource, removed []string) []workloadtable.Rejection {
 	return f(typeURL, rs, removed)
+}
+
+func mustCounter(t testing.TB, m *mesh, name string) prometheus.Collector {
+	t.Helper()
+	mfs, err := m.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, mm := range mf.GetMetric() {
+			sum += mm.GetCounter().GetValue()
+		}
+	}
+	return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name}, func() float64 { return sum })
 }

@@ -1,0 +1,99 @@
+package xds_test
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/testing/protocmp"
+
+	"github.com/canopy-mesh/canopy/controller/xds"
+	"github.com/canopy-mesh/canopy/internal/workloadtable"
+	"github.com/canopy-mesh/canopy/workloadapi"
+)
+
+// TestReconnectSkipsUnchanged: after a reconnect the proxy's held versions
+// spare it every unchanged resource, and what vanished meanwhile arrives
+// as a removal.
+func TestReconnectSkipsUnchanged(t *testing.T) {
+	m := startMesh(t, xds.Config{})
+	ns := env.Namespace(t, "apps", nil)
+	stay := ambientPod(t, ns, "stay", "node-1", "10.244.3.10", nil)
+	gone := ambientPod(t, ns, "gone", "node-1", "10.244.3.11", nil)
+
+	var mu sync.Mutex
+	var responses []*discoveryv3.DeltaDiscoveryResponse
+	p := &proxy{table: workloadtable.New()}
+	rec := handlerFunc(func(typeURL string, rs []*discoveryv3.Resource, removed []string) []workloadtable.Rejection {
+		mu.Lock()
+		responses = append(responses, &discoveryv3.DeltaDiscoveryResponse{TypeUrl: typeURL, Resources: rs, RemovedResources: removed})
+		mu.Unlock()
+		return p.table.Apply(typeURL, rs, removed)
+	})
+	c := m.connect(t, "ztunnel-re", "node-1", proxyOptions{handler: rec})
+	p.client = c.client
+	eventually(t, "both pods held", func() bool { return p.table.Workload(stay) != nil && p.table.Workload(gone) != nil })
+	held := p.client.Versions(workloadapi.AddressTypeURL)
+
+	observer := m.connect(t, "ztunnel-observer", "node-1", proxyOptions{})
+	c.stop()
+	deletePod(t, ns, "gone")
+	// The server drops the pod before the proxy is back.
+	eventually(t, "server dropped the pod", func() bool { return observer.table.Workload(gone) == nil })
+	mu.Lock()
+	responses = nil
+	mu.Unlock()
+	c.run(t)
+	eventually(t, "removal arrives", func() bool { return p.table.Workload(gone) == nil })
+
+	mu.Lock()
+	defer mu.Unlock()
+	for _, r := range responses {
+		for _, res := range r.Resources {
+			if v, ok := held[res.GetName()]; ok && v == res.GetVersion() {
+				t.Errorf("unchanged %s resent after reconnect", res.GetName())
+			}
+		}
+	}
+	if p.table.Workload(stay) == nil {
+		t.Error("the unchanged pod was lost")
+	}
+}
+
+// TestManyClientsConverge: 100 proxies on their own connections end with
+// identical tables through creates, updates and deletes.
+func TestManyClientsConverge(t *testing.T) {
+	m := startMesh(t, xds.Config{})
+	ns := env.Namespace(t, "apps", nil)
+	const clients = 100
+	proxies := make([]*proxy, clients)
+	var wg sync.WaitGroup
+	for i := range proxies {
+		wg.Go(func() { proxies[i] = m.connect(t, fmt.Sprintf("ztunnel-%d", i), "node-1", proxyOptions{}) })
+	}
+	wg.Wait()
+	for i := range 20 {
+		ambientPod(t, ns, fmt.Sprintf("p%d", i), "node-1", fmt.Sprintf("10.244.4.%d", 10+i), nil)
+	}
+	for i := range 5 {
+		setPodIP(t, ns, fmt.Sprintf("p%d", i), fmt.Sprintf("10.244.5.%d", 10+i))
+	}
+	for i := 15; i < 20; i++ {
+		deletePod(t, ns, fmt.Sprintf("p%d", i))
+	}
+	last := workloadapi.PodUID("Kubernetes", ns, "p19")
+	moved := workloadapi.PodUID("Kubernetes", ns, "p4")
+	for _, p := range proxies {
+		eventually(t, "every proxy converged", func() bool {
+			return p.table.Workload(last) == nil && p.table.Has("/10.244.5.14") && p.table.Workload(moved) != nil
+		})
+	}
+	want := proxies[0].table.Snapshot()
+	for i, p := range proxies[1:] {
+		if diff := cmp.Diff(want, p.table.Snapshot(), protocmp.Transform()); diff != "" {
+			t.Fatalf("proxy %d differs from proxy 0 (-want +got):\n%s", i+1, diff)
+		}
+	}
+}
