@@ -24,15 +24,18 @@ import (
 	"github.com/canopy-mesh/canopy/ca/server"
 )
 
-// grpcRecvLimit is the transport's bound on a request; the CA service
-// refuses (and counts) requests over its own, smaller limit (64 KiB).
-const grpcRecvLimit = 1 << 20
+// grpcRecvLimit is the transport's bound on a request. An xDS reconnect
+// lists every resource the proxy holds (about 60 bytes each); the CA
+// service refuses (and counts) requests over its own limit (64 KiB).
+const grpcRecvLimit = 16 << 20
 
 // caParts is the CA as the controller runs it: the gRPC service on the
 // secure port with a certificate of its own, and the root ConfigMaps.
 type caParts struct {
-	addr    string
-	grpc    *grpc.Server
+	addr string
+	// grpc is the secure port's server; workload xDS registers on it too.
+	grpc          *grpc.Server
+	authenticator *authn.Authenticator
 	serving *server.ServingCert
 	roots   *rootcm.Publisher
 	log     *slog.Logger
@@ -74,26 +77,32 @@ func newCA(ctx context.Context, cfg config, kube kubernetes.Interface, reg prome
 	if err != nil {
 		return nil, err
 	}
-	return &caParts{addr: cfg.secureAddr, grpc: g, serving: serving, roots: roots, log: log}, nil
+	return &caParts{addr: cfg.secureAddr, grpc: g, authenticator: authenticator, serving: serving, roots: roots, log: log}, nil
 }
 
 func (c *caParts) start(ctx context.Context, g *errgroup.Group) {
 	g.Go(func() error { return c.roots.Run(ctx) })
 	g.Go(func() error { c.serving.Run(ctx, time.Minute); return nil })
+	serveGRPC(ctx, g, c.grpc, c.addr, "CA and xDS over TLS", c.log)
+}
+
+// serveGRPC serves s on addr until ctx ends. Streams are long-lived, so
+// the stop is not graceful: proxies reconnect to another replica.
+func serveGRPC(ctx context.Context, g *errgroup.Group, s *grpc.Server, addr, what string, log *slog.Logger) {
 	g.Go(func() error {
-		lis, err := net.Listen("tcp", c.addr)
+		lis, err := net.Listen("tcp", addr)
 		if err != nil {
-			return fmt.Errorf("CA listen: %w", err)
+			return fmt.Errorf("%s: listen: %w", what, err)
 		}
-		c.log.Info("serving CA", "addr", c.addr)
-		if err := c.grpc.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			return fmt.Errorf("CA: %w", err)
+		log.Info("serving "+what, "addr", addr)
+		if err := s.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			return fmt.Errorf("%s: %w", what, err)
 		}
 		return nil
 	})
 	g.Go(func() error {
 		<-ctx.Done()
-		c.grpc.GracefulStop()
+		s.Stop()
 		return nil
 	})
 }

@@ -1,7 +1,8 @@
-// Command canopy-controller is Canopy's control plane. Today it watches the
-// cluster and keeps the workload, service and authorization tables current,
-// serving health and the tables on its monitoring port; the xDS server and
-// the CA arrive with their issues.
+// Command canopy-controller is Canopy's control plane: it watches the
+// cluster, keeps the workload, service and authorization tables current and
+// serves them to node proxies over Delta ADS (plaintext on 15010, TLS on
+// 15012 beside the CA), with health, metrics, proxy status and the tables
+// on its monitoring port.
 package main
 
 import (
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
 	istioclient "istio.io/client-go/pkg/clientset/versioned"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
@@ -38,6 +40,7 @@ import (
 	"github.com/canopy-mesh/canopy/controller/index"
 	"github.com/canopy-mesh/canopy/controller/kubeinput"
 	"github.com/canopy-mesh/canopy/controller/status"
+	"github.com/canopy-mesh/canopy/controller/xds"
 	"github.com/canopy-mesh/canopy/internal/version"
 )
 
@@ -55,6 +58,10 @@ type config struct {
 	caDNSNames          []string
 	trustedNodeAccounts []identity.Account
 	tokenAudiences      []string
+
+	// Workload xDS.
+	xdsAddr string
+	xds     xds.Config
 }
 
 func parseFlags(args []string) (config, error) {
@@ -80,6 +87,16 @@ func parseFlags(args []string) (config, error) {
 	dnsNames := fs.String("ca-dns-names", "", "comma-separated DNS names of the CA's serving certificate (default canopy-controller.<ns>.svc and istiod.<ns>.svc)")
 	trusted := fs.String("trusted-node-accounts", "", "comma-separated namespace/serviceaccount that may impersonate pods of their node (default <ca-namespace>/canopy-node)")
 	audiences := fs.String("token-audiences", "istio-ca", "comma-separated audiences callers' tokens must carry")
+	fs.StringVar(&c.xdsAddr, "xds-addr", ":15010", "address of plaintext workload xDS (empty: TLS on --secure-addr only); callers still present tokens")
+	fs.DurationVar(&c.xds.Quiet, "push-quiet", 100*time.Millisecond, "how long the tables must be unchanged before a push")
+	fs.DurationVar(&c.xds.MaxDelay, "push-max-delay", time.Second, "longest a change waits for a push")
+	fs.DurationVar(&c.xds.SendTimeout, "xds-send-timeout", 30*time.Second, "how long a proxy may take to read a response before it is disconnected")
+	fs.IntVar(&c.xds.MaxPending, "xds-max-pending", 10000, "changed names queued per proxy before it is compared against the whole table")
+	id := os.Getenv("POD_NAME")
+	if id == "" {
+		id, _ = os.Hostname()
+	}
+	fs.StringVar(&c.xds.ID, "id", id, "this instance's name in proxy status (default $POD_NAME, else the host name)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -109,9 +126,18 @@ func parseFlags(args []string) (config, error) {
 	if c.problemInterval <= 0 {
 		return c, fmt.Errorf("--problem-interval must be positive, got %s", c.problemInterval)
 	}
-	if _, _, err := net.SplitHostPort(c.monitorAddr); err != nil {
-		return c, fmt.Errorf("--monitoring-addr %q: %w", c.monitorAddr, err)
+	for _, a := range []struct{ flag, addr string }{{"--monitoring-addr", c.monitorAddr}, {"--secure-addr", c.secureAddr}, {"--xds-addr", c.xdsAddr}} {
+		if a.addr == "" && a.flag == "--xds-addr" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a.addr); err != nil {
+			return c, fmt.Errorf("%s %q: %w", a.flag, a.addr, err)
+		}
 	}
+	if c.xds.Quiet <= 0 || c.xds.MaxDelay < c.xds.Quiet || c.xds.SendTimeout <= 0 || c.xds.MaxPending <= 0 {
+		return c, fmt.Errorf("--push-quiet and --xds-send-timeout must be positive, --push-max-delay at least --push-quiet, --xds-max-pending positive")
+	}
+	c.xds.SystemNamespace = c.caNamespace
 	return c, nil
 }
 
@@ -164,25 +190,40 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 			return false
 		}
 	}
-	watcher = kubeinput.New(clients, tables, func(cs index.ChangeSet) {
-		log.Debug("tables changed",
-			"addresses_added", len(cs.Addresses.Added), "addresses_updated", len(cs.Addresses.Updated),
-			"addresses_removed", len(cs.Addresses.Removed), "authorizations_changed",
-			len(cs.Authorizations.Added)+len(cs.Authorizations.Updated)+len(cs.Authorizations.Removed))
-	}, log)
 	registry := prometheus.NewRegistry()
 	ca, err := newCA(ctx, cfg, clients.Kube, registry, log)
 	if err != nil {
 		return err
 	}
+	cfg.xds.Registerer = registry
+	xdsServer, err := xds.New(cfg.xds, tables, ca.authenticator, log)
+	if err != nil {
+		return err
+	}
+	xdsServer.Register(ca.grpc)
+	watcher = kubeinput.New(clients, tables, func(cs index.ChangeSet) {
+		log.Debug("tables changed",
+			"addresses_added", len(cs.Addresses.Added), "addresses_updated", len(cs.Addresses.Updated),
+			"addresses_removed", len(cs.Addresses.Removed), "authorizations_changed",
+			len(cs.Authorizations.Added)+len(cs.Authorizations.Updated)+len(cs.Authorizations.Removed))
+		xdsServer.Changed(cs)
+	}, log)
 	monitor := http.NewServeMux()
 	monitor.Handle("/", debug.Handler(tables, ready))
+	monitor.Handle("/debug/syncz", xdsServer.DebugHandler())
+	monitor.Handle("/debug/config_dump", xdsServer.DebugHandler())
 	monitor.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
 	srv := &http.Server{Addr: cfg.monitorAddr, Handler: monitor, ReadHeaderTimeout: 10 * time.Second}
 
 	g, ctx := errgroup.WithContext(ctx)
 	ca.start(ctx, g)
 	g.Go(func() error { return watcher.Run(ctx) })
+	g.Go(func() error { return xdsServer.Run(ctx, watcher.Synced()) })
+	if cfg.xdsAddr != "" {
+		plain := grpc.NewServer(grpc.MaxRecvMsgSize(grpcRecvLimit))
+		xdsServer.Register(plain)
+		serveGRPC(ctx, g, plain, cfg.xdsAddr, "plaintext xDS", log)
+	}
 	g.Go(func() error {
 		// Problems are reported once the initial lists are in (before, a
 		// problem may only mean its cause, a Gateway say, is not listed

@@ -224,12 +224,15 @@ func (s *Server) Run(ctx context.Context, synced <-chan struct{}) error {
 
 // load puts every resource of the source into the table.
 func (s *Server) load() {
-	for _, n := range s.source.AddressNames() {
+	addrs, authz := s.source.AddressNames(), s.source.AuthorizationNames()
+	s.pendingMu.Lock()
+	for _, n := range addrs {
 		s.pendingAddrs[n] = struct{}{}
 	}
-	for _, n := range s.source.AuthorizationNames() {
+	for _, n := range authz {
 		s.pendingAuthz[n] = struct{}{}
 	}
+	s.pendingMu.Unlock()
 	s.commit()
 }
 
