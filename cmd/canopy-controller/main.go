@@ -210,8 +210,9 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}, log)
 	monitor := http.NewServeMux()
 	monitor.Handle("/", debug.Handler(tables, ready))
-	monitor.Handle("/debug/syncz", xdsServer.DebugHandler())
-	monitor.Handle("/debug/config_dump", xdsServer.DebugHandler())
+	proxyStatus := xdsServer.DebugHandler()
+	monitor.Handle("/debug/syncz", proxyStatus)
+	monitor.Handle("/debug/config_dump", proxyStatus)
 	monitor.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
 	srv := &http.Server{Addr: cfg.monitorAddr, Handler: monitor, ReadHeaderTimeout: 10 * time.Second}
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,7 +32,7 @@ const (
 // maxQueuedDebug bounds the debug responses waiting on one stream.
 const maxQueuedDebug = 4
 
-// typeStatus is what proxy status shows of one watch.
+// typeState is the sync state of one watch, for proxy status.
 type typeState struct {
 	nonceSent, nonceAcked string
 	sentAt, ackedAt       time.Time
@@ -195,8 +196,8 @@ func (s *Server) DeltaAggregatedResources(stream grpc.BidiStreamingServer[discov
 	}()
 	<-ctx.Done()
 	err = context.Cause(ctx)
-	if errors.Is(err, context.Canceled) && stream.Context().Err() != nil {
-		return nil // the proxy went away
+	if errors.Is(err, io.EOF) || (errors.Is(err, context.Canceled) && stream.Context().Err() != nil) {
+		return nil // the proxy closed the stream or went away
 	}
 	if _, ok := status.FromError(err); ok || err == nil {
 		return err

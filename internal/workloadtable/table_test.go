@@ -98,3 +98,26 @@ func TestApply(t *testing.T) {
 		t.Error("removed policy still held")
 	}
 }
+
+// FuzzApply feeds arbitrary resource bytes and removals: never a panic, a
+// rejection names its resource, and what is accepted can be found.
+func FuzzApply(f *testing.F) {
+	w, _ := proto.Marshal(workload("u1", "n", "10.0.0.1", 0))
+	f.Add(w, "u1", "u1")
+	f.Add([]byte{0x12, 0x03, 0x0a, 0x01, 0x61}, "x", "default/x")
+	f.Fuzz(func(t *testing.T, body []byte, name, removed string) {
+		tbl := New()
+		rs := []*discoveryv3.Resource{{Name: name, Resource: &anypb.Any{TypeUrl: workloadapi.AddressTypeURL, Value: body}}}
+		rej := tbl.Apply(workloadapi.AddressTypeURL, rs, nil)
+		if len(rej) > 1 || (len(rej) == 1 && rej[0].Name != name) {
+			t.Fatalf("rejections %v for one resource %q", rej, name)
+		}
+		if len(rej) == 0 && !tbl.Has(name) {
+			t.Fatalf("accepted %q but cannot find it", name)
+		}
+		tbl.Apply(workloadapi.AddressTypeURL, nil, []string{removed})
+		if removed == name && tbl.Has(name) && tbl.Workload(name) != nil {
+			t.Fatalf("removed workload %q still held", name)
+		}
+	})
+}
