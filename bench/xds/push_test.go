@@ -41,7 +41,9 @@ type source struct {
 	rounds map[int]int
 }
 
-func uid(i int) string { return fmt.Sprintf("Kubernetes//Pod/ns-%d/app-%d-7f9c8d6b5-x%04d", i%50, i%200, i) }
+func uid(i int) string {
+	return fmt.Sprintf("Kubernetes//Pod/ns-%d/app-%d-7f9c8d6b5-x%04d", i%50, i%200, i)
+}
 
 func (s *source) Address(name string) *workloadapi.Address {
 	var i int

@@ -36,9 +36,9 @@ type caParts struct {
 	// grpc is the secure port's server; workload xDS registers on it too.
 	grpc          *grpc.Server
 	authenticator *authn.Authenticator
-	serving *server.ServingCert
-	roots   *rootcm.Publisher
-	log     *slog.Logger
+	serving       *server.ServingCert
+	roots         *rootcm.Publisher
+	log           *slog.Logger
 }
 
 func newCA(ctx context.Context, cfg config, kube kubernetes.Interface, reg prometheus.Registerer, log *slog.Logger) (*caParts, error) {

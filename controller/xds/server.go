@@ -314,4 +314,3 @@ func (s *Server) connections() []*conn {
 	}
 	return out
 }
-
