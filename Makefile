@@ -57,7 +57,8 @@ demo-down: ## remove the demo cluster
 test-unit: ## only tests that need no API server and no root
 	$(GO) test -short $(GOTESTFLAGS) ./...
 
-lint: ## go vet and staticcheck (pinned as a Go tool)
+lint: ## gofmt, go vet and staticcheck (pinned as a Go tool)
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "not gofmt-ed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
 
