@@ -1,0 +1,71 @@
+// Package redirect installs, verifies and removes the in-pod traffic
+// redirection of ambient mode (spec §4): inside a pod's network namespace,
+// outbound TCP goes to the node proxy's 15001, inbound TCP (except HBONE on
+// 15008) to 15006, DNS to 15053; the proxy's own marked traffic and kubelet
+// probes pass; replies of the proxy's transparent sockets are routed
+// locally through table 100.
+//
+// Rules are data first (Rules, pure and golden-tested), then a Backend
+// applies them in a netns: nftables over netlink (the default) or
+// iptables-restore. Every backend is idempotent and can Verify what the
+// kernel holds against what it would install.
+package redirect
+
+import (
+	"fmt"
+	"net/netip"
+)
+
+// Constants of spec §4.1.
+const (
+	// ProxyMark is the mark the node proxy sets (SO_MARK) on its sockets.
+	ProxyMark = 0x539
+	// TProxyMark is the connmark of connections the proxy opened.
+	TProxyMark = 0x111
+	// MarkMask masks both marks.
+	MarkMask = 0xfff
+	// RouteTable and RulePriority route TProxyMark'ed replies locally.
+	RouteTable   = 100
+	RulePriority = 32764
+
+	OutboundPort = 15001
+	InboundPort  = 15006
+	HBONEPort    = 15008
+	DNSPort      = 15053
+)
+
+// DefaultProbeSNAT is the address kubelet probes are SNATed to on the
+// host, which the in-pod rules let through.
+var DefaultProbeSNAT = netip.MustParseAddr("169.254.7.127")
+
+// PodConfig is what varies between pods (spec §4.2, per-pod overrides).
+type PodConfig struct {
+	// DNSCapture redirects DNS (UDP and TCP port 53) to 15053.
+	DNSCapture bool
+	// InboundCapture redirects inbound TCP to 15006; off for the
+	// ambient.istio.io/bypass-inbound-capture annotation.
+	InboundCapture bool
+	// RerouteInterfaces send all TCP arriving on them to 15001 (the
+	// istio.io/reroute-virtual-interfaces annotation).
+	RerouteInterfaces []string
+	// ProbeSNAT is the kubelet probe source address (IPv4).
+	ProbeSNAT netip.Addr
+}
+
+// DefaultPodConfig captures inbound, outbound and DNS.
+func DefaultPodConfig() PodConfig {
+	return PodConfig{DNSCapture: true, InboundCapture: true, ProbeSNAT: DefaultProbeSNAT}
+}
+
+// Validate reports a configuration no backend can apply.
+func (c PodConfig) Validate() error {
+	if !c.ProbeSNAT.Is4() {
+		return fmt.Errorf("probe SNAT address %v is not IPv4", c.ProbeSNAT)
+	}
+	for _, i := range c.RerouteInterfaces {
+		if i == "" || len(i) > 15 {
+			return fmt.Errorf("interface name %q: want 1 to 15 bytes", i)
+		}
+	}
+	return nil
+}

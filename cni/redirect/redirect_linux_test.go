@@ -1,0 +1,349 @@
+package redirect
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	vnetns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/canopy-mesh/canopy/internal/ci"
+	"github.com/canopy-mesh/canopy/internal/netns"
+)
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("root-level test: skipped in -short mode")
+	}
+	if os.Geteuid() != 0 {
+		ci.Unavailable(t, "network namespaces need root")
+	}
+}
+
+// pair is a pod netns wired to an "outside" netns by a veth:
+// pod 10.213.0.2, outside 10.213.0.1 (and the probe SNAT address).
+type pair struct{ pod, out string }
+
+var outIP = netip.MustParseAddr("10.213.0.1")
+
+func newPair(t *testing.T) pair {
+	t.Helper()
+	needRoot(t)
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	id := hex.EncodeToString(b)
+	p := pair{}
+	var err error
+	for _, side := range []*string{&p.pod, &p.out} {
+		name := "cnp-redir-" + id + map[bool]string{true: "-pod", false: "-out"}[side == &p.pod]
+		if *side, err = netns.Create(name); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := netns.DeletePath(*side); err != nil {
+				t.Errorf("delete netns: %v", err)
+			}
+		})
+	}
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "rdp" + id}, PeerName: "rdo" + id}
+	if err := netlink.LinkAdd(veth); err != nil {
+		t.Fatal(err)
+	}
+	for _, end := range []struct {
+		link, ns string
+		addrs    []string
+	}{{"rdp" + id, p.pod, []string{"10.213.0.2/24"}}, {"rdo" + id, p.out, []string{"10.213.0.1/24", DefaultProbeSNAT.String() + "/32"}}} {
+		l, err := netlink.LinkByName(end.link)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Open(end.ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := netlink.LinkSetNsFd(l, int(f.Fd())); err != nil {
+			t.Fatal(err)
+		}
+		h, err := netlink.NewHandleAt(vnetns.NsHandle(f.Fd()))
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		lo, _ := h.LinkByName("lo")
+		in, err := h.LinkByName(end.link)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range end.addrs {
+			addr, _ := netlink.ParseAddr(a)
+			if err := h.AddrAdd(in, addr); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, l := range []netlink.Link{lo, in} {
+			if err := h.LinkSetUp(l); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if end.ns == p.pod {
+			if err := h.RouteAdd(&netlink.Route{Gw: net.IP(outIP.AsSlice()), LinkIndex: in.Attrs().Index}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return p
+}
+
+func in[T any](t *testing.T, ns string, f func() (T, error)) T {
+	t.Helper()
+	var v T
+	if err := netns.Do(ns, func() (err error) { v, err = f(); return err }); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// listener accepts in the background, one goroutine for its lifetime, so
+// no stale Accept steals a later test's connection.
+type listener chan net.Conn
+
+func listen(t *testing.T, ns, addr string) listener {
+	t.Helper()
+	l := in(t, ns, func() (net.Listener, error) { return net.Listen("tcp4", addr) })
+	ch := make(listener, 16)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			ch <- c
+		}
+	}()
+	t.Cleanup(func() { l.Close() })
+	return ch
+}
+
+// originalDst reads SO_ORIGINAL_DST of an accepted connection.
+func originalDst(t *testing.T, c net.Conn) netip.AddrPort {
+	t.Helper()
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got netip.AddrPort
+	var serr error
+	err = raw.Control(func(fd uintptr) {
+		m, err := unix.GetsockoptIPv6Mreq(int(fd), unix.IPPROTO_IP, unix.SO_ORIGINAL_DST)
+		if err != nil {
+			serr = err
+			return
+		}
+		// A sockaddr_in: family, port (big endian), address.
+		port := uint16(m.Multiaddr[2])<<8 | uint16(m.Multiaddr[3])
+		got = netip.AddrPortFrom(netip.AddrFrom4([4]byte(m.Multiaddr[4:8])), port)
+	})
+	if err != nil || serr != nil {
+		t.Fatalf("SO_ORIGINAL_DST: %v %v", err, serr)
+	}
+	return got
+}
+
+// landsOn reports which listener takes the connection dial makes.
+func landsOn(t *testing.T, dial func() (net.Conn, error), listeners map[string]listener) (string, net.Conn) {
+	t.Helper()
+	c, err := dial()
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	defer c.Close()
+	deadline := time.After(5 * time.Second)
+	for {
+		for name, l := range listeners {
+			select {
+			case got := <-l:
+				t.Cleanup(func() { got.Close() })
+				return name, got
+			default:
+			}
+		}
+		select {
+		case <-deadline:
+			t.Fatal("no listener accepted the connection")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+func dialFrom(t *testing.T, ns string, local netip.Addr, mark int, to string) func() (net.Conn, error) {
+	return func() (net.Conn, error) {
+		d := net.Dialer{Timeout: 3 * time.Second}
+		if local.IsValid() {
+			d.LocalAddr = &net.TCPAddr{IP: local.AsSlice()}
+		}
+		if mark != 0 {
+			d.Control = func(_, _ string, c syscall.RawConn) error {
+				var serr error
+				err := c.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, mark) })
+				return errors.Join(err, serr)
+			}
+		}
+		var c net.Conn
+		err := netns.Do(ns, func() (err error) { c, err = d.Dial("tcp4", to); return err })
+		return c, err
+	}
+}
+
+func nftList(t *testing.T, ns string) string {
+	t.Helper()
+	return string(in(t, ns, func() ([]byte, error) { return exec.Command("nft", "list", "ruleset").CombinedOutput() }))
+}
+
+// TestNftablesRedirectsTraffic enrolls a real pod netns and sends real
+// connections through it.
+func TestNftablesRedirectsTraffic(t *testing.T) {
+	p := newPair(t)
+	var b Backend = Nftables{}
+	cfg := DefaultPodConfig()
+	if err := b.Verify(p.pod, cfg); err == nil {
+		t.Fatal("Verify of a pod without rules passed")
+	}
+	if err := b.Enroll(p.pod, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Verify(p.pod, cfg); err != nil {
+		t.Fatalf("Verify after Enroll: %v", err)
+	}
+
+	outbound := listen(t, p.pod, "0.0.0.0:15001")
+	inbound := listen(t, p.pod, "0.0.0.0:15006")
+	hbone := listen(t, p.pod, "0.0.0.0:15008")
+	app := listen(t, p.pod, "0.0.0.0:8080")
+	outside := listen(t, p.out, "10.213.0.1:9000")
+	podSide := map[string]listener{"15001": outbound, "15006": inbound, "15008": hbone, "app": app}
+
+	t.Run("outbound TCP lands on 15001 with its original destination", func(t *testing.T) {
+		name, c := landsOn(t, dialFrom(t, p.pod, netip.Addr{}, 0, "10.213.0.1:80"), map[string]listener{"15001": outbound, "outside": outside})
+		if name != "15001" {
+			t.Fatalf("landed on %s", name)
+		}
+		if got := originalDst(t, c); got.String() != "10.213.0.1:80" {
+			t.Errorf("SO_ORIGINAL_DST = %v, want 10.213.0.1:80", got)
+		}
+	})
+	t.Run("the proxy's marked traffic passes", func(t *testing.T) {
+		if name, _ := landsOn(t, dialFrom(t, p.pod, netip.Addr{}, ProxyMark, "10.213.0.1:9000"), map[string]listener{"15001": outbound, "outside": outside}); name != "outside" {
+			t.Fatalf("landed on %s, want the outside listener", name)
+		}
+	})
+	t.Run("inbound TCP lands on 15006", func(t *testing.T) {
+		name, c := landsOn(t, dialFrom(t, p.out, netip.Addr{}, 0, "10.213.0.2:8080"), podSide)
+		if name != "15006" {
+			t.Fatalf("landed on %s", name)
+		}
+		if got := originalDst(t, c); got.String() != "10.213.0.2:8080" {
+			t.Errorf("SO_ORIGINAL_DST = %v, want 10.213.0.2:8080", got)
+		}
+	})
+	t.Run("HBONE on 15008 passes straight", func(t *testing.T) {
+		if name, _ := landsOn(t, dialFrom(t, p.out, netip.Addr{}, 0, "10.213.0.2:15008"), podSide); name != "15008" {
+			t.Fatalf("landed on %s", name)
+		}
+	})
+	t.Run("a probe from the SNAT address reaches the app", func(t *testing.T) {
+		if name, _ := landsOn(t, dialFrom(t, p.out, DefaultProbeSNAT, 0, "10.213.0.2:8080"), podSide); name != "app" {
+			t.Fatalf("landed on %s", name)
+		}
+	})
+	t.Run("DNS over UDP lands on 15053", func(t *testing.T) {
+		dns := in(t, p.pod, func() (net.PacketConn, error) { return net.ListenPacket("udp4", "0.0.0.0:15053") })
+		defer dns.Close()
+		c := in(t, p.pod, func() (net.Conn, error) { return net.Dial("udp4", "10.213.0.1:53") })
+		defer c.Close()
+		if _, err := c.Write([]byte("query")); err != nil {
+			t.Fatal(err)
+		}
+		_ = dns.SetReadDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, 16)
+		n, _, err := dns.ReadFrom(buf)
+		if err != nil || string(buf[:n]) != "query" {
+			t.Fatalf("15053 read %q, %v", buf[:n], err)
+		}
+	})
+
+	t.Run("enrolling twice leaves the same state", func(t *testing.T) {
+		before := nftList(t, p.pod)
+		if err := b.Enroll(p.pod, cfg); err != nil {
+			t.Fatal(err)
+		}
+		if after := nftList(t, p.pod); after != before {
+			t.Errorf("ruleset changed on a second Enroll:\n%s\n---\n%s", before, after)
+		}
+		if err := b.Verify(p.pod, cfg); err != nil {
+			t.Error(err)
+		}
+	})
+
+	t.Run("drift is found and repaired", func(t *testing.T) {
+		in(t, p.pod, func() ([]byte, error) {
+			return exec.Command("nft", "delete", "table", "inet", NatTable).CombinedOutput()
+		})
+		in(t, p.pod, func() ([]byte, error) {
+			return exec.Command("ip", "rule", "del", "priority", fmt.Sprint(RulePriority)).CombinedOutput()
+		})
+		var drift *DriftError
+		err := b.Verify(p.pod, cfg)
+		if !errors.As(err, &drift) || !strings.Contains(err.Error(), "missing chain "+NatTable+"/istio-output") || !strings.Contains(err.Error(), "ip rule fwmark") {
+			t.Fatalf("Verify after tampering = %v, want the missing nat chains and ip rule", err)
+		}
+		if err := b.Enroll(p.pod, cfg); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Verify(p.pod, cfg); err != nil {
+			t.Fatalf("Verify after repair: %v", err)
+		}
+		if name, _ := landsOn(t, dialFrom(t, p.pod, netip.Addr{}, 0, "10.213.0.1:80"), map[string]listener{"15001": outbound, "outside": outside}); name != "15001" {
+			t.Fatalf("after repair, landed on %s", name)
+		}
+	})
+
+	t.Run("a different configuration is drift", func(t *testing.T) {
+		other := cfg
+		other.InboundCapture = false
+		if err := b.Verify(p.pod, other); err == nil {
+			t.Error("Verify with another configuration passed")
+		}
+	})
+
+	t.Run("unenroll removes everything, twice", func(t *testing.T) {
+		for range 2 {
+			if err := b.Unenroll(p.pod); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if rs := nftList(t, p.pod); strings.Contains(rs, "istio-ambient") {
+			t.Errorf("ruleset after Unenroll:\n%s", rs)
+		}
+		rules := in(t, p.pod, func() ([]byte, error) { return exec.Command("ip", "rule").CombinedOutput() })
+		if bytes.Contains(rules, []byte("lookup 100")) {
+			t.Errorf("ip rule left behind:\n%s", rules)
+		}
+		if name, _ := landsOn(t, dialFrom(t, p.pod, netip.Addr{}, 0, "10.213.0.1:9000"), map[string]listener{"15001": outbound, "outside": outside}); name != "outside" {
+			t.Fatalf("after Unenroll, landed on %s", name)
+		}
+	})
+}
