@@ -8,6 +8,8 @@ declare -A pkg_for=(
 	[etcd]=etcd-server
 	# kube-proxy's nftables mode drives the kernel through nft.
 	[nft]=nftables
+	# The CNI agent's iptables backend loads its rules with iptables-restore.
+	[iptables-restore]=iptables
 )
 missing=()
 for cmd in "${!pkg_for[@]}"; do

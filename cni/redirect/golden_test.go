@@ -41,3 +41,11 @@ func TestNftablesGolden(t *testing.T) {
 		golden(t, "nftables-"+name+".golden", render(nftRules(cfg)))
 	}
 }
+
+func TestIptablesGolden(t *testing.T) {
+	t.Parallel()
+	none := func(string, string) bool { return false }
+	for name, cfg := range configs {
+		golden(t, "iptables-"+name+".golden", restoreInput(iptRules(cfg), none))
+	}
+}

@@ -213,11 +213,40 @@ func nftList(t *testing.T, ns string) string {
 	return string(in(t, ns, func() ([]byte, error) { return exec.Command("nft", "list", "ruleset").CombinedOutput() }))
 }
 
-// TestNftablesRedirectsTraffic enrolls a real pod netns and sends real
-// connections through it.
 func TestNftablesRedirectsTraffic(t *testing.T) {
+	testBackend(t, Nftables{}, nftList, func(t *testing.T, ns string) {
+		in(t, ns, func() ([]byte, error) {
+			return exec.Command("nft", "delete", "table", "inet", NatTable).CombinedOutput()
+		})
+	}, "missing chain "+NatTable+"/istio-output")
+}
+
+func TestIptablesRedirectsTraffic(t *testing.T) {
+	if _, err := exec.LookPath("iptables-restore"); err != nil {
+		ci.Unavailable(t, "no iptables-restore (Debian package iptables)")
+	}
+	save := func(t *testing.T, ns string) string {
+		out := string(in(t, ns, func() ([]byte, error) { return exec.Command("iptables-save").CombinedOutput() }))
+		var keep []string
+		for _, l := range strings.Split(out, "\n") {
+			if !strings.HasPrefix(l, "#") {
+				keep = append(keep, l)
+			}
+		}
+		return strings.Join(keep, "\n")
+	}
+	testBackend(t, Iptables{}, save, func(t *testing.T, ns string) {
+		in(t, ns, func() ([]byte, error) {
+			return exec.Command("iptables", "-t", "nat", "-F", "ISTIO_OUTPUT").CombinedOutput()
+		})
+	}, "nat: ISTIO_OUTPUT rules")
+}
+
+// testBackend enrolls a real pod netns and sends real connections through
+// it; dump shows the backend's state, tamper breaks it behind its back
+// (Verify must then report want).
+func testBackend(t *testing.T, b Backend, dump func(*testing.T, string) string, tamper func(*testing.T, string), want string) {
 	p := newPair(t)
-	var b Backend = Nftables{}
 	cfg := DefaultPodConfig()
 	if err := b.Verify(p.pod, cfg); err == nil {
 		t.Fatal("Verify of a pod without rules passed")
@@ -286,11 +315,11 @@ func TestNftablesRedirectsTraffic(t *testing.T) {
 	})
 
 	t.Run("enrolling twice leaves the same state", func(t *testing.T) {
-		before := nftList(t, p.pod)
+		before := dump(t, p.pod)
 		if err := b.Enroll(p.pod, cfg); err != nil {
 			t.Fatal(err)
 		}
-		if after := nftList(t, p.pod); after != before {
+		if after := dump(t, p.pod); after != before {
 			t.Errorf("ruleset changed on a second Enroll:\n%s\n---\n%s", before, after)
 		}
 		if err := b.Verify(p.pod, cfg); err != nil {
@@ -299,16 +328,14 @@ func TestNftablesRedirectsTraffic(t *testing.T) {
 	})
 
 	t.Run("drift is found and repaired", func(t *testing.T) {
-		in(t, p.pod, func() ([]byte, error) {
-			return exec.Command("nft", "delete", "table", "inet", NatTable).CombinedOutput()
-		})
+		tamper(t, p.pod)
 		in(t, p.pod, func() ([]byte, error) {
 			return exec.Command("ip", "rule", "del", "priority", fmt.Sprint(RulePriority)).CombinedOutput()
 		})
 		var drift *DriftError
 		err := b.Verify(p.pod, cfg)
-		if !errors.As(err, &drift) || !strings.Contains(err.Error(), "missing chain "+NatTable+"/istio-output") || !strings.Contains(err.Error(), "ip rule fwmark") {
-			t.Fatalf("Verify after tampering = %v, want the missing nat chains and ip rule", err)
+		if !errors.As(err, &drift) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "ip rule fwmark") {
+			t.Fatalf("Verify after tampering = %v, want %q and the ip rule", err, want)
 		}
 		if err := b.Enroll(p.pod, cfg); err != nil {
 			t.Fatal(err)
@@ -335,7 +362,7 @@ func TestNftablesRedirectsTraffic(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if rs := nftList(t, p.pod); strings.Contains(rs, "istio-ambient") {
+		if rs := nftList(t, p.pod); strings.Contains(rs, "istio-ambient") || strings.Contains(rs, "ISTIO_") {
 			t.Errorf("ruleset after Unenroll:\n%s", rs)
 		}
 		rules := in(t, p.pod, func() ([]byte, error) { return exec.Command("ip", "rule").CombinedOutput() })

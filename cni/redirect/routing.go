@@ -122,3 +122,28 @@ func removeRouting(h *netlink.Handle) error {
 	}
 	return errors.Join(errs...)
 }
+
+// withRouting runs f with a netlink handle in the netns at path.
+func withRouting(path string, f func(*netlink.Handle) error) error {
+	ns, err := openNetns(path)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	h, err := routingHandle(ns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	return f(h)
+}
+
+// routingState lists the routing the netns at path is missing.
+func routingState(path string) ([]string, error) {
+	var missing []string
+	err := withRouting(path, func(h *netlink.Handle) (err error) {
+		missing, err = verifyRouting(h)
+		return err
+	})
+	return missing, err
+}
