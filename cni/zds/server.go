@@ -1,0 +1,301 @@
+// Package zds is the CNI agent's side of ZDS (spec §3): a SOCK_SEQPACKET
+// server the node proxy connects to. Each new proxy connection gets a
+// snapshot of every pod the agent holds (AddWorkload with the pod's netns,
+// or KeepWorkload when the agent has none) and SnapshotSent; after that,
+// new pods go to the newest connection and deletions to all, each message
+// awaiting its Ack under a deadline. An idle connection is probed by a
+// short read every keepalive period.
+package zds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/canopy-mesh/canopy/internal/zdsconn"
+	zdspb "github.com/canopy-mesh/canopy/workloadapi/zds"
+)
+
+// ErrNoProxy: no node proxy is connected; the pod waits in the cache and
+// goes out with the next snapshot.
+var ErrNoProxy = errors.New("no node proxy connected")
+
+// Pod is one pod the agent holds.
+type Pod struct {
+	// UID is the Kubernetes metadata.uid.
+	UID  string
+	Info *zdspb.WorkloadInfo
+	// Netns is an open handle to the pod's network namespace; nil means
+	// the agent knows the pod but holds no handle (KeepWorkload).
+	Netns *os.File
+}
+
+// Config tunes the server; zero values take the spec's defaults.
+type Config struct {
+	// Timeout bounds each read and write (5s).
+	Timeout time.Duration
+	// Keepalive is how often an idle connection is probed (5s).
+	Keepalive time.Duration
+	// OnDelivered, if set, is called after a proxy acknowledged a pod's
+	// AddWorkload, in a snapshot or not.
+	OnDelivered func(uid string)
+}
+
+// Server is the ZDS server. Pods are added and removed through Add and
+// Delete whether or not a proxy is connected.
+type Server struct {
+	path string
+	cfg  Config
+	log  *slog.Logger
+
+	mu    sync.Mutex
+	pods  map[string]Pod
+	conns []*conn // oldest first
+}
+
+type conn struct {
+	mu sync.Mutex // one exchange at a time
+	c  *zdsconn.Conn
+}
+
+// New returns a server that will listen at path.
+func New(path string, cfg Config, log *slog.Logger) *Server {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 5 * time.Second
+	}
+	if cfg.Keepalive <= 0 {
+		cfg.Keepalive = 5 * time.Second
+	}
+	return &Server{path: path, cfg: cfg, log: log.With("component", "zds"), pods: map[string]Pod{}}
+}
+
+// Run listens until ctx ends. A stale socket file from an earlier run is
+// replaced.
+func (s *Server) Run(ctx context.Context) error {
+	if err := os.Remove(s.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove stale socket: %w", err)
+	}
+	l, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: s.path, Net: "unixpacket"})
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", s.path, err)
+	}
+	go func() {
+		<-ctx.Done()
+		l.Close()
+	}()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		uc, err := l.AcceptUnix()
+		if err != nil {
+			if ctx.Err() != nil {
+				s.closeAll()
+				return nil
+			}
+			return fmt.Errorf("accept: %w", err)
+		}
+		wg.Go(func() { s.serve(ctx, zdsconn.New(uc)) })
+	}
+}
+
+func (s *Server) closeAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.conns {
+		c.c.Close()
+	}
+}
+
+// serve runs one proxy connection: hello, snapshot, then keepalives until
+// it ends.
+func (s *Server) serve(ctx context.Context, zc *zdsconn.Conn) {
+	defer zc.Close()
+	c := &conn{c: zc}
+	var hello zdspb.ZdsHello
+	fds, err := zc.Recv(&hello, time.Now().Add(s.cfg.Timeout))
+	if err == nil && len(fds) > 0 {
+		closeFiles(fds)
+		err = fmt.Errorf("%w: hello carried file descriptors", zdsconn.ErrProtocol)
+	}
+	if err != nil {
+		s.log.Warn("node proxy hello failed", "err", err)
+		return
+	}
+	if hello.GetVersion() != zdspb.Version_V1 {
+		s.log.Warn("node proxy speaks an unknown ZDS version", "version", hello.GetVersion())
+		return
+	}
+	// The snapshot is sent under the server lock, so no Add or Delete
+	// slips between the pods listed and the connection becoming newest.
+	s.mu.Lock()
+	err = s.snapshot(c)
+	if err == nil {
+		s.conns = append(s.conns, c)
+	}
+	s.mu.Unlock()
+	if err != nil {
+		s.log.Warn("snapshot to node proxy failed", "err", err)
+		return
+	}
+	s.log.Info("node proxy connected; snapshot sent")
+	defer s.drop(c)
+	tick := time.NewTicker(s.cfg.Keepalive)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if err := c.alive(); err != nil {
+			s.log.Info("node proxy disconnected", "err", err)
+			return
+		}
+	}
+}
+
+func (s *Server) snapshot(c *conn) error {
+	uids := make([]string, 0, len(s.pods))
+	for uid := range s.pods {
+		uids = append(uids, uid)
+	}
+	slices.Sort(uids)
+	for _, uid := range uids {
+		p := s.pods[uid]
+		req := &zdspb.WorkloadRequest{Payload: &zdspb.WorkloadRequest_Keep{Keep: &zdspb.KeepWorkload{Uid: uid}}}
+		if p.Netns != nil {
+			req = addRequest(p)
+		}
+		if err := c.exchange(req, p.Netns, s.cfg.Timeout); err != nil {
+			return fmt.Errorf("pod %s: %w", uid, err)
+		}
+		if p.Netns != nil && s.cfg.OnDelivered != nil {
+			s.cfg.OnDelivered(uid)
+		}
+	}
+	return c.exchange(&zdspb.WorkloadRequest{Payload: &zdspb.WorkloadRequest_SnapshotSent{SnapshotSent: &zdspb.SnapshotSent{}}}, nil, s.cfg.Timeout)
+}
+
+func addRequest(p Pod) *zdspb.WorkloadRequest {
+	return &zdspb.WorkloadRequest{Payload: &zdspb.WorkloadRequest_Add{Add: &zdspb.AddWorkload{Uid: p.UID, WorkloadInfo: p.Info}}}
+}
+
+// exchange sends one request and waits for its Ack.
+func (c *conn) exchange(req *zdspb.WorkloadRequest, fd *os.File, timeout time.Duration) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.c.Send(req, fd, time.Now().Add(timeout)); err != nil {
+		return err
+	}
+	var resp zdspb.WorkloadResponse
+	fds, err := c.c.Recv(&resp, time.Now().Add(timeout))
+	if err != nil {
+		return fmt.Errorf("await ack: %w", err)
+	}
+	if len(fds) > 0 {
+		closeFiles(fds)
+		return fmt.Errorf("%w: ack carried file descriptors", zdsconn.ErrProtocol)
+	}
+	if resp.GetAck() == nil {
+		return fmt.Errorf("%w: response without an ack", zdsconn.ErrProtocol)
+	}
+	if msg := resp.GetAck().GetError(); msg != "" {
+		return fmt.Errorf("node proxy refused: %s", msg)
+	}
+	return nil
+}
+
+// alive probes an idle connection with a 10ms read: a timeout means the
+// peer is there, EOF that it left, and data is a protocol error.
+func (c *conn) alive() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var resp zdspb.WorkloadResponse
+	fds, err := c.c.Recv(&resp, time.Now().Add(10*time.Millisecond))
+	closeFiles(fds)
+	var nerr net.Error
+	if errors.As(err, &nerr) && nerr.Timeout() {
+		return nil
+	}
+	if err == nil {
+		return fmt.Errorf("%w: unsolicited message", zdsconn.ErrProtocol)
+	}
+	return err
+}
+
+func (s *Server) drop(c *conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.conns = slices.DeleteFunc(s.conns, func(x *conn) bool { return x == c })
+}
+
+// Add records a pod and sends it to the newest proxy connection, waiting
+// for its Ack. With no proxy connected it returns ErrNoProxy; the pod
+// stays recorded and goes out in the next snapshot. The server owns
+// p.Netns from here on.
+func (s *Server) Add(p Pod) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old, ok := s.pods[p.UID]; ok && old.Netns != nil && old.Netns != p.Netns {
+		old.Netns.Close()
+	}
+	s.pods[p.UID] = p
+	if len(s.conns) == 0 {
+		return ErrNoProxy
+	}
+	c := s.conns[len(s.conns)-1]
+	if err := c.exchange(addRequest(p), p.Netns, s.cfg.Timeout); err != nil {
+		c.c.Close() // the keepalive drops it
+		return fmt.Errorf("add pod %s: %w", p.UID, err)
+	}
+	if s.cfg.OnDelivered != nil {
+		s.cfg.OnDelivered(p.UID)
+	}
+	return nil
+}
+
+// Delete forgets a pod and tells every connected proxy.
+func (s *Server) Delete(uid string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p, ok := s.pods[uid]; ok && p.Netns != nil {
+		p.Netns.Close()
+	}
+	delete(s.pods, uid)
+	var errs []error
+	for _, c := range s.conns {
+		req := &zdspb.WorkloadRequest{Payload: &zdspb.WorkloadRequest_Del{Del: &zdspb.DelWorkload{Uid: uid}}}
+		if err := c.exchange(req, nil, s.cfg.Timeout); err != nil {
+			c.c.Close()
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Has reports whether a pod is recorded.
+func (s *Server) Has(uid string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.pods[uid]
+	return ok
+}
+
+// Connected returns the number of proxy connections past their snapshot.
+func (s *Server) Connected() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
+}
+
+func closeFiles(fs []*os.File) {
+	for _, f := range fs {
+		f.Close()
+	}
+}
