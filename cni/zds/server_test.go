@@ -254,4 +254,3 @@ func TestProtocolErrors(t *testing.T) {
 		t.Errorf("sending 2000 bytes = %v, want ErrProtocol", err)
 	}
 }
-
