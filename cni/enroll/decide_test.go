@@ -1,0 +1,59 @@
+package enroll
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/canopy-mesh/canopy/cni/redirect"
+)
+
+func TestDecide(t *testing.T) {
+	t.Parallel()
+	cfg := Config{SystemNamespace: "istio-system", ExcludedNamespaces: []string{"kube-system"}, DNSCapture: true}
+	ambientNS := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "apps", Labels: map[string]string{LabelDataplaneMode: ModeAmbient}}}
+	plainNS := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "apps"}}
+	pod := func(ns string, labels, annotations map[string]string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: ns, Labels: labels, Annotations: annotations}}
+	}
+	def := redirect.DefaultPodConfig()
+	noDNS := def
+	noDNS.DNSCapture = false
+	outboundOnly := def
+	outboundOnly.InboundCapture = false
+	reroute := def
+	reroute.RerouteInterfaces = []string{"tap0", "k6t-eth0"}
+	hostNet := pod("apps", nil, nil)
+	hostNet.Spec.HostNetwork = true
+
+	for _, tt := range []struct {
+		name string
+		pod  *corev1.Pod
+		ns   *corev1.Namespace
+		want Decision
+	}{
+		{"namespace label", pod("apps", nil, nil), ambientNS, Decision{Enroll: true, Reason: "ambient", Pod: def}},
+		{"pod label", pod("apps", map[string]string{LabelDataplaneMode: ModeAmbient}, nil), plainNS, Decision{Enroll: true, Reason: "ambient", Pod: def}},
+		{"pod label, unknown namespace", pod("apps", map[string]string{LabelDataplaneMode: ModeAmbient}, nil), nil, Decision{Enroll: true, Reason: "ambient", Pod: def}},
+		{"opt out", pod("apps", map[string]string{LabelDataplaneMode: ModeNone}, nil), ambientNS, Decision{Reason: "pod opted out (istio.io/dataplane-mode=none)"}},
+		{"no label", pod("apps", nil, nil), plainNS, Decision{Reason: "neither pod nor namespace has istio.io/dataplane-mode=ambient"}},
+		{"host network", hostNet, ambientNS, Decision{Reason: "host-network pod"}},
+		{"sidecar", pod("apps", nil, map[string]string{AnnotationSidecarStatus: "{}"}), ambientNS, Decision{Reason: "pod has a sidecar"}},
+		{"node proxy", pod("istio-system", map[string]string{"app": "ztunnel", LabelDataplaneMode: ModeAmbient}, nil), nil, Decision{Reason: "node proxy pod"}},
+		{"excluded namespace", pod("kube-system", map[string]string{LabelDataplaneMode: ModeAmbient}, nil), nil, Decision{Reason: "namespace kube-system is excluded"}},
+		{"dns capture off", pod("apps", nil, map[string]string{AnnotationDNSCapture: "false"}), ambientNS, Decision{Enroll: true, Reason: "ambient", Pod: noDNS}},
+		{"ingress mode", pod("apps", nil, map[string]string{AnnotationBypassInbound: "true"}), ambientNS, Decision{Enroll: true, Reason: "ambient", Pod: outboundOnly}},
+		{"reroute interfaces", pod("apps", nil, map[string]string{AnnotationRerouteVirtual: "tap0, k6t-eth0,"}), ambientNS, Decision{Enroll: true, Reason: "ambient", Pod: reroute}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if diff := cmp.Diff(tt.want, Decide(tt.pod, tt.ns, cfg), cmpopts.EquateComparable(netip.Addr{})); diff != "" {
+				t.Errorf("Decide() mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
