@@ -44,6 +44,13 @@ var Binaries = map[string][]Rule{
 		Forbid:   []string{"./controller", "./ca", "./cni", "./node"},
 		Reason:   "the local cluster runs Canopy's binaries, it does not link them",
 	}},
+	// The container runtime execs the plugin on every pod start: it stays
+	// small and fast to load.
+	"canopy-cni": {{
+		Packages: []string{"./cmd/canopy-cni"},
+		Forbid:   []string{"k8s.io/client-go", "k8s.io/apimachinery", "google.golang.org/grpc", "./controller", "./node", "./cni/redirect", "./cni/zds"},
+		Reason:   "the CNI plugin links neither client-go nor gRPC nor the agent's machinery",
+	}},
 	// The test application runs in every demo pod: keep it a plain
 	// networking program.
 	"canopy-echo": {{

@@ -1,0 +1,169 @@
+// Package plugin is the canopy-cni chained CNI plugin (CNI spec 1.0 and
+// later). ADD asks the node agent to enroll the pod and returns only when
+// the agent is done; an ambient pod whose enrollment fails fails its ADD,
+// so it never runs outside the mesh. The previous plugin's result passes
+// through unchanged. DEL and CHECK are idempotent.
+package plugin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/canopy-mesh/canopy/cni/pluginevent"
+)
+
+// Name is the plugin's type in a conflist.
+const Name = "canopy-cni"
+
+// Conf is the plugin's network configuration.
+type Conf struct {
+	types.NetConf
+	// AgentSocket is the node agent's socket (default
+	// /var/run/canopy/cni.sock).
+	AgentSocket string `json:"agentSocket,omitempty"`
+	// ExcludeNamespaces are passed through without asking the agent, so
+	// system pods start even while the agent is down (default
+	// kube-system).
+	ExcludeNamespaces []string `json:"excludeNamespaces,omitempty"`
+	// TimeoutSeconds bounds the wait for the agent (default 60).
+	TimeoutSeconds int `json:"timeoutSeconds,omitempty"`
+}
+
+// k8sArgs are the CNI_ARGS the container runtime sets for pods.
+type k8sArgs struct {
+	types.CommonArgs
+	K8S_POD_NAME               types.UnmarshallableString //nolint:revive // the runtime's names
+	K8S_POD_NAMESPACE          types.UnmarshallableString
+	K8S_POD_INFRA_CONTAINER_ID types.UnmarshallableString
+	K8S_POD_UID                types.UnmarshallableString
+}
+
+// ParseConf reads and checks the configuration.
+func ParseConf(stdin []byte) (*Conf, error) {
+	conf := &Conf{}
+	if err := json.Unmarshal(stdin, conf); err != nil {
+		return nil, fmt.Errorf("canopy-cni: parse network configuration: %w", err)
+	}
+	if conf.TimeoutSeconds < 0 {
+		return nil, fmt.Errorf("canopy-cni: timeoutSeconds %d is negative", conf.TimeoutSeconds)
+	}
+	if conf.ExcludeNamespaces == nil {
+		conf.ExcludeNamespaces = []string{"kube-system"}
+	}
+	if conf.RawPrevResult != nil {
+		if err := version.ParsePrevResult(&conf.NetConf); err != nil {
+			return nil, fmt.Errorf("canopy-cni: parse prevResult: %w", err)
+		}
+	}
+	return conf, nil
+}
+
+// Plugin runs the commands; Agent is the node agent's client.
+type Plugin struct {
+	Agent func(conf *Conf) Agent
+}
+
+// Agent is the node agent as the plugin calls it.
+type Agent interface {
+	Do(ctx context.Context, path string, req pluginevent.Request) (pluginevent.Response, error)
+}
+
+// Funcs returns the skel callbacks.
+func (p Plugin) Funcs() skel.CNIFuncs {
+	return skel.CNIFuncs{Add: p.add, Del: p.del, Check: p.check}
+}
+
+func (p Plugin) agent(conf *Conf) Agent {
+	if p.Agent != nil {
+		return p.Agent(conf)
+	}
+	timeout := time.Duration(conf.TimeoutSeconds) * time.Second
+	return pluginevent.Client{Socket: conf.AgentSocket, Timeout: timeout}
+}
+
+func request(args *skel.CmdArgs, conf *Conf) (pluginevent.Request, error) {
+	var k k8sArgs
+	if err := types.LoadArgs(args.Args, &k); err != nil {
+		return pluginevent.Request{}, fmt.Errorf("canopy-cni: CNI_ARGS: %w", err)
+	}
+	req := pluginevent.Request{
+		ContainerID: args.ContainerID, Netns: args.Netns,
+		PodName: string(k.K8S_POD_NAME), PodNamespace: string(k.K8S_POD_NAMESPACE), PodUID: string(k.K8S_POD_UID),
+	}
+	if conf.PrevResult != nil {
+		res, err := current.NewResultFromResult(conf.PrevResult)
+		if err != nil {
+			return req, fmt.Errorf("canopy-cni: convert prevResult: %w", err)
+		}
+		for _, ip := range res.IPs {
+			req.IPs = append(req.IPs, ip.Address.IP.String())
+		}
+	}
+	return req, nil
+}
+
+func (p Plugin) add(args *skel.CmdArgs) error {
+	conf, err := ParseConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	if conf.PrevResult == nil {
+		return errors.New("canopy-cni: no prevResult: it must be chained after the plugin that sets up the pod's interface")
+	}
+	req, err := request(args, conf)
+	if err != nil {
+		return err
+	}
+	if req.PodName != "" && !slices.Contains(conf.ExcludeNamespaces, req.PodNamespace) {
+		if _, err := p.agent(conf).Do(context.Background(), pluginevent.PathAdd, req); err != nil {
+			// Fail closed: a pod the agent cannot answer for does not start.
+			return fmt.Errorf("canopy-cni: pod %s/%s: %w", req.PodNamespace, req.PodName, err)
+		}
+	}
+	return types.PrintResult(conf.PrevResult, conf.CNIVersion)
+}
+
+func (p Plugin) del(args *skel.CmdArgs) error {
+	conf, err := ParseConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	req, err := request(args, conf)
+	if err != nil || req.PodName == "" || slices.Contains(conf.ExcludeNamespaces, req.PodNamespace) {
+		return nil
+	}
+	// DEL must succeed for the runtime to make progress; an agent that is
+	// down cleans up when its reconcile finds the pod gone.
+	_, _ = p.agent(conf).Do(context.Background(), pluginevent.PathDel, req)
+	return nil
+}
+
+func (p Plugin) check(args *skel.CmdArgs) error {
+	conf, err := ParseConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	if conf.PrevResult == nil {
+		return errors.New("canopy-cni: CHECK without prevResult")
+	}
+	req, err := request(args, conf)
+	if err != nil {
+		return err
+	}
+	if req.PodName == "" || slices.Contains(conf.ExcludeNamespaces, req.PodNamespace) {
+		return nil
+	}
+	if _, err := p.agent(conf).Do(context.Background(), pluginevent.PathCheck, req); err != nil {
+		return fmt.Errorf("canopy-cni: pod %s/%s: %w", req.PodNamespace, req.PodName, err)
+	}
+	return nil
+}
