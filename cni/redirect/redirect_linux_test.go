@@ -2,141 +2,37 @@ package redirect
 
 import (
 	"bytes"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
-	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/canopy-mesh/canopy/internal/ci"
 	"github.com/canopy-mesh/canopy/internal/netns"
+	"github.com/canopy-mesh/canopy/internal/nettest"
 )
 
-func needRoot(t *testing.T) {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("root-level test: skipped in -short mode")
-	}
-	if os.Geteuid() != 0 {
-		ci.Unavailable(t, "network namespaces need root")
-	}
+// newPair is a pod netns (A, 10.213.0.2) and an outside one (B,
+// 10.213.0.1, also holding the probe SNAT address).
+func newPair(t *testing.T) pair {
+	p := nettest.NewPair(t, netip.MustParsePrefix("10.213.0.0/24"), DefaultProbeSNAT)
+	return pair{pod: p.A, out: p.B}
 }
 
-// pair is a pod netns wired to an "outside" netns by a veth:
-// pod 10.213.0.2, outside 10.213.0.1 (and the probe SNAT address).
 type pair struct{ pod, out string }
 
-var outIP = netip.MustParseAddr("10.213.0.1")
+type listener = nettest.Listener
 
-func newPair(t *testing.T) pair {
-	t.Helper()
-	needRoot(t)
-	b := make([]byte, 3)
-	_, _ = rand.Read(b)
-	id := hex.EncodeToString(b)
-	p := pair{}
-	var err error
-	for _, side := range []*string{&p.pod, &p.out} {
-		name := "cnp-redir-" + id + map[bool]string{true: "-pod", false: "-out"}[side == &p.pod]
-		if *side, err = netns.Create(name); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := netns.DeletePath(*side); err != nil {
-				t.Errorf("delete netns: %v", err)
-			}
-		})
-	}
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "rdp" + id}, PeerName: "rdo" + id}
-	if err := netlink.LinkAdd(veth); err != nil {
-		t.Fatal(err)
-	}
-	for _, end := range []struct {
-		link, ns string
-		addrs    []string
-	}{{"rdp" + id, p.pod, []string{"10.213.0.2/24"}}, {"rdo" + id, p.out, []string{"10.213.0.1/24", DefaultProbeSNAT.String() + "/32"}}} {
-		l, err := netlink.LinkByName(end.link)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f, err := os.Open(end.ns)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := netlink.LinkSetNsFd(l, int(f.Fd())); err != nil {
-			t.Fatal(err)
-		}
-		h, err := netlink.NewHandleAt(vnetns.NsHandle(f.Fd()))
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer h.Close()
-		lo, _ := h.LinkByName("lo")
-		in, err := h.LinkByName(end.link)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, a := range end.addrs {
-			addr, _ := netlink.ParseAddr(a)
-			if err := h.AddrAdd(in, addr); err != nil {
-				t.Fatal(err)
-			}
-		}
-		for _, l := range []netlink.Link{lo, in} {
-			if err := h.LinkSetUp(l); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if end.ns == p.pod {
-			if err := h.RouteAdd(&netlink.Route{Gw: net.IP(outIP.AsSlice()), LinkIndex: in.Attrs().Index}); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	return p
-}
+func in[T any](t *testing.T, ns string, f func() (T, error)) T { return nettest.In(t, ns, f) }
 
-func in[T any](t *testing.T, ns string, f func() (T, error)) T {
-	t.Helper()
-	var v T
-	if err := netns.Do(ns, func() (err error) { v, err = f(); return err }); err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
-
-// listener accepts in the background, one goroutine for its lifetime, so
-// no stale Accept steals a later test's connection.
-type listener chan net.Conn
-
-func listen(t *testing.T, ns, addr string) listener {
-	t.Helper()
-	l := in(t, ns, func() (net.Listener, error) { return net.Listen("tcp4", addr) })
-	ch := make(listener, 16)
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			ch <- c
-		}
-	}()
-	t.Cleanup(func() { l.Close() })
-	return ch
-}
+func listen(t *testing.T, ns, addr string) listener { return nettest.Listen(t, ns, addr) }
 
 // originalDst reads SO_ORIGINAL_DST of an accepted connection.
 func originalDst(t *testing.T, c net.Conn) netip.AddrPort {

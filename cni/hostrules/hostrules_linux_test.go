@@ -1,0 +1,109 @@
+package hostrules
+
+import (
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/canopy-mesh/canopy/cni/redirect"
+	"github.com/canopy-mesh/canopy/internal/nettest"
+)
+
+// TestProbeIsSNATedAndAccepted: from the node, a root-owned connection
+// (the probe UID here) to an enrolled pod's app port arrives from the
+// probe address and reaches the app, not the proxy's inbound listener.
+func TestProbeIsSNATedAndAccepted(t *testing.T) {
+	p := nettest.NewPair(t, netip.MustParsePrefix("10.214.0.0/24"))
+	pod, node := p.A, p.B
+	rules := Rules{ProbeUID: 0, ProbeSNAT: redirect.DefaultProbeSNAT, Netns: node}
+	if err := rules.Sync(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := rules.Add(p.AddrA); err != nil {
+		t.Fatal(err)
+	}
+	if problems, err := rules.Verify([]netip.Addr{p.AddrA}); err != nil || len(problems) > 0 {
+		t.Fatalf("Verify = %v, %v", problems, err)
+	}
+	if err := (redirect.Nftables{}).Enroll(pod, redirect.DefaultPodConfig()); err != nil {
+		t.Fatal(err)
+	}
+	app := nettest.Listen(t, pod, "0.0.0.0:8080")
+	inbound := nettest.Listen(t, pod, "0.0.0.0:15006")
+
+	dial := func() {
+		t.Helper()
+		c := nettest.In(t, node, func() (net.Conn, error) { return net.DialTimeout("tcp4", p.AddrA.String()+":8080", 3*time.Second) })
+		c.Close()
+	}
+	dial()
+	select {
+	case c := <-app:
+		defer c.Close()
+		if got := c.RemoteAddr().(*net.TCPAddr).IP.String(); got != redirect.DefaultProbeSNAT.String() {
+			t.Errorf("probe arrived from %s, want %s", got, redirect.DefaultProbeSNAT)
+		}
+	case <-inbound:
+		t.Fatal("the probe was captured by 15006")
+	case <-time.After(5 * time.Second):
+		out := nettest.In(t, pod, func() ([]byte, error) { return exec.Command("sh", "-c", "ss -tan; nft list ruleset").CombinedOutput() })
+		t.Fatalf("the probe reached no listener:\n%s", out)
+	}
+
+	// Without the pod in the set, the same connection is not SNATed and
+	// the pod captures it.
+	if err := rules.Remove(p.AddrA, netip.MustParseAddr("10.214.0.99")); err != nil {
+		t.Fatal(err)
+	}
+	if problems, _ := rules.Verify([]netip.Addr{p.AddrA}); len(problems) != 1 || !strings.Contains(problems[0], "set "+Set) {
+		t.Errorf("Verify after Remove = %v, want the set difference", problems)
+	}
+	dial()
+	select {
+	case c := <-inbound:
+		c.Close()
+	case <-app:
+		t.Fatal("an unlisted pod's connection was SNATed")
+	case <-time.After(5 * time.Second):
+		t.Fatal("no listener got the connection")
+	}
+
+	if err := rules.Delete(); err != nil {
+		t.Fatal(err)
+	}
+	if problems, _ := rules.Verify(nil); len(problems) == 0 {
+		t.Error("Verify after Delete found nothing missing")
+	}
+	if err := rules.Delete(); err != nil {
+		t.Errorf("second Delete: %v", err)
+	}
+}
+
+func TestFindKubeletUID(t *testing.T) {
+	dir := t.TempDir()
+	for pid, files := range map[string]map[string]string{
+		"1":   {"comm": "systemd\n", "status": "Uid:\t0\t0\t0\t0\n"},
+		"42":  {"comm": "kubelet\n", "status": "Name:\tkubelet\nUid:\t1001\t1001\t1001\t1001\n"},
+		"abc": {"comm": "kubelet\n"},
+	} {
+		if err := os.MkdirAll(filepath.Join(dir, pid), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for name, body := range files {
+			if err := os.WriteFile(filepath.Join(dir, pid, name), []byte(body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if uid, err := FindKubeletUID(dir); err != nil || uid != 1001 {
+		t.Errorf("FindKubeletUID = %d, %v; want 1001", uid, err)
+	}
+	if _, err := FindKubeletUID(t.TempDir()); err == nil {
+		t.Error("found a kubelet in an empty /proc")
+	}
+}
