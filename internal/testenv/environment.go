@@ -78,6 +78,7 @@ type Environment struct {
 	procs      []*process // in start order
 	detached   bool
 	etcdClient string // etcd client URL
+	spawn      *spawner
 }
 
 // Process is a running component.
@@ -106,7 +107,7 @@ func Start(ctx context.Context, opts Options) (_ *Environment, err error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Environment{dir: opts.Dir, log: opts.Log, detached: opts.Detached}
+	e := &Environment{dir: opts.Dir, log: opts.Log, detached: opts.Detached, spawn: newSpawner()}
 	if e.dir == "" {
 		if e.dir, err = os.MkdirTemp("", "canopy-testenv-"); err != nil {
 			return nil, fmt.Errorf("create state directory: %w", err)
@@ -179,6 +180,10 @@ func (e *Environment) stop(keepLogs bool) error {
 		}
 	}
 	e.procs = nil
+	if e.spawn != nil {
+		e.spawn.close()
+		e.spawn = nil
+	}
 	if e.removeDir && !keepLogs {
 		if err := os.RemoveAll(e.dir); err != nil {
 			errs = append(errs, fmt.Errorf("remove state directory: %w", err))
@@ -188,7 +193,9 @@ func (e *Environment) stop(keepLogs bool) error {
 }
 
 func (e *Environment) start(name, path string, args ...string) (*process, error) {
-	p, err := startProcess(name, path, filepath.Join(e.dir, name+".log"), e.detached, args...)
+	var p *process
+	var err error
+	e.spawn.do(func() { p, err = startProcess(name, path, filepath.Join(e.dir, name+".log"), e.detached, args...) })
 	if err != nil {
 		return nil, err
 	}

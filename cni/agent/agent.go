@@ -1,0 +1,232 @@
+// Package agent is the CNI node agent's core: it enrolls the node's
+// ambient pods (in-pod redirection, host probe set, ZDS to the node
+// proxy, the pod's annotation) when the plugin asks and whenever the
+// cluster says a pod should be in the mesh, and un-enrolls them when it
+// should not. Enrollment is a level-triggered loop that trusts the kernel,
+// not its memory: every period, and at start, every pod's rules are
+// verified in its netns and repaired when they drifted, and the verified
+// state is published on the pod and in metrics.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	listerscorev1 "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/canopy-mesh/canopy/cni/enroll"
+	"github.com/canopy-mesh/canopy/cni/redirect"
+	"github.com/canopy-mesh/canopy/cni/zds"
+)
+
+// Proxy is the node proxy as the agent reaches it; *zds.Server
+// implements it.
+type Proxy interface {
+	Add(p zds.Pod) error
+	Delete(uid string) error
+}
+
+// HostRules are the node's probe rules; hostrules.Rules implements them.
+type HostRules interface {
+	Sync(ips []netip.Addr) error
+	Add(ips ...netip.Addr) error
+	Remove(ips ...netip.Addr) error
+	Verify(ips []netip.Addr) ([]string, error)
+	Delete() error
+}
+
+// Config configures an Agent.
+type Config struct {
+	NodeName string
+	Enroll   enroll.Config
+	// ReconcilePeriod is how often every pod is verified (default 30s).
+	ReconcilePeriod time.Duration
+	// StatusRefresh is how often an unchanged verified state is written
+	// to the pod (default 5m): the condition's lastProbeTime says when the
+	// agent last saw the rules in place.
+	StatusRefresh time.Duration
+	// ProcRoot and NetnsDirs are where running pods' namespaces are found
+	// (default /proc, and /run/netns and /var/run/netns).
+	ProcRoot  string
+	NetnsDirs []string
+	// Registerer receives the metrics; nil registers nowhere.
+	Registerer prometheus.Registerer
+	Now        func() time.Time
+}
+
+func (c Config) withDefaults() Config {
+	if c.ReconcilePeriod <= 0 {
+		c.ReconcilePeriod = 30 * time.Second
+	}
+	if c.StatusRefresh <= 0 {
+		c.StatusRefresh = 5 * time.Minute
+	}
+	if c.ProcRoot == "" {
+		c.ProcRoot = "/proc"
+	}
+	if c.NetnsDirs == nil {
+		c.NetnsDirs = []string{"/run/netns", "/var/run/netns"}
+	}
+	if c.Registerer == nil {
+		c.Registerer = prometheus.NewRegistry()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// Agent enrolls the pods of one node.
+type Agent struct {
+	cfg     Config
+	kube    kubernetes.Interface
+	backend redirect.Backend
+	host    HostRules
+	proxy   Proxy
+	log     *slog.Logger
+	metrics *metrics
+	finder  netnsFinder
+
+	pods       listerscorev1.PodLister
+	namespaces listerscorev1.NamespaceLister
+	synced     chan struct{}
+	wake       chan struct{}
+
+	mu       sync.Mutex
+	enrolled map[types.UID]*member
+}
+
+// member is an enrolled pod as the agent holds it.
+type member struct {
+	namespace, name string
+	uid             types.UID
+	// netns is the agent's handle on the pod's namespace: the rules are
+	// checked through it, whatever happens to the path it came from.
+	netns *os.File
+	inode uint64
+	ips   []netip.Addr
+	cfg   redirect.PodConfig
+	// state is the redirection annotation's value.
+	state string
+	// verified is the last time the rules were seen in place; published
+	// is the last time that was written to the pod.
+	verified, published time.Time
+}
+
+func (m *member) path() string { return fmt.Sprintf("/proc/self/fd/%d", m.netns.Fd()) }
+
+// New returns an Agent.
+func New(cfg Config, kube kubernetes.Interface, backend redirect.Backend, host HostRules, proxy Proxy, log *slog.Logger) (*Agent, error) {
+	cfg = cfg.withDefaults()
+	if cfg.NodeName == "" {
+		return nil, errors.New("agent: node name is required")
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Agent{
+		cfg: cfg, kube: kube, backend: backend, host: host, proxy: proxy, metrics: m,
+		log:      log.With("component", "cni-agent", "backend", backend.Name()),
+		finder:   netnsFinder{procRoot: cfg.ProcRoot, pinDirs: cfg.NetnsDirs},
+		synced:   make(chan struct{}),
+		wake:     make(chan struct{}, 1),
+		enrolled: map[types.UID]*member{},
+	}, nil
+}
+
+// Synced is closed once the agent has listed the node's pods and made its
+// first pass over them.
+func (a *Agent) Synced() <-chan struct{} { return a.synced }
+
+// Run watches the node's pods and their namespaces and reconciles until
+// ctx ends.
+func (a *Agent) Run(ctx context.Context) error {
+	podInformers := informers.NewSharedInformerFactoryWithOptions(a.kube, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", a.cfg.NodeName).String()
+	}))
+	nsInformers := informers.NewSharedInformerFactory(a.kube, 0)
+	podInformer := podInformers.Core().V1().Pods()
+	nsInformer := nsInformers.Core().V1().Namespaces()
+	a.pods, a.namespaces = podInformer.Lister(), nsInformer.Lister()
+	poke := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { a.poke() },
+		UpdateFunc: func(any, any) { a.poke() },
+		DeleteFunc: func(any) { a.poke() },
+	}
+	if _, err := podInformer.Informer().AddEventHandler(poke); err != nil {
+		return err
+	}
+	if _, err := nsInformer.Informer().AddEventHandler(poke); err != nil {
+		return err
+	}
+	podInformers.Start(ctx.Done())
+	nsInformers.Start(ctx.Done())
+	defer podInformers.Shutdown()
+	defer nsInformers.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), podInformer.Informer().HasSynced, nsInformer.Informer().HasSynced) {
+		return nil
+	}
+	// The host rules start empty (pods join as they are enrolled); the
+	// first pass enrolls what already runs and repairs what drifted while
+	// the agent was away.
+	if err := a.host.Sync(nil); err != nil {
+		return fmt.Errorf("host probe rules: %w", err)
+	}
+	a.reconcile(ctx)
+	close(a.synced)
+	tick := time.NewTicker(a.cfg.ReconcilePeriod)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		case <-a.wake:
+		}
+		a.reconcile(ctx)
+	}
+}
+
+func (a *Agent) poke() {
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+// decide looks up a pod's namespace and applies the enrollment rules.
+func (a *Agent) decide(pod *corev1.Pod) enroll.Decision {
+	ns, _ := a.namespaces.Get(pod.Namespace)
+	return enroll.Decide(pod, ns, a.cfg.Enroll)
+}
+
+// podIPs returns a pod's IPs from its status.
+func podIPs(pod *corev1.Pod) []netip.Addr {
+	var out []netip.Addr
+	for _, ip := range pod.Status.PodIPs {
+		if a, err := netip.ParseAddr(ip.IP); err == nil {
+			out = append(out, a)
+		}
+	}
+	if len(out) == 0 {
+		if a, err := netip.ParseAddr(pod.Status.PodIP); err == nil {
+			out = append(out, a)
+		}
+	}
+	return out
+}

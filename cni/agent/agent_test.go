@@ -1,0 +1,345 @@
+package agent_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/canopy-mesh/canopy/cni/agent"
+	"github.com/canopy-mesh/canopy/cni/enroll"
+	"github.com/canopy-mesh/canopy/cni/hostrules"
+	"github.com/canopy-mesh/canopy/cni/pluginevent"
+	"github.com/canopy-mesh/canopy/cni/redirect"
+	"github.com/canopy-mesh/canopy/cni/zds"
+	"github.com/canopy-mesh/canopy/internal/netns"
+	"github.com/canopy-mesh/canopy/internal/nettest"
+	"github.com/canopy-mesh/canopy/internal/testenv"
+	"github.com/canopy-mesh/canopy/internal/zdsconn"
+	zdspb "github.com/canopy-mesh/canopy/workloadapi/zds"
+)
+
+var env *testenv.Environment
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
+
+func eventually(t *testing.T, what string, f func() bool) {
+	t.Helper()
+	if err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) { return f(), nil }); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// nodeProxy is a test node proxy on the ZDS socket: it reconnects when the
+// agent goes away and records every request.
+type nodeProxy struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (p *nodeProxy) run(ctx context.Context, path string) {
+	for ctx.Err() == nil {
+		uc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+		if err != nil {
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		c := zdsconn.New(uc)
+		go func() { <-ctx.Done(); c.Close() }()
+		if err := c.Send(&zdspb.ZdsHello{Version: zdspb.Version_V1}, nil, time.Now().Add(time.Second)); err != nil {
+			c.Close()
+			continue
+		}
+		for {
+			var req zdspb.WorkloadRequest
+			fds, err := c.Recv(&req, time.Time{})
+			if err != nil {
+				break
+			}
+			entry := ""
+			switch r := req.GetPayload().(type) {
+			case *zdspb.WorkloadRequest_Add:
+				entry = "add " + r.Add.GetUid()
+				if len(fds) != 1 || !zdsconn.IsNetns(fds[0]) {
+					entry += " without a netns"
+				}
+			case *zdspb.WorkloadRequest_Keep:
+				entry = "keep " + r.Keep.GetUid()
+			case *zdspb.WorkloadRequest_Del:
+				entry = "del " + r.Del.GetUid()
+			case *zdspb.WorkloadRequest_SnapshotSent:
+				entry = "snapshot"
+			}
+			for _, f := range fds {
+				f.Close()
+			}
+			p.mu.Lock()
+			p.got = append(p.got, entry)
+			p.mu.Unlock()
+			if err := c.Send(&zdspb.WorkloadResponse{Payload: &zdspb.WorkloadResponse_Ack{Ack: &zdspb.Ack{}}}, nil, time.Now().Add(time.Second)); err != nil {
+				break
+			}
+		}
+		c.Close()
+	}
+}
+
+func (p *nodeProxy) saw(entry string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Contains(p.got, entry)
+}
+
+func (p *nodeProxy) reset() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.got = nil
+}
+
+// node is an agent with its ZDS server and plugin socket, started and
+// stopped as one (an agent process).
+type node struct {
+	agent  *agent.Agent
+	reg    *prometheus.Registry
+	plugin pluginevent.Client
+	stop   func()
+}
+
+func startNode(t *testing.T, name, zdsPath, nodeNetns string) *node {
+	t.Helper()
+	log := slog.New(slog.DiscardHandler)
+	n := &node{reg: prometheus.NewRegistry()}
+	server := zds.New(zdsPath, zds.Config{OnDelivered: func(uid string) {
+		if n.agent != nil {
+			n.agent.Delivered(uid)
+		}
+	}}, log)
+	host := hostrules.Rules{ProbeUID: 0, ProbeSNAT: redirect.DefaultProbeSNAT, Netns: nodeNetns}
+	a, err := agent.New(agent.Config{
+		NodeName: name, Enroll: enroll.Config{SystemNamespace: "istio-system", ExcludedNamespaces: []string{"kube-system"}, DNSCapture: true},
+		ReconcilePeriod: 200 * time.Millisecond, StatusRefresh: time.Second, NetnsDirs: []string{netns.Dir}, ProcRoot: t.TempDir(),
+		Registerer: n.reg,
+	}, env.Client, redirect.Nftables{}, host, server, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.agent = a
+	sock := filepath.Join(t.TempDir(), "cni.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: a.PluginHandler()}
+	n.plugin = pluginevent.Client{Socket: sock, Timeout: 30 * time.Second}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = a.Run(ctx) })
+	// The ZDS socket opens only once the agent knows the node's pods: a
+	// node proxy treats the snapshot as complete and drops what is not in
+	// it.
+	wg.Go(func() {
+		select {
+		case <-a.Synced():
+			_ = server.Run(ctx)
+		case <-ctx.Done():
+		}
+	})
+	wg.Go(func() { _ = srv.Serve(l) })
+	var once sync.Once
+	n.stop = func() { once.Do(func() { cancel(); srv.Close(); wg.Wait() }) }
+	t.Cleanup(n.stop)
+	select {
+	case <-a.Synced():
+	case <-time.After(30 * time.Second):
+		t.Fatal("agent did not sync")
+	}
+	return n
+}
+
+func createPod(t *testing.T, ns, name, node string, ip netip.Addr, labels map[string]string) *corev1.Pod {
+	t.Helper()
+	ctx := t.Context()
+	if _, err := env.Client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
+		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "app", Image: "canopy/echo"}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := json.Marshal(map[string]any{"status": corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip.String(), PodIPs: []corev1.PodIP{{IP: ip.String()}}}})
+	pod, err := env.Client.CoreV1().Pods(ns).Patch(ctx, name, types.MergePatchType, st, metav1.PatchOptions{}, "status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pod
+}
+
+func getPod(t *testing.T, ns, name string) *corev1.Pod {
+	t.Helper()
+	p, err := env.Client.CoreV1().Pods(ns).Get(t.Context(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func condition(p *corev1.Pod) *corev1.PodCondition {
+	for i, c := range p.Status.Conditions {
+		if c.Type == agent.ConditionEnrolled {
+			return &p.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+func counter(t *testing.T, reg *prometheus.Registry, name, outcome string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetValue() == outcome {
+					return m.GetCounter().GetValue()
+				}
+			}
+			if outcome == "" {
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+// TestAgentKeepsPodsEnrolled drives the agent through a real API server,
+// real namespaces and rules, and a test node proxy on ZDS.
+func TestAgentKeepsPodsEnrolled(t *testing.T) {
+	testenv.Need(t, env)
+	nettest.NeedRoot(t)
+	nodeName := fmt.Sprintf("agent-node-%d", time.Now().UnixNano()%100000)
+	running := nettest.NewPair(t, netip.MustParsePrefix("10.217.0.0/24"))
+	fresh := nettest.NewPair(t, netip.MustParsePrefix("10.217.1.0/24"))
+	ns := env.Namespace(t, "mesh", map[string]string{enroll.LabelDataplaneMode: enroll.ModeAmbient})
+	zdsPath := filepath.Join(t.TempDir(), "ztunnel.sock")
+	proxy := &nodeProxy{}
+	pctx, pcancel := context.WithCancel(context.Background())
+	defer pcancel()
+	go proxy.run(pctx, zdsPath)
+
+	// A pod that runs before the agent starts (after a reboot, say).
+	pod := createPod(t, ns, "running", nodeName, running.AddrA, nil)
+	stray := createPod(t, ns, "no-netns", nodeName, netip.MustParseAddr("10.217.9.9"), nil)
+	n := startNode(t, nodeName, zdsPath, running.B)
+
+	t.Run("a running pod is found and enrolled at start", func(t *testing.T) {
+		if err := (redirect.Nftables{}).Verify(running.A, redirect.DefaultPodConfig()); err != nil {
+			t.Fatalf("rules not in place: %v", err)
+		}
+		eventually(t, "node proxy got the pod", func() bool { return proxy.saw("add " + string(pod.UID)) })
+		eventually(t, "pod annotated and verified", func() bool {
+			p := getPod(t, ns, "running")
+			c := condition(p)
+			return p.Annotations[enroll.AnnotationRedirection] == enroll.RedirectionEnabled && c != nil && c.Status == corev1.ConditionTrue
+		})
+	})
+
+	t.Run("a pod that cannot be enrolled says why", func(t *testing.T) {
+		eventually(t, "condition False with NetnsNotFound", func() bool {
+			c := condition(getPod(t, ns, stray.Name))
+			return c != nil && c.Status == corev1.ConditionFalse && c.Reason == agent.ReasonNoNetns
+		})
+		if got := counter(t, n.reg, "canopy_cni_unenrollable_pods", ""); got != 1 {
+			t.Errorf("canopy_cni_unenrollable_pods = %v, want 1", got)
+		}
+	})
+
+	t.Run("rules deleted behind the agent's back are repaired", func(t *testing.T) {
+		nettest.In(t, running.A, func() ([]byte, error) {
+			return exec.Command("nft", "delete", "table", "inet", redirect.NatTable).CombinedOutput()
+		})
+		eventually(t, "rules repaired", func() bool {
+			return (redirect.Nftables{}).Verify(running.A, redirect.DefaultPodConfig()) == nil
+		})
+		if got := counter(t, n.reg, "canopy_cni_verifications_total", "repaired"); got < 1 {
+			t.Errorf("repaired verifications = %v", got)
+		}
+		eventually(t, "condition says repaired", func() bool { return condition(getPod(t, ns, "running")).Reason == agent.ReasonRepaired })
+	})
+
+	var added *corev1.Pod
+	t.Run("the plugin's ADD enrolls a new pod", func(t *testing.T) {
+		added = createPod(t, ns, "fresh", nodeName, fresh.AddrA, nil)
+		resp, err := n.plugin.Do(t.Context(), pluginevent.PathAdd, pluginevent.Request{
+			ContainerID: "c1", Netns: fresh.A, PodName: "fresh", PodNamespace: ns, IPs: []string{fresh.AddrA.String()},
+		})
+		if err != nil || !resp.Enrolled {
+			t.Fatalf("ADD = %+v, %v", resp, err)
+		}
+		if err := (redirect.Nftables{}).Verify(fresh.A, redirect.DefaultPodConfig()); err != nil {
+			t.Fatal(err)
+		}
+		if !proxy.saw("add " + string(added.UID)) {
+			t.Error("node proxy did not get the pod before ADD returned")
+		}
+		// A pod outside the mesh is not enrolled, and says why.
+		outside := env.Namespace(t, "plain", nil)
+		createPod(t, outside, "plain", nodeName, netip.MustParseAddr("10.217.8.8"), nil)
+		resp, err = n.plugin.Do(t.Context(), pluginevent.PathAdd, pluginevent.Request{Netns: fresh.A, PodName: "plain", PodNamespace: outside})
+		if err != nil || resp.Enrolled || resp.Reason == "" {
+			t.Errorf("ADD of a non-mesh pod = %+v, %v", resp, err)
+		}
+	})
+
+	outer := t // the restarted agent outlives its subtest
+	t.Run("an agent restart gives the node proxy a full snapshot", func(t *testing.T) {
+		n.stop()
+		proxy.reset()
+		startNode(outer, nodeName, zdsPath, running.B)
+		eventually(t, "a snapshot", func() bool { return proxy.saw("snapshot") })
+		proxy.mu.Lock()
+		got := slices.Clone(proxy.got[:3])
+		proxy.mu.Unlock()
+		slices.Sort(got)
+		want := []string{"add " + string(pod.UID), "add " + string(added.UID), "snapshot"}
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Errorf("after the restart the node proxy got %q first, want both pods then the snapshot", got)
+		}
+	})
+
+	t.Run("opting out un-enrolls", func(t *testing.T) {
+		patch := []byte(`{"metadata":{"labels":{"` + enroll.LabelDataplaneMode + `":"none"}}}`)
+		if _, err := env.Client.CoreV1().Pods(ns).Patch(t.Context(), "running", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "rules removed", func() bool {
+			return (redirect.Nftables{}).Verify(running.A, redirect.DefaultPodConfig()) != nil
+		})
+		eventually(t, "node proxy told", func() bool { return proxy.saw("del " + string(pod.UID)) })
+		eventually(t, "annotation and condition removed", func() bool {
+			p := getPod(t, ns, "running")
+			_, has := p.Annotations[enroll.AnnotationRedirection]
+			return !has && condition(p) == nil
+		})
+	})
+}

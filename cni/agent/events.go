@@ -1,0 +1,160 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/canopy-mesh/canopy/cni/pluginevent"
+)
+
+// PluginHandler serves the canopy-cni plugin's requests (package
+// pluginevent). ADD returns once the pod is enrolled, or with the reason
+// it is not in the mesh; an error fails the pod's sandbox (fail closed).
+func (a *Agent) PluginHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST "+pluginevent.PathAdd, a.serve(a.cmdAdd))
+	mux.HandleFunc("POST "+pluginevent.PathDel, a.serve(a.cmdDel))
+	mux.HandleFunc("POST "+pluginevent.PathCheck, a.serve(a.cmdCheck))
+	return mux
+}
+
+func (a *Agent) serve(f func(context.Context, pluginevent.Request) (pluginevent.Response, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req pluginevent.Request
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil {
+			http.Error(w, "bad request: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		if req.PodName == "" || req.PodNamespace == "" {
+			http.Error(w, "bad request: pod name and namespace are required", http.StatusBadRequest)
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 55*time.Second)
+		defer cancel()
+		select {
+		case <-a.synced:
+		case <-ctx.Done():
+			http.Error(w, "node agent not synced with the cluster yet", http.StatusServiceUnavailable)
+			return
+		}
+		resp, err := f(ctx, req)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(resp)
+	}
+}
+
+// pod returns the pod from the informer, else from the API server (a
+// brand-new pod may not have reached the informer yet).
+func (a *Agent) pod(ctx context.Context, req pluginevent.Request) (*corev1.Pod, error) {
+	pod, err := a.pods.Pods(req.PodNamespace).Get(req.PodName)
+	if err != nil || (req.PodUID != "" && string(pod.UID) != req.PodUID) {
+		pod, err = a.kube.CoreV1().Pods(req.PodNamespace).Get(ctx, req.PodName, metav1.GetOptions{})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get pod %s/%s: %w", req.PodNamespace, req.PodName, err)
+	}
+	if req.PodUID != "" && string(pod.UID) != req.PodUID {
+		return nil, fmt.Errorf("pod %s/%s has uid %s, the runtime set up %s", req.PodNamespace, req.PodName, pod.UID, req.PodUID)
+	}
+	return pod, nil
+}
+
+func (a *Agent) cmdAdd(ctx context.Context, req pluginevent.Request) (pluginevent.Response, error) {
+	pod, err := a.pod(ctx, req)
+	if err != nil {
+		return pluginevent.Response{}, err
+	}
+	d := a.decide(pod)
+	if !d.Enroll {
+		return pluginevent.Response{Reason: d.Reason}, nil
+	}
+	var ips []netip.Addr
+	for _, s := range req.IPs {
+		if ip, err := netip.ParseAddr(s); err == nil {
+			ips = append(ips, ip)
+		}
+	}
+	if len(ips) == 0 {
+		ips = podIPs(pod)
+	}
+	if len(ips) == 0 {
+		return pluginevent.Response{}, fmt.Errorf("pod %s/%s: no IP in the previous plugin's result", pod.Namespace, pod.Name)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.enrollPod(ctx, pod, req.Netns, ips, d.Pod); err != nil {
+		return pluginevent.Response{}, err
+	}
+	return pluginevent.Response{Enrolled: true, Reason: d.Reason}, nil
+}
+
+func (a *Agent) member(req pluginevent.Request) *member {
+	for _, m := range a.enrolled {
+		if m.namespace == req.PodNamespace && m.name == req.PodName {
+			return m
+		}
+	}
+	return nil
+}
+
+func (a *Agent) cmdDel(ctx context.Context, req pluginevent.Request) (pluginevent.Response, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if m := a.member(req); m != nil {
+		pod, err := a.kube.CoreV1().Pods(req.PodNamespace).Get(ctx, req.PodName, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) || err != nil {
+			pod = nil
+		}
+		a.unenrollPod(ctx, m, pod)
+	}
+	return pluginevent.Response{}, nil
+}
+
+func (a *Agent) cmdCheck(ctx context.Context, req pluginevent.Request) (pluginevent.Response, error) {
+	pod, err := a.pod(ctx, req)
+	if err != nil {
+		return pluginevent.Response{}, err
+	}
+	d := a.decide(pod)
+	if !d.Enroll {
+		return pluginevent.Response{Reason: d.Reason}, nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	m := a.member(req)
+	if m == nil {
+		return pluginevent.Response{}, fmt.Errorf("ambient pod %s/%s is not enrolled", pod.Namespace, pod.Name)
+	}
+	if err := a.backend.Verify(m.path(), d.Pod); err != nil {
+		return pluginevent.Response{}, err
+	}
+	return pluginevent.Response{Enrolled: true}, nil
+}
+
+// Uninstall takes every pod out of the mesh and removes the host rules;
+// the agent honours an explicit uninstall this way rather than guessing
+// it from a shutdown.
+func (a *Agent) Uninstall(ctx context.Context) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, m := range a.enrolled {
+		pod, err := a.kube.CoreV1().Pods(m.namespace).Get(ctx, m.name, metav1.GetOptions{})
+		if err != nil {
+			pod = nil
+		}
+		a.unenrollPod(ctx, m, pod)
+	}
+	return a.host.Delete()
+}

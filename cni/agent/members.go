@@ -1,0 +1,122 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/canopy-mesh/canopy/cni/enroll"
+	"github.com/canopy-mesh/canopy/cni/redirect"
+	"github.com/canopy-mesh/canopy/cni/zds"
+	zdspb "github.com/canopy-mesh/canopy/workloadapi/zds"
+)
+
+// enrollPod puts a pod in the mesh (spec §3.5): rules in its netns, its
+// IPs in the host probe set, the pod to the node proxy, the annotation.
+// Callers hold a.mu.
+func (a *Agent) enrollPod(ctx context.Context, pod *corev1.Pod, netnsPath string, ips []netip.Addr, cfg redirect.PodConfig) error {
+	f, err := os.Open(netnsPath)
+	if err != nil {
+		return a.failed(ctx, pod, fmt.Errorf("open netns %s: %w", netnsPath, err))
+	}
+	if old := a.enrolled[pod.UID]; old != nil {
+		old.netns.Close()
+		_ = a.host.Remove(old.ips...)
+		delete(a.enrolled, pod.UID)
+	}
+	m := &member{namespace: pod.Namespace, name: pod.Name, uid: pod.UID, netns: f, inode: inode(f), ips: ips, cfg: cfg}
+	if err := a.backend.Enroll(m.path(), cfg); err != nil {
+		f.Close()
+		return a.failed(ctx, pod, err)
+	}
+	if err := a.host.Add(ips...); err != nil {
+		f.Close()
+		return a.failed(ctx, pod, fmt.Errorf("host probe set: %w", err))
+	}
+	state, reason := enroll.RedirectionEnabled, ReasonVerified
+	if err := a.proxy.Add(zds.Pod{UID: string(pod.UID), Info: workloadInfo(pod), Netns: dup(f)}); err != nil {
+		if !errors.Is(err, zds.ErrNoProxy) {
+			// Rules stay: traffic fails closed until the proxy takes the pod.
+			f.Close()
+			return a.failed(ctx, pod, fmt.Errorf("node proxy: %w", err))
+		}
+		state, reason = enroll.RedirectionPending, ReasonPending
+	}
+	now := a.cfg.Now()
+	m.state, m.verified, m.published = state, now, now
+	a.enrolled[pod.UID] = m
+	a.metrics.enrollments.WithLabelValues(state).Inc()
+	a.metrics.enrolled.Set(float64(len(a.enrolled)))
+	a.log.Info("pod enrolled", "pod", pod.Namespace+"/"+pod.Name, "state", state, "netns", netnsPath)
+	msg := "redirection verified in the pod's network namespace"
+	if state == enroll.RedirectionPending {
+		msg = "redirection in place; no node proxy has taken the pod yet"
+	}
+	if err := a.publish(ctx, pod, state, true, reason, msg, now); err != nil {
+		a.log.Warn("cannot publish enrollment", "pod", pod.Namespace+"/"+pod.Name, "err", err)
+	}
+	return nil
+}
+
+// failed records and publishes a failed enrollment.
+func (a *Agent) failed(ctx context.Context, pod *corev1.Pod, err error) error {
+	a.metrics.enrollments.WithLabelValues("failed").Inc()
+	a.log.Error("cannot enroll pod", "pod", pod.Namespace+"/"+pod.Name, "err", err)
+	if perr := a.publish(ctx, pod, "", false, ReasonFailed, err.Error(), a.cfg.Now()); perr != nil {
+		a.log.Warn("cannot publish enrollment failure", "pod", pod.Namespace+"/"+pod.Name, "err", perr)
+	}
+	return err
+}
+
+// unenrollPod takes a pod out: rules, proxy, probe set, annotation (when
+// the pod still exists). Partial state is tolerated. Callers hold a.mu.
+func (a *Agent) unenrollPod(ctx context.Context, m *member, pod *corev1.Pod) {
+	var errs []error
+	if err := a.backend.Unenroll(m.path()); err != nil {
+		errs = append(errs, err)
+	}
+	if err := a.proxy.Delete(string(m.uid)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := a.host.Remove(m.ips...); err != nil {
+		errs = append(errs, err)
+	}
+	m.netns.Close()
+	delete(a.enrolled, m.uid)
+	a.metrics.enrolled.Set(float64(len(a.enrolled)))
+	if pod != nil {
+		if err := a.unpublish(ctx, pod); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	a.log.Info("pod unenrolled", "pod", m.namespace+"/"+m.name, "err", errors.Join(errs...))
+}
+
+func workloadInfo(pod *corev1.Pod) *zdspb.WorkloadInfo {
+	sa := pod.Spec.ServiceAccountName
+	if sa == "" {
+		sa = "default"
+	}
+	return &zdspb.WorkloadInfo{Name: pod.Name, Namespace: pod.Namespace, ServiceAccount: sa}
+}
+
+// dup returns a second handle on f's namespace for the ZDS server, which
+// owns and closes it.
+func dup(f *os.File) *os.File {
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	return os.NewFile(uintptr(fd), f.Name())
+}
+
+func sameConfig(a, b redirect.PodConfig) bool {
+	return a.DNSCapture == b.DNSCapture && a.InboundCapture == b.InboundCapture &&
+		a.ProbeSNAT == b.ProbeSNAT && slices.Equal(a.RerouteInterfaces, b.RerouteInterfaces)
+}
