@@ -1,0 +1,148 @@
+package install
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+const bridge = `{"cniVersion":"1.0.0","name":"k8s","plugins":[{"type":"bridge","bridge":"cni0","ipam":{"type":"host-local"}},{"type":"portmap","capabilities":{"portMappings":true}}]}`
+
+func setup(t *testing.T, files map[string]string) Installer {
+	t.Helper()
+	dir := t.TempDir()
+	i := Installer{
+		ConfDir: filepath.Join(dir, "net.d"), BinDir: filepath.Join(dir, "bin"), PluginBinary: filepath.Join(dir, "canopy-cni"),
+		Entry: map[string]any{"agentSocket": "/var/run/canopy/cni.sock"}, Recheck: 50 * time.Millisecond, Log: slog.New(slog.DiscardHandler),
+	}
+	for _, d := range []string{i.ConfDir, i.BinDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(i.PluginBinary, []byte("plugin v1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(i.ConfDir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return i
+}
+
+func types(t *testing.T, path string) []string {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conf struct {
+		Plugins []struct{ Type string } `json:"plugins"`
+	}
+	if err := json.Unmarshal(raw, &conf); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, p := range conf.Plugins {
+		out = append(out, p.Type)
+	}
+	return out
+}
+
+func TestInstallJoinsTheChainOnce(t *testing.T) {
+	i := setup(t, map[string]string{"10-bridge.conflist": bridge, "99-other.conflist": bridge})
+	if err := i.Install(); err != nil {
+		t.Fatal(err)
+	}
+	primary := filepath.Join(i.ConfDir, "10-bridge.conflist")
+	if diff := cmp.Diff([]string{"bridge", "portmap", PluginType}, types(t, primary)); diff != "" {
+		t.Errorf("chain (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"bridge", "portmap"}, types(t, filepath.Join(i.ConfDir, "99-other.conflist"))); diff != "" {
+		t.Errorf("a non-primary file changed (-want +got):\n%s", diff)
+	}
+	if b, _ := os.ReadFile(filepath.Join(i.BinDir, PluginType)); string(b) != "plugin v1" {
+		t.Errorf("binary = %q", b)
+	}
+	before, _ := os.Stat(primary)
+	time.Sleep(10 * time.Millisecond)
+	if err := i.Install(); err != nil {
+		t.Fatal(err)
+	}
+	if after, _ := os.Stat(primary); !after.ModTime().Equal(before.ModTime()) {
+		t.Error("a second Install rewrote the configuration")
+	}
+
+	if err := i.Uninstall(); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"bridge", "portmap"}, types(t, primary)); diff != "" {
+		t.Errorf("after Uninstall (-want +got):\n%s", diff)
+	}
+	if _, err := os.Stat(filepath.Join(i.BinDir, PluginType)); !os.IsNotExist(err) {
+		t.Error("binary left after Uninstall")
+	}
+}
+
+func TestInstallConvertsASingleConf(t *testing.T) {
+	i := setup(t, map[string]string{"10-bridge.conf": `{"cniVersion":"1.0.0","name":"k8s","type":"bridge","bridge":"cni0"}`})
+	if err := i.Install(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(i.ConfDir, "10-bridge.conf")); !os.IsNotExist(err) {
+		t.Error("the .conf was not replaced")
+	}
+	if diff := cmp.Diff([]string{"bridge", PluginType}, types(t, filepath.Join(i.ConfDir, "10-bridge.conflist"))); diff != "" {
+		t.Errorf("chain (-want +got):\n%s", diff)
+	}
+}
+
+func TestInstallRefusesBadInput(t *testing.T) {
+	i := setup(t, map[string]string{"10-bad.conflist": `{"plugins": [`})
+	if err := i.Install(); err == nil || !strings.Contains(err.Error(), "not JSON (left untouched)") {
+		t.Errorf("Install over a broken file = %v", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(i.ConfDir, "10-bad.conflist")); string(b) != `{"plugins": [` {
+		t.Error("the broken file was changed")
+	}
+	empty := setup(t, nil)
+	if err := empty.Install(); err != ErrNoPrimary {
+		t.Errorf("Install without a primary = %v, want ErrNoPrimary", err)
+	}
+}
+
+// TestWatchPutsItselfBack: another CNI rewrites the file at boot; the
+// entry comes back, and a primary that appears late is joined.
+func TestWatchPutsItselfBack(t *testing.T) {
+	i := setup(t, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- i.Watch(ctx) }()
+	defer func() { cancel(); <-done }()
+	primary := filepath.Join(i.ConfDir, "10-bridge.conflist")
+	eventuallyChain := func(what string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if _, err := os.Stat(primary); err == nil && cmp.Equal([]string{"bridge", "portmap", PluginType}, types(t, primary)) {
+				return
+			}
+		}
+		t.Fatal(what)
+	}
+	if err := os.WriteFile(primary, []byte(bridge), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyChain("late primary joined")
+	if err := os.WriteFile(primary, []byte(bridge), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyChain("entry restored after a rewrite")
+}
