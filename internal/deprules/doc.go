@@ -51,6 +51,11 @@ var Binaries = map[string][]Rule{
 		Forbid:   []string{"k8s.io/client-go", "k8s.io/apimachinery", "google.golang.org/grpc", "./controller", "./node", "./cni/redirect", "./cni/zds"},
 		Reason:   "the CNI plugin links neither client-go nor gRPC nor the agent's machinery",
 	}},
+	"canopy-cni-agent": {{
+		Packages: []string{"./cmd/canopy-cni-agent"},
+		Forbid:   []string{"./controller", "./node", "./internal/localcluster"},
+		Reason:   "the CNI agent talks to the node proxy over ZDS only",
+	}},
 	// The test application runs in every demo pod: keep it a plain
 	// networking program.
 	"canopy-echo": {{

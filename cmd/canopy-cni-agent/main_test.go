@@ -1,0 +1,28 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestParseFlags(t *testing.T) {
+	c, err := parseFlags([]string{"--node-name=n1", "--backend=iptables", "--excluded-namespaces=kube-system, ops", "--probe-uid=1001"})
+	if err != nil || c.nodeName != "n1" || c.backend != "iptables" || len(c.enroll.ExcludedNamespaces) != 2 || c.probeUID != 1001 {
+		t.Fatalf("parseFlags = %+v, %v", c, err)
+	}
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--node-name="}, "--node-name"},
+		{[]string{"--node-name=n", "--backend=ebpf"}, "want nftables or iptables"},
+		{[]string{"--node-name=n", "--probe-snat=fd00::1"}, "IPv4"},
+		{[]string{"--node-name=n", "--reconcile-period=0s"}, "positive"},
+		{[]string{"--node-name=n", "--probe-uid=-5"}, "user ID"},
+		{[]string{"--node-name=n", "--log-level=loud"}, "log-level"},
+	} {
+		if _, err := parseFlags(tt.args); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("parseFlags(%v) = %v, want an error containing %q", tt.args, err, tt.want)
+		}
+	}
+}
