@@ -1,0 +1,173 @@
+// Package cni_test benchmarks pod enrollment on real network namespaces:
+// rules in place (per backend), the pod IP in the host probe set, and the
+// node proxy's ZDS Ack, for 200 pods. Run as root:
+//
+//	go test ./bench/cni -run '^$' -bench . -benchtime 3x
+package cni_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	vnetns "github.com/vishvananda/netns"
+
+	"github.com/canopy-mesh/canopy/cni/hostrules"
+	"github.com/canopy-mesh/canopy/cni/redirect"
+	"github.com/canopy-mesh/canopy/cni/zds"
+	"github.com/canopy-mesh/canopy/internal/netns"
+	"github.com/canopy-mesh/canopy/internal/nettest"
+	"github.com/canopy-mesh/canopy/internal/zdsconn"
+	zdspb "github.com/canopy-mesh/canopy/workloadapi/zds"
+)
+
+const pods = 200
+
+// fixture is 200 pod namespaces, a node namespace for the host rules, and
+// a ZDS server with a node proxy that acknowledges everything.
+type fixture struct {
+	pods   []string
+	host   hostrules.Rules
+	server *zds.Server
+}
+
+func setup(b *testing.B) *fixture {
+	b.Helper()
+	nettest.NeedRoot(b)
+	id := make([]byte, 3)
+	_, _ = rand.Read(id)
+	prefix := "cnp-bench-" + hex.EncodeToString(id)
+	f := &fixture{}
+	mk := func(name string) string {
+		path, err := netns.Create(name)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = netns.DeletePath(path) })
+		h, err := netlink.NewHandleAt(mustNs(b, path))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer h.Close()
+		lo, _ := h.LinkByName("lo")
+		_ = h.LinkSetUp(lo)
+		return path
+	}
+	for i := range pods {
+		f.pods = append(f.pods, mk(fmt.Sprintf("%s-%d", prefix, i)))
+	}
+	f.host = hostrules.Rules{ProbeSNAT: redirect.DefaultProbeSNAT, Netns: mk(prefix + "-node")}
+	if err := f.host.Sync(nil); err != nil {
+		b.Fatal(err)
+	}
+	sock := filepath.Join(b.TempDir(), "ztunnel.sock")
+	f.server = zds.New(sock, zds.Config{}, slog.New(slog.DiscardHandler))
+	ctx, cancel := context.WithCancel(context.Background())
+	b.Cleanup(cancel)
+	go func() { _ = f.server.Run(ctx) }()
+	go ackAll(ctx, sock)
+	for f.server.Connected() == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	return f
+}
+
+func mustNs(b *testing.B, path string) vnetns.NsHandle {
+	h, err := vnetns.GetFromPath(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { h.Close() })
+	return h
+}
+
+// ackAll is a node proxy that acknowledges every request.
+func ackAll(ctx context.Context, sock string) {
+	var uc *net.UnixConn
+	var err error
+	for uc, err = net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: sock, Net: "unixpacket"}); err != nil; uc, err = net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: sock, Net: "unixpacket"}) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	c := zdsconn.New(uc)
+	go func() { <-ctx.Done(); c.Close() }()
+	_ = c.Send(&zdspb.ZdsHello{Version: zdspb.Version_V1}, nil, time.Now().Add(time.Second))
+	for {
+		var req zdspb.WorkloadRequest
+		fds, err := c.Recv(&req, time.Time{})
+		if err != nil {
+			return
+		}
+		for _, f := range fds {
+			f.Close()
+		}
+		if c.Send(&zdspb.WorkloadResponse{Payload: &zdspb.WorkloadResponse_Ack{Ack: &zdspb.Ack{}}}, nil, time.Now().Add(time.Second)) != nil {
+			return
+		}
+	}
+}
+
+// enroll is the agent's path for one pod after the plugin's ADD.
+func (f *fixture) enroll(b *testing.B, backend redirect.Backend, i int, withRules bool) time.Duration {
+	ip := netip.AddrFrom4([4]byte{10, 219, byte(i >> 8), byte(i)})
+	nsf, err := os.Open(f.pods[i])
+	if err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	if withRules {
+		if err := backend.Enroll(f.pods[i], redirect.DefaultPodConfig()); err != nil {
+			b.Fatal(err)
+		}
+		if err := f.host.Add(ip); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := f.server.Add(zds.Pod{UID: fmt.Sprintf("uid-%d", i), Info: &zdspb.WorkloadInfo{Name: "p", Namespace: "ns", ServiceAccount: "sa"}, Netns: nsf}); err != nil {
+		b.Fatal(err)
+	}
+	return time.Since(start)
+}
+
+func report(b *testing.B, took []time.Duration) {
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(took[len(took)*99/100].Microseconds()), "p99-µs")
+}
+
+// BenchmarkEnroll: rules, host probe set and ZDS Ack per pod, for each
+// backend; ZDSOnly (the Ack alone) is the baseline.
+func BenchmarkEnroll(b *testing.B) {
+	for _, tt := range []struct {
+		name    string
+		backend redirect.Backend
+	}{{"nftables", redirect.Nftables{}}, {"iptables", redirect.Iptables{}}, {"ZDSOnly", nil}} {
+		b.Run(tt.name, func(b *testing.B) {
+			f := setup(b)
+			var took []time.Duration
+			for b.Loop() {
+				for i := range pods {
+					took = append(took, f.enroll(b, tt.backend, i, tt.backend != nil))
+				}
+				b.StopTimer()
+				for i := range pods {
+					if tt.backend != nil {
+						_ = tt.backend.Unenroll(f.pods[i])
+					}
+					_ = f.server.Delete(fmt.Sprintf("uid-%d", i))
+				}
+				b.StartTimer()
+			}
+			report(b, took)
+		})
+	}
+}
