@@ -163,30 +163,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		Entry: map[string]any{"agentSocket": cfg.pluginSocket, "excludeNamespaces": cfg.enroll.ExcludedNamespaces}, Log: log,
 	}
 
-	g, ctx := errgroup.WithContext(ctx)
 	if cfg.uninstall {
-		runCtx, cancel := context.WithCancel(ctx)
-		g.Go(func() error { return a.Run(runCtx) })
-		g.Go(func() error {
-			defer cancel()
-			select {
-			case <-a.Synced():
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-			// Out of the chain first, so no new pod is enrolled meanwhile.
-			if err := installer.Uninstall(); err != nil {
-				return fmt.Errorf("remove the plugin: %w", err)
-			}
-			if err := a.Uninstall(ctx); err != nil {
-				return fmt.Errorf("un-enroll: %w", err)
-			}
-			log.Info("uninstalled: every pod of the node is out of the mesh")
-			return nil
-		})
-		return g.Wait()
+		return uninstall(ctx, a, installer, log)
 	}
 
+	g, ctx := errgroup.WithContext(ctx)
 	if err := installer.Install(); err != nil && !errors.Is(err, install.ErrNoPrimary) {
 		return fmt.Errorf("install the plugin: %w", err)
 	}
@@ -220,6 +201,36 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	serveHTTP(ctx, g, "monitoring", "tcp", cfg.monitorAddr, monitor, log)
 	log.Info("canopy-cni-agent started", "node", cfg.nodeName, "backend", backend.Name(), "probe_uid", uid, "version", version.Get())
 	return g.Wait()
+}
+
+// uninstall takes the node out of the mesh: the plugin out of the chain
+// first (no new pod is enrolled meanwhile), the agent's loop stopped once
+// it has found every pod (it would enroll them again), then every pod
+// un-enrolled and the host rules removed.
+func uninstall(ctx context.Context, a *agent.Agent, installer install.Installer, log *slog.Logger) error {
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- a.Run(runCtx) }()
+	select {
+	case <-a.Synced():
+	case err := <-done:
+		return fmt.Errorf("agent ended before it synced: %w", err)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if err := installer.Uninstall(); err != nil {
+		return fmt.Errorf("remove the plugin: %w", err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		return err
+	}
+	if err := a.Uninstall(ctx); err != nil {
+		return fmt.Errorf("un-enroll: %w", err)
+	}
+	log.Info("uninstalled: every pod of the node is out of the mesh")
+	return nil
 }
 
 func serveHTTP(ctx context.Context, g *errgroup.Group, what, network, addr string, h http.Handler, log *slog.Logger) {

@@ -145,7 +145,8 @@ func (a *Agent) cmdCheck(ctx context.Context, req pluginevent.Request) (pluginev
 
 // Uninstall takes every pod out of the mesh and removes the host rules;
 // the agent honours an explicit uninstall this way rather than guessing
-// it from a shutdown.
+// it from a shutdown. Call it after Run has returned, or the next pass
+// enrolls the pods again.
 func (a *Agent) Uninstall(ctx context.Context) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
