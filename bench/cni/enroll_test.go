@@ -14,8 +14,10 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -170,4 +172,26 @@ func BenchmarkEnroll(b *testing.B) {
 			report(b, took)
 		})
 	}
+}
+
+// BenchmarkPluginExec is the container runtime's cost of running the
+// plugin binary (CNI VERSION: exec, load, answer), which a real ADD adds
+// to the enrollment above, with one HTTP round trip to the agent.
+func BenchmarkPluginExec(b *testing.B) {
+	bin := filepath.Join(b.TempDir(), "canopy-cni")
+	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/canopy-cni").CombinedOutput(); err != nil {
+		b.Fatalf("build: %v\n%s", err, out)
+	}
+	var took []time.Duration
+	for b.Loop() {
+		cmd := exec.Command(bin)
+		cmd.Env = []string{"CNI_COMMAND=VERSION"}
+		cmd.Stdin = strings.NewReader(`{"cniVersion":"1.0.0"}`)
+		start := time.Now()
+		if out, err := cmd.Output(); err != nil {
+			b.Fatalf("%v: %s", err, out)
+		}
+		took = append(took, time.Since(start))
+	}
+	report(b, took)
 }

@@ -32,12 +32,20 @@ func (n Nftables) Enroll(netnsPath string, cfg PodConfig) error {
 		return err
 	}
 	defer f.Close()
-	conn, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())))
+	conn, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())), nftables.AsLasting())
 	if err != nil {
 		return fmt.Errorf("nftables in %s: %w", netnsPath, err)
 	}
 	defer conn.CloseLasting()
-	deleteTables(conn)
+	// Replacing existing tables costs the kernel a grace period per base
+	// chain (hook unregistration); a first enrollment skips it.
+	existing, err := conn.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return fmt.Errorf("list nftables tables in %s: %w", netnsPath, err)
+	}
+	if slices.ContainsFunc(existing, func(t *nftables.Table) bool { return slices.Contains(ourTables, t.Name) }) {
+		deleteTables(conn)
+	}
 	for _, t := range nftRules(cfg) {
 		addTable(conn, t)
 	}
@@ -90,7 +98,7 @@ func (n Nftables) Unenroll(netnsPath string) error {
 		return err
 	}
 	defer f.Close()
-	conn, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())))
+	conn, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())), nftables.AsLasting())
 	if err != nil {
 		return fmt.Errorf("nftables in %s: %w", netnsPath, err)
 	}
@@ -116,7 +124,7 @@ func (n Nftables) Verify(netnsPath string, cfg PodConfig) error {
 		return err
 	}
 	defer f.Close()
-	conn, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())))
+	conn, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())), nftables.AsLasting())
 	if err != nil {
 		return fmt.Errorf("nftables in %s: %w", netnsPath, err)
 	}
