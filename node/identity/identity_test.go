@@ -1,0 +1,175 @@
+package identity
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/canopy-mesh/canopy/ca/pki"
+	"github.com/canopy-mesh/canopy/node/caclient"
+	"github.com/canopy-mesh/canopy/workloadapi"
+)
+
+// ca signs with a real authority; fail makes it refuse, and lie makes it
+// sign another identity.
+type ca struct {
+	mu    sync.Mutex
+	auth  *pki.Authority
+	now   func() time.Time
+	fail  bool
+	lie   bool
+	calls int
+}
+
+func (c *ca) Sign(_ context.Context, csrPEM []byte, id workloadapi.Identity, ttl time.Duration) ([]*x509.Certificate, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls++
+	if c.fail {
+		return nil, errors.New("CA unavailable")
+	}
+	if c.lie {
+		id.ServiceAccount = "someone-else"
+	}
+	csr, err := pki.ParseCSR(csrPEM)
+	if err != nil {
+		return nil, err
+	}
+	chain, err := c.auth.Sign(csr, id, ttl, c.now())
+	if err != nil {
+		return nil, err
+	}
+	return caclient.ParseChain(chain)
+}
+
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+var web = workloadapi.Identity{TrustDomain: "cluster.local", Namespace: "apps", ServiceAccount: "web"}
+
+func setup(t *testing.T) (*Manager, *ca, *clock, *prometheus.Registry) {
+	t.Helper()
+	clk := &clock{t: time.Now()}
+	auth, err := pki.NewSelfSigned("cluster.local", 0, clk.now().Add(-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer := &ca{auth: auth, now: clk.now}
+	reg := prometheus.NewRegistry()
+	m, err := New(Config{TTL: time.Hour, RetryMin: time.Millisecond, RetryMax: 4 * time.Millisecond, Registerer: reg, Now: clk.now}, signer, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, signer, clk, reg
+}
+
+func TestIssueAndRenew(t *testing.T) {
+	m, signer, clk, reg := setup(t)
+	m.Add(web)
+	first, err := m.Get(t.Context(), web)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := first.Chain[0].URIs[0].String(); got != "spiffe://cluster.local/ns/apps/sa/web" {
+		t.Errorf("leaf identity %s", got)
+	}
+	if first.Root == nil || !m.Roots().Equal(rootsOf(first.Root)) {
+		t.Error("the CA's root is not trusted")
+	}
+	if v := testutil.ToFloat64(m.expiry.WithLabelValues(web.String())); v != float64(first.NotAfter().Unix()) {
+		t.Errorf("expiry metric %v", v)
+	}
+	_ = reg
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go m.Run(ctx)
+
+	// Past half-life: renewed.
+	clk.add(40 * time.Minute)
+	m.poke()
+	eventually(t, "renewed at half-life", func() bool {
+		c, _ := m.Get(t.Context(), web)
+		return c != nil && c != first
+	})
+
+	// Renewal failing: the current certificate stays, retried with backoff.
+	cur, _ := m.Get(t.Context(), web)
+	signer.mu.Lock()
+	signer.fail = true
+	before := signer.calls
+	signer.mu.Unlock()
+	clk.add(40 * time.Minute)
+	m.poke()
+	eventually(t, "retried", func() bool {
+		clk.add(5 * time.Millisecond) // the backoff runs on the fake clock
+		m.poke()
+		signer.mu.Lock()
+		defer signer.mu.Unlock()
+		return signer.calls >= before+2
+	})
+	if c, err := m.Get(t.Context(), web); err != nil || c != cur {
+		t.Errorf("during failed renewals Get = %v, %v; want the current certificate", c, err)
+	}
+	// Once it has expired it is dropped rather than served.
+	clk.add(time.Hour)
+	m.poke()
+	eventually(t, "expired certificate dropped", func() bool { _, err := m.Get(t.Context(), web); return err != nil })
+
+	// The CA comes back: a new certificate.
+	signer.mu.Lock()
+	signer.fail = false
+	signer.mu.Unlock()
+	eventually(t, "recovered", func() bool {
+		clk.add(5 * time.Millisecond)
+		m.poke()
+		c, err := m.Get(t.Context(), web)
+		return err == nil && c.NotAfter().After(clk.now())
+	})
+
+	m.Remove(web)
+	if _, err := m.Get(t.Context(), web); err == nil {
+		t.Error("Get after the last Remove succeeded")
+	}
+}
+
+func TestWrongIdentityIsRefused(t *testing.T) {
+	m, signer, _, _ := setup(t)
+	signer.lie = true
+	m.Add(web)
+	if _, err := m.Get(t.Context(), web); err == nil {
+		t.Fatal("a certificate for another identity was accepted")
+	}
+}
+
+func rootsOf(c *x509.Certificate) *x509.CertPool {
+	p := x509.NewCertPool()
+	p.AddCert(c)
+	return p
+}
+
+func eventually(t *testing.T, what string, f func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+		if f() {
+			return
+		}
+	}
+	t.Fatal(what)
+}
