@@ -1,0 +1,100 @@
+package hbone
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"time"
+
+	"golang.org/x/net/http2"
+)
+
+// ClientConn is the client side of one HBONE connection.
+type ClientConn struct{ c *conn }
+
+// NewClientConn starts HTTP/2 on nc, an established mTLS connection
+// (ALPN h2).
+func NewClientConn(nc net.Conn) (*ClientConn, error) {
+	c := newConn(nc, true)
+	if err := c.handshake(); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	go c.readLoop()
+	return &ClientConn{c: c}, nil
+}
+
+// Connect opens a tunnel to authority ("<ip>:<port>") with the extra
+// headers (spec §5.3: baggage, forwarded, traceparent) and waits for the
+// answer: a *StatusError for anything but 200.
+func (cc *ClientConn) Connect(ctx context.Context, authority string, header [][2]string) (*Stream, error) {
+	c := cc.c
+	fields := append([][2]string{{":method", "CONNECT"}, {":authority", authority}}, header...)
+	var s *Stream
+	// Stream IDs must reach the peer in increasing order: allocate the ID
+	// and write its HEADERS under the same write lock.
+	err := c.writeFrames(func() error {
+		c.mu.Lock()
+		if err := c.err; err != nil {
+			c.mu.Unlock()
+			return refused{err}
+		}
+		if c.goAway {
+			c.mu.Unlock()
+			return refused{ErrGoAway}
+		}
+		id := c.nextID
+		c.nextID += 2
+		s = c.newStreamLocked(id)
+		maxFrame := c.peerMaxFrame
+		c.mu.Unlock()
+		block := c.encodeHeaders(fields)
+		if uint32(len(block)) > maxFrame {
+			return fmt.Errorf("header block of %d bytes", len(block)) // HPACK state moved: fatal
+		}
+		return c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true})
+	})
+	if err != nil {
+		if s != nil {
+			c.removeStream(s.id, err)
+		}
+		return nil, err
+	}
+	if err := s.awaitResponse(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Streams is the number of open streams.
+func (cc *ClientConn) Streams() int {
+	cc.c.mu.Lock()
+	defer cc.c.mu.Unlock()
+	return len(cc.c.streams)
+}
+
+// Usable reports whether new streams may be opened.
+func (cc *ClientConn) Usable() bool {
+	cc.c.mu.Lock()
+	defer cc.c.mu.Unlock()
+	return cc.c.err == nil && !cc.c.goAway && cc.c.nextID < 1<<31-1
+}
+
+// IdleFor is how long the connection has had no stream (0 while busy).
+func (cc *ClientConn) IdleFor() time.Duration {
+	cc.c.mu.Lock()
+	defer cc.c.mu.Unlock()
+	if len(cc.c.streams) > 0 {
+		return 0
+	}
+	return time.Since(cc.c.idleSince)
+}
+
+// Done is closed when the connection has ended.
+func (cc *ClientConn) Done() <-chan struct{} { return cc.c.done }
+
+// Close ends the connection and its streams.
+func (cc *ClientConn) Close() error {
+	cc.c.fail(ErrConnClosed)
+	return nil
+}

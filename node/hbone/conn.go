@@ -1,0 +1,436 @@
+package hbone
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+)
+
+// HTTP/2 settings (spec §5.3).
+const (
+	StreamWindow  = 4 << 20
+	ConnWindow    = 16 << 20
+	MaxFrame      = 1 << 20
+	MaxHeaderList = 16 << 10
+	// MaxStreams is how many streams a peer may open at once.
+	MaxStreams = 1000
+	// defaultWindow is HTTP/2's initial window before SETTINGS.
+	defaultWindow = 65535
+)
+
+// Errors of a stream.
+var (
+	ErrReset      = errors.New("hbone: stream reset by peer")
+	ErrConnClosed = errors.New("hbone: connection closed")
+	ErrGoAway     = errors.New("hbone: connection going away")
+)
+
+// conn is one HTTP/2 connection, either side.
+type conn struct {
+	nc       net.Conn
+	fr       *http2.Framer
+	bw       *bufio.Writer
+	isClient bool
+
+	// wmu serializes frame writes; writers counts those waiting, so the
+	// last one flushes.
+	wmu     sync.Mutex
+	writers atomic.Int32
+	henc    *hpack.Encoder
+	hbuf    bytes.Buffer
+
+	mu      sync.Mutex
+	cond    *sync.Cond // send windows opened, streams changed, closed
+	streams map[uint32]*Stream
+	nextID  uint32
+	// peer settings
+	peerMaxFrame      uint32
+	peerInitialWindow int32
+	sendWindow        int64 // connection-level
+	recvUnacked       int64 // connection bytes consumed, not yet updated
+	err               error // set once closed
+	goAway            bool  // received or sent GOAWAY: no new streams
+	lastPeerStream    uint32
+	idleSince         time.Time
+	onStream          func(*Stream) // server: a new CONNECT
+	done              chan struct{}
+}
+
+func newConn(nc net.Conn, isClient bool) *conn {
+	c := &conn{
+		nc: nc, isClient: isClient, bw: bufio.NewWriterSize(nc, 64<<10),
+		streams: map[uint32]*Stream{}, peerMaxFrame: 16384, peerInitialWindow: defaultWindow,
+		sendWindow: defaultWindow, idleSince: time.Now(), done: make(chan struct{}),
+	}
+	c.cond = sync.NewCond(&c.mu)
+	c.fr = http2.NewFramer(c.bw, bufio.NewReaderSize(nc, 64<<10))
+	c.fr.SetMaxReadFrameSize(MaxFrame)
+	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	c.fr.MaxHeaderListSize = MaxHeaderList
+	c.henc = hpack.NewEncoder(&c.hbuf)
+	if isClient {
+		c.nextID = 1
+	}
+	return c
+}
+
+// refused is an error a writeFrames callback returns without writing:
+// the connection is fine, the caller's request is not.
+type refused struct{ error }
+
+func (r refused) Unwrap() error { return r.error }
+
+// writeFrames runs f under the write lock and flushes when no other
+// writer is waiting. A write error ends the connection.
+func (c *conn) writeFrames(f func() error) error {
+	c.writers.Add(1)
+	c.wmu.Lock()
+	err := f()
+	var r refused
+	if errors.As(err, &r) {
+		err = nil
+	}
+	if c.writers.Add(-1) == 0 && err == nil {
+		err = c.bw.Flush()
+	}
+	c.wmu.Unlock()
+	if err != nil {
+		c.fail(fmt.Errorf("hbone write: %w", err))
+		return err
+	}
+	if r.error != nil {
+		return r.error
+	}
+	return nil
+}
+
+// handshake sends our preface (client) and settings, and the extra
+// connection window.
+func (c *conn) handshake() error {
+	return c.writeFrames(func() error {
+		if c.isClient {
+			if _, err := c.bw.WriteString(http2.ClientPreface); err != nil {
+				return err
+			}
+		}
+		settings := []http2.Setting{
+			{ID: http2.SettingInitialWindowSize, Val: StreamWindow},
+			{ID: http2.SettingMaxFrameSize, Val: MaxFrame},
+			{ID: http2.SettingMaxConcurrentStreams, Val: MaxStreams},
+			{ID: http2.SettingMaxHeaderListSize, Val: MaxHeaderList},
+		}
+		if c.isClient {
+			settings = append(settings, http2.Setting{ID: http2.SettingEnablePush, Val: 0})
+		}
+		if err := c.fr.WriteSettings(settings...); err != nil {
+			return err
+		}
+		return c.fr.WriteWindowUpdate(0, ConnWindow-defaultWindow)
+	})
+}
+
+// fail closes the connection and every stream with err.
+func (c *conn) fail(err error) {
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.err = err
+	streams := c.streams
+	c.streams = map[uint32]*Stream{}
+	c.cond.Broadcast()
+	c.mu.Unlock()
+	for _, s := range streams {
+		s.abort(err)
+	}
+	c.nc.Close()
+	close(c.done)
+}
+
+// readLoop reads frames until the connection ends.
+func (c *conn) readLoop() {
+	for {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			var se http2.StreamError
+			if errors.As(err, &se) {
+				_ = c.writeFrames(func() error { return c.fr.WriteRSTStream(se.StreamID, se.Code) })
+				c.removeStream(se.StreamID, ErrReset)
+				continue
+			}
+			if errors.Is(err, io.EOF) {
+				err = ErrConnClosed
+			}
+			c.fail(err)
+			return
+		}
+		if err := c.handle(f); err != nil {
+			_ = c.writeFrames(func() error { return c.fr.WriteGoAway(c.lastPeer(), http2.ErrCodeProtocol, []byte(err.Error())) })
+			c.fail(err)
+			return
+		}
+	}
+}
+
+func (c *conn) lastPeer() uint32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lastPeerStream
+}
+
+func (c *conn) handle(f http2.Frame) error {
+	switch f := f.(type) {
+	case *http2.SettingsFrame:
+		if f.IsAck() {
+			return nil
+		}
+		if err := c.applySettings(f); err != nil {
+			return err
+		}
+		return c.writeFrames(c.fr.WriteSettingsAck)
+	case *http2.PingFrame:
+		if f.IsAck() {
+			return nil
+		}
+		return c.writeFrames(func() error { return c.fr.WritePing(true, f.Data) })
+	case *http2.WindowUpdateFrame:
+		c.mu.Lock()
+		if f.StreamID == 0 {
+			c.sendWindow += int64(f.Increment)
+		} else if s := c.streams[f.StreamID]; s != nil {
+			s.sendWindow += int64(f.Increment)
+		}
+		c.cond.Broadcast()
+		c.mu.Unlock()
+	case *http2.DataFrame:
+		return c.onData(f)
+	case *http2.MetaHeadersFrame:
+		return c.onHeaders(f)
+	case *http2.RSTStreamFrame:
+		c.removeStream(f.StreamID, ErrReset)
+	case *http2.GoAwayFrame:
+		c.mu.Lock()
+		c.goAway = true
+		var gone []*Stream
+		for id, s := range c.streams {
+			if c.isClient && id > f.LastStreamID {
+				gone = append(gone, s)
+				delete(c.streams, id)
+			}
+		}
+		c.cond.Broadcast()
+		c.mu.Unlock()
+		for _, s := range gone {
+			s.abort(ErrGoAway)
+		}
+	case *http2.PushPromiseFrame:
+		return errors.New("push promise received; push is disabled")
+	}
+	return nil
+}
+
+func (c *conn) applySettings(f *http2.SettingsFrame) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return f.ForeachSetting(func(s http2.Setting) error {
+		if err := s.Valid(); err != nil {
+			return err
+		}
+		switch s.ID {
+		case http2.SettingMaxFrameSize:
+			c.peerMaxFrame = s.Val
+		case http2.SettingInitialWindowSize:
+			delta := int64(s.Val) - int64(c.peerInitialWindow)
+			c.peerInitialWindow = int32(s.Val)
+			for _, st := range c.streams {
+				st.sendWindow += delta
+			}
+			c.cond.Broadcast()
+		}
+		return nil
+	})
+}
+
+func (c *conn) onData(f *http2.DataFrame) error {
+	n := int64(f.Length)
+	c.mu.Lock()
+	s := c.streams[f.StreamID]
+	c.mu.Unlock()
+	if s == nil {
+		// A stream we reset or finished: its bytes still count against the
+		// connection window.
+		c.consumed(n)
+		return nil
+	}
+	if pad := n - int64(len(f.Data())); pad > 0 {
+		c.consumed(pad)
+	}
+	s.deliver(f.Data(), f.StreamEnded())
+	return nil
+}
+
+// consumed returns n connection-window bytes to the peer, in batches.
+func (c *conn) consumed(n int64) {
+	c.mu.Lock()
+	c.recvUnacked += n
+	var inc int64
+	if c.recvUnacked >= ConnWindow/4 {
+		inc, c.recvUnacked = c.recvUnacked, 0
+	}
+	c.mu.Unlock()
+	if inc > 0 {
+		_ = c.writeFrames(func() error { return c.fr.WriteWindowUpdate(0, uint32(inc)) })
+	}
+}
+
+func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
+	if c.isClient {
+		c.mu.Lock()
+		s := c.streams[f.StreamID]
+		c.mu.Unlock()
+		if s != nil {
+			s.onResponse(f)
+		}
+		return nil
+	}
+	if f.StreamID%2 == 0 || f.StreamID <= c.lastPeer() {
+		return fmt.Errorf("bad client stream id %d", f.StreamID)
+	}
+	c.mu.Lock()
+	c.lastPeerStream = f.StreamID
+	tooMany := len(c.streams) >= MaxStreams
+	refused := c.goAway
+	c.mu.Unlock()
+	if tooMany || refused {
+		return c.writeFrames(func() error { return c.fr.WriteRSTStream(f.StreamID, http2.ErrCodeRefusedStream) })
+	}
+	req, err := parseRequest(f)
+	s := c.newStream(f.StreamID)
+	s.Request = req
+	if err != nil {
+		_ = s.Respond(400, nil)
+		s.Close()
+		return nil
+	}
+	if f.StreamEnded() {
+		s.deliver(nil, true)
+	}
+	go c.onStream(s)
+	return nil
+}
+
+// newStream registers a stream.
+func (c *conn) newStream(id uint32) *Stream {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.newStreamLocked(id)
+}
+
+func (c *conn) newStreamLocked(id uint32) *Stream {
+	s := &Stream{c: c, id: id, response: make(chan struct{}), sendWindow: int64(c.peerInitialWindow)}
+	s.rcond = sync.NewCond(&s.rmu)
+	c.streams[id] = s
+	return s
+}
+
+// removeStream forgets a stream, failing its pending I/O with err.
+func (c *conn) removeStream(id uint32, err error) {
+	c.mu.Lock()
+	s := c.streams[id]
+	delete(c.streams, id)
+	if len(c.streams) == 0 {
+		c.idleSince = time.Now()
+	}
+	c.cond.Broadcast()
+	c.mu.Unlock()
+	if s != nil && err != nil {
+		s.abort(err)
+	}
+}
+
+// encodeHeaders HPACK-encodes fields; callers hold wmu.
+func (c *conn) encodeHeaders(fields [][2]string) []byte {
+	c.hbuf.Reset()
+	for _, f := range fields {
+		_ = c.henc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	return c.hbuf.Bytes()
+}
+
+// writeHeaders sends a HEADERS frame (CONTINUATION is not needed: our
+// header blocks stay under the peer's frame size).
+func (c *conn) writeHeaders(id uint32, fields [][2]string, end bool) error {
+	return c.writeFrames(func() error {
+		block := c.encodeHeaders(fields)
+		if uint32(len(block)) > c.peerMaxFrameLocked() {
+			return fmt.Errorf("header block of %d bytes", len(block)) // HPACK state moved: fatal
+		}
+		return c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true, EndStream: end})
+	})
+}
+
+func (c *conn) peerMaxFrameLocked() uint32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.peerMaxFrame
+}
+
+// Request is a CONNECT request's pseudo-headers and headers.
+type Request struct {
+	Authority string
+	// Header holds the regular headers (lower-case names), e.g. baggage,
+	// forwarded, traceparent.
+	Header map[string]string
+}
+
+// parseRequest validates a CONNECT (spec §5.3): classic CONNECT, no
+// :scheme or :path, an authority.
+func parseRequest(f *http2.MetaHeadersFrame) (Request, error) {
+	r := Request{Header: map[string]string{}}
+	method := ""
+	for _, hf := range f.Fields {
+		switch hf.Name {
+		case ":method":
+			method = hf.Value
+		case ":authority":
+			r.Authority = hf.Value
+		case ":scheme", ":path", ":protocol":
+			return r, fmt.Errorf("%s in a CONNECT request", hf.Name)
+		default:
+			if !hf.IsPseudo() {
+				r.Header[hf.Name] = hf.Value
+			}
+		}
+	}
+	if method != "CONNECT" {
+		return r, fmt.Errorf("method %q, want CONNECT", method)
+	}
+	if r.Authority == "" {
+		return r, errors.New("no :authority")
+	}
+	return r, nil
+}
+
+func statusOf(f *http2.MetaHeadersFrame) (int, map[string]string) {
+	hdr := map[string]string{}
+	code := 0
+	for _, hf := range f.Fields {
+		if hf.Name == ":status" {
+			code, _ = strconv.Atoi(hf.Value)
+		} else if !hf.IsPseudo() {
+			hdr[hf.Name] = hf.Value
+		}
+	}
+	return code, hdr
+}

@@ -1,0 +1,341 @@
+package hbone
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+)
+
+// tlsPair returns server and client TLS configs for mutual TLS 1.3 with
+// ALPN h2, from one throwaway CA.
+func tlsPair(t testing.TB) (*tls.Config, *tls.Config) {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	leaf := func(serial int64) tls.Certificate {
+		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}, DNSNames: []string{"hbone"}}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	server := &tls.Config{Certificates: []tls.Certificate{leaf(2)}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert,
+		MinVersion: tls.VersionTLS13, NextProtos: []string{"h2"}}
+	client := &tls.Config{Certificates: []tls.Certificate{leaf(3)}, RootCAs: pool, ServerName: "hbone",
+		MinVersion: tls.VersionTLS13, NextProtos: []string{"h2"}}
+	return server, client
+}
+
+func serveTLS(t testing.TB, scfg *tls.Config, handler func(*Stream)) (string, chan *ServerConn) {
+	l, err := tls.Listen("tcp", "127.0.0.1:0", scfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	conns := make(chan *ServerConn, 16)
+	go func() {
+		for {
+			nc, err := l.Accept()
+			if err != nil {
+				return
+			}
+			sc, _ := Serve(nc, handler)
+			conns <- sc
+		}
+	}()
+	return l.Addr().String(), conns
+}
+
+func echo(s *Stream) {
+	if s.Request.Authority == "10.0.0.1:403" {
+		_ = s.Respond(401, nil)
+		return
+	}
+	if err := s.Respond(200, map[string]string{"baggage": "k8s.namespace.name=srv"}); err != nil {
+		return
+	}
+	_, _ = io.Copy(s, s)
+	_ = s.CloseWrite()
+}
+
+// pair returns a client connected to an echo server with the same CA.
+func pair(t testing.TB) *ClientConn {
+	t.Helper()
+	scfg, ccfg := tlsPair(t)
+	addr, _ := serveTLS(t, scfg, echo)
+	nc, err := tls.Dial("tcp", addr, ccfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := NewClientConn(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+func TestEchoThroughTunnel(t *testing.T) {
+	cc := pair(t)
+	s, err := cc.Connect(t.Context(), "10.244.1.5:8080", [][2]string{{"forwarded", `for="10.244.2.3:4000"`}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.ResponseHeader()["baggage"]; got != "k8s.namespace.name=srv" {
+		t.Errorf("response baggage %q", got)
+	}
+	// More than every window, so flow control has to work.
+	payload := make([]byte, 40<<20)
+	_, _ = rand.Read(payload)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := s.Write(payload)
+		errc <- errors.Join(err, s.CloseWrite())
+	}()
+	got, err := io.ReadAll(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, payload) {
+		t.Fatalf("echoed %d bytes, differ from the %d sent", len(got), len(payload))
+	}
+	s.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for cc.Streams() != 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := cc.Streams(); n != 0 {
+		t.Errorf("%d streams left after both sides finished", n)
+	}
+}
+
+func TestManyStreams(t *testing.T) {
+	cc := pair(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for i := range 64 {
+		wg.Go(func() {
+			s, err := cc.Connect(context.Background(), "10.244.1.5:8080", nil)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer s.Close()
+			payload := bytes.Repeat([]byte{byte(i)}, 1<<20+i)
+			go func() { _, _ = s.Write(payload); _ = s.CloseWrite() }()
+			got, err := io.ReadAll(s)
+			if err != nil || !bytes.Equal(got, payload) {
+				errs <- errors.Join(err, errors.New("stream data differs"))
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+func TestStatusAndReset(t *testing.T) {
+	cc := pair(t)
+	_, err := cc.Connect(t.Context(), "10.0.0.1:403", nil)
+	var se *StatusError
+	if !errors.As(err, &se) || se.Code != 401 {
+		t.Fatalf("Connect to a denied authority = %v, want 401", err)
+	}
+	// The connection stays usable.
+	s, err := cc.Connect(t.Context(), "10.244.1.5:80", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+}
+
+func TestServerResetIsSeen(t *testing.T) {
+	scfg, ccfg := tlsPair(t)
+	addr, _ := serveTLS(t, scfg, func(s *Stream) {
+		_ = s.Respond(200, nil)
+		buf := make([]byte, 5)
+		_, _ = io.ReadFull(s, buf)
+		s.Close() // reset mid-stream
+	})
+	nc, err := tls.Dial("tcp", addr, ccfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, _ := NewClientConn(nc)
+	defer cc.Close()
+	s, err := cc.Connect(t.Context(), "10.244.1.5:80", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = s.Write([]byte("hello"))
+	if _, err := io.ReadAll(s); !errors.Is(err, ErrReset) {
+		t.Errorf("read after the server's reset = %v, want ErrReset", err)
+	}
+}
+
+func TestGoAwayDrains(t *testing.T) {
+	scfg, ccfg := tlsPair(t)
+	addr, conns := serveTLS(t, scfg, echo)
+	nc, err := tls.Dial("tcp", addr, ccfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, _ := NewClientConn(nc)
+	defer cc.Close()
+	s, err := cc.Connect(t.Context(), "10.244.1.5:80", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := <-conns
+	done := make(chan struct{})
+	go func() { sc.Shutdown(5 * time.Second); close(done) }()
+	for cc.Usable() {
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := cc.Connect(t.Context(), "10.244.1.5:80", nil); !errors.Is(err, ErrGoAway) {
+		t.Errorf("Connect after GOAWAY = %v", err)
+	}
+	// The open stream still works until it ends.
+	_, _ = s.Write([]byte("still here"))
+	_ = s.CloseWrite()
+	got, err := io.ReadAll(s)
+	if string(got) != "still here" {
+		t.Errorf("draining stream echoed %q, %v", got, err)
+	}
+	<-done
+}
+
+// TestInterop checks the wire against net/http's HTTP/2, an independent
+// implementation: its client against our server, ours against its server.
+func TestInterop(t *testing.T) {
+	scfg, ccfg := tlsPair(t)
+	t.Run("net/http client, our server", func(t *testing.T) {
+		addr, _ := serveTLS(t, scfg, echo)
+		protos := new(http.Protocols)
+		protos.SetHTTP2(true)
+		tr := &http.Transport{TLSClientConfig: ccfg, Protocols: protos}
+		pr, pw := io.Pipe()
+		req, _ := http.NewRequest(http.MethodConnect, "https://"+addr, pr)
+		req.Host = "10.244.1.5:8080"
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		go func() { _, _ = pw.Write([]byte("ping")); pw.Close() }()
+		got, _ := io.ReadAll(resp.Body)
+		if string(got) != "ping" {
+			t.Errorf("echo %q", got)
+		}
+		// A GET is refused with 400.
+		req, _ = http.NewRequest(http.MethodGet, "https://"+addr+"/x", nil)
+		resp, err = tr.RoundTrip(req)
+		if err != nil || resp.StatusCode != 400 {
+			t.Errorf("GET = %v, %v; want 400", resp, err)
+		}
+	})
+	t.Run("our client, net/http server", func(t *testing.T) {
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method != http.MethodConnect || r.Host != "10.244.1.5:8080" {
+				w.WriteHeader(400)
+				return
+			}
+			w.WriteHeader(200)
+			w.(http.Flusher).Flush()
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := r.Body.Read(buf)
+				if n > 0 {
+					_, _ = w.Write(buf[:n])
+					w.(http.Flusher).Flush()
+				}
+				if err != nil {
+					return
+				}
+			}
+		})}
+		protos := new(http.Protocols)
+		protos.SetHTTP2(true)
+		srv.Protocols = protos
+		srv.TLSConfig = scfg.Clone()
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go srv.ServeTLS(l, "", "")
+		defer srv.Close()
+		nc, err := tls.Dial("tcp", l.Addr().String(), ccfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cc, err := NewClientConn(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		s, err := cc.Connect(t.Context(), "10.244.1.5:8080", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		payload := bytes.Repeat([]byte("x"), 3<<20)
+		go func() { _, _ = s.Write(payload); _ = s.CloseWrite() }()
+		got, err := io.ReadAll(s)
+		if err != nil || !bytes.Equal(got, payload) {
+			t.Errorf("echo through net/http's server: %d bytes, %v", len(got), err)
+		}
+	})
+}
+
+// FuzzServerFrames feeds arbitrary bytes after a valid preface: the
+// server never panics and ends the connection or keeps serving.
+func FuzzServerFrames(f *testing.F) {
+	f.Add([]byte{0, 0, 0, 4, 0, 0, 0, 0, 0})
+	f.Add([]byte{0, 0, 5, 1, 5, 0, 0, 0, 1, 0x82, 0x84, 0x86, 0x41, 0x8a})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		a, b := net.Pipe()
+		defer a.Close()
+		_, done := Serve(b, func(s *Stream) { s.Close() })
+		go func() { _, _ = io.Copy(io.Discard, a) }()
+		_, _ = a.Write([]byte(http2.ClientPreface))
+		_, _ = a.Write(data)
+		a.Close()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatal("server did not end")
+		}
+	})
+}

@@ -1,0 +1,75 @@
+package hbone
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"golang.org/x/net/http2"
+)
+
+// ServerConn is the server side of one HBONE connection.
+type ServerConn struct{ c *conn }
+
+// Serve runs HTTP/2 on nc, an established mTLS connection, calling
+// handler in its own goroutine for each valid CONNECT; the handler must
+// Respond and, after a 200, carry the stream. Malformed requests are
+// answered 400 here. Serve returns when the connection ends.
+func Serve(nc net.Conn, handler func(*Stream)) (*ServerConn, <-chan error) {
+	c := newConn(nc, false)
+	c.onStream = handler
+	sc := &ServerConn{c: c}
+	done := make(chan error, 1)
+	go func() {
+		preface := make([]byte, len(http2.ClientPreface))
+		if _, err := io.ReadFull(nc, preface); err != nil || string(preface) != http2.ClientPreface {
+			nc.Close()
+			done <- fmt.Errorf("hbone: no HTTP/2 client preface: %w", errors.Join(err, errors.New("bad preface")))
+			return
+		}
+		if err := c.handshake(); err != nil {
+			nc.Close()
+			done <- err
+			return
+		}
+		c.readLoop()
+		c.mu.Lock()
+		err := c.err
+		c.mu.Unlock()
+		if errors.Is(err, ErrConnClosed) {
+			err = nil
+		}
+		done <- err
+	}()
+	return sc, done
+}
+
+// Shutdown sends GOAWAY (no new streams) and closes the connection once
+// its streams are done or after grace.
+func (sc *ServerConn) Shutdown(grace time.Duration) {
+	c := sc.c
+	c.mu.Lock()
+	c.goAway = true
+	c.mu.Unlock()
+	_ = c.writeFrames(func() error { return c.fr.WriteGoAway(c.lastPeer(), http2.ErrCodeNo, nil) })
+	deadline := time.Now().Add(grace)
+	for time.Now().Before(deadline) {
+		c.mu.Lock()
+		n, closed := len(c.streams), c.err != nil
+		c.mu.Unlock()
+		if n == 0 || closed {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	c.fail(ErrConnClosed)
+}
+
+// Streams is the number of open streams.
+func (sc *ServerConn) Streams() int {
+	sc.c.mu.Lock()
+	defer sc.c.mu.Unlock()
+	return len(sc.c.streams)
+}

@@ -1,0 +1,310 @@
+package hbone
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/net/http2"
+)
+
+// Stream is one tunnelled TCP connection: Read and Write carry its bytes,
+// CloseWrite ends our direction (END_STREAM), Close ends both.
+type Stream struct {
+	c  *conn
+	id uint32
+	// Request is the CONNECT the client sent (server side).
+	Request Request
+
+	// Client side: the response.
+	response   chan struct{}
+	status     int
+	respHeader map[string]string
+	gotResp    bool
+
+	// sendWindow is guarded by c.mu.
+	sendWindow int64
+	werr       error
+
+	rmu     sync.Mutex
+	rcond   *sync.Cond
+	rbuf    []byte
+	rEOF    bool
+	rerr    error
+	unacked int64
+	sentEnd bool
+	closed  bool
+}
+
+// StatusError is a CONNECT answered with a status other than 200.
+type StatusError struct{ Code int }
+
+func (e *StatusError) Error() string { return "hbone: CONNECT answered " + strconv.Itoa(e.Code) }
+
+// ID is the HTTP/2 stream ID.
+func (s *Stream) ID() uint32 { return s.id }
+
+// ResponseHeader is the server's response headers (client side).
+func (s *Stream) ResponseHeader() map[string]string { return s.respHeader }
+
+func (s *Stream) deliver(data []byte, end bool) {
+	s.rmu.Lock()
+	if s.closed {
+		s.rmu.Unlock()
+		s.c.consumed(int64(len(data)))
+		return
+	}
+	s.rbuf = append(s.rbuf, data...)
+	if end {
+		s.rEOF = true
+	}
+	s.rcond.Broadcast()
+	done := s.rEOF && s.sentEnd
+	s.rmu.Unlock()
+	if done && len(data) == 0 {
+		s.c.removeStream(s.id, nil)
+	}
+}
+
+func (s *Stream) abort(err error) {
+	s.rmu.Lock()
+	if s.rerr == nil {
+		s.rerr = err
+	}
+	s.rcond.Broadcast()
+	s.rmu.Unlock()
+	s.c.mu.Lock()
+	if s.werr == nil {
+		s.werr = err
+	}
+	s.c.cond.Broadcast()
+	s.c.mu.Unlock()
+	s.answered(0, nil)
+}
+
+// answered records the CONNECT's response once (status 0: none came);
+// it reports whether this was the first.
+func (s *Stream) answered(status int, header map[string]string) bool {
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	if s.gotResp {
+		return false
+	}
+	s.gotResp = true
+	s.status, s.respHeader = status, header
+	close(s.response)
+	return true
+}
+
+// Read implements io.Reader.
+func (s *Stream) Read(p []byte) (int, error) {
+	s.rmu.Lock()
+	for len(s.rbuf) == 0 && !s.rEOF && s.rerr == nil {
+		s.rcond.Wait()
+	}
+	if len(s.rbuf) == 0 {
+		err := s.rerr
+		if err == nil {
+			err = io.EOF
+		}
+		s.rmu.Unlock()
+		return 0, err
+	}
+	n := copy(p, s.rbuf)
+	s.rbuf = s.rbuf[n:]
+	if len(s.rbuf) == 0 {
+		s.rbuf = nil // an idle stream holds no buffer
+	}
+	s.unacked += int64(n)
+	var inc int64
+	if s.unacked >= StreamWindow/4 && !s.rEOF {
+		inc, s.unacked = s.unacked, 0
+	}
+	s.rmu.Unlock()
+	if inc > 0 {
+		_ = s.c.writeFrames(func() error { return s.c.fr.WriteWindowUpdate(s.id, uint32(inc)) })
+	}
+	s.c.consumed(int64(n))
+	return n, nil
+}
+
+// WriteTo implements io.WriterTo, sparing io.Copy a buffer.
+func (s *Stream) WriteTo(w io.Writer) (int64, error) {
+	var total int64
+	buf := make([]byte, 256<<10)
+	for {
+		n, err := s.Read(buf)
+		if n > 0 {
+			m, werr := w.Write(buf[:n])
+			total += int64(m)
+			if werr != nil {
+				return total, werr
+			}
+		}
+		if err == io.EOF {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+	}
+}
+
+// Write implements io.Writer, honouring the peer's windows.
+func (s *Stream) Write(p []byte) (int, error) {
+	written := 0
+	c := s.c
+	for len(p) > 0 {
+		c.mu.Lock()
+		for (s.sendWindow <= 0 || c.sendWindow <= 0) && s.werr == nil && c.err == nil {
+			c.cond.Wait()
+		}
+		if err := firstErr(s.werr, c.err); err != nil {
+			c.mu.Unlock()
+			return written, err
+		}
+		n := int64(len(p))
+		n = min(n, int64(c.peerMaxFrame), s.sendWindow, c.sendWindow)
+		s.sendWindow -= n
+		c.sendWindow -= n
+		c.mu.Unlock()
+		chunk := p[:n]
+		if err := c.writeFrames(func() error { return c.fr.WriteData(s.id, false, chunk) }); err != nil {
+			return written, err
+		}
+		written += int(n)
+		p = p[n:]
+	}
+	return written, nil
+}
+
+// ReadFrom implements io.ReaderFrom with a buffer sized for large frames.
+func (s *Stream) ReadFrom(r io.Reader) (int64, error) {
+	var total int64
+	buf := make([]byte, 256<<10)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			if _, werr := s.Write(buf[:n]); werr != nil {
+				return total, werr
+			}
+			total += int64(n)
+		}
+		if err == io.EOF {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+	}
+}
+
+func firstErr(errs ...error) error {
+	for _, e := range errs {
+		if e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
+// CloseWrite ends our direction (END_STREAM); the peer reads EOF.
+func (s *Stream) CloseWrite() error {
+	s.rmu.Lock()
+	if s.sentEnd || s.closed {
+		s.rmu.Unlock()
+		return nil
+	}
+	s.sentEnd = true
+	done := s.rEOF
+	s.rmu.Unlock()
+	err := s.c.writeFrames(func() error { return s.c.fr.WriteData(s.id, true, nil) })
+	if done {
+		s.c.removeStream(s.id, nil)
+	}
+	return err
+}
+
+// Close ends the stream; one not finished both ways is reset.
+func (s *Stream) Close() error {
+	s.rmu.Lock()
+	if s.closed {
+		s.rmu.Unlock()
+		return nil
+	}
+	s.closed = true
+	finished := s.sentEnd && s.rEOF
+	pending := int64(len(s.rbuf))
+	s.rbuf = nil
+	s.rmu.Unlock()
+	if pending > 0 {
+		s.c.consumed(pending)
+	}
+	var err error
+	if !finished {
+		err = s.c.writeFrames(func() error { return s.c.fr.WriteRSTStream(s.id, http2.ErrCodeCancel) })
+	}
+	s.c.removeStream(s.id, nil)
+	s.abort(ErrConnClosed)
+	return err
+}
+
+// SetDeadline and friends let a Stream stand in for a net.Conn; HBONE
+// streams are bounded by their connection, not by deadlines.
+func (s *Stream) SetDeadline(time.Time) error      { return nil }
+func (s *Stream) SetReadDeadline(time.Time) error  { return nil }
+func (s *Stream) SetWriteDeadline(time.Time) error { return nil }
+
+// Respond answers a CONNECT (server side): 200 opens the tunnel, any
+// other status ends the stream.
+func (s *Stream) Respond(code int, header map[string]string) error {
+	fields := [][2]string{{":status", strconv.Itoa(code)}}
+	for k, v := range header {
+		fields = append(fields, [2]string{k, v})
+	}
+	end := code != 200
+	if err := s.c.writeHeaders(s.id, fields, end); err != nil {
+		return err
+	}
+	if end {
+		s.rmu.Lock()
+		s.sentEnd = true
+		s.rmu.Unlock()
+		s.c.removeStream(s.id, nil)
+	}
+	return nil
+}
+
+func (s *Stream) onResponse(f *http2.MetaHeadersFrame) {
+	s.answered(statusOf(f)) // later HEADERS are trailers
+	if f.StreamEnded() {
+		s.deliver(nil, true)
+	}
+}
+
+// awaitResponse waits for the CONNECT's answer (client side).
+func (s *Stream) awaitResponse(ctx context.Context) error {
+	select {
+	case <-s.response:
+	case <-ctx.Done():
+		s.Close()
+		return ctx.Err()
+	}
+	s.rmu.Lock()
+	rerr, status := s.rerr, s.status
+	s.rmu.Unlock()
+	if status == 0 {
+		if rerr == nil {
+			rerr = ErrConnClosed
+		}
+		return fmt.Errorf("hbone: CONNECT: %w", rerr)
+	}
+	if status != 200 {
+		s.Close()
+		return &StatusError{Code: status}
+	}
+	return nil
+}
