@@ -102,6 +102,9 @@ func (c *conn) writeFrames(f func() error) error {
 	}
 	if c.writers.Add(-1) == 0 && err == nil {
 		err = c.bw.Flush()
+		if f, ok := c.nc.(flusher); ok && err == nil {
+			err = f.Flush()
+		}
 	}
 	c.wmu.Unlock()
 	if err != nil {

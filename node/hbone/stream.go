@@ -29,9 +29,11 @@ type Stream struct {
 	sendWindow int64
 	werr       error
 
-	rmu     sync.Mutex
-	rcond   *sync.Cond
-	rbuf    []byte
+	rmu   sync.Mutex
+	rcond *sync.Cond
+	// rq holds received bytes in pooled chunks; an idle stream holds none.
+	rq      []*chunk
+	rlen    int
 	rEOF    bool
 	rerr    error
 	unacked int64
@@ -57,7 +59,14 @@ func (s *Stream) deliver(data []byte, end bool) {
 		s.c.consumed(int64(len(data)))
 		return
 	}
-	s.rbuf = append(s.rbuf, data...)
+	for len(data) > 0 {
+		ch := newChunk(len(data))
+		n := copy(ch.b[:cap(ch.b)], data)
+		ch.b = ch.b[:n]
+		s.rq = append(s.rq, ch)
+		s.rlen += n
+		data = data[n:]
+	}
 	if end {
 		s.rEOF = true
 	}
@@ -102,10 +111,10 @@ func (s *Stream) answered(status int, header map[string]string) bool {
 // Read implements io.Reader.
 func (s *Stream) Read(p []byte) (int, error) {
 	s.rmu.Lock()
-	for len(s.rbuf) == 0 && !s.rEOF && s.rerr == nil {
+	for s.rlen == 0 && !s.rEOF && s.rerr == nil {
 		s.rcond.Wait()
 	}
-	if len(s.rbuf) == 0 {
+	if s.rlen == 0 {
 		err := s.rerr
 		if err == nil {
 			err = io.EOF
@@ -113,10 +122,21 @@ func (s *Stream) Read(p []byte) (int, error) {
 		s.rmu.Unlock()
 		return 0, err
 	}
-	n := copy(p, s.rbuf)
-	s.rbuf = s.rbuf[n:]
-	if len(s.rbuf) == 0 {
-		s.rbuf = nil // an idle stream holds no buffer
+	n := 0
+	for n < len(p) && len(s.rq) > 0 {
+		ch := s.rq[0]
+		m := copy(p[n:], ch.b[ch.off:])
+		n += m
+		ch.off += m
+		if ch.off == len(ch.b) {
+			ch.release()
+			s.rq[0] = nil
+			s.rq = s.rq[1:]
+		}
+	}
+	s.rlen -= n
+	if len(s.rq) == 0 {
+		s.rq = nil
 	}
 	s.unacked += int64(n)
 	var inc int64
@@ -237,8 +257,11 @@ func (s *Stream) Close() error {
 	}
 	s.closed = true
 	finished := s.sentEnd && s.rEOF
-	pending := int64(len(s.rbuf))
-	s.rbuf = nil
+	pending := int64(s.rlen)
+	for _, ch := range s.rq {
+		ch.release()
+	}
+	s.rq, s.rlen = nil, 0
 	s.rmu.Unlock()
 	if pending > 0 {
 		s.c.consumed(pending)
@@ -308,3 +331,28 @@ func (s *Stream) awaitResponse(ctx context.Context) error {
 	}
 	return nil
 }
+
+// chunk is a pooled receive buffer.
+type chunk struct {
+	b    []byte
+	off  int
+	pool *sync.Pool
+}
+
+var (
+	smallChunks = sync.Pool{New: func() any { return &chunk{b: make([]byte, 0, 16<<10)} }}
+	largeChunks = sync.Pool{New: func() any { return &chunk{b: make([]byte, 0, MaxFrame)} }}
+)
+
+// newChunk returns a chunk for up to n bytes (at most a frame).
+func newChunk(n int) *chunk {
+	pool := &smallChunks
+	if n > 16<<10 {
+		pool = &largeChunks
+	}
+	ch := pool.Get().(*chunk)
+	ch.pool, ch.off, ch.b = pool, 0, ch.b[:0]
+	return ch
+}
+
+func (c *chunk) release() { c.pool.Put(c) }

@@ -1,0 +1,298 @@
+// Package hbone_test measures the HBONE data path against the baselines
+// the node proxy must beat, in one process on loopback:
+//
+//   - direct: client to server TCP;
+//   - tls: a plain per-connection mutual-TLS tunnel pair (TCP -> TLS ->
+//     TCP), the simplest secure tunnel;
+//   - hbone: TCP -> HBONE stream over one pooled mTLS HTTP/2 connection
+//     -> TCP, the node proxy's path.
+//
+// Run: go test ./bench/hbone -run '^$' -bench . -count 3
+// and compare MB/s within one run.
+package hbone_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/canopy-mesh/canopy/node/hbone"
+)
+
+func tlsConfigs(b *testing.B) (*tls.Config, *tls.Config) {
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, _ := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	ca, _ := x509.ParseCertificate(caDER)
+	leaf := func(n int64) tls.Certificate {
+		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(n), NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}, DNSNames: []string{"bench"}}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	return &tls.Config{Certificates: []tls.Certificate{leaf(2)}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13, NextProtos: []string{"h2"}},
+		&tls.Config{Certificates: []tls.Certificate{leaf(3)}, RootCAs: pool, ServerName: "bench", MinVersion: tls.VersionTLS13, NextProtos: []string{"h2"}}
+}
+
+func listen(b *testing.B, serve func(net.Conn)) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go serve(c)
+		}
+	}()
+	return l.Addr().String()
+}
+
+// sink discards what it reads and answers the byte count when the client
+// half-closes.
+func sink(c net.Conn) {
+	defer c.Close()
+	n, _ := io.Copy(io.Discard, c)
+	fmt.Fprintf(c, "%d", n)
+}
+
+// path is a way from the client to the sink; dial opens one connection.
+type path struct {
+	name string
+	dial func() (net.Conn, error)
+}
+
+func paths(b *testing.B) []path {
+	target := listen(b, sink)
+	scfg, ccfg := tlsConfigs(b)
+
+	// tls: per-connection mTLS tunnel.
+	tlsServer := listen(b, func(c net.Conn) {
+		tc := tls.Server(c, scfg)
+		up, err := net.Dial("tcp", target)
+		if err != nil {
+			tc.Close()
+			return
+		}
+		pipe(tc, up)
+	})
+	tlsClient := listen(b, func(c net.Conn) {
+		tc, err := tls.Dial("tcp", tlsServer, ccfg)
+		if err != nil {
+			c.Close()
+			return
+		}
+		pipe(c, tc)
+	})
+
+	// hbone: one pooled connection, a stream per TCP connection.
+	hboneServer := listen(b, func(c net.Conn) {
+		tc, err := hbone.ServerTLS(context.Background(), c, scfg)
+		if err != nil {
+			return
+		}
+		hbone.Serve(tc, func(s *hbone.Stream) {
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = s.Respond(503, nil)
+				return
+			}
+			_ = s.Respond(200, nil)
+			_, _, _ = hbone.Splice(up, s)
+		})
+	})
+	raw, err := net.Dial("tcp", hboneServer)
+	if err != nil {
+		b.Fatal(err)
+	}
+	nc, err := hbone.ClientTLS(context.Background(), raw, ccfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cc, err := hbone.NewClientConn(nc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cc.Close() })
+	hboneClient := listen(b, func(c net.Conn) {
+		s, err := cc.Connect(context.Background(), target, nil)
+		if err != nil {
+			c.Close()
+			return
+		}
+		_, _, _ = hbone.Splice(c, s)
+	})
+	dial := func(addr string) func() (net.Conn, error) { return func() (net.Conn, error) { return net.Dial("tcp", addr) } }
+	return []path{{"direct", dial(target)}, {"tls", dial(tlsClient)}, {"hbone", dial(hboneClient)}}
+}
+
+// pipe copies both ways with half-closes.
+func pipe(a, b net.Conn) {
+	var wg sync.WaitGroup
+	cp := func(dst, src net.Conn) {
+		defer wg.Done()
+		buf := make([]byte, 256<<10)
+		_, _ = io.CopyBuffer(dst, src, buf)
+		if hc, ok := dst.(interface{ CloseWrite() error }); ok {
+			_ = hc.CloseWrite()
+		}
+	}
+	wg.Add(2)
+	go cp(a, b)
+	go cp(b, a)
+	wg.Wait()
+	a.Close()
+	b.Close()
+}
+
+const chunk = 1 << 20
+
+// BenchmarkThroughput streams through each path with 1 and 8 parallel
+// connections; MB/s is the figure (b.SetBytes per 1 MiB write).
+func BenchmarkThroughput(b *testing.B) {
+	for _, streams := range []int{1, 8} {
+		for _, p := range paths(b) {
+			b.Run(fmt.Sprintf("%s/streams=%d", p.name, streams), func(b *testing.B) {
+				conns := make([]net.Conn, streams)
+				for i := range conns {
+					c, err := p.dial()
+					if err != nil {
+						b.Fatal(err)
+					}
+					conns[i] = c
+				}
+				buf := make([]byte, chunk)
+				b.SetBytes(chunk)
+				b.ResetTimer()
+				var wg sync.WaitGroup
+				per := b.N / streams
+				for i, c := range conns {
+					n := per
+					if i == 0 {
+						n += b.N % streams
+					}
+					wg.Go(func() {
+						for range n {
+							if _, err := c.Write(buf); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+						_ = c.(*net.TCPConn).CloseWrite()
+						_, _ = io.ReadAll(c) // the sink's count: everything arrived
+						c.Close()
+					})
+				}
+				wg.Wait()
+			})
+		}
+	}
+}
+
+// BenchmarkRequestResponse: small request/response on a warm connection;
+// ns/op is one round trip.
+func BenchmarkRequestResponse(b *testing.B) {
+	scfg, ccfg := tlsConfigs(b)
+	echoSrv := listen(b, func(c net.Conn) { _, _ = io.Copy(c, c) })
+	_ = scfg
+	_ = ccfg
+	for _, size := range []int{1, 1024} {
+		for _, p := range echoPaths(b, echoSrv) {
+			b.Run(fmt.Sprintf("%s/size=%d", p.name, size), func(b *testing.B) {
+				c, err := p.dial()
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer c.Close()
+				msg := make([]byte, size)
+				for b.Loop() {
+					if _, err := c.Write(msg); err != nil {
+						b.Fatal(err)
+					}
+					if _, err := io.ReadFull(c, msg); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+func echoPaths(b *testing.B, target string) []path {
+	scfg, ccfg := tlsConfigs(b)
+	tlsServer := listen(b, func(c net.Conn) {
+		up, err := net.Dial("tcp", target)
+		if err != nil {
+			c.Close()
+			return
+		}
+		pipe(tls.Server(c, scfg), up)
+	})
+	tlsClient := listen(b, func(c net.Conn) {
+		tc, err := tls.Dial("tcp", tlsServer, ccfg)
+		if err != nil {
+			c.Close()
+			return
+		}
+		pipe(c, tc)
+	})
+	hboneServer := listen(b, func(c net.Conn) {
+		tc, err := hbone.ServerTLS(context.Background(), c, scfg)
+		if err != nil {
+			return
+		}
+		hbone.Serve(tc, func(s *hbone.Stream) {
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = s.Respond(503, nil)
+				return
+			}
+			_ = s.Respond(200, nil)
+			_, _, _ = hbone.Splice(up, s)
+		})
+	})
+	raw, err := net.Dial("tcp", hboneServer)
+	if err != nil {
+		b.Fatal(err)
+	}
+	nc, err := hbone.ClientTLS(context.Background(), raw, ccfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cc, err := hbone.NewClientConn(nc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cc.Close() })
+	hboneClient := listen(b, func(c net.Conn) {
+		s, err := cc.Connect(context.Background(), target, nil)
+		if err != nil {
+			c.Close()
+			return
+		}
+		_, _, _ = hbone.Splice(c, s)
+	})
+	dial := func(addr string) func() (net.Conn, error) { return func() (net.Conn, error) { return net.Dial("tcp", addr) } }
+	return []path{{"direct", dial(target)}, {"tls", dial(tlsClient)}, {"hbone", dial(hboneClient)}}
+}

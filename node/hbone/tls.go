@@ -1,0 +1,73 @@
+package hbone
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"net"
+	"sync"
+	"sync/atomic"
+)
+
+// batchConn buffers writes below TLS once the handshake is done: a 1 MiB
+// DATA frame becomes 64 TLS records, and without it 64 write syscalls.
+// The HTTP/2 layer flushes it after its own flush.
+type batchConn struct {
+	net.Conn
+	on atomic.Bool
+	mu sync.Mutex
+	w  *bufio.Writer
+}
+
+func (b *batchConn) Write(p []byte) (int, error) {
+	if !b.on.Load() {
+		return b.Conn.Write(p)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.w.Write(p)
+}
+
+func (b *batchConn) flush() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.w.Flush()
+}
+
+// tlsConn is a TLS connection over a batchConn.
+type tlsConn struct {
+	*tls.Conn
+	raw *batchConn
+}
+
+// Flush pushes batched records to the socket.
+func (t *tlsConn) Flush() error { return t.raw.flush() }
+
+// flusher is a connection with batched writes below it.
+type flusher interface{ Flush() error }
+
+// ClientTLS runs the client handshake on raw and returns the connection
+// to give NewClientConn. cfg should require TLS 1.3 and ALPN h2 (spec
+// §5.2).
+func ClientTLS(ctx context.Context, raw net.Conn, cfg *tls.Config) (net.Conn, error) {
+	b := &batchConn{Conn: raw, w: bufio.NewWriterSize(raw, 256<<10)}
+	c := tls.Client(b, cfg)
+	if err := c.HandshakeContext(ctx); err != nil {
+		raw.Close()
+		return nil, err
+	}
+	b.on.Store(true)
+	return &tlsConn{Conn: c, raw: b}, nil
+}
+
+// ServerTLS runs the server handshake on raw.
+func ServerTLS(ctx context.Context, raw net.Conn, cfg *tls.Config) (net.Conn, error) {
+	b := &batchConn{Conn: raw, w: bufio.NewWriterSize(raw, 256<<10)}
+	c := tls.Server(b, cfg)
+	if err := c.HandshakeContext(ctx); err != nil {
+		raw.Close()
+		return nil, err
+	}
+	b.on.Store(true)
+	return &tlsConn{Conn: c, raw: b}, nil
+}
