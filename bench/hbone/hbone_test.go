@@ -143,7 +143,9 @@ func paths(b *testing.B) []path {
 		}
 		_, _, _ = hbone.Splice(c, s)
 	})
-	dial := func(addr string) func() (net.Conn, error) { return func() (net.Conn, error) { return net.Dial("tcp", addr) } }
+	dial := func(addr string) func() (net.Conn, error) {
+		return func() (net.Conn, error) { return net.Dial("tcp", addr) }
+	}
 	return []path{{"direct", dial(target)}, {"tls", dial(tlsClient)}, {"hbone", dial(hboneClient)}}
 }
 
@@ -293,6 +295,8 @@ func echoPaths(b *testing.B, target string) []path {
 		}
 		_, _, _ = hbone.Splice(c, s)
 	})
-	dial := func(addr string) func() (net.Conn, error) { return func() (net.Conn, error) { return net.Dial("tcp", addr) } }
+	dial := func(addr string) func() (net.Conn, error) {
+		return func() (net.Conn, error) { return net.Dial("tcp", addr) }
+	}
 	return []path{{"direct", dial(target)}, {"tls", dial(tlsClient)}, {"hbone", dial(hboneClient)}}
 }
