@@ -206,9 +206,26 @@ func (c *conn) exchange(req *zdspb.WorkloadRequest, fd *os.File, timeout time.Du
 		return fmt.Errorf("%w: response without an ack", zdsconn.ErrProtocol)
 	}
 	if msg := resp.GetAck().GetError(); msg != "" {
-		return fmt.Errorf("node proxy refused: %s", msg)
+		return &RefusedError{Message: msg}
 	}
 	return nil
+}
+
+// RefusedError is a node proxy's Ack with an error: the connection is
+// fine, the proxy could not take the request.
+type RefusedError struct{ Message string }
+
+func (e *RefusedError) Error() string { return "node proxy refused: " + e.Message }
+
+// broken drops a connection whose exchange failed for any reason but a
+// refusal; callers hold s.mu.
+func (s *Server) broken(c *conn, err error) {
+	var r *RefusedError
+	if errors.As(err, &r) {
+		return
+	}
+	c.c.Close()
+	s.conns = slices.DeleteFunc(s.conns, func(x *conn) bool { return x == c })
 }
 
 // alive probes an idle connection with a 10ms read: a timeout means the
@@ -251,7 +268,7 @@ func (s *Server) Add(p Pod) error {
 	}
 	c := s.conns[len(s.conns)-1]
 	if err := c.exchange(addRequest(p), p.Netns, s.cfg.Timeout); err != nil {
-		c.c.Close() // the keepalive drops it
+		s.broken(c, err)
 		return fmt.Errorf("add pod %s: %w", p.UID, err)
 	}
 	if s.cfg.OnDelivered != nil {
@@ -269,10 +286,10 @@ func (s *Server) Delete(uid string) error {
 	}
 	delete(s.pods, uid)
 	var errs []error
-	for _, c := range s.conns {
+	for _, c := range slices.Clone(s.conns) {
 		req := &zdspb.WorkloadRequest{Payload: &zdspb.WorkloadRequest_Del{Del: &zdspb.DelWorkload{Uid: uid}}}
 		if err := c.exchange(req, nil, s.cfg.Timeout); err != nil {
-			c.c.Close()
+			s.broken(c, err)
 			errs = append(errs, err)
 		}
 	}

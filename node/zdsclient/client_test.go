@@ -1,0 +1,90 @@
+package zdsclient
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/canopy-mesh/canopy/cni/zds"
+	zdspb "github.com/canopy-mesh/canopy/workloadapi/zds"
+)
+
+// recorder is a Handler that records calls; it refuses uids in refuse.
+type recorder struct {
+	mu     sync.Mutex
+	calls  []string
+	refuse string
+}
+
+func (r *recorder) log(s string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls = append(r.calls, s)
+}
+
+func (r *recorder) Add(uid string, info *zdspb.WorkloadInfo, netns *os.File) error {
+	netns.Close()
+	r.log("add " + uid + " " + info.GetNamespace() + "/" + info.GetServiceAccount())
+	if uid == r.refuse {
+		return fmt.Errorf("cannot serve %s", uid)
+	}
+	return nil
+}
+func (r *recorder) Keep(uid string) error { r.log("keep " + uid); return nil }
+func (r *recorder) Snapshot() error       { r.log("snapshot"); return nil }
+func (r *recorder) Del(uid string) error  { r.log("del " + uid); return nil }
+
+func (r *recorder) got() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.calls)
+}
+
+// TestAgainstTheAgentServer runs the client against the CNI agent's real
+// ZDS server.
+func TestAgainstTheAgentServer(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ztunnel.sock")
+	log := slog.New(slog.DiscardHandler)
+	server := zds.New(path, zds.Config{}, log)
+	ns, err := os.Open("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = server.Add(zds.Pod{UID: "a", Info: &zdspb.WorkloadInfo{Name: "a", Namespace: "apps", ServiceAccount: "web"}, Netns: ns})
+	_ = server.Add(zds.Pod{UID: "b", Info: &zdspb.WorkloadInfo{Name: "b", Namespace: "apps"}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = server.Run(ctx) }()
+
+	rec := &recorder{refuse: "c"}
+	cctx, ccancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = Client{Path: path, Handler: rec, Log: log}.Run(cctx) }()
+	defer func() { ccancel(); <-done }()
+
+	eventually(t, func() bool { return slices.Equal(rec.got(), []string{"add a apps/web", "keep b", "snapshot"}) })
+	ns2, _ := os.Open("/proc/self/ns/net")
+	if err := server.Add(zds.Pod{UID: "c", Info: &zdspb.WorkloadInfo{Namespace: "apps", ServiceAccount: "x"}, Netns: ns2}); err == nil {
+		t.Error("a refused Add was acknowledged without its error")
+	}
+	if err := server.Delete("a"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, func() bool { return slices.Contains(rec.got(), "del a") })
+}
+
+func eventually(t *testing.T, f func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if f() {
+			return
+		}
+	}
+	t.Fatal("condition not met")
+}
