@@ -1,0 +1,126 @@
+// Package inpod opens the node proxy's sockets inside a pod's network
+// namespace (spec §3.4, §5.1): 15001 for redirected outbound traffic,
+// 15006 for inbound plaintext, 15008 for HBONE, every socket marked 0x539
+// so the pod's redirection rules let the proxy's own traffic pass. The
+// namespace comes from the CNI agent over ZDS, never from a guess.
+package inpod
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/canopy-mesh/canopy/internal/netns"
+)
+
+// Ports and mark (spec §4.1).
+const (
+	OutboundPort = 15001
+	InboundPort  = 15006
+	HBONEPort    = 15008
+	Mark         = 0x539
+)
+
+// Pod is the proxy's presence in one pod's network namespace.
+type Pod struct {
+	netns *os.File
+	// Outbound, Inbound and HBONE listen on 15001, 15006 and 15008.
+	Outbound, Inbound, HBONE net.Listener
+}
+
+// path names the namespace through the held handle, valid as long as the
+// handle is open, whatever happened to the path it came from.
+func (p *Pod) path() string { return fmt.Sprintf("/proc/self/fd/%d", p.netns.Fd()) }
+
+func mark(_, _ string, c syscall.RawConn) error {
+	var serr error
+	if err := c.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, Mark)
+	}); err != nil {
+		return err
+	}
+	return serr
+}
+
+// Open listens inside the namespace; it takes ownership of ns.
+func Open(ns *os.File) (*Pod, error) {
+	p := &Pod{netns: ns}
+	lc := net.ListenConfig{Control: mark}
+	err := netns.Do(p.path(), func() error {
+		for _, l := range []struct {
+			dst  *net.Listener
+			port int
+		}{{&p.Outbound, OutboundPort}, {&p.Inbound, InboundPort}, {&p.HBONE, HBONEPort}} {
+			var err error
+			if *l.dst, err = lc.Listen(context.Background(), "tcp", fmt.Sprintf(":%d", l.port)); err != nil {
+				return fmt.Errorf("listen on %d: %w", l.port, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		p.Close()
+		return nil, fmt.Errorf("in pod netns: %w", err)
+	}
+	return p, nil
+}
+
+// Dial connects from inside the pod's namespace with the proxy's mark.
+func (p *Pod) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := net.Dialer{Control: mark}
+	var c net.Conn
+	err := netns.Do(p.path(), func() (err error) {
+		c, err = d.DialContext(ctx, network, addr)
+		return err
+	})
+	return c, err
+}
+
+// Close closes the listeners and the namespace handle.
+func (p *Pod) Close() error {
+	var errs []error
+	for _, l := range []net.Listener{p.Outbound, p.Inbound, p.HBONE} {
+		if l != nil {
+			errs = append(errs, l.Close())
+		}
+	}
+	errs = append(errs, p.netns.Close())
+	return errors.Join(errs...)
+}
+
+// OriginalDst returns where a redirected connection was going
+// (SO_ORIGINAL_DST; IPv4).
+func OriginalDst(c net.Conn) (netip.AddrPort, error) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return netip.AddrPort{}, fmt.Errorf("%T is not TCP", c)
+	}
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	var got netip.AddrPort
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		m, err := unix.GetsockoptIPv6Mreq(int(fd), unix.IPPROTO_IP, unix.SO_ORIGINAL_DST)
+		if err != nil {
+			serr = err
+			return
+		}
+		// A sockaddr_in: family, port (big endian), address.
+		port := uint16(m.Multiaddr[2])<<8 | uint16(m.Multiaddr[3])
+		got = netip.AddrPortFrom(netip.AddrFrom4([4]byte(m.Multiaddr[4:8])), port)
+	}); err != nil {
+		return netip.AddrPort{}, err
+	}
+	if serr != nil {
+		return netip.AddrPort{}, fmt.Errorf("SO_ORIGINAL_DST: %w", serr)
+	}
+	return got, nil
+}
