@@ -44,6 +44,8 @@ type Table struct {
 	// or service key; byNode maps a node to workload UIDs.
 	byAddress map[string]string
 	byNode    map[string]map[string]struct{}
+	// byService maps a service key to the UIDs of its workloads.
+	byService map[string]map[string]struct{}
 }
 
 // New returns an empty Table.
@@ -54,6 +56,7 @@ func New() *Table {
 		policies:  map[string]*security.Authorization{},
 		byAddress: map[string]string{},
 		byNode:    map[string]map[string]struct{}{},
+		byService: map[string]map[string]struct{}{},
 	}
 }
 
@@ -166,6 +169,12 @@ func (t *Table) putAddress(a *workloadapi.Address) {
 			}
 			t.byNode[n][name] = struct{}{}
 		}
+		for svc := range w.GetServices() {
+			if t.byService[svc] == nil {
+				t.byService[svc] = map[string]struct{}{}
+			}
+			t.byService[svc][name] = struct{}{}
+		}
 		return
 	}
 	t.removeService(name)
@@ -200,6 +209,12 @@ func (t *Table) removeWorkload(uid string) {
 		delete(t.byNode[n], uid)
 		if len(t.byNode[n]) == 0 {
 			delete(t.byNode, n)
+		}
+	}
+	for svc := range old.GetServices() {
+		delete(t.byService[svc], uid)
+		if len(t.byService[svc]) == 0 {
+			delete(t.byService, svc)
 		}
 	}
 }
@@ -263,6 +278,26 @@ func (t *Table) NodeWorkloads(node string) []*workloadapi.Workload {
 		out[i] = t.workloads[u]
 	}
 	return out
+}
+
+// ServiceWorkloads returns the workloads serving a service key, sorted by
+// UID.
+func (t *Table) ServiceWorkloads(key string) []*workloadapi.Workload {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	uids := slices.Sorted(maps.Keys(t.byService[key]))
+	out := make([]*workloadapi.Workload, len(uids))
+	for i, u := range uids {
+		out[i] = t.workloads[u]
+	}
+	return out
+}
+
+// Policies returns every authorization policy held.
+func (t *Table) Policies() []*security.Authorization {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return slices.Collect(maps.Values(t.policies))
 }
 
 // Has reports whether key names something held: a workload UID, a service

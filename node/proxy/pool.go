@@ -1,0 +1,75 @@
+package proxy
+
+import (
+	"context"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/canopy-mesh/canopy/node/hbone"
+	"github.com/canopy-mesh/canopy/workloadapi"
+)
+
+// poolKey is spec §5.3's pool key: who connects, to whom, where.
+type poolKey struct {
+	src, dst workloadapi.Identity
+	addr     string
+}
+
+// pool reuses HBONE connections, up to maxStreams streams each, and
+// drops those idle for idleTimeout.
+type pool struct {
+	maxStreams  int
+	idleTimeout time.Duration
+	mu          sync.Mutex
+	conns       map[poolKey][]*hbone.ClientConn
+}
+
+func newPool() *pool {
+	return &pool{maxStreams: 100, idleTimeout: 5 * time.Minute, conns: map[poolKey][]*hbone.ClientConn{}}
+}
+
+// get returns a usable connection for k, dialing one with dial if none.
+func (p *pool) get(ctx context.Context, k poolKey, dial func(context.Context) (net.Conn, error)) (*hbone.ClientConn, error) {
+	p.mu.Lock()
+	kept := p.conns[k][:0]
+	var found *hbone.ClientConn
+	for _, c := range p.conns[k] {
+		if !c.Usable() || c.IdleFor() > p.idleTimeout {
+			_ = c.Close()
+			continue
+		}
+		kept = append(kept, c)
+		if found == nil && c.Streams() < p.maxStreams {
+			found = c
+		}
+	}
+	p.conns[k] = kept
+	p.mu.Unlock()
+	if found != nil {
+		return found, nil
+	}
+	nc, err := dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c, err := hbone.NewClientConn(nc)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	p.conns[k] = append(p.conns[k], c)
+	p.mu.Unlock()
+	return c, nil
+}
+
+func (p *pool) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, cs := range p.conns {
+		for _, c := range cs {
+			_ = c.Close()
+		}
+	}
+	p.conns = map[poolKey][]*hbone.ClientConn{}
+}

@@ -1,0 +1,288 @@
+// Package proxy is the node proxy's data path for one pod at a time:
+// outbound connections captured on 15001 go to their destination over
+// HBONE (or plain TCP for destinations outside the mesh), inbound HBONE
+// on 15008 is authenticated, authorized (spec §1.8) and carried to the
+// app, inbound plaintext on 15006 is authorized with no identity.
+package proxy
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/canopy-mesh/canopy/node/authz"
+	"github.com/canopy-mesh/canopy/node/hbone"
+	"github.com/canopy-mesh/canopy/node/identity"
+	"github.com/canopy-mesh/canopy/node/inpod"
+	"github.com/canopy-mesh/canopy/workloadapi"
+	"github.com/canopy-mesh/canopy/workloadapi/security"
+)
+
+// Table is the workload table as the data path reads it;
+// *workloadtable.Table implements it.
+type Table interface {
+	ByAddress(network string, ip netip.Addr) (*workloadapi.Workload, *workloadapi.Service)
+	ServiceWorkloads(key string) []*workloadapi.Workload
+	Policies() []*security.Authorization
+}
+
+// Certs are the node's identities; *identity.Manager implements them.
+type Certs interface {
+	Get(ctx context.Context, id workloadapi.Identity) (*identity.Cert, error)
+	Roots() *x509.CertPool
+}
+
+// Proxy carries the traffic of the node's pods.
+type Proxy struct {
+	Table     Table
+	Certs     Certs
+	ClusterID string
+	Log       *slog.Logger
+	pool      *pool
+}
+
+// New returns a Proxy.
+func New(table Table, certs Certs, clusterID string, log *slog.Logger) *Proxy {
+	return &Proxy{Table: table, Certs: certs, ClusterID: clusterID, Log: log.With("component", "proxy"), pool: newPool()}
+}
+
+// Close drops pooled connections.
+func (p *Proxy) Close() { p.pool.close() }
+
+// ServePod serves a pod's listeners until they close; self is the pod's
+// workload.
+func (p *Proxy) ServePod(pod *inpod.Pod, self *workloadapi.Workload) {
+	serve := func(l net.Listener, handle func(net.Conn)) {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go handle(c)
+		}
+	}
+	go serve(pod.Outbound, func(c net.Conn) { p.outbound(c, pod, self) })
+	go serve(pod.Inbound, func(c net.Conn) { p.inboundPlain(c, pod, self) })
+	go serve(pod.HBONE, func(c net.Conn) { p.inboundHBONE(c, pod, self) })
+}
+
+// outbound sends one captured connection to its destination.
+func (p *Proxy) outbound(c net.Conn, pod *inpod.Pod, src *workloadapi.Workload) {
+	defer c.Close()
+	dst, err := inpod.OriginalDst(c)
+	if err != nil {
+		p.Log.Warn("outbound without an original destination", "err", err)
+		return
+	}
+	ctx := context.Background()
+	w, port := p.resolve(src.GetNetwork(), dst)
+	if w == nil || w.GetTunnelProtocol() != workloadapi.TunnelProtocol_HBONE {
+		// Outside the mesh, or a workload without HBONE: plain TCP.
+		to := dst.String()
+		if w != nil {
+			to = netip.AddrPortFrom(firstIP(w), port).String()
+		}
+		up, err := pod.Dial(ctx, "tcp", to)
+		if err != nil {
+			return
+		}
+		relay(c, up)
+		return
+	}
+	srcID, dstID := workloadapi.WorkloadIdentity(src), workloadapi.WorkloadIdentity(w)
+	cert, err := p.Certs.Get(ctx, srcID)
+	if err != nil {
+		p.Log.Warn("no certificate for the source", "identity", srcID.String(), "err", err)
+		return
+	}
+	dstIP := firstIP(w)
+	hboneAddr := netip.AddrPortFrom(dstIP, inpod.HBONEPort).String()
+	cc, err := p.pool.get(ctx, poolKey{src: srcID, dst: dstID, addr: hboneAddr}, func(ctx context.Context) (net.Conn, error) {
+		raw, err := pod.Dial(ctx, "tcp", hboneAddr)
+		if err != nil {
+			return nil, err
+		}
+		return hbone.ClientTLS(ctx, raw, clientTLS(cert.TLS(), p.Certs.Roots(), []workloadapi.Identity{dstID}))
+	})
+	if err != nil {
+		p.Log.Warn("HBONE connection failed", "to", hboneAddr, "err", err)
+		return
+	}
+	s, err := cc.Connect(ctx, netip.AddrPortFrom(dstIP, port).String(), p.headers(src, c.RemoteAddr()))
+	if err != nil {
+		p.Log.Info("CONNECT refused", "to", dst.String(), "err", err)
+		return
+	}
+	_, _, _ = hbone.Splice(c, s)
+}
+
+// resolve maps an original destination to a workload and target port: a
+// service VIP picks one of its workloads (first healthy; load balancing
+// modes come with the full outbound), a workload IP is itself.
+func (p *Proxy) resolve(network string, dst netip.AddrPort) (*workloadapi.Workload, uint16) {
+	w, svc := p.Table.ByAddress(network, dst.Addr())
+	if w != nil {
+		return w, dst.Port()
+	}
+	if svc == nil {
+		return nil, dst.Port()
+	}
+	target := dst.Port()
+	for _, sp := range svc.GetPorts() {
+		if sp.GetServicePort() == uint32(dst.Port()) && sp.GetTargetPort() != 0 {
+			target = uint16(sp.GetTargetPort())
+		}
+	}
+	for _, ep := range p.Table.ServiceWorkloads(workloadapi.ServiceKey(svc.GetNamespace(), svc.GetHostname())) {
+		if ep.GetStatus() == workloadapi.WorkloadStatus_HEALTHY && len(ep.GetAddresses()) > 0 {
+			return ep, target
+		}
+	}
+	return nil, dst.Port()
+}
+
+func firstIP(w *workloadapi.Workload) netip.Addr {
+	if len(w.GetAddresses()) == 0 {
+		return netip.Addr{}
+	}
+	a, _ := netip.AddrFromSlice(w.GetAddresses()[0])
+	return a
+}
+
+// headers are spec §5.3's request headers.
+func (p *Proxy) headers(src *workloadapi.Workload, from net.Addr) [][2]string {
+	var baggage []string
+	add := func(k, v string) {
+		if v != "" {
+			baggage = append(baggage, k+"="+v)
+		}
+	}
+	add("k8s.cluster.name", p.ClusterID)
+	add("k8s.namespace.name", src.GetNamespace())
+	add("k8s."+strings.ToLower(src.GetWorkloadType().String())+".name", src.GetWorkloadName())
+	add("service.name", src.GetCanonicalName())
+	add("service.version", src.GetCanonicalRevision())
+	trace := make([]byte, 24)
+	_, _ = rand.Read(trace)
+	return [][2]string{
+		{"baggage", strings.Join(baggage, ",")},
+		{"forwarded", `for="` + from.String() + `"`},
+		{"traceparent", "00-" + hex.EncodeToString(trace[:16]) + "-" + hex.EncodeToString(trace[16:]) + "-00"},
+	}
+}
+
+// inboundHBONE terminates mTLS and serves the CONNECTs of one connection.
+func (p *Proxy) inboundHBONE(raw net.Conn, pod *inpod.Pod, self *workloadapi.Workload) {
+	ctx := context.Background()
+	selfID := workloadapi.WorkloadIdentity(self)
+	cert, err := p.Certs.Get(ctx, selfID)
+	if err != nil {
+		raw.Close()
+		return
+	}
+	tc, err := hbone.ServerTLS(ctx, raw, serverTLS(cert.TLS(), p.Certs.Roots(), selfID.TrustDomain))
+	if err != nil {
+		p.Log.Info("inbound TLS handshake failed", "from", raw.RemoteAddr().String(), "err", err)
+		return
+	}
+	state := tc.(interface{ ConnectionState() tls.ConnectionState }).ConnectionState()
+	peer, err := peerIdentity(rawChain(state), p.Certs.Roots())
+	if err != nil {
+		tc.Close()
+		return
+	}
+	srcIP := addrOf(raw.RemoteAddr())
+	hbone.Serve(tc, func(s *hbone.Stream) {
+		code, up := p.admit(ctx, s.Request.Authority, pod, self, authz.Conn{Src: srcIP, Peer: &peer})
+		if code != 200 {
+			_ = s.Respond(code, nil)
+			return
+		}
+		if err := s.Respond(200, nil); err != nil {
+			up.Close()
+			return
+		}
+		_, _, _ = hbone.Splice(up, s)
+	})
+}
+
+func rawChain(st tls.ConnectionState) [][]byte {
+	out := make([][]byte, len(st.PeerCertificates))
+	for i, c := range st.PeerCertificates {
+		out[i] = c.Raw
+	}
+	return out
+}
+
+func addrOf(a net.Addr) netip.Addr {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		ip, _ := netip.AddrFromSlice(ta.IP)
+		return ip.Unmap()
+	}
+	return netip.Addr{}
+}
+
+// admit validates the authority (spec §5.3: it must be this pod), applies
+// the policies and dials the app; it returns the status to answer.
+func (p *Proxy) admit(ctx context.Context, authority string, pod *inpod.Pod, self *workloadapi.Workload, c authz.Conn) (int, net.Conn) {
+	host, portStr, err := net.SplitHostPort(authority)
+	ip, ipErr := netip.ParseAddr(host)
+	port, portErr := strconv.ParseUint(portStr, 10, 16)
+	if err != nil || ipErr != nil || portErr != nil || ip.Unmap() != firstIP(self) {
+		return 400, nil
+	}
+	c.Dst, c.DstPort = ip, uint16(port)
+	d := authz.Evaluate(authz.Applicable(p.Table.Policies(), self), c)
+	if !d.Allow {
+		p.Log.Info("connection denied", "to", authority, "policy", d.Policy, "reason", d.Reason)
+		return 401, nil
+	}
+	up, err := pod.Dial(ctx, "tcp", authority)
+	if err != nil {
+		return 503, nil
+	}
+	return 200, up
+}
+
+// inboundPlain authorizes a plaintext connection (no identity) and
+// carries it to the app.
+func (p *Proxy) inboundPlain(c net.Conn, pod *inpod.Pod, self *workloadapi.Workload) {
+	dst, err := inpod.OriginalDst(c)
+	if err != nil {
+		c.Close()
+		return
+	}
+	code, up := p.admit(context.Background(), dst.String(), pod, self, authz.Conn{Src: addrOf(c.RemoteAddr())})
+	if code != 200 {
+		c.Close()
+		return
+	}
+	relay(c, up)
+}
+
+// relay copies both ways between two TCP connections.
+func relay(a, b net.Conn) {
+	done := make(chan struct{}, 2)
+	cp := func(dst, src net.Conn) {
+		buf := make([]byte, 64<<10)
+		_, _ = io.CopyBuffer(dst, src, buf)
+		if hc, ok := dst.(interface{ CloseWrite() error }); ok {
+			_ = hc.CloseWrite()
+		}
+		done <- struct{}{}
+	}
+	go cp(a, b)
+	go cp(b, a)
+	<-done
+	<-done
+	a.Close()
+	b.Close()
+}
