@@ -51,7 +51,20 @@ func mark(_, _ string, c syscall.RawConn) error {
 // Open listens inside the namespace; it takes ownership of ns.
 func Open(ns *os.File) (*Pod, error) {
 	p := &Pod{netns: ns}
-	lc := net.ListenConfig{Control: mark}
+	// SO_REUSEPORT as ztunnel: a restarting proxy's new sockets can bind
+	// while the old ones drain (spec §3.4).
+	lc := net.ListenConfig{Control: func(network, address string, c syscall.RawConn) error {
+		if err := mark(network, address, c); err != nil {
+			return err
+		}
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
 	err := netns.Do(p.path(), func() error {
 		for _, l := range []struct {
 			dst  *net.Listener

@@ -81,6 +81,9 @@ func (c Client) session(ctx context.Context) (served bool, err error) {
 	if err := conn.Send(&zdspb.ZdsHello{Version: zdspb.Version_V1}, nil, time.Now().Add(5*time.Second)); err != nil {
 		return false, err
 	}
+	if b, ok := c.Handler.(interface{ Begin() }); ok {
+		b.Begin() // a new snapshot starts
+	}
 	snapshotDone := false
 	for {
 		var req zdspb.WorkloadRequest

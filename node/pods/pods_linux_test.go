@@ -1,0 +1,105 @@
+package pods
+
+import (
+	"log/slog"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/canopy-mesh/canopy/internal/nettest"
+	"github.com/canopy-mesh/canopy/node/inpod"
+	"github.com/canopy-mesh/canopy/workloadapi"
+	zdspb "github.com/canopy-mesh/canopy/workloadapi/zds"
+)
+
+type workloads []*workloadapi.Workload
+
+func (w workloads) NodeWorkloads(node string) []*workloadapi.Workload {
+	var out []*workloadapi.Workload
+	for _, x := range w {
+		if x.GetNode() == node {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+type certs struct {
+	mu  sync.Mutex
+	ids map[workloadapi.Identity]int
+}
+
+func (c *certs) Add(id workloadapi.Identity)    { c.mu.Lock(); c.ids[id]++; c.mu.Unlock() }
+func (c *certs) Remove(id workloadapi.Identity) { c.mu.Lock(); c.ids[id]--; c.mu.Unlock() }
+
+type server struct {
+	mu    sync.Mutex
+	names []string
+}
+
+func (s *server) ServePod(_ *inpod.Pod, self *workloadapi.Workload) {
+	s.mu.Lock()
+	s.names = append(s.names, self.GetName())
+	s.mu.Unlock()
+}
+
+func TestSetFollowsZDS(t *testing.T) {
+	pair := nettest.NewPair(t, netip.MustParsePrefix("10.222.0.0/24"))
+	open := func() *os.File {
+		f, err := os.Open(pair.A)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	ws := workloads{
+		{Uid: "w-web", Name: "web-1", Namespace: "apps", ServiceAccount: "web", Node: "n1"},
+		{Uid: "w-api", Name: "api-1", Namespace: "apps", Node: "n1"},
+		{Uid: "w-far", Name: "web-2", Namespace: "apps", ServiceAccount: "web", Node: "n2"},
+	}
+	c := &certs{ids: map[workloadapi.Identity]int{}}
+	srv := &server{}
+	set := &Set{Node: "n1", Workloads: ws, Certs: c, Server: srv, Log: slog.New(slog.DiscardHandler), Wait: 100 * time.Millisecond}
+	defer set.Close()
+
+	set.Begin()
+	if err := set.Add("uid-web", &zdspb.WorkloadInfo{Name: "web-1", Namespace: "apps", ServiceAccount: "web"}, open()); err != nil {
+		t.Fatal(err)
+	}
+	// The default service account, matched by the empty one.
+	if err := set.Add("uid-api", &zdspb.WorkloadInfo{Name: "api-1", Namespace: "apps"}, open()); err != nil {
+		t.Fatal(err)
+	}
+	// A pod whose workload is on another node only: refused, never guessed.
+	if err := set.Add("uid-x", &zdspb.WorkloadInfo{Name: "web-2", Namespace: "apps", ServiceAccount: "other"}, open()); err == nil {
+		t.Error("a pod without a node-local workload was served")
+	}
+	if err := set.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(set.Pods()); got != 2 {
+		t.Fatalf("%d pods served, want 2", got)
+	}
+	if !slices.Equal(srv.names, []string{"web-1", "api-1"}) {
+		t.Errorf("served %v", srv.names)
+	}
+	web := workloadapi.Identity{TrustDomain: "cluster.local", Namespace: "apps", ServiceAccount: "web"}
+	if c.ids[web] != 1 {
+		t.Errorf("certificate refs for web = %d", c.ids[web])
+	}
+
+	// A reconnect's snapshot keeps web, drops api.
+	set.Begin()
+	_ = set.Keep("uid-web")
+	_ = set.Snapshot()
+	if pods := set.Pods(); len(pods) != 1 || pods[0].UID != "uid-web" {
+		t.Errorf("after the second snapshot: %+v", pods)
+	}
+	_ = set.Del("uid-web")
+	if len(set.Pods()) != 0 || c.ids[web] != 0 {
+		t.Errorf("after Del: %d pods, %d refs", len(set.Pods()), c.ids[web])
+	}
+}
