@@ -323,3 +323,17 @@ func (m *Manager) issue(ctx context.Context, id workloadapi.Identity) (*Cert, er
 	}
 	return c, nil
 }
+
+// Current returns the certificates held now, one per identity that has
+// one.
+func (m *Manager) Current() []*Cert {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []*Cert
+	for _, e := range m.entries {
+		if e.cert != nil {
+			out = append(out, e.cert)
+		}
+	}
+	return out
+}

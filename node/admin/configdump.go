@@ -1,0 +1,281 @@
+// Package admin serves the node proxy's admin port (spec §5.1, §8.2):
+// /config_dump in the JSON shape istioctl ztunnel-config reads, readiness,
+// /quitquitquit and pprof.
+package admin
+
+import (
+	"crypto/x509"
+	"encoding/pem"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/canopy-mesh/canopy/internal/workloadtable"
+	"github.com/canopy-mesh/canopy/workloadapi"
+	"github.com/canopy-mesh/canopy/workloadapi/security"
+)
+
+// Workload is a workload in config_dump (camelCase, empty fields left out).
+type Workload struct {
+	UID                   string   `json:"uid"`
+	WorkloadIPs           []string `json:"workloadIps"`
+	Protocol              string   `json:"protocol"`
+	NetworkMode           string   `json:"networkMode,omitempty"`
+	Name                  string   `json:"name"`
+	Namespace             string   `json:"namespace"`
+	ServiceAccount        string   `json:"serviceAccount"`
+	TrustDomain           string   `json:"trustDomain"`
+	Network               string   `json:"network,omitempty"`
+	WorkloadName          string   `json:"workloadName,omitempty"`
+	WorkloadType          string   `json:"workloadType"`
+	CanonicalName         string   `json:"canonicalName,omitempty"`
+	CanonicalRevision     string   `json:"canonicalRevision,omitempty"`
+	Hostname              string   `json:"hostname,omitempty"`
+	Node                  string   `json:"node,omitempty"`
+	AuthorizationPolicies []string `json:"authorizationPolicies,omitempty"`
+	ClusterID             string   `json:"clusterId,omitempty"`
+	Services              []string `json:"services,omitempty"`
+	Status                string   `json:"status"`
+	Waypoint              *Gateway `json:"waypoint,omitempty"`
+}
+
+// Gateway is a waypoint or network gateway reference.
+type Gateway struct {
+	Destination   string `json:"destination"`
+	HboneMtlsPort uint32 `json:"hboneMtlsPort"`
+}
+
+// Service is a service in config_dump.
+type Service struct {
+	Name      string              `json:"name"`
+	Namespace string              `json:"namespace"`
+	Hostname  string              `json:"hostname"`
+	VIPs      []string            `json:"vips"`
+	Ports     map[string]uint32   `json:"ports"`
+	Endpoints map[string]Endpoint `json:"endpoints"`
+	Waypoint  *Gateway            `json:"waypoint,omitempty"`
+}
+
+// Endpoint is one workload of a service.
+type Endpoint struct {
+	WorkloadUID string `json:"workloadUid"`
+	Status      string `json:"status"`
+}
+
+// Policy is an authorization policy; Rules nest rules, clauses, matches.
+type Policy struct {
+	Name      string               `json:"name"`
+	Namespace string               `json:"namespace"`
+	Scope     string               `json:"scope"`
+	Action    string               `json:"action"`
+	Rules     [][][]map[string]any `json:"rules"`
+	DryRun    bool                 `json:"dryRun,omitempty"`
+}
+
+// Certificate is one certificate of a chain.
+type Certificate struct {
+	PEM            string    `json:"pem"`
+	SerialNumber   string    `json:"serialNumber"`
+	ValidFrom      time.Time `json:"validFrom"`
+	ExpirationTime time.Time `json:"expirationTime"`
+}
+
+// CertState is one identity's certificates.
+type CertState struct {
+	Identity  string        `json:"identity"`
+	State     string        `json:"state"`
+	CertChain []Certificate `json:"certChain"`
+	RootCerts []Certificate `json:"rootCerts"`
+}
+
+// PodState is a served pod.
+type PodState struct {
+	State string            `json:"state"`
+	Info  map[string]string `json:"info"`
+}
+
+// Dump is the whole /config_dump.
+type Dump struct {
+	Workloads     []Workload          `json:"workloads"`
+	Services      []Service           `json:"services"`
+	Policies      []Policy            `json:"policies"`
+	Certificates  []CertState         `json:"certificates"`
+	WorkloadState map[string]PodState `json:"workloadState"`
+	Version       string              `json:"version"`
+	Config        map[string]any      `json:"config"`
+}
+
+func protocol(w *workloadapi.Workload) string {
+	if w.GetTunnelProtocol() == workloadapi.TunnelProtocol_HBONE {
+		return "HBONE"
+	}
+	return "TCP"
+}
+
+func status(s workloadapi.WorkloadStatus) string {
+	if s == workloadapi.WorkloadStatus_HEALTHY {
+		return "Healthy"
+	}
+	return "Unhealthy"
+}
+
+func gateway(g *workloadapi.GatewayAddress) *Gateway {
+	if g == nil {
+		return nil
+	}
+	out := &Gateway{HboneMtlsPort: g.GetHboneMtlsPort()}
+	if h := g.GetHostname(); h != nil {
+		out.Destination = h.GetNamespace() + "/" + h.GetHostname()
+	} else if a := g.GetAddress(); a != nil {
+		ip, _ := netip.AddrFromSlice(a.GetAddress())
+		out.Destination = a.GetNetwork() + "/" + ip.String()
+	}
+	return out
+}
+
+// Workloads converts the table's workloads, sorted by uid.
+func Workloads(s workloadtable.Snapshot) []Workload {
+	out := []Workload{}
+	for _, w := range s.Workloads {
+		id := workloadapi.WorkloadIdentity(w)
+		x := Workload{
+			UID: w.GetUid(), Protocol: protocol(w), Name: w.GetName(), Namespace: w.GetNamespace(),
+			ServiceAccount: id.ServiceAccount, TrustDomain: id.TrustDomain, Network: w.GetNetwork(), WorkloadName: w.GetWorkloadName(),
+			WorkloadType: strings.ToLower(w.GetWorkloadType().String()), CanonicalName: w.GetCanonicalName(), CanonicalRevision: w.GetCanonicalRevision(),
+			Hostname: w.GetHostname(), Node: w.GetNode(), AuthorizationPolicies: w.GetAuthorizationPolicies(), ClusterID: w.GetClusterId(),
+			Status: status(w.GetStatus()), Waypoint: gateway(w.GetWaypoint()), WorkloadIPs: []string{},
+		}
+		if w.GetNetworkMode() == workloadapi.NetworkMode_HOST_NETWORK {
+			x.NetworkMode = "HostNetwork"
+		}
+		for _, b := range w.GetAddresses() {
+			if ip, ok := netip.AddrFromSlice(b); ok {
+				x.WorkloadIPs = append(x.WorkloadIPs, ip.String())
+			}
+		}
+		for svc := range w.GetServices() {
+			x.Services = append(x.Services, svc)
+		}
+		slices.Sort(x.Services)
+		out = append(out, x)
+	}
+	return out
+}
+
+// Services converts the table's services with their endpoints.
+func Services(s workloadtable.Snapshot) []Service {
+	out := []Service{}
+	for _, svc := range s.Services {
+		key := workloadapi.ServiceKey(svc.GetNamespace(), svc.GetHostname())
+		x := Service{Name: svc.GetName(), Namespace: svc.GetNamespace(), Hostname: svc.GetHostname(), VIPs: []string{},
+			Ports: map[string]uint32{}, Endpoints: map[string]Endpoint{}, Waypoint: gateway(svc.GetWaypoint())}
+		x.VIPs = append(x.VIPs, workloadapi.Aliases(&workloadapi.Address{Type: &workloadapi.Address_Service{Service: svc}})...)
+		for _, p := range svc.GetPorts() {
+			x.Ports[strconv.FormatUint(uint64(p.GetServicePort()), 10)] = p.GetTargetPort()
+		}
+		for _, w := range s.Workloads {
+			if _, ok := w.GetServices()[key]; ok {
+				x.Endpoints[w.GetUid()] = Endpoint{WorkloadUID: w.GetUid(), Status: status(w.GetStatus())}
+			}
+		}
+		out = append(out, x)
+	}
+	return out
+}
+
+// Policies converts the table's policies.
+func Policies(s workloadtable.Snapshot) []Policy {
+	out := []Policy{}
+	for _, p := range s.Policies {
+		x := Policy{Name: p.GetName(), Namespace: p.GetNamespace(), Scope: titleCase(p.GetScope().String()),
+			Action: titleCase(p.GetAction().String()), DryRun: p.GetDryRun(), Rules: [][][]map[string]any{}}
+		for _, r := range p.GetRules() {
+			var clauses [][]map[string]any
+			for _, c := range r.GetClauses() {
+				var ms []map[string]any
+				for _, m := range c.GetMatches() {
+					ms = append(ms, match(m))
+				}
+				clauses = append(clauses, ms)
+			}
+			x.Rules = append(x.Rules, clauses)
+		}
+		out = append(out, x)
+	}
+	return out
+}
+
+func titleCase(s string) string {
+	if s == "" {
+		return s
+	}
+	return s[:1] + strings.ToLower(s[1:])
+}
+
+func match(m *security.Match) map[string]any {
+	out := map[string]any{}
+	strs := func(key string, ms []*security.StringMatch) {
+		if len(ms) == 0 {
+			return
+		}
+		var l []map[string]any
+		for _, sm := range ms {
+			switch t := sm.GetMatchType().(type) {
+			case *security.StringMatch_Exact:
+				l = append(l, map[string]any{"Exact": t.Exact})
+			case *security.StringMatch_Prefix:
+				l = append(l, map[string]any{"Prefix": t.Prefix})
+			case *security.StringMatch_Suffix:
+				l = append(l, map[string]any{"Suffix": t.Suffix})
+			case *security.StringMatch_Presence:
+				l = append(l, map[string]any{"Presence": []any{}})
+			}
+		}
+		out[key] = l
+	}
+	addrs := func(key string, as []*security.Address) {
+		if len(as) == 0 {
+			return
+		}
+		var l []string
+		for _, a := range as {
+			if ip, ok := netip.AddrFromSlice(a.GetAddress()); ok {
+				l = append(l, netip.PrefixFrom(ip, int(a.GetLength())).String())
+			}
+		}
+		out[key] = l
+	}
+	strs("namespaces", m.GetNamespaces())
+	strs("notNamespaces", m.GetNotNamespaces())
+	strs("principals", m.GetPrincipals())
+	strs("notPrincipals", m.GetNotPrincipals())
+	addrs("sourceIps", m.GetSourceIps())
+	addrs("notSourceIps", m.GetNotSourceIps())
+	addrs("destinationIps", m.GetDestinationIps())
+	addrs("notDestinationIps", m.GetNotDestinationIps())
+	if len(m.GetDestinationPorts()) > 0 {
+		out["destinationPorts"] = m.GetDestinationPorts()
+	}
+	if len(m.GetNotDestinationPorts()) > 0 {
+		out["notDestinationPorts"] = m.GetNotDestinationPorts()
+	}
+	for key, sas := range map[string][]*security.ServiceAccountMatch{"serviceAccounts": m.GetServiceAccounts(), "notServiceAccounts": m.GetNotServiceAccounts()} {
+		if len(sas) == 0 {
+			continue
+		}
+		var l []string
+		for _, sa := range sas {
+			l = append(l, sa.GetNamespace()+"/"+sa.GetServiceAccount())
+		}
+		out[key] = l
+	}
+	return out
+}
+
+// Cert converts a certificate.
+func Cert(c *x509.Certificate) Certificate {
+	return Certificate{PEM: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})),
+		SerialNumber: c.SerialNumber.String(), ValidFrom: c.NotBefore, ExpirationTime: c.NotAfter}
+}
