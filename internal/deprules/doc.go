@@ -56,6 +56,11 @@ var Binaries = map[string][]Rule{
 		Forbid:   []string{"./controller", "./node", "./internal/localcluster"},
 		Reason:   "the CNI agent talks to the node proxy over ZDS only",
 	}},
+	"canopy-node": {{
+		Packages: []string{"./cmd/canopy-node"},
+		Forbid:   []string{"./controller", "./cni", "./ca", "k8s.io/client-go", "./internal/localcluster"},
+		Reason:   "the node proxy learns everything over xDS, ZDS and the CA API",
+	}},
 	// The test application runs in every demo pod: keep it a plain
 	// networking program.
 	"canopy-echo": {{

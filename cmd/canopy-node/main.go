@@ -1,0 +1,268 @@
+// Command canopy-node is Canopy's node proxy (a DaemonSet): it learns the
+// mesh over workload xDS, gets one certificate per local identity from the
+// CA, receives each ambient pod's network namespace from the CNI agent
+// over ZDS, and carries the pods' traffic through HBONE with mutual TLS,
+// enforcing L4 authorization.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/canopy-mesh/canopy/internal/version"
+	"github.com/canopy-mesh/canopy/internal/workloadtable"
+	"github.com/canopy-mesh/canopy/internal/xdsclient"
+	"github.com/canopy-mesh/canopy/node/admin"
+	"github.com/canopy-mesh/canopy/node/caclient"
+	"github.com/canopy-mesh/canopy/node/identity"
+	"github.com/canopy-mesh/canopy/node/pods"
+	"github.com/canopy-mesh/canopy/node/proxy"
+	"github.com/canopy-mesh/canopy/node/zdsclient"
+)
+
+type config struct {
+	xdsAddr, caAddr, serverName string
+	clusterID, trustDomain      string
+	tokenPath, rootCertPath     string
+	zdsSocket                   string
+	nodeName, podName, podNS    string
+	instanceIP                  netip.Addr
+	onDemand                    bool
+	adminAddr, metricsAddr      string
+	readyAddr                   string
+	certTTL, drain              time.Duration
+	logLevel                    slog.Level
+	roots                       []*x509.Certificate
+}
+
+func env(names ...string) string {
+	for _, n := range names {
+		if v := os.Getenv(n); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+func or(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
+
+func parseFlags(args []string) (config, error) {
+	var c config
+	fs := flag.NewFlagSet("canopy-node", flag.ContinueOnError)
+	fs.StringVar(&c.xdsAddr, "xds-address", or(env("XDS_ADDRESS"), "canopy-controller.istio-system.svc:15012"), "workload xDS server host:port (TLS) ($XDS_ADDRESS)")
+	fs.StringVar(&c.caAddr, "ca-address", env("CA_ADDRESS"), "CA host:port (default: the xDS address) ($CA_ADDRESS)")
+	fs.StringVar(&c.serverName, "xds-server-name", env("ALT_XDS_HOSTNAME"), "name the control plane's certificate must carry (default: the address's host)")
+	fs.StringVar(&c.clusterID, "cluster-id", or(env("ISTIO_META_CLUSTER_ID", "CLUSTER_ID"), "Kubernetes"), "cluster ID ($CLUSTER_ID)")
+	fs.StringVar(&c.trustDomain, "trust-domain", or(env("TRUST_DOMAIN"), "cluster.local"), "trust domain")
+	fs.StringVar(&c.tokenPath, "token", "./var/run/secrets/tokens/istio-token", "projected service-account token (audience istio-ca)")
+	fs.StringVar(&c.rootCertPath, "root-cert", or(env("XDS_ROOT_CA"), "./var/run/secrets/istio/root-cert.pem"), "trusted roots (PEM)")
+	fs.StringVar(&c.zdsSocket, "zds-socket", or(env("INPOD_UDS"), "/var/run/ztunnel/ztunnel.sock"), "the CNI agent's ZDS socket ($INPOD_UDS)")
+	fs.StringVar(&c.nodeName, "node-name", env("NODE_NAME"), "this node ($NODE_NAME)")
+	fs.StringVar(&c.podName, "pod-name", env("POD_NAME"), "this proxy's pod ($POD_NAME)")
+	fs.StringVar(&c.podNS, "pod-namespace", env("POD_NAMESPACE"), "this proxy's namespace ($POD_NAMESPACE)")
+	ip := fs.String("instance-ip", env("INSTANCE_IP"), "this proxy's pod IP ($INSTANCE_IP)")
+	fs.BoolVar(&c.onDemand, "on-demand", env("XDS_ON_DEMAND") == "true", "subscribe to addresses on demand ($XDS_ON_DEMAND)")
+	fs.StringVar(&c.adminAddr, "admin-addr", "127.0.0.1:15000", "admin port (config_dump, quitquitquit, pprof)")
+	fs.StringVar(&c.metricsAddr, "metrics-addr", ":15020", "Prometheus port")
+	fs.StringVar(&c.readyAddr, "readiness-addr", ":15021", "readiness port (/healthz/ready)")
+	fs.DurationVar(&c.certTTL, "cert-ttl", 24*time.Hour, "workload certificate lifetime asked for ($SECRET_TTL)")
+	fs.DurationVar(&c.drain, "drain-period", 5*time.Second, "how long connections may finish after SIGTERM")
+	level := fs.String("log-level", "info", "debug, info, warn or error")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if *showVersion {
+		fmt.Println(version.Get())
+		os.Exit(0)
+	}
+	if err := c.logLevel.UnmarshalText([]byte(*level)); err != nil {
+		return c, fmt.Errorf("--log-level: %w", err)
+	}
+	if c.caAddr == "" {
+		c.caAddr = c.xdsAddr
+	}
+	for _, a := range []struct{ flag, v string }{{"--xds-address", c.xdsAddr}, {"--ca-address", c.caAddr}, {"--admin-addr", c.adminAddr}, {"--metrics-addr", c.metricsAddr}, {"--readiness-addr", c.readyAddr}} {
+		if _, _, err := net.SplitHostPort(a.v); err != nil {
+			return c, fmt.Errorf("%s %q: %w", a.flag, a.v, err)
+		}
+	}
+	if c.serverName == "" {
+		c.serverName, _, _ = net.SplitHostPort(c.xdsAddr)
+	}
+	for _, r := range []struct{ flag, v string }{{"--node-name", c.nodeName}, {"--pod-name", c.podName}, {"--pod-namespace", c.podNS}} {
+		if r.v == "" {
+			return c, fmt.Errorf("%s is required", r.flag)
+		}
+	}
+	var err error
+	if c.instanceIP, err = netip.ParseAddr(*ip); err != nil {
+		return c, fmt.Errorf("--instance-ip %q: %w", *ip, err)
+	}
+	if c.certTTL < time.Minute || c.drain < 0 {
+		return c, errors.New("--cert-ttl must be at least a minute and --drain-period not negative")
+	}
+	pemBytes, err := os.ReadFile(c.rootCertPath)
+	if err != nil {
+		return c, fmt.Errorf("--root-cert: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pemBytes) {
+		return c, fmt.Errorf("--root-cert %s holds no PEM certificate", c.rootCertPath)
+	}
+	for rest := pemBytes; ; {
+		var certs []*x509.Certificate
+		certs, rest, err = parsePEM(rest)
+		if err != nil {
+			return c, fmt.Errorf("--root-cert: %w", err)
+		}
+		c.roots = append(c.roots, certs...)
+		if len(certs) == 0 {
+			break
+		}
+	}
+	if _, err := os.Stat(c.tokenPath); err != nil {
+		return c, fmt.Errorf("--token: %w", err)
+	}
+	return c, nil
+}
+
+func main() {
+	cfg, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "canopy-node:", err)
+		os.Exit(2)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, cfg, log); err != nil {
+		log.Error("canopy-node failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, cfg config, log *slog.Logger) error {
+	roots := x509.NewCertPool()
+	for _, r := range cfg.roots {
+		roots.AddCert(r)
+	}
+	creds := credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: cfg.serverName, MinVersion: tls.VersionTLS12})
+	xdsConn, err := grpc.NewClient(cfg.xdsAddr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return err
+	}
+	defer xdsConn.Close()
+	caConn := xdsConn
+	if cfg.caAddr != cfg.xdsAddr {
+		if caConn, err = grpc.NewClient(cfg.caAddr, grpc.WithTransportCredentials(creds)); err != nil {
+			return err
+		}
+		defer caConn.Close()
+	}
+	token := func(context.Context) (string, error) {
+		b, err := os.ReadFile(cfg.tokenPath)
+		return strings.TrimSpace(string(b)), err
+	}
+	md, err := structpb.NewStruct(map[string]any{
+		"NAME": cfg.podName, "NAMESPACE": cfg.podNS, "INSTANCE_IPS": cfg.instanceIP.String(), "NODE_NAME": cfg.nodeName,
+		"CLUSTER_ID": cfg.clusterID, "ISTIO_VERSION": version.Get(),
+	})
+	if err != nil {
+		return err
+	}
+	node := &corev3.Node{Id: fmt.Sprintf("ztunnel~%s~%s.%s~%s.svc.cluster.local", cfg.instanceIP, cfg.podName, cfg.podNS, cfg.podNS), Metadata: md}
+	registry := prometheus.NewRegistry()
+	table := workloadtable.New()
+	xc, err := xdsclient.New(xdsclient.Config{Conn: xdsConn, Node: node, Token: token, ClusterID: cfg.clusterID, OnDemand: cfg.onDemand, Handler: table, Log: log})
+	if err != nil {
+		return err
+	}
+	certs, err := identity.New(identity.Config{TTL: cfg.certTTL, Roots: cfg.roots, Registerer: registry},
+		caclient.Client{Conn: caConn, Token: token, ClusterID: cfg.clusterID, Impersonate: true}, log)
+	if err != nil {
+		return err
+	}
+	px := proxy.New(table, certs, cfg.clusterID, log)
+	defer px.Close()
+	set := &pods.Set{Node: cfg.nodeName, Workloads: table, Certs: certs, Server: px, Log: log}
+	defer set.Close()
+	ready := func() bool {
+		select {
+		case <-xc.Ready():
+			return true
+		default:
+			return false
+		}
+	}
+	ctx, quit := context.WithCancel(ctx)
+	defer quit()
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return xc.Run(gctx) })
+	g.Go(func() error { certs.Run(gctx); return nil })
+	g.Go(func() error {
+		select { // serve pods only once the tables are in
+		case <-xc.Ready():
+		case <-gctx.Done():
+			return nil
+		}
+		return zdsclient.Client{Path: cfg.zdsSocket, Handler: set, Log: log}.Run(gctx)
+	})
+	sources := admin.Sources{Table: table, Certs: certs.Current, Pods: set.Pods, Version: version.Get(), Quit: quit,
+		Config: map[string]any{"xdsAddress": cfg.xdsAddr, "caAddress": cfg.caAddr, "clusterId": cfg.clusterID, "nodeName": cfg.nodeName}}
+	serve(gctx, g, "admin", cfg.adminAddr, admin.Handler(sources), log)
+	serve(gctx, g, "metrics", cfg.metricsAddr, promhttp.HandlerFor(registry, promhttp.HandlerOpts{}), log)
+	serve(gctx, g, "readiness", cfg.readyAddr, admin.Readiness(ready), log)
+	log.Info("canopy-node started", "node", cfg.nodeName, "xds", cfg.xdsAddr, "version", version.Get())
+	err = g.Wait()
+	// Drain: in-flight connections keep their sockets for the period.
+	log.Info("draining", "period", cfg.drain)
+	time.Sleep(cfg.drain)
+	return err
+}
+
+func serve(ctx context.Context, g *errgroup.Group, what, addr string, h http.Handler, log *slog.Logger) {
+	srv := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	g.Go(func() error {
+		log.Info("serving "+what, "addr", addr)
+		if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return srv.Shutdown(shutdown)
+	})
+}

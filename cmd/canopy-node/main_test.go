@@ -1,0 +1,52 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/canopy-mesh/canopy/ca/pki"
+)
+
+func TestParseFlags(t *testing.T) {
+	dir := t.TempDir()
+	a, err := pki.NewSelfSigned("cluster.local", 0, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(dir, "root-cert.pem")
+	token := filepath.Join(dir, "token")
+	if err := os.WriteFile(root, pki.EncodeCertificates(a.Roots...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(token, []byte("t"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"--root-cert=" + root, "--token=" + token, "--node-name=n1", "--pod-name=z", "--pod-namespace=istio-system", "--instance-ip=10.0.0.3"}
+	c, err := parseFlags(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.caAddr != c.xdsAddr || c.serverName != "canopy-controller.istio-system.svc" || len(c.roots) != 1 {
+		t.Errorf("defaults: %+v", c)
+	}
+	for _, tt := range []struct {
+		extra []string
+		want  string
+	}{
+		{[]string{"--xds-address=nohost"}, "--xds-address"},
+		{[]string{"--instance-ip=x"}, "--instance-ip"},
+		{[]string{"--node-name="}, "--node-name is required"},
+		{[]string{"--root-cert=" + filepath.Join(dir, "none")}, "--root-cert"},
+		{[]string{"--root-cert=" + token}, "no PEM certificate"},
+		{[]string{"--token=" + filepath.Join(dir, "none")}, "--token"},
+		{[]string{"--cert-ttl=1s"}, "--cert-ttl"},
+		{[]string{"--log-level=loud"}, "--log-level"},
+	} {
+		if _, err := parseFlags(append(append([]string{}, base...), tt.extra...)); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("parseFlags(%v) = %v, want an error containing %q", tt.extra, err, tt.want)
+		}
+	}
+}
