@@ -212,7 +212,10 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	px := proxy.New(table, certs, cfg.clusterID, log)
+	px, err := proxy.New(table, certs, cfg.clusterID, registry, log)
+	if err != nil {
+		return err
+	}
 	defer px.Close()
 	set := &pods.Set{Node: cfg.nodeName, Workloads: table, Certs: certs, Server: px, Log: log}
 	defer set.Close()

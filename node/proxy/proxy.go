@@ -18,6 +18,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/canopy-mesh/canopy/node/authz"
 	"github.com/canopy-mesh/canopy/node/hbone"
 	"github.com/canopy-mesh/canopy/node/identity"
@@ -47,11 +49,16 @@ type Proxy struct {
 	ClusterID string
 	Log       *slog.Logger
 	pool      *pool
+	metrics   *metrics
 }
 
-// New returns a Proxy.
-func New(table Table, certs Certs, clusterID string, log *slog.Logger) *Proxy {
-	return &Proxy{Table: table, Certs: certs, ClusterID: clusterID, Log: log.With("component", "proxy"), pool: newPool()}
+// New returns a Proxy; its metrics go to reg.
+func New(table Table, certs Certs, clusterID string, reg prometheus.Registerer, log *slog.Logger) (*Proxy, error) {
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	return &Proxy{Table: table, Certs: certs, ClusterID: clusterID, Log: log.With("component", "proxy"), pool: newPool(), metrics: m}, nil
 }
 
 // Close drops pooled connections.
@@ -94,7 +101,8 @@ func (p *Proxy) outbound(c net.Conn, pod *inpod.Pod, src *workloadapi.Workload) 
 		if err != nil {
 			return
 		}
-		relay(c, up)
+		done := p.metrics.open(connection{reporter: "source", src: src, dst: w, srcID: principal(workloadapi.WorkloadIdentity(src)), securityPolicy: "unknown"})
+		done(relay(c, up))
 		return
 	}
 	srcID, dstID := workloadapi.WorkloadIdentity(src), workloadapi.WorkloadIdentity(w)
@@ -121,7 +129,9 @@ func (p *Proxy) outbound(c net.Conn, pod *inpod.Pod, src *workloadapi.Workload) 
 		p.Log.Info("CONNECT refused", "to", dst.String(), "err", err)
 		return
 	}
-	_, _, _ = hbone.Splice(c, s)
+	done := p.metrics.open(connection{reporter: "source", src: src, dst: w, srcID: principal(srcID), dstID: principal(dstID), securityPolicy: "mutual_tls"})
+	sent, received, _ := hbone.Splice(c, s)
+	done(sent, received)
 }
 
 // resolve maps an original destination to a workload and target port: a
@@ -200,6 +210,7 @@ func (p *Proxy) inboundHBONE(raw net.Conn, pod *inpod.Pod, self *workloadapi.Wor
 		return
 	}
 	srcIP := addrOf(raw.RemoteAddr())
+	srcW, _ := p.Table.ByAddress(self.GetNetwork(), srcIP)
 	hbone.Serve(tc, func(s *hbone.Stream) {
 		code, up := p.admit(ctx, s.Request.Authority, pod, self, authz.Conn{Src: srcIP, Peer: &peer})
 		if code != 200 {
@@ -210,7 +221,9 @@ func (p *Proxy) inboundHBONE(raw net.Conn, pod *inpod.Pod, self *workloadapi.Wor
 			up.Close()
 			return
 		}
-		_, _, _ = hbone.Splice(up, s)
+		done := p.metrics.open(connection{reporter: "destination", src: srcW, dst: self, srcID: principal(peer), dstID: principal(selfID), securityPolicy: "mutual_tls"})
+		toApp, fromApp, _ := hbone.Splice(up, s)
+		done(fromApp, toApp)
 	})
 }
 
@@ -260,29 +273,34 @@ func (p *Proxy) inboundPlain(c net.Conn, pod *inpod.Pod, self *workloadapi.Workl
 		c.Close()
 		return
 	}
-	code, up := p.admit(context.Background(), dst.String(), pod, self, authz.Conn{Src: addrOf(c.RemoteAddr())})
+	src := addrOf(c.RemoteAddr())
+	code, up := p.admit(context.Background(), dst.String(), pod, self, authz.Conn{Src: src})
 	if code != 200 {
 		c.Close()
 		return
 	}
-	relay(c, up)
+	srcW, _ := p.Table.ByAddress(self.GetNetwork(), src)
+	done := p.metrics.open(connection{reporter: "destination", src: srcW, dst: self, dstID: principal(workloadapi.WorkloadIdentity(self)), securityPolicy: "none"})
+	done(relay(c, up))
 }
 
-// relay copies both ways between two TCP connections.
-func relay(a, b net.Conn) {
+// relay copies both ways between two TCP connections and reports the
+// bytes each way (sent: a to b).
+func relay(a, b net.Conn) (sent, received int64) {
 	done := make(chan struct{}, 2)
-	cp := func(dst, src net.Conn) {
+	cp := func(dst, src net.Conn, n *int64) {
 		buf := make([]byte, 64<<10)
-		_, _ = io.CopyBuffer(dst, src, buf)
+		*n, _ = io.CopyBuffer(dst, src, buf)
 		if hc, ok := dst.(interface{ CloseWrite() error }); ok {
 			_ = hc.CloseWrite()
 		}
 		done <- struct{}{}
 	}
-	go cp(a, b)
-	go cp(b, a)
+	go cp(b, a, &sent)
+	go cp(a, b, &received)
 	<-done
 	<-done
 	a.Close()
 	b.Close()
+	return sent, received
 }

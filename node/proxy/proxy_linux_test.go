@@ -16,6 +16,8 @@ import (
 	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -111,7 +113,11 @@ func TestPodToPodThroughHBONE(t *testing.T) {
 	for _, w := range []*workloadapi.Workload{clientW, serverW} {
 		certs.Add(workloadapi.WorkloadIdentity(w))
 	}
-	p := New(table, certs, "Kubernetes", log)
+	reg := prometheus.NewRegistry()
+	p, err := New(table, certs, "Kubernetes", reg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer p.Close()
 	for _, x := range []struct {
 		ns string
@@ -164,6 +170,23 @@ func TestPodToPodThroughHBONE(t *testing.T) {
 		}
 		if n := packets(t, serverNS, 15008); n == 0 {
 			t.Error("no packets to 15008")
+		}
+	})
+
+	t.Run("both ends count the connection with identities", func(t *testing.T) {
+		count := func(reporter, peer string) float64 {
+			return testutil.ToFloat64(p.metrics.sent.WithLabelValues(reporter, "", "apps", "spiffe://cluster.local/ns/apps/sa/client",
+				"", "apps", "spiffe://cluster.local/ns/apps/sa/server", "tcp", peer))
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for count("destination", "mutual_tls") == 0 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if got := count("source", "mutual_tls"); got < float64(len("hello through the mesh")) {
+			t.Errorf("source sent bytes = %v", got)
+		}
+		if got := count("destination", "mutual_tls"); got < float64(len("hello through the mesh")) {
+			t.Errorf("destination sent bytes = %v", got)
 		}
 	})
 

@@ -1,0 +1,67 @@
+package proxy
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/canopy-mesh/canopy/workloadapi"
+)
+
+// L4 connection metrics under Istio's names, so dashboards built for
+// ztunnel work.
+var connLabels = []string{
+	"reporter",
+	"source_workload", "source_workload_namespace", "source_principal",
+	"destination_workload", "destination_workload_namespace", "destination_principal",
+	"request_protocol", "connection_security_policy",
+}
+
+type metrics struct {
+	opened, closed, sent, received *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	mk := func(name, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, connLabels)
+	}
+	m := &metrics{
+		opened:   mk("istio_tcp_connections_opened_total", "TCP connections opened."),
+		closed:   mk("istio_tcp_connections_closed_total", "TCP connections closed."),
+		sent:     mk("istio_tcp_sent_bytes_total", "Bytes sent to the destination during TCP connections."),
+		received: mk("istio_tcp_received_bytes_total", "Bytes received from the destination during TCP connections."),
+	}
+	for _, c := range []prometheus.Collector{m.opened, m.closed, m.sent, m.received} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// connection is one proxied connection's labels.
+type connection struct {
+	reporter       string
+	src, dst       *workloadapi.Workload
+	srcID, dstID   string
+	securityPolicy string
+}
+
+func (c connection) labels() []string {
+	return []string{c.reporter,
+		c.src.GetWorkloadName(), c.src.GetNamespace(), c.srcID,
+		c.dst.GetWorkloadName(), c.dst.GetNamespace(), c.dstID,
+		"tcp", c.securityPolicy}
+}
+
+// open counts a connection and returns the function that records its
+// end with the bytes each way (sent: towards the destination).
+func (m *metrics) open(c connection) func(sent, received int64) {
+	l := c.labels()
+	m.opened.WithLabelValues(l...).Inc()
+	return func(sent, received int64) {
+		m.closed.WithLabelValues(l...).Inc()
+		m.sent.WithLabelValues(l...).Add(float64(sent))
+		m.received.WithLabelValues(l...).Add(float64(received))
+	}
+}
+
+func principal(id workloadapi.Identity) string { return "spiffe://" + id.Principal() }
