@@ -151,26 +151,52 @@ func (s *Stream) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// WriteTo implements io.WriterTo, sparing io.Copy a buffer.
+// WriteTo implements io.WriterTo: received chunks go to w as they are,
+// without an intermediate buffer, so an idle stream holds no memory.
 func (s *Stream) WriteTo(w io.Writer) (int64, error) {
 	var total int64
-	buf := make([]byte, 256<<10)
 	for {
-		n, err := s.Read(buf)
-		if n > 0 {
-			m, werr := w.Write(buf[:n])
-			total += int64(m)
-			if werr != nil {
-				return total, werr
-			}
+		s.rmu.Lock()
+		for s.rlen == 0 && !s.rEOF && s.rerr == nil {
+			s.rcond.Wait()
 		}
-		if err == io.EOF {
-			return total, nil
+		if s.rlen == 0 {
+			err := s.rerr
+			s.rmu.Unlock()
+			return total, err // nil at EOF
 		}
+		ch := s.rq[0]
+		s.rq[0] = nil
+		s.rq = s.rq[1:]
+		if len(s.rq) == 0 {
+			s.rq = nil
+		}
+		data := ch.b[ch.off:]
+		s.rlen -= len(data)
+		s.rmu.Unlock()
+		n, err := w.Write(data)
+		total += int64(n)
+		ch.release()
+		s.credit(int64(len(data)))
 		if err != nil {
 			return total, err
 		}
 	}
+}
+
+// credit returns consumed bytes to the peer's windows, in batches.
+func (s *Stream) credit(n int64) {
+	s.rmu.Lock()
+	s.unacked += n
+	var inc int64
+	if s.unacked >= StreamWindow/4 && !s.rEOF {
+		inc, s.unacked = s.unacked, 0
+	}
+	s.rmu.Unlock()
+	if inc > 0 {
+		_ = s.c.writeFrames(func() error { return s.c.fr.WriteWindowUpdate(s.id, uint32(inc)) })
+	}
+	s.c.consumed(n)
 }
 
 // Write implements io.Writer, honouring the peer's windows.
@@ -201,17 +227,36 @@ func (s *Stream) Write(p []byte) (int, error) {
 	return written, nil
 }
 
-// ReadFrom implements io.ReaderFrom with a buffer sized for large frames.
+// ReadFrom implements io.ReaderFrom. An idle connection holds a small
+// buffer; a read that fills it borrows a large pooled one for as long as
+// data keeps coming, so bulk transfers go out in large frames.
 func (s *Stream) ReadFrom(r io.Reader) (int64, error) {
 	var total int64
-	buf := make([]byte, 256<<10)
+	small := make([]byte, 4<<10)
+	var large *[]byte
+	defer func() {
+		if large != nil {
+			readBuffers.Put(large)
+		}
+	}()
 	for {
+		buf := small
+		if large != nil {
+			buf = *large
+		}
 		n, err := r.Read(buf)
 		if n > 0 {
 			if _, werr := s.Write(buf[:n]); werr != nil {
 				return total, werr
 			}
 			total += int64(n)
+		}
+		switch {
+		case n == len(buf) && large == nil:
+			large = readBuffers.Get().(*[]byte)
+		case n < len(buf)/2 && large != nil:
+			readBuffers.Put(large)
+			large = nil
 		}
 		if err == io.EOF {
 			return total, nil
@@ -340,6 +385,7 @@ type chunk struct {
 }
 
 var (
+	readBuffers = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
 	smallChunks = sync.Pool{New: func() any { return &chunk{b: make([]byte, 0, 16<<10)} }}
 	largeChunks = sync.Pool{New: func() any { return &chunk{b: make([]byte, 0, MaxFrame)} }}
 )
