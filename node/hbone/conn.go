@@ -58,6 +58,9 @@ type conn struct {
 	peerInitialWindow int32
 	sendWindow        int64 // connection-level
 	recvUnacked       int64 // connection bytes consumed, not yet updated
+	// recvWindow is what the peer may still send on the connection; a
+	// peer that ignores it is cut off rather than buffered without bound.
+	recvWindow int64
 	err               error // set once closed
 	goAway            bool  // received or sent GOAWAY: no new streams
 	lastPeerStream    uint32
@@ -70,7 +73,7 @@ func newConn(nc net.Conn, isClient bool) *conn {
 	c := &conn{
 		nc: nc, isClient: isClient, bw: bufio.NewWriterSize(nc, 64<<10),
 		streams: map[uint32]*Stream{}, peerMaxFrame: 16384, peerInitialWindow: defaultWindow,
-		sendWindow: defaultWindow, idleSince: time.Now(), done: make(chan struct{}),
+		sendWindow: defaultWindow, recvWindow: ConnWindow, idleSince: time.Now(), done: make(chan struct{}),
 	}
 	c.cond = sync.NewCond(&c.mu)
 	c.fr = http2.NewFramer(c.bw, bufio.NewReaderSize(nc, 64<<10))
@@ -269,7 +272,12 @@ func (c *conn) onData(f *http2.DataFrame) error {
 	n := int64(f.Length)
 	c.mu.Lock()
 	s := c.streams[f.StreamID]
+	c.recvWindow -= n
+	over := c.recvWindow < 0
 	c.mu.Unlock()
+	if over {
+		return errors.New("peer exceeded the connection flow-control window")
+	}
 	if s == nil {
 		// A stream we reset or finished: its bytes still count against the
 		// connection window.
@@ -279,7 +287,11 @@ func (c *conn) onData(f *http2.DataFrame) error {
 	if pad := n - int64(len(f.Data())); pad > 0 {
 		c.consumed(pad)
 	}
-	s.deliver(f.Data(), f.StreamEnded())
+	if !s.deliver(f.Data(), f.StreamEnded()) {
+		// The peer ignored the stream's window.
+		_ = c.writeFrames(func() error { return c.fr.WriteRSTStream(f.StreamID, http2.ErrCodeFlowControl) })
+		c.removeStream(f.StreamID, ErrReset)
+	}
 	return nil
 }
 
@@ -293,6 +305,9 @@ func (c *conn) consumed(n int64) {
 	}
 	c.mu.Unlock()
 	if inc > 0 {
+		c.mu.Lock()
+		c.recvWindow += inc
+		c.mu.Unlock()
 		_ = c.writeFrames(func() error { return c.fr.WriteWindowUpdate(0, uint32(inc)) })
 	}
 }
@@ -327,7 +342,7 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 		return nil
 	}
 	if f.StreamEnded() {
-		s.deliver(nil, true)
+		_ = s.deliver(nil, true)
 	}
 	go c.onStream(s)
 	return nil
@@ -341,7 +356,7 @@ func (c *conn) newStream(id uint32) *Stream {
 }
 
 func (c *conn) newStreamLocked(id uint32) *Stream {
-	s := &Stream{c: c, id: id, response: make(chan struct{}), sendWindow: int64(c.peerInitialWindow)}
+	s := &Stream{c: c, id: id, response: make(chan struct{}), sendWindow: int64(c.peerInitialWindow), recvWindow: StreamWindow}
 	s.rcond = sync.NewCond(&s.rmu)
 	c.streams[id] = s
 	return s

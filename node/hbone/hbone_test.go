@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 )
 
 // tlsPair returns server and client TLS configs for mutual TLS 1.3 with
@@ -338,4 +339,54 @@ func FuzzServerFrames(f *testing.F) {
 			t.Fatal("server did not end")
 		}
 	})
+}
+
+// TestPeerIgnoringWindowsIsCut: a client that sends past the stream
+// window gets the stream reset with FLOW_CONTROL_ERROR, and the server
+// buffers no more than the window.
+func TestPeerIgnoringWindowsIsCut(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	Serve(b, func(s *Stream) { _ = s.Respond(200, nil) }) // never reads
+	fr := http2.NewFramer(a, a)
+	frames := make(chan http2.Frame, 64)
+	go func() {
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				close(frames)
+				return
+			}
+			if rst, ok := f.(*http2.RSTStreamFrame); ok {
+				frames <- rst
+			}
+		}
+	}()
+	var hbuf bytes.Buffer
+	enc := hpack.NewEncoder(&hbuf)
+	_ = enc.WriteField(hpack.HeaderField{Name: ":method", Value: "CONNECT"})
+	_ = enc.WriteField(hpack.HeaderField{Name: ":authority", Value: "10.0.0.1:80"})
+	_, _ = a.Write([]byte(http2.ClientPreface))
+	_ = fr.WriteSettings()
+	_ = fr.WriteWindowUpdate(0, 1<<30) // let the server answer freely
+	_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hbuf.Bytes(), EndHeaders: true})
+	chunk := make([]byte, 16384)
+	go func() {
+		for i := 0; i < (StreamWindow/16384)+8; i++ {
+			if fr.WriteData(1, false, chunk) != nil {
+				return
+			}
+		}
+	}()
+	select {
+	case f, ok := <-frames:
+		if !ok {
+			t.Fatal("connection ended without a reset")
+		}
+		if rst := f.(*http2.RSTStreamFrame); rst.ErrCode != http2.ErrCodeFlowControl || rst.StreamID != 1 {
+			t.Errorf("got %v", rst)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no RST_STREAM for a stream past its window")
+	}
 }

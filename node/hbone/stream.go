@@ -37,6 +37,8 @@ type Stream struct {
 	rEOF    bool
 	rerr    error
 	unacked int64
+	// recvWindow is what the peer may still send on the stream.
+	recvWindow int64
 	sentEnd bool
 	closed  bool
 }
@@ -52,12 +54,20 @@ func (s *Stream) ID() uint32 { return s.id }
 // ResponseHeader is the server's response headers (client side).
 func (s *Stream) ResponseHeader() map[string]string { return s.respHeader }
 
-func (s *Stream) deliver(data []byte, end bool) {
+// deliver queues received bytes; it reports false when the peer
+// overran the stream's window.
+func (s *Stream) deliver(data []byte, end bool) bool {
 	s.rmu.Lock()
 	if s.closed {
 		s.rmu.Unlock()
 		s.c.consumed(int64(len(data)))
-		return
+		return true
+	}
+	s.recvWindow -= int64(len(data))
+	if s.recvWindow < 0 {
+		s.rmu.Unlock()
+		s.c.consumed(int64(len(data)))
+		return false
 	}
 	for len(data) > 0 {
 		ch := newChunk(len(data))
@@ -76,6 +86,7 @@ func (s *Stream) deliver(data []byte, end bool) {
 	if done && len(data) == 0 {
 		s.c.removeStream(s.id, nil)
 	}
+	return true
 }
 
 func (s *Stream) abort(err error) {
@@ -138,16 +149,8 @@ func (s *Stream) Read(p []byte) (int, error) {
 	if len(s.rq) == 0 {
 		s.rq = nil
 	}
-	s.unacked += int64(n)
-	var inc int64
-	if s.unacked >= StreamWindow/4 && !s.rEOF {
-		inc, s.unacked = s.unacked, 0
-	}
 	s.rmu.Unlock()
-	if inc > 0 {
-		_ = s.c.writeFrames(func() error { return s.c.fr.WriteWindowUpdate(s.id, uint32(inc)) })
-	}
-	s.c.consumed(int64(n))
+	s.credit(int64(n))
 	return n, nil
 }
 
@@ -191,6 +194,7 @@ func (s *Stream) credit(n int64) {
 	var inc int64
 	if s.unacked >= StreamWindow/4 && !s.rEOF {
 		inc, s.unacked = s.unacked, 0
+		s.recvWindow += inc
 	}
 	s.rmu.Unlock()
 	if inc > 0 {
@@ -349,7 +353,7 @@ func (s *Stream) Respond(code int, header map[string]string) error {
 func (s *Stream) onResponse(f *http2.MetaHeadersFrame) {
 	s.answered(statusOf(f)) // later HEADERS are trailers
 	if f.StreamEnded() {
-		s.deliver(nil, true)
+		_ = s.deliver(nil, true)
 	}
 }
 
