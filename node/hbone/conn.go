@@ -60,13 +60,13 @@ type conn struct {
 	recvUnacked       int64 // connection bytes consumed, not yet updated
 	// recvWindow is what the peer may still send on the connection; a
 	// peer that ignores it is cut off rather than buffered without bound.
-	recvWindow int64
-	err               error // set once closed
-	goAway            bool  // received or sent GOAWAY: no new streams
-	lastPeerStream    uint32
-	idleSince         time.Time
-	onStream          func(*Stream) // server: a new CONNECT
-	done              chan struct{}
+	recvWindow     int64
+	err            error // set once closed
+	goAway         bool  // received or sent GOAWAY: no new streams
+	lastPeerStream uint32
+	idleSince      time.Time
+	onStream       func(*Stream) // server: a new CONNECT
+	done           chan struct{}
 }
 
 func newConn(nc net.Conn, isClient bool) *conn {

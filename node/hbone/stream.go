@@ -39,8 +39,8 @@ type Stream struct {
 	unacked int64
 	// recvWindow is what the peer may still send on the stream.
 	recvWindow int64
-	sentEnd bool
-	closed  bool
+	sentEnd    bool
+	closed     bool
 }
 
 // StatusError is a CONNECT answered with a status other than 200.
