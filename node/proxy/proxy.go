@@ -13,6 +13,7 @@ import (
 	"encoding/hex"
 	"io"
 	"log/slog"
+	mathrand "math/rand/v2"
 	"net"
 	"net/netip"
 	"strconv"
@@ -24,6 +25,7 @@ import (
 	"github.com/canopy-mesh/canopy/node/hbone"
 	"github.com/canopy-mesh/canopy/node/identity"
 	"github.com/canopy-mesh/canopy/node/inpod"
+	"github.com/canopy-mesh/canopy/node/route"
 	"github.com/canopy-mesh/canopy/workloadapi"
 	"github.com/canopy-mesh/canopy/workloadapi/security"
 )
@@ -31,8 +33,7 @@ import (
 // Table is the workload table as the data path reads it;
 // *workloadtable.Table implements it.
 type Table interface {
-	ByAddress(network string, ip netip.Addr) (*workloadapi.Workload, *workloadapi.Service)
-	ServiceWorkloads(key string) []*workloadapi.Workload
+	route.Table
 	Policies() []*security.Authorization
 }
 
@@ -81,7 +82,7 @@ func (p *Proxy) ServePod(pod *inpod.Pod, self *workloadapi.Workload) {
 	go serve(pod.HBONE, func(c net.Conn) { p.inboundHBONE(c, pod, self) })
 }
 
-// outbound sends one captured connection to its destination.
+// outbound sends one captured connection where routing says (spec §5.5).
 func (p *Proxy) outbound(c net.Conn, pod *inpod.Pod, src *workloadapi.Workload) {
 	defer c.Close()
 	dst, err := inpod.OriginalDst(c)
@@ -90,73 +91,47 @@ func (p *Proxy) outbound(c net.Conn, pod *inpod.Pod, src *workloadapi.Workload) 
 		return
 	}
 	ctx := context.Background()
-	w, port := p.resolve(src.GetNetwork(), dst)
-	if w == nil || w.GetTunnelProtocol() != workloadapi.TunnelProtocol_HBONE {
-		// Outside the mesh, or a workload without HBONE: plain TCP.
-		to := dst.String()
-		if w != nil {
-			to = netip.AddrPortFrom(firstIP(w), port).String()
-		}
-		up, err := pod.Dial(ctx, "tcp", to)
+	r, err := route.Decide(p.Table, src, dst, mathrand.IntN)
+	if err != nil {
+		p.Log.Info("no route", "to", dst.String(), "err", err)
+		return
+	}
+	srcID := workloadapi.WorkloadIdentity(src)
+	if r.Kind == route.TCP {
+		up, err := pod.Dial(ctx, "tcp", r.Addr.String())
 		if err != nil {
 			return
 		}
-		done := p.metrics.open(connection{reporter: "source", src: src, dst: w, srcID: principal(workloadapi.WorkloadIdentity(src)), securityPolicy: "unknown"})
+		done := p.metrics.open(connection{reporter: "source", src: src, dst: r.Workload, srcID: principal(srcID), securityPolicy: "unknown"})
 		done(relay(c, up))
 		return
 	}
-	srcID, dstID := workloadapi.WorkloadIdentity(src), workloadapi.WorkloadIdentity(w)
 	cert, err := p.Certs.Get(ctx, srcID)
 	if err != nil {
 		p.Log.Warn("no certificate for the source", "identity", srcID.String(), "err", err)
 		return
 	}
-	dstIP := firstIP(w)
-	hboneAddr := netip.AddrPortFrom(dstIP, inpod.HBONEPort).String()
-	cc, err := p.pool.get(ctx, poolKey{src: srcID, dst: dstID, addr: hboneAddr}, func(ctx context.Context) (net.Conn, error) {
-		raw, err := pod.Dial(ctx, "tcp", hboneAddr)
+	dstID := r.Identities[0]
+	addr := r.Addr.String()
+	cc, err := p.pool.get(ctx, poolKey{src: srcID, dst: dstID, addr: addr}, func(ctx context.Context) (net.Conn, error) {
+		raw, err := pod.Dial(ctx, "tcp", addr)
 		if err != nil {
 			return nil, err
 		}
-		return hbone.ClientTLS(ctx, raw, clientTLS(cert.TLS(), p.Certs.Roots(), []workloadapi.Identity{dstID}))
+		return hbone.ClientTLS(ctx, raw, clientTLS(cert.TLS(), p.Certs.Roots(), r.Identities))
 	})
 	if err != nil {
-		p.Log.Warn("HBONE connection failed", "to", hboneAddr, "err", err)
+		p.Log.Warn("HBONE connection failed", "to", addr, "err", err)
 		return
 	}
-	s, err := cc.Connect(ctx, netip.AddrPortFrom(dstIP, port).String(), p.headers(src, c.RemoteAddr()))
+	s, err := cc.Connect(ctx, r.Authority, p.headers(src, c.RemoteAddr()))
 	if err != nil {
 		p.Log.Info("CONNECT refused", "to", dst.String(), "err", err)
 		return
 	}
-	done := p.metrics.open(connection{reporter: "source", src: src, dst: w, srcID: principal(srcID), dstID: principal(dstID), securityPolicy: "mutual_tls"})
+	done := p.metrics.open(connection{reporter: "source", src: src, dst: r.Workload, srcID: principal(srcID), dstID: principal(dstID), securityPolicy: "mutual_tls"})
 	sent, received, _ := hbone.Splice(c, s)
 	done(sent, received)
-}
-
-// resolve maps an original destination to a workload and target port: a
-// service VIP picks one of its workloads (first healthy; load balancing
-// modes come with the full outbound), a workload IP is itself.
-func (p *Proxy) resolve(network string, dst netip.AddrPort) (*workloadapi.Workload, uint16) {
-	w, svc := p.Table.ByAddress(network, dst.Addr())
-	if w != nil {
-		return w, dst.Port()
-	}
-	if svc == nil {
-		return nil, dst.Port()
-	}
-	target := dst.Port()
-	for _, sp := range svc.GetPorts() {
-		if sp.GetServicePort() == uint32(dst.Port()) && sp.GetTargetPort() != 0 {
-			target = uint16(sp.GetTargetPort())
-		}
-	}
-	for _, ep := range p.Table.ServiceWorkloads(workloadapi.ServiceKey(svc.GetNamespace(), svc.GetHostname())) {
-		if ep.GetStatus() == workloadapi.WorkloadStatus_HEALTHY && len(ep.GetAddresses()) > 0 {
-			return ep, target
-		}
-	}
-	return nil, dst.Port()
 }
 
 func firstIP(w *workloadapi.Workload) netip.Addr {

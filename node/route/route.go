@@ -1,0 +1,232 @@
+// Package route decides where an outbound connection goes (spec §5.5):
+// a service's waypoint, one of its endpoints picked by its load-balancing
+// rules, a workload's waypoint, straight HBONE to a pod, or plain TCP.
+// Pure: the table and the connection in, a Route out.
+package route
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/canopy-mesh/canopy/workloadapi"
+)
+
+// Kind is how the connection is carried.
+type Kind int
+
+const (
+	// HBONE to Addr (a pod's or waypoint's 15008) with Authority.
+	HBONE Kind = iota
+	// TCP: plain TCP to Addr (outside the mesh, or a NONE workload).
+	TCP
+)
+
+// Route is the decision.
+type Route struct {
+	Kind Kind
+	// Addr is where the TCP or TLS connection goes.
+	Addr netip.AddrPort
+	// Authority is the CONNECT target (HBONE only).
+	Authority string
+	// Workload is the endpoint (or the waypoint) chosen; nil for
+	// passthrough.
+	Workload *workloadapi.Workload
+	// Identities the server must present (HBONE only).
+	Identities []workloadapi.Identity
+	// Waypoint reports that the route goes through a waypoint.
+	Waypoint bool
+}
+
+// Table is what routing reads; *workloadtable.Table implements it.
+type Table interface {
+	ByAddress(network string, ip netip.Addr) (*workloadapi.Workload, *workloadapi.Service)
+	ServiceWorkloads(key string) []*workloadapi.Workload
+	Service(key string) *workloadapi.Service
+}
+
+// ErrNoEndpoint: a service with no endpoint the rules allow.
+var ErrNoEndpoint = errors.New("no healthy endpoint")
+
+const hbonePort = 15008
+
+// Decide routes a connection from src to dst; pick chooses one of n
+// candidates (random in production, fixed in tests).
+func Decide(t Table, src *workloadapi.Workload, dst netip.AddrPort, pick func(n int) int) (Route, error) {
+	w, svc := t.ByAddress(src.GetNetwork(), dst.Addr())
+	if svc != nil {
+		// 1. A service's waypoint gets the traffic, addressed to the VIP.
+		if wp := svc.GetWaypoint(); wp != nil && !isWaypoint(src, wp, t) {
+			return toWaypoint(t, src, wp, dst, pick)
+		}
+		lb := svc.GetLoadBalancing()
+		if lb.GetMode() == workloadapi.LoadBalancing_PASSTHROUGH {
+			return Route{Kind: TCP, Addr: dst}, nil
+		}
+		key := workloadapi.ServiceKey(svc.GetNamespace(), svc.GetHostname())
+		eps := candidates(t.ServiceWorkloads(key), src, lb)
+		if len(eps) == 0 {
+			return Route{}, fmt.Errorf("%w for %s", ErrNoEndpoint, key)
+		}
+		ep := eps[pick(len(eps))]
+		port := targetPort(svc, ep, key, dst.Port())
+		r := direct(ep, port)
+		for _, san := range svc.GetSubjectAltNames() {
+			if id, err := workloadapi.ParseIdentity(san); err == nil {
+				r.Identities = append(r.Identities, id)
+			}
+		}
+		return r, nil
+	}
+	if w == nil {
+		return Route{Kind: TCP, Addr: dst}, nil // outside the mesh
+	}
+	// 3. A workload's own waypoint, unless the source is that waypoint.
+	if wp := w.GetWaypoint(); wp != nil && !isWaypoint(src, wp, t) {
+		return toWaypoint(t, src, wp, dst, pick)
+	}
+	return direct(w, dst.Port()), nil
+}
+
+// direct is HBONE to the pod, or plain TCP for a NONE workload.
+func direct(w *workloadapi.Workload, port uint16) Route {
+	ip := firstIP(w)
+	if w.GetTunnelProtocol() != workloadapi.TunnelProtocol_HBONE {
+		return Route{Kind: TCP, Addr: netip.AddrPortFrom(ip, port), Workload: w}
+	}
+	return Route{Kind: HBONE, Addr: netip.AddrPortFrom(ip, hbonePort), Authority: netip.AddrPortFrom(ip, port).String(),
+		Workload: w, Identities: []workloadapi.Identity{workloadapi.WorkloadIdentity(w)}}
+}
+
+// toWaypoint sends to the waypoint with the original destination as the
+// authority.
+func toWaypoint(t Table, src *workloadapi.Workload, wp *workloadapi.GatewayAddress, dst netip.AddrPort, pick func(int) int) (Route, error) {
+	var wpw *workloadapi.Workload
+	if h := wp.GetHostname(); h != nil {
+		key := workloadapi.ServiceKey(h.GetNamespace(), h.GetHostname())
+		eps := candidates(t.ServiceWorkloads(key), src, nil)
+		if len(eps) == 0 {
+			return Route{}, fmt.Errorf("%w for waypoint %s", ErrNoEndpoint, key)
+		}
+		wpw = eps[pick(len(eps))]
+	} else if a := wp.GetAddress(); a != nil {
+		ip, ok := netip.AddrFromSlice(a.GetAddress())
+		if !ok {
+			return Route{}, errors.New("waypoint address is malformed")
+		}
+		wpw, _ = t.ByAddress(a.GetNetwork(), ip)
+		if wpw == nil {
+			return Route{}, fmt.Errorf("%w: waypoint %s unknown", ErrNoEndpoint, ip)
+		}
+	}
+	port := uint16(wp.GetHboneMtlsPort())
+	if port == 0 {
+		port = hbonePort
+	}
+	return Route{Kind: HBONE, Addr: netip.AddrPortFrom(firstIP(wpw), port), Authority: dst.String(), Workload: wpw,
+		Identities: []workloadapi.Identity{workloadapi.WorkloadIdentity(wpw)}, Waypoint: true}, nil
+}
+
+// isWaypoint reports whether src is the waypoint itself (its traffic
+// must not loop back to it).
+func isWaypoint(src *workloadapi.Workload, wp *workloadapi.GatewayAddress, t Table) bool {
+	if a := wp.GetAddress(); a != nil {
+		ip, _ := netip.AddrFromSlice(a.GetAddress())
+		for _, b := range src.GetAddresses() {
+			if x, _ := netip.AddrFromSlice(b); x == ip {
+				return true
+			}
+		}
+		return false
+	}
+	if h := wp.GetHostname(); h != nil {
+		_, ok := src.GetServices()[workloadapi.ServiceKey(h.GetNamespace(), h.GetHostname())]
+		return ok
+	}
+	return false
+}
+
+// candidates applies health and routing preferences (spec: STRICT keeps
+// endpoints matching every scope, FAILOVER the best-matching prefix).
+func candidates(all []*workloadapi.Workload, src *workloadapi.Workload, lb *workloadapi.LoadBalancing) []*workloadapi.Workload {
+	var healthy []*workloadapi.Workload
+	for _, w := range all {
+		if len(w.GetAddresses()) == 0 {
+			continue
+		}
+		if lb.GetHealthPolicy() != workloadapi.LoadBalancing_ALLOW_ALL && w.GetStatus() != workloadapi.WorkloadStatus_HEALTHY {
+			continue
+		}
+		healthy = append(healthy, w)
+	}
+	prefs := lb.GetRoutingPreference()
+	if len(prefs) == 0 {
+		return healthy
+	}
+	best, out := -1, []*workloadapi.Workload(nil)
+	for _, w := range healthy {
+		rank := 0
+		for _, scope := range prefs {
+			if !sameScope(scope, src, w) {
+				break
+			}
+			rank++
+		}
+		if lb.GetMode() == workloadapi.LoadBalancing_STRICT && rank < len(prefs) {
+			continue
+		}
+		switch {
+		case rank > best:
+			best, out = rank, []*workloadapi.Workload{w}
+		case rank == best:
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+func sameScope(s workloadapi.LoadBalancing_Scope, a, b *workloadapi.Workload) bool {
+	switch s {
+	case workloadapi.LoadBalancing_REGION:
+		return a.GetLocality().GetRegion() == b.GetLocality().GetRegion()
+	case workloadapi.LoadBalancing_ZONE:
+		return a.GetLocality().GetZone() == b.GetLocality().GetZone()
+	case workloadapi.LoadBalancing_SUBZONE:
+		return a.GetLocality().GetSubzone() == b.GetLocality().GetSubzone()
+	case workloadapi.LoadBalancing_NODE:
+		return a.GetNode() == b.GetNode()
+	case workloadapi.LoadBalancing_CLUSTER:
+		return a.GetClusterId() == b.GetClusterId()
+	case workloadapi.LoadBalancing_NETWORK:
+		return a.GetNetwork() == b.GetNetwork()
+	}
+	return true
+}
+
+// targetPort maps a service port to the endpoint's port: the service's
+// target port, else the workload's own mapping (named ports), else the
+// service port.
+func targetPort(svc *workloadapi.Service, w *workloadapi.Workload, key string, port uint16) uint16 {
+	for _, p := range svc.GetPorts() {
+		if p.GetServicePort() != uint32(port) {
+			continue
+		}
+		if p.GetTargetPort() != 0 {
+			return uint16(p.GetTargetPort())
+		}
+	}
+	for _, p := range w.GetServices()[key].GetPorts() {
+		if p.GetServicePort() == uint32(port) && p.GetTargetPort() != 0 {
+			return uint16(p.GetTargetPort())
+		}
+	}
+	return port
+}
+
+func firstIP(w *workloadapi.Workload) netip.Addr {
+	if w == nil || len(w.GetAddresses()) == 0 {
+		return netip.Addr{}
+	}
+	a, _ := netip.AddrFromSlice(w.GetAddresses()[0])
+	return a
+}
