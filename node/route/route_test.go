@@ -19,10 +19,10 @@ const svcKey = "apps/web.apps.svc.cluster.local"
 
 type wl struct {
 	name, ip, node, zone string
-	proto               workloadapi.TunnelProtocol
-	healthy             bool
-	services            map[string]*workloadapi.PortList
-	waypoint            *workloadapi.GatewayAddress
+	proto                workloadapi.TunnelProtocol
+	healthy              bool
+	services             map[string]*workloadapi.PortList
+	waypoint             *workloadapi.GatewayAddress
 }
 
 func (w wl) build() *workloadapi.Workload {
