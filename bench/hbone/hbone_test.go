@@ -86,19 +86,17 @@ type path struct {
 	dial func() (net.Conn, error)
 }
 
-func paths(b *testing.B) []path {
-	target := listen(b, sink)
+// paths builds the three ways to target.
+func paths(b *testing.B, target string) []path {
 	scfg, ccfg := tlsConfigs(b)
-
 	// tls: per-connection mTLS tunnel.
 	tlsServer := listen(b, func(c net.Conn) {
-		tc := tls.Server(c, scfg)
 		up, err := net.Dial("tcp", target)
 		if err != nil {
-			tc.Close()
+			c.Close()
 			return
 		}
-		pipe(tc, up)
+		pipe(tls.Server(c, scfg), up)
 	})
 	tlsClient := listen(b, func(c net.Conn) {
 		tc, err := tls.Dial("tcp", tlsServer, ccfg)
@@ -108,7 +106,6 @@ func paths(b *testing.B) []path {
 		}
 		pipe(c, tc)
 	})
-
 	// hbone: one pooled connection, a stream per TCP connection.
 	hboneServer := listen(b, func(c net.Conn) {
 		tc, err := hbone.ServerTLS(context.Background(), c, scfg)
@@ -177,7 +174,7 @@ const chunk = 1 << 20
 // connections; MB/s is the figure (b.SetBytes per 1 MiB write).
 func BenchmarkThroughput(b *testing.B) {
 	for _, streams := range []int{1, 8} {
-		for _, p := range paths(b) {
+		for _, p := range paths(b, listen(b, sink)) {
 			b.Run(fmt.Sprintf("%s/streams=%d", p.name, streams), func(b *testing.B) {
 				conns := make([]net.Conn, streams)
 				for i := range conns {
@@ -223,12 +220,9 @@ func BenchmarkThroughput(b *testing.B) {
 // BenchmarkRequestResponse: small request/response on a warm connection;
 // ns/op is one round trip.
 func BenchmarkRequestResponse(b *testing.B) {
-	scfg, ccfg := tlsConfigs(b)
 	echoSrv := listen(b, func(c net.Conn) { _, _ = io.Copy(c, c) })
-	_ = scfg
-	_ = ccfg
 	for _, size := range []int{1, 1024} {
-		for _, p := range echoPaths(b, echoSrv) {
+		for _, p := range paths(b, echoSrv) {
 			b.Run(fmt.Sprintf("%s/size=%d", p.name, size), func(b *testing.B) {
 				c, err := p.dial()
 				if err != nil {
@@ -255,66 +249,6 @@ func BenchmarkRequestResponse(b *testing.B) {
 	}
 }
 
-func echoPaths(b *testing.B, target string) []path {
-	scfg, ccfg := tlsConfigs(b)
-	tlsServer := listen(b, func(c net.Conn) {
-		up, err := net.Dial("tcp", target)
-		if err != nil {
-			c.Close()
-			return
-		}
-		pipe(tls.Server(c, scfg), up)
-	})
-	tlsClient := listen(b, func(c net.Conn) {
-		tc, err := tls.Dial("tcp", tlsServer, ccfg)
-		if err != nil {
-			c.Close()
-			return
-		}
-		pipe(c, tc)
-	})
-	hboneServer := listen(b, func(c net.Conn) {
-		tc, err := hbone.ServerTLS(context.Background(), c, scfg)
-		if err != nil {
-			return
-		}
-		hbone.Serve(tc, func(s *hbone.Stream) {
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				_ = s.Respond(503, nil)
-				return
-			}
-			_ = s.Respond(200, nil)
-			_, _, _ = hbone.Splice(up, s)
-		})
-	})
-	raw, err := net.Dial("tcp", hboneServer)
-	if err != nil {
-		b.Fatal(err)
-	}
-	nc, err := hbone.ClientTLS(context.Background(), raw, ccfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	cc, err := hbone.NewClientConn(nc)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { cc.Close() })
-	hboneClient := listen(b, func(c net.Conn) {
-		s, err := cc.Connect(context.Background(), target, nil)
-		if err != nil {
-			c.Close()
-			return
-		}
-		_, _, _ = hbone.Splice(c, s)
-	})
-	dial := func(addr string) func() (net.Conn, error) {
-		return func() (net.Conn, error) { return net.Dial("tcp", addr) }
-	}
-	return []path{{"direct", dial(target)}, {"tls", dial(tlsClient)}, {"hbone", dial(hboneClient)}}
-}
-
 func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
@@ -325,7 +259,7 @@ func cpuTime() time.Duration {
 // way, then close) over a warm HBONE pool; ns/op is one connection.
 func BenchmarkNewConnections(b *testing.B) {
 	echoSrv := listen(b, func(c net.Conn) { _, _ = io.Copy(c, c); c.Close() })
-	for _, p := range echoPaths(b, echoSrv) {
+	for _, p := range paths(b, echoSrv) {
 		b.Run(p.name, func(b *testing.B) {
 			one := []byte{1}
 			for b.Loop() {
@@ -350,7 +284,7 @@ func BenchmarkNewConnections(b *testing.B) {
 func BenchmarkIdleMemory(b *testing.B) {
 	const n = 1000
 	echoSrv := listen(b, func(c net.Conn) { _, _ = io.Copy(c, c); c.Close() })
-	for _, p := range echoPaths(b, echoSrv) {
+	for _, p := range paths(b, echoSrv) {
 		b.Run(p.name, func(b *testing.B) {
 			for b.Loop() {
 				before := inUse()

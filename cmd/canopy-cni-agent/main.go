@@ -12,7 +12,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -26,8 +25,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/canopy-mesh/canopy/cni/agent"
 	"github.com/canopy-mesh/canopy/cni/enroll"
@@ -35,6 +32,8 @@ import (
 	"github.com/canopy-mesh/canopy/cni/install"
 	"github.com/canopy-mesh/canopy/cni/redirect"
 	"github.com/canopy-mesh/canopy/cni/zds"
+	"github.com/canopy-mesh/canopy/internal/httpserve"
+	"github.com/canopy-mesh/canopy/internal/kubeconfig"
 	"github.com/canopy-mesh/canopy/internal/version"
 )
 
@@ -130,7 +129,7 @@ func main() {
 }
 
 func run(ctx context.Context, cfg config, log *slog.Logger) error {
-	rc, err := restConfig(cfg.kubeconfig)
+	rc, err := kubeconfig.Load(cfg.kubeconfig)
 	if err != nil {
 		return err
 	}
@@ -186,7 +185,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		}
 		return proxy.Run(ctx)
 	})
-	serveHTTP(ctx, g, "plugin events", "unix", cfg.pluginSocket, a.PluginHandler(), log)
+	httpserve.Run(ctx, g, "plugin events", "unix", cfg.pluginSocket, a.PluginHandler(), log)
 	monitor := http.NewServeMux()
 	monitor.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
 	monitor.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
@@ -198,7 +197,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 			http.Error(w, "not synced", http.StatusServiceUnavailable)
 		}
 	})
-	serveHTTP(ctx, g, "monitoring", "tcp", cfg.monitorAddr, monitor, log)
+	httpserve.Run(ctx, g, "monitoring", "tcp", cfg.monitorAddr, monitor, log)
 	log.Info("canopy-cni-agent started", "node", cfg.nodeName, "backend", backend.Name(), "probe_uid", uid, "version", version.Get())
 	return g.Wait()
 }
@@ -231,46 +230,4 @@ func uninstall(ctx context.Context, a *agent.Agent, installer install.Installer,
 	}
 	log.Info("uninstalled: every pod of the node is out of the mesh")
 	return nil
-}
-
-func serveHTTP(ctx context.Context, g *errgroup.Group, what, network, addr string, h http.Handler, log *slog.Logger) {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	g.Go(func() error {
-		if network == "unix" {
-			if err := os.MkdirAll(filepath.Dir(addr), 0o755); err != nil {
-				return err
-			}
-			_ = os.Remove(addr)
-		}
-		l, err := net.Listen(network, addr)
-		if err != nil {
-			return fmt.Errorf("%s: listen: %w", what, err)
-		}
-		log.Info("serving "+what, "addr", addr)
-		if err := srv.Serve(l); !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		return nil
-	})
-	g.Go(func() error {
-		<-ctx.Done()
-		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		return srv.Shutdown(shutdown)
-	})
-}
-
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig != "" {
-		c, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-		if err != nil {
-			return nil, fmt.Errorf("load kubeconfig %s: %w", kubeconfig, err)
-		}
-		return c, nil
-	}
-	c, err := rest.InClusterConfig()
-	if err != nil {
-		return nil, fmt.Errorf("in-cluster configuration (pass --kubeconfig outside a cluster): %w", err)
-	}
-	return c, nil
 }

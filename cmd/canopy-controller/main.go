@@ -26,8 +26,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -41,6 +39,8 @@ import (
 	"github.com/canopy-mesh/canopy/controller/kubeinput"
 	"github.com/canopy-mesh/canopy/controller/status"
 	"github.com/canopy-mesh/canopy/controller/xds"
+	"github.com/canopy-mesh/canopy/internal/httpserve"
+	"github.com/canopy-mesh/canopy/internal/kubeconfig"
 	"github.com/canopy-mesh/canopy/internal/version"
 )
 
@@ -160,7 +160,7 @@ func main() {
 }
 
 func run(ctx context.Context, cfg config, log *slog.Logger) error {
-	rc, err := restConfig(cfg.kubeconfig)
+	rc, err := kubeconfig.Load(cfg.kubeconfig)
 	if err != nil {
 		return err
 	}
@@ -214,7 +214,6 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	monitor.Handle("/debug/syncz", proxyStatus)
 	monitor.Handle("/debug/config_dump", proxyStatus)
 	monitor.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
-	srv := &http.Server{Addr: cfg.monitorAddr, Handler: monitor, ReadHeaderTimeout: 10 * time.Second}
 
 	g, ctx := errgroup.WithContext(ctx)
 	ca.start(ctx, g)
@@ -245,33 +244,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 			}
 		}
 	})
-	g.Go(func() error {
-		log.Info("serving monitoring port", "addr", cfg.monitorAddr, "version", version.Get())
-		if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("monitoring port: %w", err)
-		}
-		return nil
-	})
-	g.Go(func() error {
-		<-ctx.Done()
-		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		return srv.Shutdown(shutdown)
-	})
+	log.Info("canopy-controller started", "version", version.Get())
+	httpserve.Run(ctx, g, "monitoring port", "tcp", cfg.monitorAddr, monitor, log)
 	return g.Wait()
-}
-
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig != "" {
-		c, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-		if err != nil {
-			return nil, fmt.Errorf("load kubeconfig %s: %w", kubeconfig, err)
-		}
-		return c, nil
-	}
-	c, err := rest.InClusterConfig()
-	if err != nil {
-		return nil, fmt.Errorf("in-cluster configuration (pass --kubeconfig outside a cluster): %w", err)
-	}
-	return c, nil
 }

@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -30,6 +29,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/canopy-mesh/canopy/internal/httpserve"
 	"github.com/canopy-mesh/canopy/internal/version"
 	"github.com/canopy-mesh/canopy/internal/workloadtable"
 	"github.com/canopy-mesh/canopy/internal/xdsclient"
@@ -242,30 +242,13 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	})
 	sources := admin.Sources{Table: table, Certs: certs.Current, Pods: set.Pods, Version: version.Get(), Quit: quit,
 		Config: map[string]any{"xdsAddress": cfg.xdsAddr, "caAddress": cfg.caAddr, "clusterId": cfg.clusterID, "nodeName": cfg.nodeName}}
-	serve(gctx, g, "admin", cfg.adminAddr, admin.Handler(sources), log)
-	serve(gctx, g, "metrics", cfg.metricsAddr, promhttp.HandlerFor(registry, promhttp.HandlerOpts{}), log)
-	serve(gctx, g, "readiness", cfg.readyAddr, admin.Readiness(ready), log)
+	httpserve.Run(gctx, g, "admin", "tcp", cfg.adminAddr, admin.Handler(sources), log)
+	httpserve.Run(gctx, g, "metrics", "tcp", cfg.metricsAddr, promhttp.HandlerFor(registry, promhttp.HandlerOpts{}), log)
+	httpserve.Run(gctx, g, "readiness", "tcp", cfg.readyAddr, admin.Readiness(ready), log)
 	log.Info("canopy-node started", "node", cfg.nodeName, "xds", cfg.xdsAddr, "version", version.Get())
 	err = g.Wait()
 	// Drain: in-flight connections keep their sockets for the period.
 	log.Info("draining", "period", cfg.drain)
 	time.Sleep(cfg.drain)
 	return err
-}
-
-func serve(ctx context.Context, g *errgroup.Group, what, addr string, h http.Handler, log *slog.Logger) {
-	srv := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	g.Go(func() error {
-		log.Info("serving "+what, "addr", addr)
-		if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		return nil
-	})
-	g.Go(func() error {
-		<-ctx.Done()
-		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		return srv.Shutdown(shutdown)
-	})
 }

@@ -3,6 +3,7 @@ package redirect
 import (
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 
 	"github.com/google/nftables"
@@ -21,21 +22,31 @@ var chainHooks = map[string]*nftables.ChainHook{
 	"prerouting": nftables.ChainHookPrerouting, "output": nftables.ChainHookOutput, "postrouting": nftables.ChainHookPostrouting,
 }
 
+// nftConn opens the netns at path and one netlink connection into it.
+func nftConn(path string) (*os.File, *nftables.Conn, error) {
+	f, err := openNetns(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	conn, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())), nftables.AsLasting())
+	if err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("nftables in %s: %w", path, err)
+	}
+	return f, conn, nil
+}
+
 // Enroll implements Backend: it replaces the three tables in one batch,
 // then ensures the ip rule and route.
 func (n Nftables) Enroll(netnsPath string, cfg PodConfig) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	f, err := openNetns(netnsPath)
+	f, conn, err := nftConn(netnsPath)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	conn, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())), nftables.AsLasting())
-	if err != nil {
-		return fmt.Errorf("nftables in %s: %w", netnsPath, err)
-	}
 	defer conn.CloseLasting()
 	// Replacing existing tables costs the kernel a grace period per base
 	// chain (hook unregistration); a first enrollment skips it.
@@ -93,15 +104,11 @@ func addTable(conn *nftables.Conn, t nftTable) {
 
 // Unenroll implements Backend.
 func (n Nftables) Unenroll(netnsPath string) error {
-	f, err := openNetns(netnsPath)
+	f, conn, err := nftConn(netnsPath)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	conn, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())), nftables.AsLasting())
-	if err != nil {
-		return fmt.Errorf("nftables in %s: %w", netnsPath, err)
-	}
 	defer conn.CloseLasting()
 	deleteTables(conn)
 	var errs []error
@@ -119,15 +126,11 @@ func (n Nftables) Unenroll(netnsPath string) error {
 // Verify implements Backend: every table, chain (with its hook) and rule
 // (in order, by its text) must be as Enroll makes it, and nothing more.
 func (n Nftables) Verify(netnsPath string, cfg PodConfig) error {
-	f, err := openNetns(netnsPath)
+	f, conn, err := nftConn(netnsPath)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	conn, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())), nftables.AsLasting())
-	if err != nil {
-		return fmt.Errorf("nftables in %s: %w", netnsPath, err)
-	}
 	defer conn.CloseLasting()
 	problems, err := nftDrift(conn, nftRules(cfg))
 	if err != nil {
