@@ -49,6 +49,7 @@ type config struct {
 	probeSNAT       netip.Addr
 	reconcile       time.Duration
 	monitorAddr     string
+	hostNetns       string
 	uninstall       bool
 	logLevel        slog.Level
 	enroll          enroll.Config
@@ -70,6 +71,7 @@ func parseFlags(args []string) (config, error) {
 	snat := fs.String("probe-snat", redirect.DefaultProbeSNAT.String(), "address kubelet probes are SNATed to")
 	fs.DurationVar(&c.reconcile, "reconcile-period", 30*time.Second, "how often every pod's rules are verified in its netns")
 	fs.StringVar(&c.monitorAddr, "monitoring-addr", ":15024", "address of /metrics, /healthz and /readyz")
+	fs.StringVar(&c.hostNetns, "host-netns", "", "netns path of the node's host rules (default: the agent's own)")
 	fs.BoolVar(&c.uninstall, "uninstall", false, "take every pod of the node out of the mesh, remove the plugin and the host rules, and exit")
 	fs.StringVar(&c.enroll.SystemNamespace, "system-namespace", "istio-system", "namespace of the node proxy pods (never enrolled)")
 	excluded := fs.String("excluded-namespaces", "kube-system", "comma-separated namespaces never enrolled")
@@ -148,7 +150,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 			uid = 0
 		}
 	}
-	host := hostrules.Rules{ProbeUID: uid, ProbeSNAT: cfg.probeSNAT}
+	host := hostrules.Rules{ProbeUID: uid, ProbeSNAT: cfg.probeSNAT, Netns: cfg.hostNetns}
 	var a *agent.Agent
 	proxy := zds.New(cfg.zdsSocket, zds.Config{OnDelivered: func(uid string) { a.Delivered(uid) }}, log)
 	registry := prometheus.NewRegistry()
