@@ -1,0 +1,278 @@
+package main_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/canopy-mesh/canopy/ca/rootcm"
+	"github.com/canopy-mesh/canopy/internal/netns"
+	"github.com/canopy-mesh/canopy/internal/nettest"
+	"github.com/canopy-mesh/canopy/internal/testenv"
+)
+
+var env *testenv.Environment
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func eventually(t *testing.T, what string, f func() bool) {
+	t.Helper()
+	if err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 90*time.Second, true, func(context.Context) (bool, error) { return f(), nil }); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// process runs a built binary for the test's lifetime, its output kept
+// and shown on failure.
+func process(t *testing.T, name string, args ...string) {
+	t.Helper()
+	log, err := os.Create(filepath.Join(t.TempDir(), name+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(log.Name())
+			t.Logf("%s (%s) log, %d bytes:\n%s", name, cmd.ProcessState, len(b), tail(string(b), 6000))
+		}
+	})
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+func build(t *testing.T, dir string, cmds ...string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, c := range cmds {
+		bin := filepath.Join(dir, c)
+		if b, err := exec.Command("go", "build", "-o", bin, "../"+c).CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", c, err, b)
+		}
+		out[c] = bin
+	}
+	return out
+}
+
+// TestWholeMesh runs the controller, the CNI agent and the node proxy as
+// processes against the API server, with two pods in network namespaces on
+// one node: the agent enrolls them, the node proxy gets them over ZDS,
+// their identities from the CA and the tables over xDS, and a connection
+// between them crosses the pods' link as HBONE on 15008.
+func TestWholeMesh(t *testing.T) {
+	testenv.Need(t, env)
+	nettest.NeedRoot(t)
+	if testing.Short() {
+		t.Skip("runs every component")
+	}
+	ctx := t.Context()
+	dir := t.TempDir()
+	bins := build(t, dir, "canopy-controller", "canopy-cni-agent", "canopy-cni", "canopy-node")
+	c := env.Client
+	sys := env.Namespace(t, "canopy-system", nil)
+	apps := env.Namespace(t, "apps", map[string]string{"istio.io/dataplane-mode": "ambient"})
+	node := fmt.Sprintf("e2e-node-%d", time.Now().UnixNano()%100000)
+
+	// A subnet of its own per run: pods bound to a node without a kubelet
+	// linger as Terminating, and their IPs with them.
+	subnet := netip.MustParsePrefix(fmt.Sprintf("10.224.%d.0/24", time.Now().UnixNano()%200))
+	pods := nettest.NewPair(t, subnet)
+	hostNS, err := netns.Create(fmt.Sprintf("cnp-e2e-%d-host", time.Now().UnixNano()%100000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = netns.DeletePath(hostNS) })
+
+	// The controller.
+	monitor, secure, plain := freeAddr(t), freeAddr(t), freeAddr(t)
+	process(t, "controller", bins["canopy-controller"], "--kubeconfig="+env.KubeconfigPath, "--monitoring-addr="+monitor,
+		"--secure-addr="+secure, "--xds-addr="+plain, "--ca-namespace="+sys, "--cacerts-dir="+filepath.Join(dir, "none"),
+		"--trusted-node-accounts="+sys+"/canopy-node", "--push-quiet=20ms")
+
+	// Pod objects: the two apps and the node proxy's own pod.
+	for _, sa := range []string{"canopy-node"} {
+		if _, err := c.CoreV1().ServiceAccounts(sys).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, sa := range []string{"client", "server"} {
+		if _, err := c.CoreV1().ServiceAccounts(apps).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mkPod := func(ns, name, sa string, ip netip.Addr) *corev1.Pod {
+		p, err := c.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": name}},
+			Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: sa, Containers: []corev1.Container{{Name: "c", Image: "canopy/echo"}}}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, _ := json.Marshal(map[string]any{"status": corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip.String(), PodIPs: []corev1.PodIP{{IP: ip.String()}},
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()}}}})
+		if p, err = c.CoreV1().Pods(ns).Patch(ctx, name, types.MergePatchType, st, metav1.PatchOptions{}, "status"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			// No kubelet confirms the deletion: force it.
+			zero := int64(0)
+			_ = c.CoreV1().Pods(ns).Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+		})
+		return p
+	}
+	mkPod(apps, "client", "client", pods.AddrA)
+	mkPod(apps, "server", "server", pods.AddrB)
+	proxyPod := mkPod(sys, "canopy-node-e2e", "canopy-node", netip.MustParseAddr("10.224.9.1"))
+	token, err := env.Token(ctx, sys, "canopy-node", testenv.TokenOptions{Audiences: []string{"istio-ca"}, Pod: proxyPod})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokenPath := filepath.Join(dir, "istio-token")
+	if err := os.WriteFile(tokenPath, []byte(token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var root *corev1.ConfigMap
+	eventually(t, "root ConfigMap", func() bool {
+		root, err = c.CoreV1().ConfigMaps(sys).Get(ctx, rootcm.ConfigMapName, metav1.GetOptions{})
+		return err == nil
+	})
+	rootPath := filepath.Join(dir, "root-cert.pem")
+	if err := os.WriteFile(rootPath, []byte(root.Data[rootcm.Key]), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	// The CNI agent, its host rules in a namespace of their own.
+	confDir, binDir := filepath.Join(dir, "net.d"), filepath.Join(dir, "bin")
+	_ = os.MkdirAll(confDir, 0o755)
+	_ = os.MkdirAll(binDir, 0o755)
+	_ = os.WriteFile(filepath.Join(confDir, "10-pods.conflist"), []byte(`{"cniVersion":"1.0.0","name":"pods","plugins":[{"type":"ptp"}]}`), 0o644)
+	zdsSock := filepath.Join(dir, "ztunnel.sock")
+	process(t, "cni-agent", bins["canopy-cni-agent"], "--kubeconfig="+env.KubeconfigPath, "--node-name="+node, "--cni-conf-dir="+confDir,
+		"--cni-bin-dir="+binDir, "--plugin-binary="+bins["canopy-cni"], "--plugin-socket="+filepath.Join(dir, "cni.sock"),
+		"--zds-socket="+zdsSock, "--probe-uid=0", "--host-netns="+hostNS, "--monitoring-addr="+freeAddr(t),
+		"--system-namespace="+sys, "--reconcile-period=1s")
+
+	// The node proxy.
+	admin := freeAddr(t)
+	process(t, "node", bins["canopy-node"], "--xds-address="+secure, "--xds-server-name=canopy-controller."+sys+".svc",
+		"--root-cert="+rootPath, "--token="+tokenPath, "--zds-socket="+zdsSock, "--node-name="+node, "--pod-name=canopy-node-e2e",
+		"--pod-namespace="+sys, "--instance-ip=10.224.9.1", "--admin-addr="+admin, "--metrics-addr="+freeAddr(t), "--readiness-addr="+freeAddr(t))
+
+	// Both pods served over HBONE: the node proxy holds their
+	// certificates and sees them as HBONE workloads.
+	eventually(t, "node proxy serves both pods over HBONE", func() bool {
+		resp, err := http.Get("http://" + admin + "/config_dump")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var d struct {
+			Workloads []struct {
+				Name, Namespace, Protocol string
+			}
+			Certificates []struct{ Identity string }
+		}
+		if json.NewDecoder(resp.Body).Decode(&d) != nil {
+			return false
+		}
+		hbone := 0
+		for _, w := range d.Workloads {
+			if w.Namespace == apps && (w.Name == "client" || w.Name == "server") && w.Protocol == "HBONE" {
+				hbone++
+			}
+		}
+		return hbone == 2 && len(d.Certificates) == 2
+	})
+
+	// Count what arrives at the server pod's link, then talk.
+	script := "table inet canopy-test {\n chain count {\n  type filter hook prerouting priority -400; policy accept;\n  iifname != \"lo\" tcp dport 8080 counter\n  iifname != \"lo\" tcp dport 15008 counter\n }\n}\n"
+	nettest.In(t, pods.B, func() ([]byte, error) {
+		cmd := exec.Command("nft", "-f", "-")
+		cmd.Stdin = strings.NewReader(script)
+		return cmd.CombinedOutput()
+	})
+	app := nettest.In(t, pods.B, func() (net.Listener, error) { return net.Listen("tcp4", ":8080") })
+	defer app.Close()
+	go func() {
+		for {
+			conn, err := app.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(conn, conn); conn.Close() }()
+		}
+	}()
+	var got string
+	eventually(t, "client reaches server through the mesh", func() bool {
+		conn := nettest.In(t, pods.A, func() (net.Conn, error) {
+			return net.DialTimeout("tcp4", pods.AddrB.String()+":8080", 3*time.Second)
+		})
+		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+		_, _ = conn.Write([]byte("across the mesh"))
+		_ = conn.(*net.TCPConn).CloseWrite()
+		b, _ := io.ReadAll(conn)
+		got = string(b)
+		return got == "across the mesh"
+	})
+	out := nettest.In(t, pods.B, func() ([]byte, error) {
+		return exec.Command("nft", "list", "chain", "inet", "canopy-test", "count").CombinedOutput()
+	})
+	count := func(port int) int {
+		m := regexp.MustCompile(`tcp dport ` + strconv.Itoa(port) + ` counter packets (\d+)`).FindSubmatch(out)
+		if m == nil {
+			t.Fatalf("no counter for %d:\n%s", port, out)
+		}
+		n, _ := strconv.Atoi(string(m[1]))
+		return n
+	}
+	if n := count(8080); n != 0 {
+		t.Errorf("%d packets to the app port crossed the link; want only HBONE", n)
+	}
+	if count(15008) == 0 {
+		t.Error("nothing crossed the link to 15008")
+	}
+}
