@@ -146,14 +146,14 @@ func TestWholeMesh(t *testing.T) {
 		}
 	}
 	mkPod := func(ns, name, sa string, ip netip.Addr) *corev1.Pod {
-		p, err := c.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": name}},
-			Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: sa, Containers: []corev1.Container{{Name: "c", Image: "canopy/echo"}}}}, metav1.CreateOptions{})
-		if err != nil {
+		if _, err := c.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": name}},
+			Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: sa, Containers: []corev1.Container{{Name: "c", Image: "canopy/echo"}}}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		st, _ := json.Marshal(map[string]any{"status": corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip.String(), PodIPs: []corev1.PodIP{{IP: ip.String()}},
 			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()}}}})
-		if p, err = c.CoreV1().Pods(ns).Patch(ctx, name, types.MergePatchType, st, metav1.PatchOptions{}, "status"); err != nil {
+		p, err := c.CoreV1().Pods(ns).Patch(ctx, name, types.MergePatchType, st, metav1.PatchOptions{}, "status")
+		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() {
