@@ -22,6 +22,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	securityapi "istio.io/api/security/v1beta1"
+	typeapi "istio.io/api/type/v1beta1"
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+	istioclient "istio.io/client-go/pkg/clientset/versioned"
+
 	"github.com/canopy-mesh/canopy/ca/rootcm"
 	"github.com/canopy-mesh/canopy/internal/netns"
 	"github.com/canopy-mesh/canopy/internal/nettest"
@@ -99,11 +104,12 @@ func build(t *testing.T, dir string, cmds ...string) map[string]string {
 	return out
 }
 
-// TestWholeMesh runs the controller, the CNI agent and the node proxy as
-// processes against the API server, with two pods in network namespaces on
-// one node: the agent enrolls them, the node proxy gets them over ZDS,
-// their identities from the CA and the tables over xDS, and a connection
-// between them crosses the pods' link as HBONE on 15008.
+// TestWholeMesh runs the controller, and a CNI agent and a node proxy
+// per node, as processes against the API server, with two pods in
+// network namespaces on two nodes: the agents enroll them, the node
+// proxies get them over ZDS, their identities from the CA and the tables
+// over xDS; a connection between them crosses the pods' link as HBONE on
+// 15008 only, and AuthorizationPolicies decide by the client's identity.
 func TestWholeMesh(t *testing.T) {
 	testenv.Need(t, env)
 	nettest.NeedRoot(t)
@@ -116,17 +122,12 @@ func TestWholeMesh(t *testing.T) {
 	c := env.Client
 	sys := env.Namespace(t, "canopy-system", nil)
 	apps := env.Namespace(t, "apps", map[string]string{"istio.io/dataplane-mode": "ambient"})
-	node := fmt.Sprintf("e2e-node-%d", time.Now().UnixNano()%100000)
+	run := time.Now().UnixNano() % 100000
 
 	// A subnet of its own per run: pods bound to a node without a kubelet
 	// linger as Terminating, and their IPs with them.
-	subnet := netip.MustParsePrefix(fmt.Sprintf("10.224.%d.0/24", time.Now().UnixNano()%200))
+	subnet := netip.MustParsePrefix(fmt.Sprintf("10.224.%d.0/24", run%200))
 	pods := nettest.NewPair(t, subnet)
-	hostNS, err := netns.Create(fmt.Sprintf("cnp-e2e-%d-host", time.Now().UnixNano()%100000))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = netns.DeletePath(hostNS) })
 
 	// The controller.
 	monitor, secure, plain := freeAddr(t), freeAddr(t), freeAddr(t)
@@ -134,18 +135,15 @@ func TestWholeMesh(t *testing.T) {
 		"--secure-addr="+secure, "--xds-addr="+plain, "--ca-namespace="+sys, "--cacerts-dir="+filepath.Join(dir, "none"),
 		"--trusted-node-accounts="+sys+"/canopy-node", "--push-quiet=20ms")
 
-	// Pod objects: the two apps and the node proxy's own pod.
-	for _, sa := range []string{"canopy-node"} {
-		if _, err := c.CoreV1().ServiceAccounts(sys).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+	if _, err := c.CoreV1().ServiceAccounts(sys).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "canopy-node"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
 	}
 	for _, sa := range []string{"client", "server"} {
 		if _, err := c.CoreV1().ServiceAccounts(apps).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	mkPod := func(ns, name, sa string, ip netip.Addr) *corev1.Pod {
+	mkPod := func(ns, name, sa, node string, ip netip.Addr) *corev1.Pod {
 		if _, err := c.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": name}},
 			Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: sa, Containers: []corev1.Container{{Name: "c", Image: "canopy/echo"}}}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -163,18 +161,12 @@ func TestWholeMesh(t *testing.T) {
 		})
 		return p
 	}
-	mkPod(apps, "client", "client", pods.AddrA)
-	mkPod(apps, "server", "server", pods.AddrB)
-	proxyPod := mkPod(sys, "canopy-node-e2e", "canopy-node", netip.MustParseAddr("10.224.9.1"))
-	token, err := env.Token(ctx, sys, "canopy-node", testenv.TokenOptions{Audiences: []string{"istio-ca"}, Pod: proxyPod})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tokenPath := filepath.Join(dir, "istio-token")
-	if err := os.WriteFile(tokenPath, []byte(token), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	nodeA, nodeB := fmt.Sprintf("e2e-%d-a", run), fmt.Sprintf("e2e-%d-b", run)
+	mkPod(apps, "client", "client", nodeA, pods.AddrA)
+	mkPod(apps, "server", "server", nodeB, pods.AddrB)
+
 	var root *corev1.ConfigMap
+	var err error
 	eventually(t, "root ConfigMap", func() bool {
 		root, err = c.CoreV1().ConfigMaps(sys).Get(ctx, rootcm.ConfigMapName, metav1.GetOptions{})
 		return err == nil
@@ -184,48 +176,68 @@ func TestWholeMesh(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The CNI agent, its host rules in a namespace of their own.
-	confDir, binDir := filepath.Join(dir, "net.d"), filepath.Join(dir, "bin")
-	_ = os.MkdirAll(confDir, 0o755)
-	_ = os.MkdirAll(binDir, 0o755)
-	_ = os.WriteFile(filepath.Join(confDir, "10-pods.conflist"), []byte(`{"cniVersion":"1.0.0","name":"pods","plugins":[{"type":"ptp"}]}`), 0o644)
-	zdsSock := filepath.Join(dir, "ztunnel.sock")
-	process(t, "cni-agent", bins["canopy-cni-agent"], "--kubeconfig="+env.KubeconfigPath, "--node-name="+node, "--cni-conf-dir="+confDir,
-		"--cni-bin-dir="+binDir, "--plugin-binary="+bins["canopy-cni"], "--plugin-socket="+filepath.Join(dir, "cni.sock"),
-		"--zds-socket="+zdsSock, "--probe-uid=0", "--host-netns="+hostNS, "--monitoring-addr="+freeAddr(t),
-		"--system-namespace="+sys, "--reconcile-period=1s")
-
-	// The node proxy.
-	admin := freeAddr(t)
-	process(t, "node", bins["canopy-node"], "--xds-address="+secure, "--xds-server-name=canopy-controller."+sys+".svc",
-		"--root-cert="+rootPath, "--token="+tokenPath, "--zds-socket="+zdsSock, "--node-name="+node, "--pod-name=canopy-node-e2e",
-		"--pod-namespace="+sys, "--instance-ip=10.224.9.1", "--admin-addr="+admin, "--metrics-addr="+freeAddr(t), "--readiness-addr="+freeAddr(t))
-
-	// Both pods served over HBONE: the node proxy holds their
-	// certificates and sees them as HBONE workloads.
-	eventually(t, "node proxy serves both pods over HBONE", func() bool {
-		resp, err := http.Get("http://" + admin + "/config_dump")
+	// Per node: its proxy's pod and token, a CNI agent (host rules in a
+	// namespace of their own) and a node proxy.
+	admins := map[string]string{}
+	for i, node := range []string{nodeA, nodeB} {
+		nd := filepath.Join(dir, node)
+		confDir, binDir := filepath.Join(nd, "net.d"), filepath.Join(nd, "bin")
+		_ = os.MkdirAll(confDir, 0o755)
+		_ = os.MkdirAll(binDir, 0o755)
+		_ = os.WriteFile(filepath.Join(confDir, "10-pods.conflist"), []byte(`{"cniVersion":"1.0.0","name":"pods","plugins":[{"type":"ptp"}]}`), 0o644)
+		hostNS, err := netns.Create(fmt.Sprintf("cnp-e2e-%d-host%d", run, i))
 		if err != nil {
-			return false
+			t.Fatal(err)
 		}
-		defer resp.Body.Close()
-		var d struct {
-			Workloads []struct {
-				Name, Namespace, Protocol string
+		t.Cleanup(func() { _ = netns.DeletePath(hostNS) })
+		proxyIP := netip.AddrFrom4([4]byte{10, 225, byte(run % 200), byte(10 + i)})
+		proxyPod := mkPod(sys, "canopy-node-"+node, "canopy-node", node, proxyIP)
+		token, err := env.Token(ctx, sys, "canopy-node", testenv.TokenOptions{Audiences: []string{"istio-ca"}, Pod: proxyPod})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokenPath := filepath.Join(nd, "istio-token")
+		if err := os.WriteFile(tokenPath, []byte(token), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		zdsSock := filepath.Join(nd, "ztunnel.sock")
+		process(t, "cni-agent-"+node, bins["canopy-cni-agent"], "--kubeconfig="+env.KubeconfigPath, "--node-name="+node, "--cni-conf-dir="+confDir,
+			"--cni-bin-dir="+binDir, "--plugin-binary="+bins["canopy-cni"], "--plugin-socket="+filepath.Join(nd, "cni.sock"),
+			"--zds-socket="+zdsSock, "--probe-uid=0", "--host-netns="+hostNS, "--monitoring-addr="+freeAddr(t),
+			"--system-namespace="+sys, "--reconcile-period=1s")
+		admins[node] = freeAddr(t)
+		process(t, "node-"+node, bins["canopy-node"], "--xds-address="+secure, "--xds-server-name=canopy-controller."+sys+".svc",
+			"--root-cert="+rootPath, "--token="+tokenPath, "--zds-socket="+zdsSock, "--node-name="+node, "--pod-name="+proxyPod.Name,
+			"--pod-namespace="+sys, "--instance-ip="+proxyIP.String(), "--admin-addr="+admins[node], "--metrics-addr="+freeAddr(t), "--readiness-addr="+freeAddr(t))
+	}
+
+	// Each node proxy serves its pod with the pod's own identity, and sees
+	// both pods as HBONE workloads.
+	for node, want := range map[string]string{nodeA: "client", nodeB: "server"} {
+		eventually(t, "node proxy of "+node+" serves its pod over HBONE", func() bool {
+			resp, err := http.Get("http://" + admins[node] + "/config_dump")
+			if err != nil {
+				return false
 			}
-			Certificates []struct{ Identity string }
-		}
-		if json.NewDecoder(resp.Body).Decode(&d) != nil {
-			return false
-		}
-		hbone := 0
-		for _, w := range d.Workloads {
-			if w.Namespace == apps && (w.Name == "client" || w.Name == "server") && w.Protocol == "HBONE" {
-				hbone++
+			defer resp.Body.Close()
+			var d struct {
+				Workloads []struct {
+					Name, Namespace, Protocol string
+				}
+				Certificates []struct{ Identity string }
 			}
-		}
-		return hbone == 2 && len(d.Certificates) == 2
-	})
+			if json.NewDecoder(resp.Body).Decode(&d) != nil {
+				return false
+			}
+			hbone := 0
+			for _, w := range d.Workloads {
+				if w.Namespace == apps && (w.Name == "client" || w.Name == "server") && w.Protocol == "HBONE" {
+					hbone++
+				}
+			}
+			return hbone == 2 && len(d.Certificates) == 1 && d.Certificates[0].Identity == "spiffe://cluster.local/ns/"+apps+"/sa/"+want
+		})
+	}
 
 	// Count what arrives at the server pod's link, then talk.
 	script := "table inet canopy-test {\n chain count {\n  type filter hook prerouting priority -400; policy accept;\n  iifname != \"lo\" tcp dport 8080 counter\n  iifname != \"lo\" tcp dport 15008 counter\n }\n}\n"
@@ -245,8 +257,7 @@ func TestWholeMesh(t *testing.T) {
 			go func() { _, _ = io.Copy(conn, conn); conn.Close() }()
 		}
 	}()
-	var got string
-	eventually(t, "client reaches server through the mesh", func() bool {
+	call := func() string {
 		conn := nettest.In(t, pods.A, func() (net.Conn, error) {
 			return net.DialTimeout("tcp4", pods.AddrB.String()+":8080", 3*time.Second)
 		})
@@ -255,9 +266,9 @@ func TestWholeMesh(t *testing.T) {
 		_, _ = conn.Write([]byte("across the mesh"))
 		_ = conn.(*net.TCPConn).CloseWrite()
 		b, _ := io.ReadAll(conn)
-		got = string(b)
-		return got == "across the mesh"
-	})
+		return string(b)
+	}
+	eventually(t, "client on one node reaches server on the other", func() bool { return call() == "across the mesh" })
 	out := nettest.In(t, pods.B, func() ([]byte, error) {
 		return exec.Command("nft", "list", "chain", "inet", "canopy-test", "count").CombinedOutput()
 	})
@@ -275,4 +286,30 @@ func TestWholeMesh(t *testing.T) {
 	if count(15008) == 0 {
 		t.Error("nothing crossed the link to 15008")
 	}
+
+	// AuthorizationPolicies, through the controller, decide by identity.
+	istio, err := istioclient.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowFrom := func(sa string) {
+		pol := &securityv1.AuthorizationPolicy{ObjectMeta: metav1.ObjectMeta{Name: "server-callers"}}
+		pol.Spec.Selector = &typeapi.WorkloadSelector{MatchLabels: map[string]string{"app": "server"}}
+		pol.Spec.Rules = []*securityapi.Rule{{From: []*securityapi.Rule_From{{Source: &securityapi.Source{
+			Principals: []string{"cluster.local/ns/" + apps + "/sa/" + sa}}}}}}
+		cur, err := istio.SecurityV1().AuthorizationPolicies(apps).Get(ctx, pol.Name, metav1.GetOptions{})
+		if err == nil {
+			cur.Spec.Rules = pol.Spec.Rules
+			_, err = istio.SecurityV1().AuthorizationPolicies(apps).Update(ctx, cur, metav1.UpdateOptions{})
+		} else {
+			_, err = istio.SecurityV1().AuthorizationPolicies(apps).Create(ctx, pol, metav1.CreateOptions{})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	allowFrom("someone-else")
+	eventually(t, "a policy for another identity denies the client", func() bool { return call() == "" })
+	allowFrom("client")
+	eventually(t, "a policy for the client's identity allows it", func() bool { return call() == "across the mesh" })
 }

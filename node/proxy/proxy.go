@@ -34,7 +34,17 @@ import (
 // *workloadtable.Table implements it.
 type Table interface {
 	route.Table
+	Workload(uid string) *workloadapi.Workload
 	Policies() []*security.Authorization
+}
+
+// current is the pod's workload as xDS has it now: its policies, waypoint
+// and services change after the pod started being served.
+func (p *Proxy) current(w *workloadapi.Workload) *workloadapi.Workload {
+	if cur := p.Table.Workload(w.GetUid()); cur != nil {
+		return cur
+	}
+	return w
 }
 
 // Certs are the node's identities; *identity.Manager implements them.
@@ -85,6 +95,7 @@ func (p *Proxy) ServePod(pod *inpod.Pod, self *workloadapi.Workload) {
 // outbound sends one captured connection where routing says (spec §5.5).
 func (p *Proxy) outbound(c net.Conn, pod *inpod.Pod, src *workloadapi.Workload) {
 	defer c.Close()
+	src = p.current(src)
 	dst, err := inpod.OriginalDst(c)
 	if err != nil {
 		p.Log.Warn("outbound without an original destination", "err", err)
@@ -187,7 +198,7 @@ func (p *Proxy) inboundHBONE(raw net.Conn, pod *inpod.Pod, self *workloadapi.Wor
 	srcIP := addrOf(raw.RemoteAddr())
 	srcW, _ := p.Table.ByAddress(self.GetNetwork(), srcIP)
 	hbone.Serve(tc, func(s *hbone.Stream) {
-		code, up := p.admit(ctx, s.Request.Authority, pod, self, authz.Conn{Src: srcIP, Peer: &peer})
+		code, up := p.admit(ctx, s.Request.Authority, pod, p.current(self), authz.Conn{Src: srcIP, Peer: &peer})
 		if code != 200 {
 			_ = s.Respond(code, nil)
 			return
@@ -249,7 +260,7 @@ func (p *Proxy) inboundPlain(c net.Conn, pod *inpod.Pod, self *workloadapi.Workl
 		return
 	}
 	src := addrOf(c.RemoteAddr())
-	code, up := p.admit(context.Background(), dst.String(), pod, self, authz.Conn{Src: src})
+	code, up := p.admit(context.Background(), dst.String(), pod, p.current(self), authz.Conn{Src: src})
 	if code != 200 {
 		c.Close()
 		return
