@@ -247,8 +247,9 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	httpserve.Run(gctx, g, "readiness", "tcp", cfg.readyAddr, admin.Readiness(ready), log)
 	log.Info("canopy-node started", "node", cfg.nodeName, "xds", cfg.xdsAddr, "version", version.Get())
 	err = g.Wait()
-	// Drain: in-flight connections keep their sockets for the period.
+	// Drain: peers are told to open no new streams (GOAWAY) and in-flight
+	// connections get the drain period to finish.
 	log.Info("draining", "period", cfg.drain)
-	time.Sleep(cfg.drain)
+	px.Drain(cfg.drain)
 	return err
 }

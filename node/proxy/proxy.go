@@ -18,6 +18,8 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -61,6 +63,9 @@ type Proxy struct {
 	Log       *slog.Logger
 	pool      *pool
 	metrics   *metrics
+
+	mu      sync.Mutex
+	inbound map[*hbone.ServerConn]struct{}
 }
 
 // New returns a Proxy; its metrics go to reg.
@@ -69,11 +74,29 @@ func New(table Table, certs Certs, clusterID string, reg prometheus.Registerer, 
 	if err != nil {
 		return nil, err
 	}
-	return &Proxy{Table: table, Certs: certs, ClusterID: clusterID, Log: log.With("component", "proxy"), pool: newPool(), metrics: m}, nil
+	return &Proxy{Table: table, Certs: certs, ClusterID: clusterID, Log: log.With("component", "proxy"), pool: newPool(), metrics: m,
+		inbound: map[*hbone.ServerConn]struct{}{}}, nil
 }
 
 // Close drops pooled connections.
 func (p *Proxy) Close() { p.pool.close() }
+
+// Drain tells every inbound HBONE connection to go away (GOAWAY: peers
+// open no new streams here) and waits up to grace for their streams to
+// finish, so a restarting proxy cuts no connection that ends in time.
+func (p *Proxy) Drain(grace time.Duration) {
+	p.mu.Lock()
+	conns := make([]*hbone.ServerConn, 0, len(p.inbound))
+	for sc := range p.inbound {
+		conns = append(conns, sc)
+	}
+	p.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, sc := range conns {
+		wg.Go(func() { sc.Shutdown(grace) })
+	}
+	wg.Wait()
+}
 
 // ServePod serves a pod's listeners until they close; self is the pod's
 // workload.
@@ -197,7 +220,7 @@ func (p *Proxy) inboundHBONE(raw net.Conn, pod *inpod.Pod, self *workloadapi.Wor
 	}
 	srcIP := addrOf(raw.RemoteAddr())
 	srcW, _ := p.Table.ByAddress(self.GetNetwork(), srcIP)
-	hbone.Serve(tc, func(s *hbone.Stream) {
+	sc, done := hbone.Serve(tc, func(s *hbone.Stream) {
 		code, up := p.admit(ctx, s.Request.Authority, pod, p.current(self), authz.Conn{Src: srcIP, Peer: &peer})
 		if code != 200 {
 			_ = s.Respond(code, nil)
@@ -211,6 +234,15 @@ func (p *Proxy) inboundHBONE(raw net.Conn, pod *inpod.Pod, self *workloadapi.Wor
 		toApp, fromApp, _ := hbone.Splice(up, s)
 		done(fromApp, toApp)
 	})
+	p.mu.Lock()
+	p.inbound[sc] = struct{}{}
+	p.mu.Unlock()
+	go func() {
+		<-done
+		p.mu.Lock()
+		delete(p.inbound, sc)
+		p.mu.Unlock()
+	}()
 }
 
 func rawChain(st tls.ConnectionState) [][]byte {

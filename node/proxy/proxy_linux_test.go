@@ -208,4 +208,16 @@ func TestPodToPodThroughHBONE(t *testing.T) {
 			t.Errorf("denied call echoed %q", got)
 		}
 	})
+
+	t.Run("after a drain the pool reconnects", func(t *testing.T) {
+		allowOnly("cluster.local/ns/apps/sa/client")
+		start := time.Now()
+		p.Drain(2 * time.Second) // no stream is open: returns at once
+		if took := time.Since(start); took > time.Second {
+			t.Errorf("Drain with no open stream took %v", took)
+		}
+		if got, err := call(); got != "hello through the mesh" {
+			t.Errorf("call after the drain = %q, %v", got, err)
+		}
+	})
 }
