@@ -95,6 +95,31 @@ func (p *Pod) Dial(ctx context.Context, network, addr string) (net.Conn, error) 
 	return c, err
 }
 
+// DialFrom connects from inside the pod's namespace with src as the
+// source address (IP_TRANSPARENT), so the app sees the original client;
+// the in-pod rules route the replies back to this socket (connmark 0x111,
+// table 100).
+func (p *Pod) DialFrom(ctx context.Context, src netip.Addr, network, addr string) (net.Conn, error) {
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: src.AsSlice()}, Control: func(network, address string, c syscall.RawConn) error {
+		if err := mark(network, address, c); err != nil {
+			return err
+		}
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_TRANSPARENT, 1)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	var c net.Conn
+	err := netns.Do(p.path(), func() (err error) {
+		c, err = d.DialContext(ctx, network, addr)
+		return err
+	})
+	return c, err
+}
+
 // Close closes the listeners and the namespace handle.
 func (p *Pod) Close() error {
 	var errs []error

@@ -276,9 +276,13 @@ func (p *Proxy) admit(ctx context.Context, authority string, pod *inpod.Pod, sel
 		p.Log.Info("connection denied", "to", authority, "policy", d.Policy, "reason", d.Reason)
 		return 401, nil
 	}
-	up, err := pod.Dial(ctx, "tcp", authority)
+	// The app sees the client's address where the kernel allows it
+	// (spec §5.3, best effort), else the pod's own.
+	up, err := pod.DialFrom(ctx, c.Src, "tcp", authority)
 	if err != nil {
-		return 503, nil
+		if up, err = pod.Dial(ctx, "tcp", authority); err != nil {
+			return 503, nil
+		}
 	}
 	return 200, up
 }

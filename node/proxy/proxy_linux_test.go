@@ -137,11 +137,16 @@ func TestPodToPodThroughHBONE(t *testing.T) {
 	// The server app echoes.
 	app := nettest.In(t, serverNS, func() (net.Listener, error) { return net.Listen("tcp4", ":8080") })
 	defer app.Close()
+	peers := make(chan string, 64)
 	go func() {
 		for {
 			c, err := app.Accept()
 			if err != nil {
 				return
+			}
+			select {
+			case peers <- c.RemoteAddr().(*net.TCPAddr).IP.String():
+			default:
 			}
 			go func() { _, _ = io.Copy(c, c); c.Close() }()
 		}
@@ -170,6 +175,9 @@ func TestPodToPodThroughHBONE(t *testing.T) {
 		}
 		if n := packets(t, serverNS, 15008); n == 0 {
 			t.Error("no packets to 15008")
+		}
+		if got := <-peers; got != pair.AddrA.String() {
+			t.Errorf("the app saw the connection from %s, want the client pod %s", got, pair.AddrA)
 		}
 	})
 
