@@ -11,6 +11,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"log/slog"
 	mathrand "math/rand/v2"
@@ -264,13 +265,11 @@ func addrOf(a net.Addr) netip.Addr {
 // admit validates the authority (spec §5.3: it must be this pod), applies
 // the policies and dials the app; it returns the status to answer.
 func (p *Proxy) admit(ctx context.Context, authority string, pod *inpod.Pod, self *workloadapi.Workload, c authz.Conn) (int, net.Conn) {
-	host, portStr, err := net.SplitHostPort(authority)
-	ip, ipErr := netip.ParseAddr(host)
-	port, portErr := strconv.ParseUint(portStr, 10, 16)
-	if err != nil || ipErr != nil || portErr != nil || ip.Unmap() != firstIP(self) {
+	dst, err := parseAuthority(authority)
+	if err != nil || dst.Addr() != firstIP(self) {
 		return 400, nil
 	}
-	c.Dst, c.DstPort = ip, uint16(port)
+	c.Dst, c.DstPort = dst.Addr(), dst.Port()
 	d := authz.Evaluate(authz.Applicable(p.Table.Policies(), self), c)
 	if !d.Allow {
 		p.Log.Info("connection denied", "to", authority, "policy", d.Policy, "reason", d.Reason)
@@ -285,6 +284,27 @@ func (p *Proxy) admit(ctx context.Context, authority string, pod *inpod.Pod, sel
 		}
 	}
 	return 200, up
+}
+
+// parseAuthority reads a CONNECT authority, "<ip>:<port>" (spec §5.3);
+// a hostname authority (east-west gateways) is not served here.
+func parseAuthority(s string) (netip.AddrPort, error) {
+	host, portStr, err := net.SplitHostPort(s)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	if ip.Zone() != "" {
+		return netip.AddrPort{}, fmt.Errorf("authority %q has a zone", s)
+	}
+	port, err := strconv.ParseUint(portStr, 10, 16)
+	if err != nil || port == 0 {
+		return netip.AddrPort{}, fmt.Errorf("authority %q: bad port", s)
+	}
+	return netip.AddrPortFrom(ip.Unmap(), uint16(port)), nil
 }
 
 // inboundPlain authorizes a plaintext connection (no identity) and
