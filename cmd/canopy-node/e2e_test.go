@@ -14,6 +14,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -56,7 +58,9 @@ func eventually(t *testing.T, what string, f func() bool) {
 
 // process runs a built binary for the test's lifetime, its output kept
 // and shown on failure.
-func process(t *testing.T, name string, args ...string) {
+// process runs a built binary until the test ends or the returned stop
+// is called (SIGTERM, then SIGKILL after 10s).
+func process(t *testing.T, name string, args ...string) (stop func()) {
 	t.Helper()
 	log, err := os.Create(filepath.Join(t.TempDir(), name+".log"))
 	if err != nil {
@@ -67,21 +71,28 @@ func process(t *testing.T, name string, args ...string) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			done := make(chan struct{})
+			go func() { _ = cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				_ = cmd.Process.Kill()
+				<-done
+			}
+		})
+	}
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
+		stop()
 		if t.Failed() {
 			b, _ := os.ReadFile(log.Name())
 			t.Logf("%s (%s) log, %d bytes:\n%s", name, cmd.ProcessState, len(b), tail(string(b), 6000))
 		}
 	})
+	return stop
 }
 
 func tail(s string, n int) string {
@@ -179,6 +190,8 @@ func TestWholeMesh(t *testing.T) {
 	// Per node: its proxy's pod and token, a CNI agent (host rules in a
 	// namespace of their own) and a node proxy.
 	admins := map[string]string{}
+	proxies := map[string]func(int) func(){}
+	stops := map[string]func(){}
 	for i, node := range []string{nodeA, nodeB} {
 		nd := filepath.Join(dir, node)
 		confDir, binDir := filepath.Join(nd, "net.d"), filepath.Join(nd, "bin")
@@ -205,10 +218,15 @@ func TestWholeMesh(t *testing.T) {
 			"--cni-bin-dir="+binDir, "--plugin-binary="+bins["canopy-cni"], "--plugin-socket="+filepath.Join(nd, "cni.sock"),
 			"--zds-socket="+zdsSock, "--probe-uid=0", "--host-netns="+hostNS, "--monitoring-addr="+freeAddr(t),
 			"--system-namespace="+sys, "--reconcile-period=1s")
-		admins[node] = freeAddr(t)
-		process(t, "node-"+node, bins["canopy-node"], "--xds-address="+secure, "--xds-server-name=canopy-controller."+sys+".svc",
-			"--root-cert="+rootPath, "--token="+tokenPath, "--zds-socket="+zdsSock, "--node-name="+node, "--pod-name="+proxyPod.Name,
-			"--pod-namespace="+sys, "--instance-ip="+proxyIP.String(), "--admin-addr="+admins[node], "--metrics-addr="+freeAddr(t), "--readiness-addr="+freeAddr(t))
+		startProxy := func(gen int) func() {
+			admins[node] = freeAddr(t)
+			return process(t, fmt.Sprintf("node-%s-%d", node, gen), bins["canopy-node"], "--xds-address="+secure, "--xds-server-name=canopy-controller."+sys+".svc",
+				"--root-cert="+rootPath, "--token="+tokenPath, "--zds-socket="+zdsSock, "--node-name="+node, "--pod-name="+proxyPod.Name,
+				"--pod-namespace="+sys, "--instance-ip="+proxyIP.String(), "--admin-addr="+admins[node], "--metrics-addr="+freeAddr(t),
+				"--readiness-addr="+freeAddr(t), "--drain-period=1s")
+		}
+		proxies[node] = startProxy
+		stops[node] = startProxy(0)
 	}
 
 	// Each node proxy serves its pod with the pod's own identity, and sees
@@ -312,4 +330,30 @@ func TestWholeMesh(t *testing.T) {
 	eventually(t, "a policy for another identity denies the client", func() bool { return call() == "" })
 	allowFrom("client")
 	eventually(t, "a policy for the client's identity allows it", func() bool { return call() == "across the mesh" })
+
+	// A node proxy restart: the server's pod fails closed meanwhile, and
+	// the new proxy serves it again from the agent's snapshot.
+	stops[nodeB]()
+	if got := call(); got != "" {
+		t.Errorf("with the server's node proxy down the call returned %q; want it refused", got)
+	}
+	stops[nodeB] = proxies[nodeB](1)
+	eventually(t, "the restarted node proxy serves the server again", func() bool { return call() == "across the mesh" })
+
+	// Opting the server out: it leaves the mesh, and the client's traffic
+	// reaches it as plain TCP on the app port.
+	patch := []byte(`{"metadata":{"labels":{"istio.io/dataplane-mode":"none"}}}`)
+	if _, err := c.CoreV1().Pods(apps).Patch(ctx, "server", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	before := count(8080)
+	eventually(t, "the opted-out server is reached in plain TCP", func() bool {
+		if call() != "across the mesh" {
+			return false
+		}
+		out = nettest.In(t, pods.B, func() ([]byte, error) {
+			return exec.Command("nft", "list", "chain", "inet", "canopy-test", "count").CombinedOutput()
+		})
+		return count(8080) > before
+	})
 }
