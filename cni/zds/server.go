@@ -173,7 +173,14 @@ func (s *Server) snapshot(c *conn) error {
 			req = addRequest(p)
 		}
 		if err := c.exchange(req, p.Netns, s.cfg.Timeout); err != nil {
-			return fmt.Errorf("pod %s: %w", uid, err)
+			var refused *RefusedError
+			if !errors.As(err, &refused) {
+				return fmt.Errorf("pod %s: %w", uid, err)
+			}
+			// The proxy cannot take this pod (yet): the rest of the
+			// snapshot still goes, and the pod stays for the next one.
+			s.log.Warn("node proxy refused a pod in the snapshot", "uid", uid, "reason", refused.Message)
+			continue
 		}
 		if p.Netns != nil && s.cfg.OnDelivered != nil {
 			s.cfg.OnDelivered(uid)

@@ -33,9 +33,13 @@ type proxy struct {
 	refuse string
 }
 
-func connect(t *testing.T, path string) *proxy {
+func connect(t *testing.T, path string) *proxy { return connectRefusing(t, path, "") }
+
+// connectRefusing connects a proxy that refuses every Add with refuse
+// (empty: accepts).
+func connectRefusing(t *testing.T, path, refuse string) *proxy {
 	t.Helper()
-	p := &proxy{t: t, inodes: map[string]uint64{}}
+	p := &proxy{t: t, inodes: map[string]uint64{}, refuse: refuse}
 	var uc *net.UnixConn
 	var err error
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
@@ -253,4 +257,22 @@ func TestProtocolErrors(t *testing.T) {
 	if err := (&conn{c: p.conn}).c.Send(big, nil, time.Now().Add(time.Second)); !errors.Is(err, zdsconn.ErrProtocol) {
 		t.Errorf("sending 2000 bytes = %v, want ErrProtocol", err)
 	}
+}
+
+// TestRefusedPodDoesNotAbortTheSnapshot: the proxy refuses one pod; the
+// others and SnapshotSent still arrive.
+func TestRefusedPodDoesNotAbortTheSnapshot(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ztunnel.sock")
+	s := New(path, Config{}, slog.New(slog.DiscardHandler))
+	nsA, _ := selfNetns(t)
+	nsB, _ := selfNetns(t)
+	_ = s.Add(Pod{UID: "uid-a", Info: info("a"), Netns: nsA})
+	_ = s.Add(Pod{UID: "uid-b", Info: info("b"), Netns: nsB})
+	defer start(t, path, s)()
+	p := connectRefusing(t, path, "not yet")
+	eventually(t, "snapshot completes despite refusals", func() bool {
+		got := p.received()
+		return len(got) == 3 && got[2] == "snapshot-sent"
+	})
+	eventually(t, "the connection is kept", func() bool { return s.Connected() == 1 })
 }
