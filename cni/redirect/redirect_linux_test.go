@@ -17,6 +17,7 @@ import (
 	"github.com/canopy-mesh/canopy/internal/ci"
 	"github.com/canopy-mesh/canopy/internal/netns"
 	"github.com/canopy-mesh/canopy/internal/nettest"
+	"github.com/canopy-mesh/canopy/internal/origdst"
 )
 
 // newPair is a pod netns (A, 10.213.0.2) and an outside one (B,
@@ -37,24 +38,9 @@ func listen(t *testing.T, ns, addr string) listener { return nettest.Listen(t, n
 // originalDst reads SO_ORIGINAL_DST of an accepted connection.
 func originalDst(t *testing.T, c net.Conn) netip.AddrPort {
 	t.Helper()
-	raw, err := c.(*net.TCPConn).SyscallConn()
+	got, err := origdst.Of(c)
 	if err != nil {
 		t.Fatal(err)
-	}
-	var got netip.AddrPort
-	var serr error
-	err = raw.Control(func(fd uintptr) {
-		m, err := unix.GetsockoptIPv6Mreq(int(fd), unix.IPPROTO_IP, unix.SO_ORIGINAL_DST)
-		if err != nil {
-			serr = err
-			return
-		}
-		// A sockaddr_in: family, port (big endian), address.
-		port := uint16(m.Multiaddr[2])<<8 | uint16(m.Multiaddr[3])
-		got = netip.AddrPortFrom(netip.AddrFrom4([4]byte(m.Multiaddr[4:8])), port)
-	})
-	if err != nil || serr != nil {
-		t.Fatalf("SO_ORIGINAL_DST: %v %v", err, serr)
 	}
 	return got
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/canopy-mesh/canopy/cni/redirect"
 	"github.com/canopy-mesh/canopy/internal/nettest"
+	"github.com/canopy-mesh/canopy/internal/origdst"
 )
 
 func accept(t *testing.T, l net.Listener) net.Conn {
@@ -54,7 +55,7 @@ func TestListenersInAnEnrolledPod(t *testing.T) {
 	t.Run("outbound from the app lands on 15001", func(t *testing.T) {
 		go nettest.In(t, pair.A, func() (net.Conn, error) { return net.DialTimeout("tcp4", pair.AddrB.String()+":80", 3*time.Second) })
 		c := accept(t, pod.Outbound)
-		if dst, err := OriginalDst(c); err != nil || dst.String() != pair.AddrB.String()+":80" {
+		if dst, err := origdst.Of(c); err != nil || dst.String() != pair.AddrB.String()+":80" {
 			t.Errorf("original destination %v, %v", dst, err)
 		}
 	})
@@ -74,7 +75,7 @@ func TestListenersInAnEnrolledPod(t *testing.T) {
 	t.Run("inbound plaintext lands on 15006", func(t *testing.T) {
 		go nettest.In(t, pair.B, func() (net.Conn, error) { return net.DialTimeout("tcp4", pair.AddrA.String()+":8080", 3*time.Second) })
 		c := accept(t, pod.Inbound)
-		if dst, err := OriginalDst(c); err != nil || dst.String() != pair.AddrA.String()+":8080" {
+		if dst, err := origdst.Of(c); err != nil || dst.String() != pair.AddrA.String()+":8080" {
 			t.Errorf("original destination %v, %v", dst, err)
 		}
 	})

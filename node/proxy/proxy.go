@@ -24,6 +24,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/canopy-mesh/canopy/internal/origdst"
 	"github.com/canopy-mesh/canopy/node/authz"
 	"github.com/canopy-mesh/canopy/node/hbone"
 	"github.com/canopy-mesh/canopy/node/identity"
@@ -120,7 +121,7 @@ func (p *Proxy) ServePod(pod *inpod.Pod, self *workloadapi.Workload) {
 func (p *Proxy) outbound(c net.Conn, pod *inpod.Pod, src *workloadapi.Workload) {
 	defer c.Close()
 	src = p.current(src)
-	dst, err := inpod.OriginalDst(c)
+	dst, err := origdst.Of(c)
 	if err != nil {
 		p.Log.Warn("outbound without an original destination", "err", err)
 		return
@@ -310,7 +311,7 @@ func parseAuthority(s string) (netip.AddrPort, error) {
 // inboundPlain authorizes a plaintext connection (no identity) and
 // carries it to the app.
 func (p *Proxy) inboundPlain(c net.Conn, pod *inpod.Pod, self *workloadapi.Workload) {
-	dst, err := inpod.OriginalDst(c)
+	dst, err := origdst.Of(c)
 	if err != nil {
 		c.Close()
 		return
