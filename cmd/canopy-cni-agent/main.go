@@ -15,10 +15,8 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,6 +30,7 @@ import (
 	"github.com/canopy-mesh/canopy/cni/install"
 	"github.com/canopy-mesh/canopy/cni/redirect"
 	"github.com/canopy-mesh/canopy/cni/zds"
+	"github.com/canopy-mesh/canopy/internal/cmdmain"
 	"github.com/canopy-mesh/canopy/internal/httpserve"
 	"github.com/canopy-mesh/canopy/internal/kubeconfig"
 	"github.com/canopy-mesh/canopy/internal/version"
@@ -113,21 +112,7 @@ func parseFlags(args []string) (config, error) {
 }
 
 func main() {
-	cfg, err := parseFlags(os.Args[1:])
-	if errors.Is(err, flag.ErrHelp) {
-		os.Exit(0)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "canopy-cni-agent:", err)
-		os.Exit(2)
-	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, cfg, log); err != nil {
-		log.Error("canopy-cni-agent failed", "err", err)
-		os.Exit(1)
-	}
+	cmdmain.Run("canopy-cni-agent", parseFlags, func(c config) slog.Level { return c.logLevel }, run)
 }
 
 func run(ctx context.Context, cfg config, log *slog.Logger) error {

@@ -7,16 +7,13 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -39,6 +36,7 @@ import (
 	"github.com/canopy-mesh/canopy/controller/kubeinput"
 	"github.com/canopy-mesh/canopy/controller/status"
 	"github.com/canopy-mesh/canopy/controller/xds"
+	"github.com/canopy-mesh/canopy/internal/cmdmain"
 	"github.com/canopy-mesh/canopy/internal/httpserve"
 	"github.com/canopy-mesh/canopy/internal/kubeconfig"
 	"github.com/canopy-mesh/canopy/internal/version"
@@ -142,21 +140,7 @@ func parseFlags(args []string) (config, error) {
 }
 
 func main() {
-	cfg, err := parseFlags(os.Args[1:])
-	if errors.Is(err, flag.ErrHelp) {
-		os.Exit(0)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "canopy-controller:", err)
-		os.Exit(2)
-	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, cfg, log); err != nil {
-		log.Error("canopy-controller failed", "err", err)
-		os.Exit(1)
-	}
+	cmdmain.Run("canopy-controller", parseFlags, func(c config) slog.Level { return c.logLevel }, run)
 }
 
 func run(ctx context.Context, cfg config, log *slog.Logger) error {

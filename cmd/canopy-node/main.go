@@ -16,9 +16,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -29,6 +27,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/canopy-mesh/canopy/internal/cmdmain"
 	"github.com/canopy-mesh/canopy/internal/httpserve"
 	"github.com/canopy-mesh/canopy/internal/version"
 	"github.com/canopy-mesh/canopy/internal/workloadtable"
@@ -154,21 +153,7 @@ func parseFlags(args []string) (config, error) {
 }
 
 func main() {
-	cfg, err := parseFlags(os.Args[1:])
-	if errors.Is(err, flag.ErrHelp) {
-		os.Exit(0)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "canopy-node:", err)
-		os.Exit(2)
-	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, cfg, log); err != nil {
-		log.Error("canopy-node failed", "err", err)
-		os.Exit(1)
-	}
+	cmdmain.Run("canopy-node", parseFlags, func(c config) slog.Level { return c.logLevel }, run)
 }
 
 func run(ctx context.Context, cfg config, log *slog.Logger) error {
