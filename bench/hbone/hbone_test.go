@@ -13,14 +13,9 @@ package hbone_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"runtime"
 	"slices"
@@ -29,30 +24,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/canopy-mesh/canopy/internal/testcerts"
 	"github.com/canopy-mesh/canopy/node/hbone"
 )
-
-func tlsConfigs(b *testing.B) (*tls.Config, *tls.Config) {
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, _ := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	ca, _ := x509.ParseCertificate(caDER)
-	leaf := func(n int64) tls.Certificate {
-		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(n), NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}, DNSNames: []string{"bench"}}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-	return &tls.Config{Certificates: []tls.Certificate{leaf(2)}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13, NextProtos: []string{"h2"}},
-		&tls.Config{Certificates: []tls.Certificate{leaf(3)}, RootCAs: pool, ServerName: "bench", MinVersion: tls.VersionTLS13, NextProtos: []string{"h2"}}
-}
 
 func listen(b *testing.B, serve func(net.Conn)) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -88,7 +62,7 @@ type path struct {
 
 // paths builds the three ways to target.
 func paths(b *testing.B, target string) []path {
-	scfg, ccfg := tlsConfigs(b)
+	scfg, ccfg := testcerts.MutualTLS(b, "bench")
 	// tls: per-connection mTLS tunnel.
 	tlsServer := listen(b, func(c net.Conn) {
 		up, err := net.Dial("tcp", target)

@@ -3,14 +3,10 @@ package hbone
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"sync"
@@ -19,38 +15,9 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
-)
 
-// tlsPair returns server and client TLS configs for mutual TLS 1.3 with
-// ALPN h2, from one throwaway CA.
-func tlsPair(t testing.TB) (*tls.Config, *tls.Config) {
-	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	leaf := func(serial int64) tls.Certificate {
-		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}, DNSNames: []string{"hbone"}}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-	server := &tls.Config{Certificates: []tls.Certificate{leaf(2)}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert,
-		MinVersion: tls.VersionTLS13, NextProtos: []string{"h2"}}
-	client := &tls.Config{Certificates: []tls.Certificate{leaf(3)}, RootCAs: pool, ServerName: "hbone",
-		MinVersion: tls.VersionTLS13, NextProtos: []string{"h2"}}
-	return server, client
-}
+	"github.com/canopy-mesh/canopy/internal/testcerts"
+)
 
 func serveTLS(t testing.TB, scfg *tls.Config, handler func(*Stream)) (string, chan *ServerConn) {
 	l, err := tls.Listen("tcp", "127.0.0.1:0", scfg)
@@ -87,8 +54,14 @@ func echo(s *Stream) {
 // pair returns a client connected to an echo server with the same CA.
 func pair(t testing.TB) *ClientConn {
 	t.Helper()
-	scfg, ccfg := tlsPair(t)
+	scfg, ccfg := testcerts.MutualTLS(t, "hbone")
 	addr, _ := serveTLS(t, scfg, echo)
+	return dial(t, addr, ccfg)
+}
+
+// dial opens a client connection to an HBONE server, closed with the test.
+func dial(t testing.TB, addr string, ccfg *tls.Config) *ClientConn {
+	t.Helper()
 	nc, err := tls.Dial("tcp", addr, ccfg)
 	if err != nil {
 		t.Fatal(err)
@@ -181,19 +154,14 @@ func TestStatusAndReset(t *testing.T) {
 }
 
 func TestServerResetIsSeen(t *testing.T) {
-	scfg, ccfg := tlsPair(t)
+	scfg, ccfg := testcerts.MutualTLS(t, "hbone")
 	addr, _ := serveTLS(t, scfg, func(s *Stream) {
 		_ = s.Respond(200, nil)
 		buf := make([]byte, 5)
 		_, _ = io.ReadFull(s, buf)
 		s.Close() // reset mid-stream
 	})
-	nc, err := tls.Dial("tcp", addr, ccfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc, _ := NewClientConn(nc)
-	defer cc.Close()
+	cc := dial(t, addr, ccfg)
 	s, err := cc.Connect(t.Context(), "10.244.1.5:80", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -205,14 +173,9 @@ func TestServerResetIsSeen(t *testing.T) {
 }
 
 func TestGoAwayDrains(t *testing.T) {
-	scfg, ccfg := tlsPair(t)
+	scfg, ccfg := testcerts.MutualTLS(t, "hbone")
 	addr, conns := serveTLS(t, scfg, echo)
-	nc, err := tls.Dial("tcp", addr, ccfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc, _ := NewClientConn(nc)
-	defer cc.Close()
+	cc := dial(t, addr, ccfg)
 	s, err := cc.Connect(t.Context(), "10.244.1.5:80", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -239,7 +202,7 @@ func TestGoAwayDrains(t *testing.T) {
 // TestInterop checks the wire against net/http's HTTP/2, an independent
 // implementation: its client against our server, ours against its server.
 func TestInterop(t *testing.T) {
-	scfg, ccfg := tlsPair(t)
+	scfg, ccfg := testcerts.MutualTLS(t, "hbone")
 	t.Run("net/http client, our server", func(t *testing.T) {
 		addr, _ := serveTLS(t, scfg, echo)
 		protos := new(http.Protocols)
@@ -298,15 +261,7 @@ func TestInterop(t *testing.T) {
 		}
 		go srv.ServeTLS(l, "", "")
 		defer srv.Close()
-		nc, err := tls.Dial("tcp", l.Addr().String(), ccfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cc, err := NewClientConn(nc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cc.Close()
+		cc := dial(t, l.Addr().String(), ccfg)
 		s, err := cc.Connect(t.Context(), "10.244.1.5:8080", nil)
 		if err != nil {
 			t.Fatal(err)
