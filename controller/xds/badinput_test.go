@@ -3,8 +3,6 @@ package xds_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -12,7 +10,6 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
@@ -20,7 +17,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/canopy-mesh/canopy/ca/authn"
 	"github.com/canopy-mesh/canopy/controller/index"
 	"github.com/canopy-mesh/canopy/controller/xds"
 	"github.com/canopy-mesh/canopy/internal/testenv"
@@ -163,29 +159,10 @@ func (f *fakeSource) AddressNames() []string {
 func TestSlowProxyIsCutOff(t *testing.T) {
 	testenv.Need(t, env)
 	src := &fakeSource{n: 4000}
-	m := &mesh{reg: prometheus.NewRegistry(), ns: env.Namespace(t, "proxies", nil)}
-	auth, err := authn.New(authn.Config{LocalCluster: "Kubernetes",
-		Clusters: map[string]authn.TokenReviewer{"Kubernetes": authn.Reviewer{Client: env.Client.AuthenticationV1()}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.server, err = xds.New(xds.Config{Registerer: m.reg, SendTimeout: 500 * time.Millisecond}, src, auth, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	m.server.Register(g)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.addr = lis.Addr().String()
-	ctx, cancel := context.WithCancel(context.Background())
+	m := newMesh(t, xds.Config{SendTimeout: 500 * time.Millisecond}, src)
 	synced := make(chan struct{})
 	close(synced)
-	go func() { _ = m.server.Run(ctx, synced) }()
-	go func() { _ = g.Serve(lis) }()
-	t.Cleanup(func() { cancel(); g.Stop() })
+	m.run(t, synced)
 
 	// A small fixed window, so the ~1 MB first response cannot be buffered.
 	slow := dial(t, m.addr, grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))

@@ -61,22 +61,37 @@ func startMesh(t *testing.T, cfg xds.Config) *mesh {
 	if err != nil {
 		t.Fatal(err)
 	}
+	x := index.New(ambient.Config{})
+	m := newMesh(t, cfg, x)
+	w := kubeinput.New(kubeinput.Clients{Kube: env.Client, Istio: istio, Gateway: gw}, x, m.server.Changed, slog.New(slog.DiscardHandler))
+	m.run(t, w.Synced(), func(ctx context.Context) { _ = w.Run(ctx) })
+	return m
+}
+
+// newMesh builds an xDS server over source, authenticating with the API
+// server, for proxies of a fresh namespace (also the system namespace).
+func newMesh(t *testing.T, cfg xds.Config, source xds.Source) *mesh {
+	t.Helper()
 	m := &mesh{reg: prometheus.NewRegistry(), ns: env.Namespace(t, "proxies", nil)}
 	auth, err := authn.New(authn.Config{LocalCluster: "Kubernetes",
 		Clusters: map[string]authn.TokenReviewer{"Kubernetes": authn.Reviewer{Client: env.Client.AuthenticationV1()}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	x := index.New(ambient.Config{})
 	cfg.Registerer, cfg.SystemNamespace = m.reg, m.ns
 	if cfg.Quiet == 0 {
 		cfg.Quiet, cfg.MaxDelay = 10*time.Millisecond, 50*time.Millisecond
 	}
-	log := slog.New(slog.DiscardHandler)
-	if m.server, err = xds.New(cfg, x, auth, log); err != nil {
+	if m.server, err = xds.New(cfg, source, auth, slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
 	}
-	w := kubeinput.New(kubeinput.Clients{Kube: env.Client, Istio: istio, Gateway: gw}, x, m.server.Changed, log)
+	return m
+}
+
+// run serves the mesh on a loopback port until the test ends, loading
+// the tables once synced is closed; with runs alongside (the informers).
+func (m *mesh) run(t *testing.T, synced <-chan struct{}, with ...func(context.Context)) {
+	t.Helper()
 	g := grpc.NewServer()
 	m.server.Register(g)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -86,15 +101,16 @@ func startMesh(t *testing.T, cfg xds.Config) *mesh {
 	m.addr = lis.Addr().String()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Go(func() { _ = w.Run(ctx) })
-	wg.Go(func() { _ = m.server.Run(ctx, w.Synced()) })
+	for _, f := range with {
+		wg.Go(func() { f(ctx) })
+	}
+	wg.Go(func() { _ = m.server.Run(ctx, synced) })
 	wg.Go(func() { _ = g.Serve(lis) })
 	t.Cleanup(func() {
 		cancel()
 		g.Stop()
 		wg.Wait()
 	})
-	return m
 }
 
 func (m *mesh) token(t testing.TB) string {
