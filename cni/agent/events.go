@@ -9,7 +9,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/canopy-mesh/canopy/cni/pluginevent"
@@ -114,7 +113,7 @@ func (a *Agent) cmdDel(ctx context.Context, req pluginevent.Request) (plugineven
 	defer a.mu.Unlock()
 	if m := a.member(req); m != nil {
 		pod, err := a.kube.CoreV1().Pods(req.PodNamespace).Get(ctx, req.PodName, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) || err != nil {
+		if err != nil { // gone, or unreadable: un-enroll without touching it
 			pod = nil
 		}
 		a.unenrollPod(ctx, m, pod)

@@ -391,14 +391,14 @@ func (c *conn) encodeHeaders(fields [][2]string) []byte {
 func (c *conn) writeHeaders(id uint32, fields [][2]string, end bool) error {
 	return c.writeFrames(func() error {
 		block := c.encodeHeaders(fields)
-		if uint32(len(block)) > c.peerMaxFrameLocked() {
+		if uint32(len(block)) > c.peerMaxFrameSize() {
 			return fmt.Errorf("header block of %d bytes", len(block)) // HPACK state moved: fatal
 		}
 		return c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true, EndStream: end})
 	})
 }
 
-func (c *conn) peerMaxFrameLocked() uint32 {
+func (c *conn) peerMaxFrameSize() uint32 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.peerMaxFrame
