@@ -219,10 +219,25 @@ func TestPodToPodThroughHBONE(t *testing.T) {
 
 	t.Run("after a drain the pool reconnects", func(t *testing.T) {
 		allowOnly("cluster.local/ns/apps/sa/client")
+		inbound := func() int {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			return len(p.inbound)
+		}
+		if inbound() == 0 {
+			t.Fatal("no inbound HBONE connection to drain")
+		}
 		start := time.Now()
 		p.Drain(2 * time.Second) // no stream is open: returns at once
 		if took := time.Since(start); took > time.Second {
 			t.Errorf("Drain with no open stream took %v", took)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for inbound() != 0 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if n := inbound(); n != 0 {
+			t.Fatalf("%d inbound HBONE connections left after the drain", n)
 		}
 		if got, err := call(); got != "hello through the mesh" {
 			t.Errorf("call after the drain = %q, %v", got, err)
