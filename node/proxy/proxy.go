@@ -215,7 +215,8 @@ func (p *Proxy) inboundHBONE(raw net.Conn, pod *inpod.Pod, self *workloadapi.Wor
 		return
 	}
 	state := tc.(interface{ ConnectionState() tls.ConnectionState }).ConnectionState()
-	peer, err := peerIdentity(rawChain(state), p.Certs.Roots())
+	// The handshake verified the chain (serverTLS); only read the ID.
+	peer, err := leafIdentity(state.PeerCertificates[0])
 	if err != nil {
 		tc.Close()
 		return
@@ -245,14 +246,6 @@ func (p *Proxy) inboundHBONE(raw net.Conn, pod *inpod.Pod, self *workloadapi.Wor
 		delete(p.inbound, sc)
 		p.mu.Unlock()
 	}()
-}
-
-func rawChain(st tls.ConnectionState) [][]byte {
-	out := make([][]byte, len(st.PeerCertificates))
-	for i, c := range st.PeerCertificates {
-		out[i] = c.Raw
-	}
-	return out
 }
 
 func addrOf(a net.Addr) netip.Addr {

@@ -30,10 +30,15 @@ func peerIdentity(rawCerts [][]byte, roots *x509.CertPool) (workloadapi.Identity
 	if _, err := certs[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
 		return workloadapi.Identity{}, fmt.Errorf("verify peer chain: %w", err)
 	}
-	if len(certs[0].URIs) != 1 {
-		return workloadapi.Identity{}, fmt.Errorf("peer certificate has %d URI SANs, want one SPIFFE ID", len(certs[0].URIs))
+	return leafIdentity(certs[0])
+}
+
+// leafIdentity is the SPIFFE ID of a certificate already verified.
+func leafIdentity(c *x509.Certificate) (workloadapi.Identity, error) {
+	if len(c.URIs) != 1 {
+		return workloadapi.Identity{}, fmt.Errorf("peer certificate has %d URI SANs, want one SPIFFE ID", len(c.URIs))
 	}
-	return workloadapi.ParseIdentity(certs[0].URIs[0].String())
+	return workloadapi.ParseIdentity(c.URIs[0].String())
 }
 
 // clientTLS presents src's certificate and accepts only a server whose
