@@ -11,6 +11,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -149,19 +150,33 @@ func (p *Proxy) outbound(c net.Conn, pod *inpod.Pod, src *workloadapi.Workload) 
 	}
 	dstID := r.Identities[0]
 	addr := r.Addr.String()
-	cc, err := p.pool.get(ctx, poolKey{src: srcID, dst: dstID, addr: addr}, func(ctx context.Context) (net.Conn, error) {
+	key := poolKey{src: srcID, dst: dstID, addr: addr}
+	dial := func(ctx context.Context) (net.Conn, error) {
 		raw, err := pod.Dial(ctx, "tcp", addr)
 		if err != nil {
 			return nil, err
 		}
 		return hbone.ClientTLS(ctx, raw, clientTLS(cert.TLS(), p.Certs.Roots(), r.Identities))
-	})
-	if err != nil {
-		p.Log.Warn("HBONE connection failed", "to", addr, "err", err)
-		return
 	}
-	s, err := cc.Connect(ctx, r.Authority, p.headers(src, c.RemoteAddr()))
-	if err != nil {
+	headers := p.headers(src, c.RemoteAddr())
+	var s *hbone.Stream
+	for attempt := 0; ; attempt++ {
+		cc, err := p.pool.get(ctx, key, dial)
+		if err != nil {
+			p.Log.Warn("HBONE connection failed", "to", addr, "err", err)
+			return
+		}
+		if s, err = cc.Connect(ctx, r.Authority, headers); err == nil {
+			break
+		}
+		// A pooled connection the peer is closing (a drain, a restart)
+		// fails before the stream exists: try a fresh one, once. An
+		// answer from the peer (a status) is final.
+		var status *hbone.StatusError
+		if attempt == 0 && !errors.As(err, &status) {
+			_ = cc.Close()
+			continue
+		}
 		p.Log.Info("CONNECT refused", "to", dst.String(), "err", err)
 		return
 	}
