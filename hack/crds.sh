@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Copies the CRDs Canopy reads from the pinned API modules into deploy/crds
+# Copies the CRDs Canopy reads from the pinned API modules into deploy/charts/canopy/crds
 # (or the given directory): Istio's (istio.io/api) and the Gateway API's
 # Gateway and GatewayClass (sigs.k8s.io/gateway-api, standard channel).
 # Never edit them by hand: change the pins in go.mod and run make crds.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:-$root/deploy/crds}
+out=${1:-$root/deploy/charts/canopy/crds}
 cd "$root"
 dir() { go list -m -f '{{.Dir}}' "$1"; }
 istio=$(dir istio.io/api)

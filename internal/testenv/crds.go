@@ -18,25 +18,26 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 
-	"github.com/canopy-mesh/canopy/deploy/crds"
+	"github.com/canopy-mesh/canopy/deploy/charts"
 )
 
 var crdResource = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
-// installCRDs creates every CRD of deploy/crds and waits until the API
+// installCRDs creates every CRD of the chart (deploy/charts/canopy/crds) and waits until the API
 // server serves them.
 func installCRDs(ctx context.Context, cfg *rest.Config) error {
 	client, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		return err
 	}
-	files, err := fs.Glob(crds.FS, "*.yaml")
+	chart := charts.Canopy()
+	files, err := fs.Glob(chart, "crds/*.yaml")
 	if err != nil {
 		return err
 	}
 	var names []string
 	for _, f := range files {
-		b, err := crds.FS.ReadFile(f)
+		b, err := fs.ReadFile(chart, f)
 		if err != nil {
 			return err
 		}

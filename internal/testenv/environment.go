@@ -98,7 +98,7 @@ func (e *Environment) Processes() []Process {
 }
 
 // Start runs etcd, kube-apiserver and kube-controller-manager, installs the
-// CRDs of deploy/crds, and returns when the API server is ready, serves the
+// CRDs of the chart (deploy/charts/canopy/crds), and returns when the API server is ready, serves the
 // CRDs and the controllers have created the default service account. On error everything started is stopped again. An error
 // that wraps ErrUnavailable means a prerequisite is missing.
 func Start(ctx context.Context, opts Options) (_ *Environment, err error) {

@@ -1,6 +1,7 @@
-package crds
+package charts
 
 import (
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,7 +26,7 @@ func TestCRDsMatchPinnedModules(t *testing.T) {
 	}
 	for _, f := range fresh {
 		want, _ := os.ReadFile(f)
-		got, err := FS.ReadFile(filepath.Base(f))
+		got, err := fs.ReadFile(Canopy(), "crds/"+filepath.Base(f))
 		if err != nil {
 			t.Errorf("%s is not committed: run make crds", filepath.Base(f))
 			continue

@@ -1,0 +1,148 @@
+package chart_test
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
+
+	"github.com/canopy-mesh/canopy/deploy/charts"
+	"github.com/canopy-mesh/canopy/internal/chart"
+	"github.com/canopy-mesh/canopy/internal/kubeapply"
+	"github.com/canopy-mesh/canopy/internal/testenv"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+var env *testenv.Environment
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
+
+func render(t *testing.T, opts chart.Options) *chart.Rendered {
+	t.Helper()
+	r, err := chart.Render(charts.Canopy(), opts)
+	if err != nil {
+		t.Fatalf("render: %v", err)
+	}
+	return r
+}
+
+// TestRenderGolden pins what the default values render to, so a template
+// change shows up in review as a manifest diff.
+func TestRenderGolden(t *testing.T) {
+	r := render(t, chart.Options{Namespace: "istio-system", Version: "1.2.3"})
+	var b strings.Builder
+	for _, o := range r.Objects {
+		y, err := yaml.Marshal(o.Object)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.WriteString("---\n")
+		b.Write(y)
+	}
+	golden := filepath.Join("testdata", "default.golden.yaml")
+	if *update {
+		if err := os.WriteFile(golden, []byte(b.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run go test -update)", err)
+	}
+	if diff := cmp.Diff(string(want), b.String()); diff != "" {
+		t.Errorf("rendered chart differs from %s (-want +got; run go test -update if intended):\n%s", golden, diff)
+	}
+}
+
+func TestRenderShape(t *testing.T) {
+	r := render(t, chart.Options{Namespace: "canopy-system", Version: "v0.9.0", Set: []string{"image.hub=example/mesh"}})
+	var got []string
+	images := map[string]string{}
+	for _, o := range r.Objects {
+		got = append(got, kubeapply.Describe(o))
+		if o.GetKind() == "Deployment" || o.GetKind() == "DaemonSet" {
+			cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+			images[o.GetName()] = cs[0].(map[string]any)["image"].(string)
+		}
+	}
+	want := []string{
+		"ServiceAccount canopy-system/canopy-cni-agent",
+		"ServiceAccount canopy-system/canopy-controller",
+		"ServiceAccount canopy-system/canopy-node",
+		"ClusterRole canopy-cni-agent-canopy-system",
+		"ClusterRole canopy-controller-canopy-system",
+		"ClusterRoleBinding canopy-cni-agent-canopy-system",
+		"ClusterRoleBinding canopy-controller-canopy-system",
+		"Role canopy-system/canopy-controller",
+		"RoleBinding canopy-system/canopy-controller",
+		"Service canopy-system/canopy-controller",
+		"PodDisruptionBudget canopy-system/canopy-controller",
+		"Deployment canopy-system/canopy-controller",
+		"DaemonSet canopy-system/canopy-cni-agent",
+		"DaemonSet canopy-system/canopy-node",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("objects (-want +got):\n%s", diff)
+	}
+	wantImages := map[string]string{
+		"canopy-controller": "example/mesh/canopy-controller:v0.9.0",
+		"canopy-cni-agent":  "example/mesh/canopy-cni-agent:v0.9.0",
+		"canopy-node":       "example/mesh/canopy-node:v0.9.0",
+	}
+	if diff := cmp.Diff(wantImages, images); diff != "" {
+		t.Errorf("images (-want +got):\n%s", diff)
+	}
+	if len(r.CRDs) < 3 {
+		t.Errorf("%d CRDs, want Istio's and the Gateway API's", len(r.CRDs))
+	}
+}
+
+// TestBadValuesRejected: the schema turns mistakes away with the path of
+// the value, before anything reaches a cluster.
+func TestBadValuesRejected(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		set  string
+		want string
+	}{
+		{"unknown backend", "cniAgent.backend=ebpf", "/cniAgent/backend"},
+		{"bad duration", "controller.pushQuiet=fast", "/controller/pushQuiet"},
+		{"misspelt key", "node.certTtl=1h", "certTtl"},
+		{"zero replicas", "controller.replicas=0", "/controller/replicas"},
+		{"bad log level", "node.logLevel=trace", "/node/logLevel"},
+		{"relative CNI dir", "cniAgent.cniConfDir=etc/cni", "/cniAgent/cniConfDir"},
+		{"bad set syntax", "controller.replicas", "controller.replicas"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := chart.Render(charts.Canopy(), chart.Options{Namespace: "istio-system", Set: []string{tt.set}})
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Render(--set %s) = %v, want an error naming %q", tt.set, err, tt.want)
+			}
+		})
+	}
+	if _, err := chart.Render(charts.Canopy(), chart.Options{}); err == nil {
+		t.Error("Render without a namespace succeeded")
+	}
+}
+
+// TestAcceptedByAPIServer applies every rendered object and CRD as a
+// server-side dry run: schema, defaulting, validation and admission of a
+// real API server.
+func TestAcceptedByAPIServer(t *testing.T) {
+	testenv.Need(t, env)
+	ns := env.Namespace(t, "chart", nil)
+	r := render(t, chart.Options{Namespace: ns, Version: "0.0.0-test"})
+	a, err := kubeapply.New(env.Config, kubeapply.Options{DryRun: true, FieldManager: "chart-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Apply(t.Context(), append(r.CRDs, r.Objects...)); err != nil {
+		t.Fatal(err)
+	}
+}
