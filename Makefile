@@ -19,7 +19,7 @@ GOTESTP     ?= 2
 LDFLAGS := -s -w -X $(MODULE)/internal/version.version=$(VERSION)
 BINARIES := $(notdir $(patsubst %/,%,$(dir $(wildcard cmd/*/main.go))))
 
-.PHONY: all build deps tools demo demo-down crds test test-unit lint proto proto-check bench clean help
+.PHONY: all build images deps tools demo demo-down crds test test-unit lint proto proto-check bench clean help
 
 all: build
 
@@ -38,6 +38,9 @@ build: ## static binaries with version ldflags into $(OUT)
 		echo "build $$b"; \
 		CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(OUT)/$$b ./cmd/$$b; \
 	done
+
+images: build ## reproducible image tarballs (docker load, ctr images import) into $(OUT)/images, no Docker needed
+	$(GO) run ./hack/images --bin-dir $(OUT) --out $(OUT)/images --tag $(VERSION)
 
 # TOOLS_ENV points tests and the local cluster at the pinned third-party
 # binaries, building them first when the cache lacks them.
@@ -65,7 +68,7 @@ lint: ## gofmt, go vet and staticcheck (pinned as a Go tool)
 proto: deps ## regenerate workloadapi/ from proto/
 	hack/gen-proto.sh
 
-crds: ## copy the CRDs Canopy reads from the pinned API modules into deploy/crds
+crds: ## copy the CRDs Canopy reads from the pinned API modules into deploy/charts/canopy/crds
 	hack/crds.sh
 
 # Only packages that have benchmarks: others' TestMain would start test
