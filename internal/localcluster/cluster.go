@@ -96,6 +96,8 @@ type upper struct {
 	st      *State
 	client  kubernetes.Interface
 	apiPort int
+	// kubeletClientCA is what kubelets require of the API server.
+	kubeletClientCA string
 }
 
 func (u *upper) run(ctx context.Context) error {
@@ -132,6 +134,7 @@ func (u *upper) run(ctx context.Context) error {
 	}
 	u.client = env.Client
 	st.Kubeconfig, st.APIServer = env.KubeconfigPath, env.Config.Host
+	u.kubeletClientCA = env.KubeletClientCA
 	server, err := url.Parse(st.APIServer)
 	if err != nil {
 		return fmt.Errorf("parse API server URL: %w", err)
@@ -345,6 +348,10 @@ func (u *upper) startNode(ctx context.Context, i int) error {
 			// A CNI agent's DaemonSet installs itself through these
 			// paths, as on a real node.
 			HostPaths: map[string]string{"/etc/cni/net.d": confDir, "/opt/cni/bin": binDir},
+			// Where a CNI agent leaves its socket for the plugin.
+			CNIHostPaths: []string{"/var/run/canopy"},
+			// Logs and port-forward: the API server's client certificate.
+			ClientCAFile: u.kubeletClientCA,
 		},
 	}
 	b, err := json.MarshalIndent(kc, "", "  ")

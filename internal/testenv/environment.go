@@ -71,6 +71,9 @@ type Environment struct {
 	KubeconfigPath string
 	// ServiceAccountIssuer is the issuer of service-account tokens.
 	ServiceAccountIssuer string
+	// KubeletClientCA is the CA (PEM file) of the client certificate the
+	// API server presents to kubelets; kubelets require it.
+	KubeletClientCA string
 
 	dir        string
 	removeDir  bool
@@ -235,6 +238,11 @@ func (e *Environment) startAPIServer(ctx context.Context, path string, opts Opti
 		return err
 	}
 	certDir := filepath.Join(e.dir, "apiserver")
+	kubeletCA, kubeletCert, kubeletKey, err := writeKubeletClientCredentials(e.dir)
+	if err != nil {
+		return err
+	}
+	e.KubeletClientCA = kubeletCA
 	e.ServiceAccountIssuer = "https://kubernetes.default.svc.cluster.local"
 	p, err := e.start("kube-apiserver", path,
 		"--etcd-servers="+e.etcdClient,
@@ -249,6 +257,10 @@ func (e *Environment) startAPIServer(ctx context.Context, path string, opts Opti
 		"--service-account-issuer="+e.ServiceAccountIssuer,
 		"--service-cluster-ip-range="+opts.ServiceClusterIPRange,
 		"--allow-privileged=true",
+		"--kubelet-client-certificate="+kubeletCert,
+		"--kubelet-client-key="+kubeletKey,
+		// Nodes' host names resolve nowhere here.
+		"--kubelet-preferred-address-types=InternalIP",
 		// With no kubelets and a loopback address there is nothing for
 		// the "kubernetes" Service's endpoints to point at; newer
 		// releases refuse a loopback advertise address without this.

@@ -6,6 +6,7 @@ import (
 	"sort"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
 	cnitypes100 "github.com/containernetworking/cni/pkg/types/100"
 	corev1 "k8s.io/api/core/v1"
 )
@@ -18,9 +19,11 @@ type network struct {
 	confDir string
 }
 
-func newNetwork(confDir, binDir, cacheDir string) *network {
+// newNetwork runs plugins from binDir; exec, when not nil, runs them (nil
+// is libcni's own).
+func newNetwork(confDir, binDir, cacheDir string, exec invoke.Exec) *network {
 	return &network{
-		cni:     libcni.NewCNIConfigWithCacheDir([]string{binDir}, cacheDir, nil),
+		cni:     libcni.NewCNIConfigWithCacheDir([]string{binDir}, cacheDir, exec),
 		confDir: confDir,
 	}
 }

@@ -6,13 +6,16 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/invoke"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
@@ -23,6 +26,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 	"k8s.io/utils/ptr"
+
+	"github.com/canopy-mesh/canopy/internal/localcluster/containerinit"
+	"github.com/canopy-mesh/canopy/internal/netns"
 )
 
 // Config configures a Provider.
@@ -55,6 +61,14 @@ type Config struct {
 	// SharedHostPaths are used as they are; every other host path maps
 	// under <StateDir>/root.
 	HostPaths map[string]string
+	// CNIHostPaths are host paths CNI plugins see as this node's (mapped
+	// like hostPath volumes): where a CNI agent's DaemonSet leaves its
+	// socket for the plugin, say. Empty runs plugins as libcni does.
+	CNIHostPaths []string
+	// ClientCAFile, when set, makes the kubelet serve logs and
+	// port-forward on NodeIP:10250 over TLS to clients with a certificate
+	// from this CA (the API server's kubelet client certificate).
+	ClientCAFile string
 	// RestartBackoff is the first delay before restarting a container; it
 	// doubles up to MaxRestartBackoff. Defaults 1s and 30s: shorter than a
 	// kubelet's, for a development cluster.
@@ -133,9 +147,21 @@ func NewProvider(cfg Config) (*Provider, error) {
 	if cfg.SelfBinary == "" || !filepath.IsAbs(cfg.SelfBinary) {
 		return nil, fmt.Errorf("kubelet: SelfBinary %q must be an absolute path", cfg.SelfBinary)
 	}
+	var cniExec invoke.Exec
+	if len(cfg.CNIHostPaths) > 0 {
+		e := nodeViewExec{self: cfg.SelfBinary}
+		for _, hp := range cfg.CNIHostPaths {
+			src := cfg.hostPath(hp)
+			if err := os.MkdirAll(src, 0o755); err != nil {
+				return nil, fmt.Errorf("kubelet: node directory for %s: %w", hp, err)
+			}
+			e.mounts = append(e.mounts, containerinit.Mount{Source: src, Target: hp})
+		}
+		cniExec = e
+	}
 	p := &Provider{
 		cfg:  cfg,
-		net:  newNetwork(cfg.CNIConfDir, cfg.CNIBinDir, filepath.Join(cfg.StateDir, "cni-cache")),
+		net:  newNetwork(cfg.CNIConfDir, cfg.CNIBinDir, filepath.Join(cfg.StateDir, "cni-cache"), cniExec),
 		vols: volumeSource{client: cfg.Client},
 		log:  cfg.Log.With("component", "kubelet", "node", cfg.NodeName),
 		pods: map[string]*podRuntime{},
@@ -318,7 +344,46 @@ func (p *Provider) GetMetricsResource(context.Context) ([]*dto.MetricFamily, err
 	return nil, nil
 }
 
-// PortForward implements nodeutil.Provider; not supported yet.
-func (p *Provider) PortForward(context.Context, string, string, int32, io.ReadWriteCloser) error {
-	return errdefs.InvalidInput("port-forward is not supported by the local cluster yet")
+// PortForward implements nodeutil.Provider: it connects stream to port on
+// the pod's loopback, inside the pod's network namespace, as a container
+// runtime does (so ports bound to 127.0.0.1 are reachable too).
+func (p *Provider) PortForward(ctx context.Context, namespace, podName string, port int32, stream io.ReadWriteCloser) error {
+	defer stream.Close()
+	p.mu.Lock()
+	r, ok := p.pods[podKey(namespace, podName)]
+	p.mu.Unlock()
+	if !ok {
+		return errdefs.NotFoundf("pod %s/%s not found", namespace, podName)
+	}
+	r.mu.Lock()
+	path, hostNetwork := r.netnsPath, r.pod.Spec.HostNetwork
+	r.mu.Unlock()
+	var conn net.Conn
+	dial := func() error {
+		var err error
+		d := net.Dialer{Timeout: 5 * time.Second}
+		conn, err = d.DialContext(ctx, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port))))
+		return err
+	}
+	var err error
+	switch {
+	case hostNetwork:
+		err = dial() // the kubelet runs in the node's network namespace
+	case path == "":
+		return errdefs.InvalidInputf("pod %s/%s has no network namespace yet", namespace, podName)
+	default:
+		err = netns.Do(path, dial)
+	}
+	if err != nil {
+		return fmt.Errorf("port-forward to %s/%s:%d: %w", namespace, podName, port, err)
+	}
+	defer conn.Close()
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(conn, stream); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(stream, conn); done <- struct{}{} }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	return nil
 }
