@@ -2,10 +2,21 @@ package kubelet
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"fmt"
+	"math/big"
+	"net"
+	"net/http"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/virtual-kubelet/virtual-kubelet/node"
 	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
@@ -83,6 +94,35 @@ func kernelRelease() string {
 	return strings.TrimSpace(string(b))
 }
 
+// KubeletPort is where the kubelet serves logs and port-forward to the API
+// server, as a kubelet does.
+const KubeletPort = 10250
+
+// selfSignedServing is the kubelet's serving certificate. The API server
+// does not verify kubelets' certificates unless told a CA, so a
+// self-signed one serves (as a kubelet without serving-certificate
+// bootstrap has).
+func selfSignedServing(ip string) (tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		Subject:      pkix.Name{CommonName: "canopy-local-kubelet"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(365 * 24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IPAddresses:  []net.IP{net.ParseIP(ip)},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("kubelet serving certificate: %w", err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+}
+
 // Run registers the node and runs its pods until ctx ends. The node turns
 // Ready once virtual-kubelet's controllers run.
 func Run(ctx context.Context, cfg Config, info NodeInfo) error {
@@ -91,15 +131,37 @@ func Run(ctx context.Context, cfg Config, info NodeInfo) error {
 		return err
 	}
 	template := NodeTemplate(info)
-	n, err := nodeutil.NewNode(info.Name,
-		func(nodeutil.ProviderConfig) (nodeutil.Provider, node.NodeProvider, error) { return p, nil, nil },
+	opts := []nodeutil.NodeOpt{
 		nodeutil.WithClient(cfg.Client),
 		func(c *nodeutil.NodeConfig) error {
 			c.NodeSpec = *template
 			c.NumWorkers = 4
 			return nil
 		},
-	)
+	}
+	if cfg.ClientCAFile != "" {
+		serving, err := selfSignedServing(info.IP)
+		if err != nil {
+			return err
+		}
+		mux := http.NewServeMux()
+		template.Status.DaemonEndpoints.KubeletEndpoint.Port = KubeletPort
+		opts = append(opts,
+			nodeutil.WithTLSConfig(nodeutil.WithCAFromPath(cfg.ClientCAFile), func(c *tls.Config) error {
+				c.Certificates = []tls.Certificate{serving}
+				c.ClientAuth = tls.RequireAndVerifyClientCert
+				return nil
+			}),
+			nodeutil.AttachProviderRoutes(mux),
+			func(c *nodeutil.NodeConfig) error {
+				c.HTTPListenAddr = net.JoinHostPort(info.IP, strconv.Itoa(KubeletPort))
+				c.Handler = mux
+				return nil
+			})
+	}
+	n, err := nodeutil.NewNode(info.Name,
+		func(nodeutil.ProviderConfig) (nodeutil.Provider, node.NodeProvider, error) { return p, nil, nil },
+		opts...)
 	if err != nil {
 		return fmt.Errorf("create virtual-kubelet node: %w", err)
 	}
