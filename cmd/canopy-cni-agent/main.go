@@ -2,8 +2,9 @@
 // installs the canopy-cni plugin into the node's CNI chain and keeps it
 // there, enrolls the node's ambient pods (in-pod redirection, host probe
 // rules, ZDS to the node proxy) and keeps verifying them against the
-// kernel. With --uninstall it takes every pod out of the mesh, removes
-// itself from the node and exits.
+// kernel. With --uninstall, or when it stops because its DaemonSet is being
+// deleted, it takes every pod out of the mesh and removes itself from the
+// node.
 package main
 
 import (
@@ -17,11 +18,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/canopy-mesh/canopy/cni/agent"
@@ -50,6 +54,7 @@ type config struct {
 	monitorAddr     string
 	hostNetns       string
 	uninstall       bool
+	podName, podNS  string
 	logLevel        slog.Level
 	enroll          enroll.Config
 }
@@ -72,6 +77,8 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.monitorAddr, "monitoring-addr", ":15024", "address of /metrics, /healthz and /readyz")
 	fs.StringVar(&c.hostNetns, "host-netns", "", "netns path of the node's host rules (default: the agent's own)")
 	fs.BoolVar(&c.uninstall, "uninstall", false, "take every pod of the node out of the mesh, remove the plugin and the host rules, and exit")
+	fs.StringVar(&c.podName, "pod-name", os.Getenv("POD_NAME"), "this agent's pod: when its DaemonSet is being deleted, stopping uninstalls (default $POD_NAME)")
+	fs.StringVar(&c.podNS, "pod-namespace", os.Getenv("POD_NAMESPACE"), "this agent's namespace (default $POD_NAMESPACE)")
 	fs.StringVar(&c.enroll.SystemNamespace, "system-namespace", "istio-system", "namespace of the node proxy pods (never enrolled)")
 	excluded := fs.String("excluded-namespaces", "kube-system", "comma-separated namespaces never enrolled")
 	fs.BoolVar(&c.enroll.DNSCapture, "dns-capture", true, "redirect pods' DNS to the node proxy unless a pod's annotation says otherwise")
@@ -153,7 +160,37 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		return uninstall(ctx, a, installer, log)
 	}
 
-	g, ctx := errgroup.WithContext(ctx)
+	// The loop outlives the signal by a moment: stopping must first ask
+	// whether the DaemonSet is being deleted, and then take the node out
+	// of the mesh with the rules still verified.
+	signalled := ctx
+	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopRun()
+	g, ctx := errgroup.WithContext(runCtx)
+	var removing atomic.Bool
+	g.Go(func() error {
+		select {
+		case <-signalled.Done():
+		case <-ctx.Done():
+			return nil
+		}
+		defer stopRun()
+		checkCtx, cancel := context.WithTimeout(runCtx, 5*time.Second)
+		defer cancel()
+		gone, err := daemonSetRemoved(checkCtx, kube, cfg.podNS, cfg.podName)
+		if err != nil {
+			log.Warn("cannot tell whether the DaemonSet is being deleted; staying installed", "err", err)
+			return nil
+		}
+		if gone {
+			log.Info("the DaemonSet is being deleted: taking the node out of the mesh")
+			removing.Store(true)
+			if err := installer.Uninstall(); err != nil {
+				log.Error("remove the plugin", "err", err)
+			}
+		}
+		return nil
+	})
 	if err := installer.Install(); err != nil && !errors.Is(err, install.ErrNoPrimary) {
 		return fmt.Errorf("install the plugin: %w", err)
 	}
@@ -186,7 +223,41 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	})
 	httpserve.Run(ctx, g, "monitoring", "tcp", cfg.monitorAddr, monitor, log)
 	log.Info("canopy-cni-agent started", "node", cfg.nodeName, "backend", backend.Name(), "probe_uid", uid, "version", version.Get())
-	return g.Wait()
+	err = g.Wait()
+	if removing.Load() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(runCtx), 30*time.Second)
+		defer cancel()
+		if uerr := a.Uninstall(ctx); uerr != nil {
+			return errors.Join(err, fmt.Errorf("un-enroll: %w", uerr))
+		}
+		log.Info("uninstalled: every pod of the node is out of the mesh")
+	}
+	return err
+}
+
+// daemonSetRemoved reports whether the DaemonSet that owns this pod is gone
+// or being deleted (an uninstall), as opposed to the pod alone being
+// replaced (an upgrade, a drain), which must leave pods enrolled.
+func daemonSetRemoved(ctx context.Context, kube kubernetes.Interface, namespace, name string) (bool, error) {
+	if namespace == "" || name == "" {
+		return false, errors.New("no --pod-name and --pod-namespace")
+	}
+	pod, err := kube.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return false, fmt.Errorf("get own pod: %w", err)
+	}
+	owner := metav1.GetControllerOf(pod)
+	if owner == nil || owner.Kind != "DaemonSet" {
+		return false, nil
+	}
+	ds, err := kube.AppsV1().DaemonSets(namespace).Get(ctx, owner.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("get DaemonSet %s: %w", owner.Name, err)
+	}
+	return ds.DeletionTimestamp != nil || ds.UID != owner.UID, nil
 }
 
 // uninstall takes the node out of the mesh: the plugin out of the chain

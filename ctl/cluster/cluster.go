@@ -1,0 +1,173 @@
+// Package cluster is how canopyctl reaches a cluster: the kubeconfig and
+// context a user chose, Canopy's pods found by label, and their ports
+// reached the way kubectl port-forward does (through the API server and
+// the kubelet), so that loopback-only admin ports work and nothing but the
+// API server needs to be reachable.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/portforward"
+	"k8s.io/client-go/transport/spdy"
+)
+
+// Well-known pod labels and ports of Canopy's components.
+const (
+	ControllerApp  = "canopy-controller"
+	NodeProxyApp   = "canopy-node"
+	CNIAgentApp    = "canopy-cni-agent"
+	MonitoringPort = 15014 // the controller's debug and status views
+	NodeAdminPort  = 15000 // the node proxy's config_dump, loopback only
+)
+
+// Cluster is a connection to one cluster.
+type Cluster struct {
+	Config *rest.Config
+	Client kubernetes.Interface
+}
+
+// Connect loads kubeconfig (empty: $KUBECONFIG, else ~/.kube/config) with
+// the named context (empty: the current one).
+func Connect(kubeconfig, kubeContext string) (*Cluster, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = kubeconfig
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: kubeContext}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("load kubeconfig: %w (set --kubeconfig or KUBECONFIG)", err)
+	}
+	cfg.UserAgent = "canopyctl"
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return &Cluster{Config: cfg, Client: client}, nil
+}
+
+// Pods lists the pods of a component (its "app" label) in namespace,
+// ready ones first, then by name. No pod is an error that says what to do.
+func (c *Cluster) Pods(ctx context.Context, namespace, app string) ([]corev1.Pod, error) {
+	list, err := c.Client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + app})
+	if err != nil {
+		return nil, fmt.Errorf("list %s pods in namespace %s: %w", app, namespace, err)
+	}
+	if len(list.Items) == 0 {
+		return nil, fmt.Errorf("no %s found in namespace %s: run canopyctl install, or pass --istio-namespace", app, namespace)
+	}
+	pods := list.Items
+	slices.SortFunc(pods, func(a, b corev1.Pod) int {
+		if ra, rb := Ready(&a), Ready(&b); ra != rb {
+			if ra {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return pods, nil
+}
+
+// ReadyPod is the first ready pod of a component.
+func (c *Cluster) ReadyPod(ctx context.Context, namespace, app string) (*corev1.Pod, error) {
+	pods, err := c.Pods(ctx, namespace, app)
+	if err != nil {
+		return nil, err
+	}
+	if !Ready(&pods[0]) {
+		return nil, fmt.Errorf("no ready %s pod in namespace %s (%d not ready): see kubectl -n %s describe pod %s", app, namespace, len(pods), namespace, pods[0].Name)
+	}
+	return &pods[0], nil
+}
+
+// Ready reports the pod's Ready condition.
+func Ready(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// Get fetches path from port of a pod through a port-forward and returns
+// the body of a 200 response.
+func (c *Cluster) Get(ctx context.Context, pod *corev1.Pod, port int, path string) ([]byte, error) {
+	local, stop, err := c.forward(ctx, pod, port)
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+local+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s of %s/%s:%d: %w", path, pod.Namespace, pod.Name, port, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	if err != nil {
+		return nil, fmt.Errorf("read %s of %s/%s: %w", path, pod.Namespace, pod.Name, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s of %s/%s:%d: %s: %s", path, pod.Namespace, pod.Name, port, resp.Status, strings.TrimSpace(string(body)))
+	}
+	return body, nil
+}
+
+// forward opens a port-forward to the pod's port on an ephemeral local
+// port and returns its address and how to close it.
+func (c *Cluster) forward(ctx context.Context, pod *corev1.Pod, port int) (string, func(), error) {
+	transport, upgrader, err := spdy.RoundTripperFor(c.Config)
+	if err != nil {
+		return "", nil, fmt.Errorf("port-forward transport: %w", err)
+	}
+	u, err := url.Parse(c.Config.Host)
+	if err != nil {
+		return "", nil, fmt.Errorf("API server URL: %w", err)
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/") + fmt.Sprintf("/api/v1/namespaces/%s/pods/%s/portforward", pod.Namespace, pod.Name)
+	dialer := spdy.NewDialer(upgrader, &http.Client{Transport: transport}, http.MethodPost, u)
+	stop, ready := make(chan struct{}), make(chan struct{})
+	var errOut strings.Builder
+	fw, err := portforward.NewOnAddresses(dialer, []string{"127.0.0.1"}, []string{"0:" + strconv.Itoa(port)}, stop, ready, io.Discard, &errOut)
+	if err != nil {
+		return "", nil, fmt.Errorf("port-forward to %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- fw.ForwardPorts() }()
+	select {
+	case <-ready:
+	case err := <-done:
+		if err == nil {
+			err = errors.New("closed before it was ready")
+		}
+		return "", nil, fmt.Errorf("port-forward to %s/%s:%d: %w", pod.Namespace, pod.Name, port, err)
+	case <-ctx.Done():
+		close(stop)
+		return "", nil, ctx.Err()
+	}
+	ports, err := fw.GetPorts()
+	if err != nil || len(ports) == 0 {
+		close(stop)
+		return "", nil, fmt.Errorf("port-forward to %s/%s: no local port: %v", pod.Namespace, pod.Name, err)
+	}
+	return "127.0.0.1:" + strconv.Itoa(int(ports[0].Local)), func() { close(stop); <-done }, nil
+}
