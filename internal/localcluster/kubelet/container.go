@@ -117,7 +117,9 @@ func (r *podRuntime) command(c *corev1.Container) (*exec.Cmd, *os.File, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	cmd.Env = r.envFor(c)
+	if cmd.Env, err = r.envFor(r.ctx, c); err != nil {
+		return nil, nil, err
+	}
 	logFile, err := os.OpenFile(r.logPath(c.Name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, nil, fmt.Errorf("open log: %w", err)

@@ -136,6 +136,10 @@ func Run(ctx context.Context, cfg Config, info NodeInfo) error {
 		func(c *nodeutil.NodeConfig) error {
 			c.NodeSpec = *template
 			c.NumWorkers = 4
+			// The provider resolves environment references itself, when
+			// a container starts: virtual-kubelet's resolution, done
+			// before, knows no pod IP and fails on status.podIP.
+			c.SkipDownwardAPIResolution = true
 			return nil
 		},
 	}

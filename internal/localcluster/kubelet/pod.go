@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -429,8 +430,10 @@ func (p *Provider) cleanupLeftovers(ctx context.Context) error {
 }
 
 // envFor returns a container's environment: what a kubelet injects, then
-// the container's own variables (already resolved by virtual-kubelet).
-func (r *podRuntime) envFor(c *corev1.Container) []string {
+// envFrom, then the container's own variables with their references
+// resolved (downward API fields, including the pod's IP, ConfigMap and
+// Secret keys), as a kubelet resolves them when the container starts.
+func (r *podRuntime) envFor(ctx context.Context, c *corev1.Container) ([]string, error) {
 	cfg := r.p.cfg
 	env := []string{
 		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -443,12 +446,31 @@ func (r *podRuntime) envFor(c *corev1.Container) []string {
 			"KUBERNETES_SERVICE_PORT_HTTPS="+cfg.APIServicePort,
 		)
 	}
-	for _, e := range c.Env {
-		if e.ValueFrom == nil {
-			env = append(env, e.Name+"="+e.Value)
+	for _, from := range c.EnvFrom {
+		data, err := r.p.vols.envSource(ctx, r.pod.Namespace, from)
+		if err != nil {
+			return nil, err
+		}
+		keys := make([]string, 0, len(data))
+		for k := range data {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			env = append(env, from.Prefix+k+"="+data[k])
 		}
 	}
-	return env
+	r.mu.Lock()
+	ips := r.ips
+	r.mu.Unlock()
+	for _, e := range c.Env {
+		v, err := r.p.vols.envValue(ctx, r.pod, ips, cfg.NodeIP, e)
+		if err != nil {
+			return nil, fmt.Errorf("environment variable %s: %w", e.Name, err)
+		}
+		env = append(env, e.Name+"="+v)
+	}
+	return env, nil
 }
 
 // imageProgram finds the program an image runs, by repository.

@@ -309,3 +309,100 @@ func containerMounts(c *corev1.Container, volumes map[string]string) ([]containe
 	}
 	return out, nil
 }
+
+// envValue resolves one environment variable of a container in pod, whose
+// IPs are ips, on a node at hostIP.
+func (v volumeSource) envValue(ctx context.Context, pod *corev1.Pod, ips []string, hostIP string, e corev1.EnvVar) (string, error) {
+	from := e.ValueFrom
+	switch {
+	case from == nil:
+		return e.Value, nil
+	case from.FieldRef != nil:
+		switch path := from.FieldRef.FieldPath; path {
+		case "status.podIP":
+			if len(ips) == 0 {
+				return "", nil
+			}
+			return ips[0], nil
+		case "status.podIPs":
+			return strings.Join(ips, ","), nil
+		case "status.hostIP", "status.hostIPs":
+			return hostIP, nil
+		default:
+			if key, ok := subscript(path, "metadata.labels"); ok {
+				return pod.Labels[key], nil
+			}
+			if key, ok := subscript(path, "metadata.annotations"); ok {
+				return pod.Annotations[key], nil
+			}
+			return fieldValue(pod, path)
+		}
+	case from.ConfigMapKeyRef != nil:
+		ref := from.ConfigMapKeyRef
+		cm, err := v.client.CoreV1().ConfigMaps(pod.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+		if err != nil {
+			if apierrors.IsNotFound(err) && ptrValue(ref.Optional) {
+				return "", nil
+			}
+			return "", fmt.Errorf("ConfigMap %s: %w", ref.Name, err)
+		}
+		val, ok := cm.Data[ref.Key]
+		if !ok && !ptrValue(ref.Optional) {
+			return "", fmt.Errorf("ConfigMap %s has no key %s", ref.Name, ref.Key)
+		}
+		return val, nil
+	case from.SecretKeyRef != nil:
+		ref := from.SecretKeyRef
+		s, err := v.client.CoreV1().Secrets(pod.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+		if err != nil {
+			if apierrors.IsNotFound(err) && ptrValue(ref.Optional) {
+				return "", nil
+			}
+			return "", fmt.Errorf("Secret %s: %w", ref.Name, err)
+		}
+		val, ok := s.Data[ref.Key]
+		if !ok && !ptrValue(ref.Optional) {
+			return "", fmt.Errorf("Secret %s has no key %s", ref.Name, ref.Key)
+		}
+		return string(val), nil
+	}
+	return "", fmt.Errorf("unsupported valueFrom (the local cluster resolves fieldRef, configMapKeyRef and secretKeyRef)")
+}
+
+// subscript reads metadata.labels['key'] and the like.
+func subscript(path, field string) (string, bool) {
+	rest, ok := strings.CutPrefix(path, field+"['")
+	if !ok || !strings.HasSuffix(rest, "']") {
+		return "", false
+	}
+	return strings.TrimSuffix(rest, "']"), true
+}
+
+// envSource reads an envFrom source: a ConfigMap's or Secret's data.
+func (v volumeSource) envSource(ctx context.Context, namespace string, from corev1.EnvFromSource) (map[string]string, error) {
+	out := map[string]string{}
+	switch {
+	case from.ConfigMapRef != nil:
+		cm, err := v.client.CoreV1().ConfigMaps(namespace).Get(ctx, from.ConfigMapRef.Name, metav1.GetOptions{})
+		if err != nil {
+			if apierrors.IsNotFound(err) && ptrValue(from.ConfigMapRef.Optional) {
+				return out, nil
+			}
+			return nil, fmt.Errorf("envFrom ConfigMap %s: %w", from.ConfigMapRef.Name, err)
+		}
+		return cm.Data, nil
+	case from.SecretRef != nil:
+		s, err := v.client.CoreV1().Secrets(namespace).Get(ctx, from.SecretRef.Name, metav1.GetOptions{})
+		if err != nil {
+			if apierrors.IsNotFound(err) && ptrValue(from.SecretRef.Optional) {
+				return out, nil
+			}
+			return nil, fmt.Errorf("envFrom Secret %s: %w", from.SecretRef.Name, err)
+		}
+		for k, b := range s.Data {
+			out[k] = string(b)
+		}
+		return out, nil
+	}
+	return out, nil
+}

@@ -1,0 +1,308 @@
+package ctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/yaml"
+
+	"github.com/canopy-mesh/canopy/ctl/cluster"
+	"github.com/canopy-mesh/canopy/deploy/charts"
+	"github.com/canopy-mesh/canopy/internal/chart"
+	"github.com/canopy-mesh/canopy/internal/kubeapply"
+)
+
+// InstallOptions are canopyctl install's flags.
+type InstallOptions struct {
+	Namespace string
+	// Version is the image tag and chart appVersion.
+	Version     string
+	ValuesFiles []string
+	Set         []string
+	SkipCRDs    bool
+	// DryRun prints the manifests instead of applying them.
+	DryRun bool
+	// Wait bounds the wait for readiness; zero does not wait.
+	Wait time.Duration
+}
+
+// RenderChart renders the embedded chart with the options' values.
+func RenderChart(opts InstallOptions) (*chart.Rendered, error) {
+	vals := map[string]any{}
+	for _, f := range opts.ValuesFiles {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("values file: %w", err)
+		}
+		v, err := chart.ParseValues(b)
+		if err != nil {
+			return nil, fmt.Errorf("values file %s: %w", f, err)
+		}
+		vals = mergeValues(vals, v)
+	}
+	return chart.Render(charts.Canopy(), chart.Options{Namespace: opts.Namespace, Version: opts.Version, Values: vals, Set: opts.Set})
+}
+
+// Install renders the chart, applies it and waits until the controller
+// and every DaemonSet pod are ready, printing progress to w.
+func Install(ctx context.Context, c *cluster.Cluster, opts InstallOptions, w io.Writer) error {
+	r, err := RenderChart(opts)
+	if err != nil {
+		return err
+	}
+	if opts.DryRun {
+		return printManifests(w, r, opts.SkipCRDs)
+	}
+	if err := ensureNamespace(ctx, c, opts.Namespace); err != nil {
+		return err
+	}
+	a, err := kubeapply.New(c.Config, kubeapply.Options{})
+	if err != nil {
+		return err
+	}
+	if !opts.SkipCRDs {
+		fmt.Fprintf(w, "applying %d CRDs\n", len(r.CRDs))
+		if err := a.Apply(ctx, r.CRDs); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(w, "applying %d objects to namespace %s\n", len(r.Objects), opts.Namespace)
+	if err := a.Apply(ctx, r.Objects); err != nil {
+		return err
+	}
+	if opts.Wait <= 0 {
+		return nil
+	}
+	return WaitReady(ctx, c, opts.Namespace, opts.Wait, w)
+}
+
+// WaitReady waits until every Deployment and DaemonSet of Canopy in
+// namespace has all its pods updated and ready, printing a line whenever
+// the picture changes. On timeout it says which pods are not ready, and
+// why as far as their status tells.
+func WaitReady(ctx context.Context, c *cluster.Cluster, namespace string, timeout time.Duration, w io.Writer) error {
+	last := ""
+	err := wait.PollUntilContextTimeout(ctx, time.Second, timeout, true, func(ctx context.Context) (bool, error) {
+		line, done, err := readiness(ctx, c, namespace)
+		if err != nil {
+			if ctx.Err() != nil {
+				return false, nil // the timeout, reported below
+			}
+			return false, err
+		}
+		if line != last {
+			fmt.Fprintf(w, "  %s\n", line)
+			last = line
+		}
+		return done, nil
+	})
+	if err == nil {
+		fmt.Fprintln(w, "Canopy is ready")
+		return nil
+	}
+	if ctx.Err() == nil && (errors.Is(err, context.DeadlineExceeded) || wait.Interrupted(err)) {
+		return fmt.Errorf("not ready after %s:\n%s", timeout, notReadyReport(context.WithoutCancel(ctx), c, namespace))
+	}
+	return err
+}
+
+// readiness summarizes Canopy's workloads: "canopy-controller 1/1 ready ·
+// canopy-cni-agent 2/2 nodes · canopy-node 1/2 nodes".
+func readiness(ctx context.Context, c *cluster.Cluster, ns string) (string, bool, error) {
+	deps, err := c.Client.AppsV1().Deployments(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/part-of=canopy"})
+	if err != nil {
+		return "", false, fmt.Errorf("list Deployments: %w", err)
+	}
+	dss, err := c.Client.AppsV1().DaemonSets(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/part-of=canopy"})
+	if err != nil {
+		return "", false, fmt.Errorf("list DaemonSets: %w", err)
+	}
+	if len(deps.Items) == 0 && len(dss.Items) == 0 {
+		return "", false, fmt.Errorf("no Canopy Deployment or DaemonSet in namespace %s: run canopyctl install", ns)
+	}
+	var parts []string
+	done := true
+	for _, d := range deps.Items {
+		want := int32(1)
+		if d.Spec.Replicas != nil {
+			want = *d.Spec.Replicas
+		}
+		ok := deploymentReady(&d, want)
+		done = done && ok
+		parts = append(parts, fmt.Sprintf("%s %d/%d ready", d.Name, d.Status.ReadyReplicas, want))
+	}
+	for _, d := range dss.Items {
+		ok := daemonSetReady(&d)
+		done = done && ok
+		parts = append(parts, fmt.Sprintf("%s %d/%d nodes", d.Name, d.Status.NumberReady, d.Status.DesiredNumberScheduled))
+	}
+	return strings.Join(parts, " · "), done, nil
+}
+
+func deploymentReady(d *appsv1.Deployment, want int32) bool {
+	return d.Status.ObservedGeneration >= d.Generation && d.Status.UpdatedReplicas == want &&
+		d.Status.ReadyReplicas == want && d.Status.Replicas == want
+}
+
+func daemonSetReady(d *appsv1.DaemonSet) bool {
+	s := d.Status
+	return s.ObservedGeneration >= d.Generation && s.DesiredNumberScheduled > 0 &&
+		s.UpdatedNumberScheduled == s.DesiredNumberScheduled && s.NumberReady == s.DesiredNumberScheduled
+}
+
+// notReadyReport lists Canopy's pods that are not ready with the reason
+// their status gives.
+func notReadyReport(ctx context.Context, c *cluster.Cluster, ns string) string {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	pods, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/part-of=canopy"})
+	if err != nil {
+		return "  (cannot list pods: " + err.Error() + ")"
+	}
+	var b strings.Builder
+	for _, p := range pods.Items {
+		if cluster.Ready(&p) {
+			continue
+		}
+		fmt.Fprintf(&b, "  %s on %s: %s (kubectl -n %s logs %s)\n", p.Name, orNone(p.Spec.NodeName), podProblem(&p), ns, p.Name)
+	}
+	if b.Len() == 0 {
+		return "  every pod is ready; a rollout is still in progress"
+	}
+	return b.String()
+}
+
+func podProblem(p *corev1.Pod) string {
+	for _, cs := range p.Status.ContainerStatuses {
+		switch {
+		case cs.State.Waiting != nil:
+			return fmt.Sprintf("%s: %s %s", cs.Name, cs.State.Waiting.Reason, cs.State.Waiting.Message)
+		case cs.State.Terminated != nil:
+			return fmt.Sprintf("%s: exited %d (%s)", cs.Name, cs.State.Terminated.ExitCode, cs.State.Terminated.Reason)
+		case !cs.Ready:
+			return fmt.Sprintf("%s: running, readiness probe failing (restarts %d)", cs.Name, cs.RestartCount)
+		}
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Status != corev1.ConditionTrue && c.Message != "" {
+			return c.Message
+		}
+	}
+	return string(p.Status.Phase)
+}
+
+// UninstallOptions are canopyctl uninstall's flags.
+type UninstallOptions struct {
+	Namespace string
+	// RemoveCRDs also deletes the CRDs, and with them every Istio
+	// resource in the cluster; off by default.
+	RemoveCRDs bool
+	Wait       time.Duration
+}
+
+// Uninstall removes Canopy. The CNI agents go first: deleting their
+// DaemonSet makes each take its node's pods out of the mesh (rules, node
+// proxy, annotations) while the node proxies and RBAC still exist; then
+// the rest of the chart is deleted.
+func Uninstall(ctx context.Context, c *cluster.Cluster, opts UninstallOptions, w io.Writer) error {
+	r, err := RenderChart(InstallOptions{Namespace: opts.Namespace})
+	if err != nil {
+		return err
+	}
+	a, err := kubeapply.New(c.Config, kubeapply.Options{})
+	if err != nil {
+		return err
+	}
+	agents := slices.DeleteFunc(slices.Clone(r.Objects), func(o *unstructured.Unstructured) bool {
+		return o.GetKind() != "DaemonSet" || o.GetName() != cluster.CNIAgentApp
+	})
+	fmt.Fprintln(w, "taking pods out of the mesh: deleting the CNI agents")
+	if err := a.Delete(ctx, agents); err != nil {
+		return err
+	}
+	err = wait.PollUntilContextTimeout(ctx, time.Second, opts.Wait, true, func(ctx context.Context) (bool, error) {
+		pods, err := c.Client.CoreV1().Pods(opts.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + cluster.CNIAgentApp})
+		if err != nil {
+			return false, err
+		}
+		return len(pods.Items) == 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("CNI agents still running after %s (their pods may still be enrolled): %w", opts.Wait, err)
+	}
+	fmt.Fprintf(w, "deleting the rest of Canopy from namespace %s\n", opts.Namespace)
+	if err := a.Delete(ctx, r.Objects); err != nil {
+		return err
+	}
+	if opts.RemoveCRDs {
+		fmt.Fprintln(w, "deleting the CRDs")
+		if err := a.Delete(ctx, r.CRDs); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintln(w, "Canopy is uninstalled")
+	return nil
+}
+
+func ensureNamespace(ctx context.Context, c *cluster.Cluster, ns string) error {
+	_, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create namespace %s: %w", ns, err)
+	}
+	return nil
+}
+
+func printManifests(w io.Writer, r *chart.Rendered, skipCRDs bool) error {
+	objs := r.Objects
+	if !skipCRDs {
+		objs = append(slices.Clone(r.CRDs), objs...)
+	}
+	for _, o := range objs {
+		b, err := yaml.Marshal(o.Object)
+		if err != nil {
+			return err
+		}
+		if _, err := fmt.Fprintf(w, "---\n%s", b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// mergeValues merges b over a, recursing into maps (as helm merges values
+// files).
+func mergeValues(a, b map[string]any) map[string]any {
+	out := make(map[string]any, len(a))
+	for k, v := range a {
+		out[k] = v
+	}
+	for k, v := range b {
+		if bm, ok := v.(map[string]any); ok {
+			if am, ok := out[k].(map[string]any); ok {
+				out[k] = mergeValues(am, bm)
+				continue
+			}
+		}
+		out[k] = v
+	}
+	return out
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "<unscheduled>"
+	}
+	return s
+}
