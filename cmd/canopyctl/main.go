@@ -7,6 +7,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -51,8 +52,157 @@ func newRootCommand() *cobra.Command {
 	pf.StringVar(&g.kubeconfig, "kubeconfig", "", "kubeconfig file (default $KUBECONFIG, else ~/.kube/config)")
 	pf.StringVar(&g.context, "context", "", "kubeconfig context (default the current one)")
 	pf.StringVarP(&g.namespace, "istio-namespace", "i", "istio-system", "namespace Canopy runs in")
-	root.AddCommand(installCommand(g), uninstallCommand(g), versionCommand(g))
+	root.AddCommand(workloadsCommand(g), servicesCommand(g), policiesCommand(g), certificatesCommand(g),
+		proxyStatusCommand(g), configDumpCommand(g), trafficCommand(g),
+		installCommand(g), uninstallCommand(g), versionCommand(g))
 	return root
+}
+
+// run connects and calls a command function; -o values are checked first
+// so a typo costs no round trip.
+func run(g *globals, output string, fn func(ctx context.Context, c *cluster.Cluster, o ctl.Output) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, _ []string) error {
+		o, err := ctl.ParseOutput(output)
+		if err != nil {
+			return err
+		}
+		c, err := g.connect()
+		if err != nil {
+			return err
+		}
+		return fn(cmd.Context(), c, o)
+	}
+}
+
+func workloadsCommand(g *globals) *cobra.Command {
+	var opts ctl.WorkloadsOptions
+	var output string
+	cmd := &cobra.Command{
+		Use:     "workloads",
+		Aliases: []string{"w", "workload"},
+		Short:   "List the mesh's workloads: address, node, waypoint and whether HBONE carries their traffic",
+		Args:    cobra.NoArgs,
+	}
+	cmd.RunE = func(c *cobra.Command, args []string) error {
+		return run(g, output, func(ctx context.Context, cl *cluster.Cluster, o ctl.Output) error {
+			opts.Namespace, opts.Output = g.namespace, o
+			return ctl.Workloads(ctx, cl, opts, c.OutOrStdout())
+		})(c, args)
+	}
+	f := cmd.Flags()
+	f.StringVarP(&opts.Filter.Namespace, "namespace", "n", "", "only workloads of this namespace")
+	f.StringVar(&opts.Filter.Node, "node", "", "only workloads on this node")
+	f.BoolVar(&opts.Filter.AmbientOnly, "ambient-only", false, "only workloads in the mesh (protocol HBONE)")
+	f.StringVar(&opts.Proxy, "proxy", "", "read this canopy-node pod's view (default: any ready one)")
+	f.StringVarP(&output, "output", "o", "", "wide, json or yaml")
+	return cmd
+}
+
+func servicesCommand(g *globals) *cobra.Command {
+	return listCommand(g, "services", []string{"svc", "service"}, "List the mesh's services: VIPs, waypoint, healthy endpoints", ctl.Services)
+}
+
+func policiesCommand(g *globals) *cobra.Command {
+	return listCommand(g, "policies", []string{"policy"}, "List the authorization policies node proxies enforce", ctl.Policies)
+}
+
+func listCommand(g *globals, use string, aliases []string, short string,
+	fn func(context.Context, *cluster.Cluster, ctl.ListOptions, io.Writer) error) *cobra.Command {
+	var opts ctl.ListOptions
+	var output string
+	cmd := &cobra.Command{Use: use, Aliases: aliases, Short: short, Args: cobra.NoArgs}
+	cmd.RunE = func(c *cobra.Command, args []string) error {
+		return run(g, output, func(ctx context.Context, cl *cluster.Cluster, o ctl.Output) error {
+			opts.Namespace, opts.Output = g.namespace, o
+			return fn(ctx, cl, opts, c.OutOrStdout())
+		})(c, args)
+	}
+	f := cmd.Flags()
+	f.StringVarP(&opts.Filter, "namespace", "n", "", "only this namespace")
+	f.StringVar(&opts.Proxy, "proxy", "", "read this canopy-node pod's view (default: any ready one)")
+	f.StringVarP(&output, "output", "o", "", "json or yaml")
+	return cmd
+}
+
+func certificatesCommand(g *globals) *cobra.Command {
+	var opts ctl.CertificatesOptions
+	var output string
+	cmd := &cobra.Command{
+		Use:     "certificates",
+		Aliases: []string{"certs", "certificate"},
+		Short:   "List each node proxy's workload certificates and when they expire",
+		Args:    cobra.NoArgs,
+	}
+	cmd.RunE = func(c *cobra.Command, args []string) error {
+		return run(g, output, func(ctx context.Context, cl *cluster.Cluster, o ctl.Output) error {
+			opts.Namespace, opts.Output = g.namespace, o
+			return ctl.Certificates(ctx, cl, opts, c.OutOrStdout())
+		})(c, args)
+	}
+	cmd.Flags().StringVar(&opts.Node, "node", "", "only this node's proxy")
+	cmd.Flags().StringVarP(&output, "output", "o", "", "json or yaml")
+	return cmd
+}
+
+func proxyStatusCommand(g *globals) *cobra.Command {
+	var opts ctl.ProxyStatusOptions
+	var output string
+	cmd := &cobra.Command{
+		Use:     "proxy-status",
+		Aliases: []string{"ps"},
+		Short:   "Show every proxy the controller serves and whether it is in sync",
+		Args:    cobra.NoArgs,
+	}
+	cmd.RunE = func(c *cobra.Command, args []string) error {
+		return run(g, output, func(ctx context.Context, cl *cluster.Cluster, o ctl.Output) error {
+			opts.Namespace, opts.Output = g.namespace, o
+			return ctl.ProxyStatus(ctx, cl, opts, c.OutOrStdout())
+		})(c, args)
+	}
+	cmd.Flags().BoolVar(&opts.Verbose, "verbose", false, "one column per type with its state and age")
+	cmd.Flags().StringVarP(&output, "output", "o", "", "json or yaml")
+	return cmd
+}
+
+func configDumpCommand(g *globals) *cobra.Command {
+	var opts ctl.ConfigDumpOptions
+	cmd := &cobra.Command{
+		Use:       "config-dump controller|node",
+		Short:     "Print a component's whole configuration as JSON",
+		Long:      "config-dump node prints a node proxy's /config_dump (what istioctl ztunnel-config reads); config-dump controller prints the controller's tables, or with --proxy-id what it sent that proxy.",
+		Args:      cobra.ExactArgs(1),
+		ValidArgs: []string{"controller", "node"},
+	}
+	cmd.RunE = func(c *cobra.Command, args []string) error {
+		return run(g, "", func(ctx context.Context, cl *cluster.Cluster, _ ctl.Output) error {
+			opts.Namespace, opts.Target = g.namespace, args[0]
+			return ctl.ConfigDump(ctx, cl, opts, c.OutOrStdout())
+		})(c, args)
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.Pod, "pod", "", "the component's pod (default: a ready one)")
+	f.StringVar(&opts.Node, "node", "", "for node: the node proxy on this node")
+	f.StringVar(&opts.ProxyID, "proxy-id", "", "for controller: what it sent this proxy (<pod>.<namespace>)")
+	return cmd
+}
+
+func trafficCommand(g *globals) *cobra.Command {
+	var opts ctl.TrafficOptions
+	var output string
+	cmd := &cobra.Command{
+		Use:   "traffic",
+		Short: "Show the connections node proxies carried: workloads, identities and whether over mutual TLS",
+		Args:  cobra.NoArgs,
+	}
+	cmd.RunE = func(c *cobra.Command, args []string) error {
+		return run(g, output, func(ctx context.Context, cl *cluster.Cluster, o ctl.Output) error {
+			opts.Namespace, opts.Output = g.namespace, o
+			return ctl.Traffic(ctx, cl, opts, c.OutOrStdout())
+		})(c, args)
+	}
+	cmd.Flags().StringVar(&opts.Node, "node", "", "only this node's proxy")
+	cmd.Flags().StringVarP(&output, "output", "o", "", "json or yaml")
+	return cmd
 }
 
 func installCommand(g *globals) *cobra.Command {

@@ -28,11 +28,12 @@ import (
 
 // Well-known pod labels and ports of Canopy's components.
 const (
-	ControllerApp  = "canopy-controller"
-	NodeProxyApp   = "canopy-node"
-	CNIAgentApp    = "canopy-cni-agent"
-	MonitoringPort = 15014 // the controller's debug and status views
-	NodeAdminPort  = 15000 // the node proxy's config_dump, loopback only
+	ControllerApp   = "canopy-controller"
+	NodeProxyApp    = "canopy-node"
+	CNIAgentApp     = "canopy-cni-agent"
+	MonitoringPort  = 15014 // the controller's debug and status views
+	NodeAdminPort   = 15000 // the node proxy's config_dump, loopback only
+	NodeMetricsPort = 15020 // the node proxy's Prometheus metrics
 )
 
 // Cluster is a connection to one cluster.

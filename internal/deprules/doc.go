@@ -61,6 +61,14 @@ var Binaries = map[string][]Rule{
 		Forbid:   []string{"./controller", "./cni", "./ca", "k8s.io/client-go", "./internal/localcluster"},
 		Reason:   "the node proxy learns everything over xDS, ZDS and the CA API",
 	}},
+	// canopyctl reads the components' JSON views through the API server;
+	// it links none of their machinery (node/admin holds the view types).
+	"canopyctl": {{
+		Packages: []string{"./cmd/canopyctl"},
+		Forbid: []string{"./controller", "./ca", "./cni", "./internal/localcluster", "./node/proxy", "./node/hbone",
+			"./node/inpod", "./node/zdsclient", "./node/caclient"},
+		Reason: "canopyctl is a client of the API server and the components' HTTP views",
+	}},
 	// The test application runs in every demo pod: keep it a plain
 	// networking program.
 	"canopy-echo": {{
