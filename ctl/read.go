@@ -14,7 +14,7 @@ import (
 
 	"github.com/canopy-mesh/canopy/ctl/cluster"
 	"github.com/canopy-mesh/canopy/ctl/view"
-	"github.com/canopy-mesh/canopy/node/admin"
+	"github.com/canopy-mesh/canopy/node/configdump"
 )
 
 // Output is a table format: "" (the default table), "wide", "json" or
@@ -216,7 +216,7 @@ func ConfigDump(ctx context.Context, c *cluster.Cluster, opts ConfigDumpOptions,
 	return err
 }
 
-func nodeDump(ctx context.Context, c *cluster.Cluster, opts ProxyOptions) (*admin.Dump, error) {
+func nodeDump(ctx context.Context, c *cluster.Cluster, opts ProxyOptions) (*configdump.Dump, error) {
 	pod, err := pickPod(ctx, c, opts.Namespace, cluster.NodeProxyApp, opts.Proxy, "")
 	if err != nil {
 		return nil, err
@@ -224,12 +224,12 @@ func nodeDump(ctx context.Context, c *cluster.Cluster, opts ProxyOptions) (*admi
 	return fetchDump(ctx, c, pod)
 }
 
-func fetchDump(ctx context.Context, c *cluster.Cluster, pod *corev1.Pod) (*admin.Dump, error) {
+func fetchDump(ctx context.Context, c *cluster.Cluster, pod *corev1.Pod) (*configdump.Dump, error) {
 	body, err := c.Get(ctx, pod, cluster.NodeAdminPort, "/config_dump")
 	if err != nil {
 		return nil, err
 	}
-	var d admin.Dump
+	var d configdump.Dump
 	if err := json.Unmarshal(body, &d); err != nil {
 		return nil, fmt.Errorf("config_dump of %s/%s: %w", pod.Namespace, pod.Name, err)
 	}

@@ -13,7 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/canopy-mesh/canopy/node/admin"
+	"github.com/canopy-mesh/canopy/node/configdump"
 )
 
 // Table is a header and rows, printed aligned.
@@ -42,8 +42,8 @@ type WorkloadFilter struct {
 
 // FilterWorkloads keeps the workloads f selects, sorted as istioctl sorts
 // them: by namespace and name, then node.
-func FilterWorkloads(ws []admin.Workload, f WorkloadFilter) []admin.Workload {
-	out := []admin.Workload{}
+func FilterWorkloads(ws []configdump.Workload, f WorkloadFilter) []configdump.Workload {
+	out := []configdump.Workload{}
 	for _, w := range ws {
 		if (f.Namespace != "" && w.Namespace != f.Namespace) || (f.Node != "" && w.Node != f.Node) ||
 			(f.AmbientOnly && w.Protocol != "HBONE") {
@@ -51,7 +51,7 @@ func FilterWorkloads(ws []admin.Workload, f WorkloadFilter) []admin.Workload {
 		}
 		out = append(out, w)
 	}
-	slices.SortStableFunc(out, func(a, b admin.Workload) int {
+	slices.SortStableFunc(out, func(a, b configdump.Workload) int {
 		if c := strings.Compare(a.Namespace+"."+a.Name, b.Namespace+"."+b.Name); c != 0 {
 			return c
 		}
@@ -62,7 +62,7 @@ func FilterWorkloads(ws []admin.Workload, f WorkloadFilter) []admin.Workload {
 
 // WorkloadsTable is `canopyctl workloads`: NAMESPACE POD NAME ADDRESS NODE
 // WAYPOINT PROTOCOL; wide adds the identity, status and UID.
-func WorkloadsTable(ws []admin.Workload, services []admin.Service, wide bool) Table {
+func WorkloadsTable(ws []configdump.Workload, services []configdump.Service, wide bool) Table {
 	t := Table{Header: []string{"NAMESPACE", "POD NAME", "ADDRESS", "NODE", "WAYPOINT", "PROTOCOL"}}
 	if wide {
 		t.Header = append(t.Header, "SERVICE ACCOUNT", "STATUS", "UID")
@@ -83,7 +83,7 @@ func WorkloadsTable(ws []admin.Workload, services []admin.Service, wide bool) Ta
 
 // waypointName is the Service a waypoint reference points at: None
 // without a waypoint, NA when no known Service matches.
-func waypointName(g *admin.Gateway, services []admin.Service) string {
+func waypointName(g *configdump.Gateway, services []configdump.Service) string {
 	if g == nil || g.Destination == "" {
 		return "None"
 	}
@@ -97,10 +97,12 @@ func waypointName(g *admin.Gateway, services []admin.Service) string {
 
 // ServicesTable is `canopyctl services`: NAMESPACE SERVICE NAME SERVICE
 // VIP WAYPOINT ENDPOINTS (healthy/total), sorted by namespace and name.
-func ServicesTable(services []admin.Service, namespace string) Table {
+func ServicesTable(services []configdump.Service, namespace string) Table {
 	t := Table{Header: []string{"NAMESPACE", "SERVICE NAME", "SERVICE VIP", "WAYPOINT", "ENDPOINTS"}}
 	ss := slices.Clone(services)
-	slices.SortFunc(ss, func(a, b admin.Service) int { return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name) })
+	slices.SortFunc(ss, func(a, b configdump.Service) int {
+		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+	})
 	for _, s := range ss {
 		if namespace != "" && s.Namespace != namespace {
 			continue
@@ -126,10 +128,12 @@ func ServicesTable(services []admin.Service, namespace string) Table {
 
 // PoliciesTable is `canopyctl policies`: NAMESPACE POLICY NAME ACTION
 // SCOPE.
-func PoliciesTable(ps []admin.Policy, namespace string) Table {
+func PoliciesTable(ps []configdump.Policy, namespace string) Table {
 	t := Table{Header: []string{"NAMESPACE", "POLICY NAME", "ACTION", "SCOPE"}}
 	ps = slices.Clone(ps)
-	slices.SortFunc(ps, func(a, b admin.Policy) int { return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name) })
+	slices.SortFunc(ps, func(a, b configdump.Policy) int {
+		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+	})
 	for _, p := range ps {
 		if namespace != "" && p.Namespace != namespace {
 			continue
@@ -146,7 +150,7 @@ func PoliciesTable(ps []admin.Policy, namespace string) Table {
 // NodeCertificates are one node proxy's certificates.
 type NodeCertificates struct {
 	Node, Proxy string
-	Certs       []admin.CertState
+	Certs       []configdump.CertState
 }
 
 // CertificatesTable is `canopyctl certificates`: per node proxy, each
@@ -171,7 +175,7 @@ func CertificatesTable(nodes []NodeCertificates, now time.Time) Table {
 	return t
 }
 
-func certRow(node string, cs admin.CertState, c admin.Certificate, typ string, now time.Time) []string {
+func certRow(node string, cs configdump.CertState, c configdump.Certificate, typ string, now time.Time) []string {
 	valid := !now.Before(c.ValidFrom) && now.Before(c.ExpirationTime)
 	left := "expired"
 	if now.Before(c.ExpirationTime) {

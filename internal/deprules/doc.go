@@ -62,7 +62,7 @@ var Binaries = map[string][]Rule{
 		Reason:   "the node proxy learns everything over xDS, ZDS and the CA API",
 	}},
 	// canopyctl reads the components' JSON views through the API server;
-	// it links none of their machinery (node/admin holds the view types).
+	// it links none of their machinery (node/configdump holds the view types).
 	"canopyctl": {{
 		Packages: []string{"./cmd/canopyctl"},
 		Forbid: []string{"./controller", "./ca", "./cni", "./internal/localcluster", "./node/proxy", "./node/hbone",

@@ -1,3 +1,5 @@
+// Package admin serves the node proxy's admin port (spec §5.1, §8.2):
+// /config_dump (node/configdump), readiness, /quitquitquit and pprof.
 package admin
 
 import (
@@ -8,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/canopy-mesh/canopy/internal/workloadtable"
+	"github.com/canopy-mesh/canopy/node/configdump"
 	"github.com/canopy-mesh/canopy/node/identity"
 	"github.com/canopy-mesh/canopy/node/pods"
 )
@@ -24,26 +27,26 @@ type Sources struct {
 }
 
 // Dump builds /config_dump.
-func (s Sources) Dump() Dump {
+func (s Sources) Dump() configdump.Dump {
 	snap := s.Table.Snapshot()
-	d := Dump{Workloads: Workloads(snap), Services: Services(snap), Policies: Policies(snap),
-		Certificates: []CertState{}, WorkloadState: map[string]PodState{}, Version: s.Version, Config: s.Config}
+	d := configdump.Dump{Workloads: configdump.Workloads(snap), Services: configdump.Services(snap), Policies: configdump.Policies(snap),
+		Certificates: []configdump.CertState{}, WorkloadState: map[string]configdump.PodState{}, Version: s.Version, Config: s.Config}
 	if s.Certs != nil {
 		for _, c := range s.Certs() {
-			st := CertState{Identity: c.Identity.String(), State: "Available"}
+			st := configdump.CertState{Identity: c.Identity.String(), State: "Available"}
 			for _, x := range c.Chain {
-				st.CertChain = append(st.CertChain, Cert(x))
+				st.CertChain = append(st.CertChain, configdump.Cert(x))
 			}
 			if c.Root != nil {
-				st.RootCerts = append(st.RootCerts, Cert(c.Root))
+				st.RootCerts = append(st.RootCerts, configdump.Cert(c.Root))
 			}
 			d.Certificates = append(d.Certificates, st)
 		}
-		slices.SortFunc(d.Certificates, func(a, b CertState) int { return strings.Compare(a.Identity, b.Identity) })
+		slices.SortFunc(d.Certificates, func(a, b configdump.CertState) int { return strings.Compare(a.Identity, b.Identity) })
 	}
 	if s.Pods != nil {
 		for _, p := range s.Pods() {
-			d.WorkloadState[p.UID] = PodState{State: p.State, Info: map[string]string{
+			d.WorkloadState[p.UID] = configdump.PodState{State: p.State, Info: map[string]string{
 				"name": p.Info.GetName(), "namespace": p.Info.GetNamespace(), "serviceAccount": p.Info.GetServiceAccount()}}
 		}
 	}

@@ -1,7 +1,7 @@
-// Package admin serves the node proxy's admin port (spec §5.1, §8.2):
-// /config_dump in the JSON shape istioctl ztunnel-config reads, readiness,
-// /quitquitquit and pprof.
-package admin
+// Package configdump is the node proxy's /config_dump in the JSON shape
+// istioctl ztunnel-config reads (spec §8.2): the types, which canopyctl
+// decodes too, and their conversion from the client-side table.
+package configdump
 
 import (
 	"crypto/x509"
