@@ -202,7 +202,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		return err
 	}
 	defer px.Close()
-	set := &pods.Set{Node: cfg.nodeName, Workloads: table, Certs: certs, Server: px, Log: log}
+	set := &pods.Set{Node: cfg.nodeName, Workloads: table, Certs: certs, Server: px, Log: log, ClusterID: cfg.clusterID, TrustDomain: cfg.trustDomain}
 	defer set.Close()
 	ready := func() bool {
 		select {

@@ -7,12 +7,9 @@
 package pods
 
 import (
-	"context"
-	"fmt"
 	"log/slog"
 	"os"
 	"sync"
-	"time"
 
 	"github.com/canopy-mesh/canopy/node/inpod"
 	"github.com/canopy-mesh/canopy/workloadapi"
@@ -51,11 +48,9 @@ type Set struct {
 	Certs     Certs
 	Server    Server
 	Log       *slog.Logger
-	// Wait bounds how long Add waits for the pod's workload to arrive
-	// over xDS (default 4s: under the agent's 5s Ack deadline, so a pod
-	// without a workload gets an Ack with the reason, not a dropped
-	// connection).
-	Wait time.Duration
+	// ClusterID and TrustDomain name a pod whose workload has not arrived
+	// over xDS yet (see provisional).
+	ClusterID, TrustDomain string
 
 	mu       sync.Mutex
 	served   map[string]*served
@@ -66,6 +61,27 @@ type served struct {
 	Pod
 	pod *inpod.Pod
 	id  workloadapi.Identity
+}
+
+// provisional stands in for a pod's workload until xDS delivers it. A pod
+// is enrolled during CNI ADD, before it has an IP, and the controller
+// publishes pods only once they have one: waiting for the workload would
+// wait forever. The identity comes from the CNI agent (which read the pod
+// from the API server) and the CA checks it against the pod on this node
+// before issuing a certificate; the UID is the one the controller will
+// publish, so per-connection lookups switch to the real workload as soon
+// as it arrives.
+func (s *Set) provisional(info *zdspb.WorkloadInfo) *workloadapi.Workload {
+	return &workloadapi.Workload{
+		Uid:            workloadapi.PodUID(s.ClusterID, info.GetNamespace(), info.GetName()),
+		Name:           info.GetName(),
+		Namespace:      info.GetNamespace(),
+		ServiceAccount: info.GetServiceAccount(),
+		TrustDomain:    s.TrustDomain,
+		ClusterId:      s.ClusterID,
+		Node:           s.Node,
+		TunnelProtocol: workloadapi.TunnelProtocol_HBONE,
+	}
 }
 
 // self finds the pod's workload among the node's (spec §3.4): same
@@ -96,20 +112,10 @@ func (s *Set) self(info *zdspb.WorkloadInfo) *workloadapi.Workload {
 
 // Add implements zdsclient.Handler.
 func (s *Set) Add(uid string, info *zdspb.WorkloadInfo, netns *os.File) error {
-	wait := s.Wait
-	if wait <= 0 {
-		wait = 4 * time.Second
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
-	defer cancel()
-	var self *workloadapi.Workload
-	for self = s.self(info); self == nil; self = s.self(info) {
-		select {
-		case <-ctx.Done():
-			netns.Close()
-			return fmt.Errorf("pod %s/%s: no workload on node %s with service account %q", info.GetNamespace(), info.GetName(), s.Node, info.GetServiceAccount())
-		case <-time.After(50 * time.Millisecond):
-		}
+	self := s.self(info)
+	if self == nil {
+		self = s.provisional(info)
+		s.Log.Info("serving pod before its workload arrived over xDS", "uid", uid, "pod", info.GetNamespace()+"/"+info.GetName())
 	}
 	pod, err := inpod.Open(netns)
 	if err != nil {

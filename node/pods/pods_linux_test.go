@@ -7,7 +7,6 @@ import (
 	"slices"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/canopy-mesh/canopy/internal/nettest"
 	"github.com/canopy-mesh/canopy/node/inpod"
@@ -36,13 +35,14 @@ func (c *certs) Add(id workloadapi.Identity)    { c.mu.Lock(); c.ids[id]++; c.mu
 func (c *certs) Remove(id workloadapi.Identity) { c.mu.Lock(); c.ids[id]--; c.mu.Unlock() }
 
 type server struct {
-	mu    sync.Mutex
-	names []string
+	mu          sync.Mutex
+	names, uids []string
 }
 
 func (s *server) ServePod(_ *inpod.Pod, self *workloadapi.Workload) {
 	s.mu.Lock()
 	s.names = append(s.names, self.GetName())
+	s.uids = append(s.uids, self.GetUid())
 	s.mu.Unlock()
 }
 
@@ -62,7 +62,7 @@ func TestSetFollowsZDS(t *testing.T) {
 	}
 	c := &certs{ids: map[workloadapi.Identity]int{}}
 	srv := &server{}
-	set := &Set{Node: "n1", Workloads: ws, Certs: c, Server: srv, Log: slog.New(slog.DiscardHandler), Wait: 100 * time.Millisecond}
+	set := &Set{Node: "n1", Workloads: ws, Certs: c, Server: srv, Log: slog.New(slog.DiscardHandler), ClusterID: "Kubernetes"}
 	defer set.Close()
 
 	set.Begin()
@@ -73,19 +73,29 @@ func TestSetFollowsZDS(t *testing.T) {
 	if err := set.Add("uid-api", &zdspb.WorkloadInfo{Name: "api-1", Namespace: "apps"}, open()); err != nil {
 		t.Fatal(err)
 	}
-	// A pod whose workload is on another node only: refused, never guessed.
-	if err := set.Add("uid-x", &zdspb.WorkloadInfo{Name: "web-2", Namespace: "apps", ServiceAccount: "other"}, open()); err == nil {
-		t.Error("a pod without a node-local workload was served")
+	// A pod enrolled during CNI ADD has no workload yet (no IP, so the
+	// controller has not published it): served at once, with the identity
+	// the agent gave and the UID the controller will publish.
+	if err := set.Add("uid-new", &zdspb.WorkloadInfo{Name: "new-1", Namespace: "apps", ServiceAccount: "other"}, open()); err != nil {
+		t.Fatalf("a pod whose workload has not arrived: %v", err)
 	}
 	if err := set.Snapshot(); err != nil {
 		t.Fatal(err)
 	}
-	if got := len(set.Pods()); got != 2 {
-		t.Fatalf("%d pods served, want 2", got)
+	if got := len(set.Pods()); got != 3 {
+		t.Fatalf("%d pods served, want 3", got)
 	}
-	if !slices.Equal(srv.names, []string{"web-1", "api-1"}) {
+	if !slices.Equal(srv.names, []string{"web-1", "api-1", "new-1"}) {
 		t.Errorf("served %v", srv.names)
 	}
+	if got, want := srv.uids[2], "Kubernetes//Pod/apps/new-1"; got != want {
+		t.Errorf("provisional workload UID %q, want %q (the controller's)", got, want)
+	}
+	other := workloadapi.Identity{TrustDomain: "cluster.local", Namespace: "apps", ServiceAccount: "other"}
+	if c.ids[other] != 1 {
+		t.Errorf("certificate refs for the provisional pod's identity = %d, want 1", c.ids[other])
+	}
+	_ = set.Del("uid-new")
 	web := workloadapi.Identity{TrustDomain: "cluster.local", Namespace: "apps", ServiceAccount: "web"}
 	if c.ids[web] != 1 {
 		t.Errorf("certificate refs for web = %d", c.ids[web])
