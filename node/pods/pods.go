@@ -85,29 +85,25 @@ func (s *Set) provisional(info *zdspb.WorkloadInfo) *workloadapi.Workload {
 }
 
 // self finds the pod's workload among the node's (spec §3.4): same
-// namespace and service account, then the same name.
+// namespace, service account and name. Another pod's workload is never
+// taken for it, not even one with the same identity: a replaced pod's
+// workload lingers until the controller removes it, and serving the new
+// pod as the old would refuse its inbound traffic (its address differs).
 func (s *Set) self(info *zdspb.WorkloadInfo) *workloadapi.Workload {
 	sa := info.GetServiceAccount()
 	if sa == "" {
 		sa = "default"
 	}
-	var match *workloadapi.Workload
 	for _, w := range s.Workloads.NodeWorkloads(s.Node) {
 		wsa := w.GetServiceAccount()
 		if wsa == "" {
 			wsa = "default"
 		}
-		if w.GetNamespace() != info.GetNamespace() || wsa != sa {
-			continue
-		}
-		if w.GetName() == info.GetName() {
+		if w.GetNamespace() == info.GetNamespace() && wsa == sa && w.GetName() == info.GetName() {
 			return w
 		}
-		if match == nil {
-			match = w
-		}
 	}
-	return match
+	return nil
 }
 
 // Add implements zdsclient.Handler.

@@ -96,6 +96,17 @@ func TestSetFollowsZDS(t *testing.T) {
 		t.Errorf("certificate refs for the provisional pod's identity = %d, want 1", c.ids[other])
 	}
 	_ = set.Del("uid-new")
+
+	// A replacement pod whose workload has not arrived, while the replaced
+	// pod's (same identity, other address) still lingers: never served as
+	// the old one.
+	if err := set.Add("uid-web-new", &zdspb.WorkloadInfo{Name: "web-9", Namespace: "apps", ServiceAccount: "web"}, open()); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := srv.uids[len(srv.uids)-1], "Kubernetes//Pod/apps/web-9"; got != want {
+		t.Errorf("replacement pod served as %q, want its own %q", got, want)
+	}
+	_ = set.Del("uid-web-new")
 	web := workloadapi.Identity{TrustDomain: "cluster.local", Namespace: "apps", ServiceAccount: "web"}
 	if c.ids[web] != 1 {
 		t.Errorf("certificate refs for web = %d", c.ids[web])
