@@ -239,7 +239,10 @@ func (p *Proxy) inboundHBONE(raw net.Conn, pod *inpod.Pod, self *workloadapi.Wor
 	srcIP := addrOf(raw.RemoteAddr())
 	srcW, _ := p.Table.ByAddress(self.GetNetwork(), srcIP)
 	sc, done := hbone.Serve(tc, func(s *hbone.Stream) {
-		code, up := p.admit(ctx, s.Request.Authority, pod, p.current(self), authz.Conn{Src: srcIP, Peer: &peer})
+		// Per stream: a pooled connection outlives changes to the pod's
+		// workload (its policies, a provisional one replaced).
+		cur := p.current(self)
+		code, up := p.admit(ctx, s.Request.Authority, pod, cur, authz.Conn{Src: srcIP, Peer: &peer})
 		if code != 200 {
 			_ = s.Respond(code, nil)
 			return
@@ -248,7 +251,7 @@ func (p *Proxy) inboundHBONE(raw net.Conn, pod *inpod.Pod, self *workloadapi.Wor
 			up.Close()
 			return
 		}
-		done := p.metrics.open(connection{reporter: "destination", src: srcW, dst: self, srcID: principal(peer), dstID: principal(selfID), securityPolicy: "mutual_tls"})
+		done := p.metrics.open(connection{reporter: "destination", src: srcW, dst: cur, srcID: principal(peer), dstID: principal(selfID), securityPolicy: "mutual_tls"})
 		toApp, fromApp, _ := hbone.Splice(up, s)
 		done(fromApp, toApp)
 	})
@@ -319,13 +322,14 @@ func parseAuthority(s string) (netip.AddrPort, error) {
 // inboundPlain authorizes a plaintext connection (no identity) and
 // carries it to the app.
 func (p *Proxy) inboundPlain(c net.Conn, pod *inpod.Pod, self *workloadapi.Workload) {
+	self = p.current(self)
 	dst, err := origdst.Of(c)
 	if err != nil {
 		c.Close()
 		return
 	}
 	src := addrOf(c.RemoteAddr())
-	code, up := p.admit(context.Background(), dst.String(), pod, p.current(self), authz.Conn{Src: src})
+	code, up := p.admit(context.Background(), dst.String(), pod, self, authz.Conn{Src: src})
 	if code != 200 {
 		c.Close()
 		return

@@ -1,0 +1,605 @@
+package e2e_test
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/netip"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/canopy-mesh/canopy/ctl"
+	"github.com/canopy-mesh/canopy/ctl/cluster"
+	"github.com/canopy-mesh/canopy/ctl/view"
+	"github.com/canopy-mesh/canopy/internal/chart"
+	"github.com/canopy-mesh/canopy/internal/ci"
+	"github.com/canopy-mesh/canopy/internal/kubeapply"
+	"github.com/canopy-mesh/canopy/internal/localcluster"
+	"github.com/canopy-mesh/canopy/internal/tools"
+	"github.com/canopy-mesh/canopy/node/configdump"
+)
+
+const system = "istio-system"
+
+// mesh is the one cluster of the suite, with Canopy installed.
+type mesh struct {
+	local *localcluster.Cluster
+	c     *cluster.Cluster
+	root  string // the module root, for deploy/examples
+}
+
+// binaries are what the local cluster runs: its own, the sample app and
+// Canopy's components under their image names.
+var components = []string{"canopy-local", "canopy-echo", "canopy-controller", "canopy-cni-agent", "canopy-cni", "canopy-node"}
+
+// TestMesh runs the scenario in order on one cluster: each step builds on
+// the state the previous one left, as a user's session would.
+func TestMesh(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end test: skipped in -short mode")
+	}
+	if os.Geteuid() != 0 {
+		ci.Unavailable(t, "the local cluster needs root")
+	}
+	m := up(t)
+	steps := []struct {
+		name string
+		run  func(*testing.T, *mesh)
+	}{
+		{"InstallUnderChartIdentities", testChartIdentities},
+		{"DemoScenario", testDemoScenario},
+		{"StrictPeerAuthenticationRefusesPlaintext", testStrict},
+		{"AllowPolicyByServiceAccount", testAllowByServiceAccount},
+		{"UnlabelledNamespaceLeavesTheMesh", testUnlabel},
+		{"UninstallUnenrollsFirst", testUninstall},
+	}
+	for _, s := range steps {
+		if !t.Run(s.name, func(t *testing.T) { s.run(t, m) }) {
+			t.Fatalf("step %s failed; later steps depend on it", s.name)
+		}
+	}
+}
+
+// up builds the binaries, starts a two-node local cluster, installs Canopy
+// with canopyctl's install and applies the sample app.
+func up(t *testing.T) *mesh {
+	t.Helper()
+	root, err := tools.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := t.TempDir()
+	args := []string{"build", "-o", bin}
+	for _, c := range components {
+		args = append(args, "./cmd/"+c)
+	}
+	build := exec.Command("go", args...)
+	build.Dir = root
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	b := localcluster.Binaries{Self: filepath.Join(bin, "canopy-local"), Echo: filepath.Join(bin, "canopy-echo")}
+	if err := b.FindTools(); err != nil {
+		ci.Unavailable(t, "local cluster tools: %v", err)
+	}
+	cfg := localcluster.Config{
+		Name:     "e2e-mesh",
+		Nodes:    2,
+		StateDir: filepath.Join(os.TempDir(), "canopy-local-e2e-mesh"),
+		Underlay: netip.MustParsePrefix("10.97.0.0/24"),
+		PodCIDR:  netip.MustParsePrefix("10.247.0.0/16"),
+		Binaries: b,
+		Images: map[string]string{
+			"canopy/canopy-controller": filepath.Join(bin, "canopy-controller"),
+			"canopy/canopy-cni-agent":  filepath.Join(bin, "canopy-cni-agent"),
+			"canopy/canopy-node":       filepath.Join(bin, "canopy-node"),
+		},
+		Log: slog.New(slog.DiscardHandler),
+	}
+	_ = localcluster.Down(context.Background(), cfg.StateDir) // a crashed run's leftovers
+	local, err := localcluster.Up(t.Context(), cfg)
+	if err != nil {
+		t.Fatalf("local cluster: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("cluster state and logs: %s (kept until the next run)", local.State.Dir)
+			return
+		}
+		if err := localcluster.Down(context.Background(), local.State.Dir); err != nil {
+			t.Errorf("down: %v", err)
+		}
+	})
+	c, err := cluster.Connect(local.State.Kubeconfig, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &mesh{local: local, c: c, root: root}
+
+	var progress strings.Builder
+	err = ctl.Install(t.Context(), c, ctl.InstallOptions{
+		Namespace:   system,
+		Version:     "e2e",
+		ValuesFiles: []string{filepath.Join(root, "deploy/examples/local-values.yaml")},
+		Wait:        3 * time.Minute,
+	}, &progress)
+	t.Logf("canopyctl install:\n%s", progress.String())
+	if err != nil {
+		t.Fatalf("install: %v", err)
+	}
+	m.apply(t, "deploy/examples/echo.yaml")
+	for _, d := range []struct{ ns, name string }{{"demo", "echo"}, {"demo", "client"}, {"legacy", "legacy"}} {
+		m.waitDeployment(t, d.ns, d.name)
+	}
+	return m
+}
+
+// testChartIdentities: the components run as the chart's service
+// accounts, with no credential but their own tokens, and those accounts
+// cannot do what the chart did not grant.
+func testChartIdentities(t *testing.T, m *mesh) {
+	want := map[string]string{cluster.ControllerApp: "canopy-controller", cluster.CNIAgentApp: "canopy-cni-agent", cluster.NodeProxyApp: "canopy-node"}
+	for app, sa := range want {
+		pods, err := m.c.Pods(t.Context(), system, app)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range pods {
+			if p.Spec.ServiceAccountName != sa {
+				t.Errorf("%s runs as %q, want the chart's %q", p.Name, p.Spec.ServiceAccountName, sa)
+			}
+			for _, c := range p.Spec.Containers {
+				for _, a := range c.Args {
+					if strings.HasPrefix(a, "--kubeconfig") {
+						t.Errorf("%s is given a kubeconfig (%s): it must use its service account", p.Name, a)
+					}
+				}
+			}
+		}
+	}
+	// Least privilege, checked by the API server's authorizer.
+	for _, tt := range []struct {
+		sa, verb, resource, ns string
+		allowed                bool
+	}{
+		{"canopy-controller", "list", "pods", "", true},
+		{"canopy-controller", "list", "secrets", "", false},
+		{"canopy-controller", "delete", "pods", "demo", false},
+		{"canopy-cni-agent", "patch", "pods/status", "demo", true},
+		{"canopy-cni-agent", "create", "pods", "demo", false},
+		{"canopy-cni-agent", "get", "secrets", system, false},
+		{"canopy-node", "list", "pods", "", false},
+		{"canopy-node", "get", "configmaps", system, false},
+	} {
+		if got := m.can(t, tt.sa, tt.verb, tt.resource, tt.ns); got != tt.allowed {
+			t.Errorf("%s may %s %s in %q: %v, want %v", tt.sa, tt.verb, tt.resource, tt.ns, got, tt.allowed)
+		}
+	}
+}
+
+// testDemoScenario: what make demo shows, asserted. The sample app's pods
+// are in the mesh (HBONE), the legacy one is not (TCP); the client calls
+// the echo Service over mutual TLS as spiffe://.../sa/client to
+// spiffe://.../sa/echo, and both node proxies report it so.
+func testDemoScenario(t *testing.T, m *mesh) {
+	var out strings.Builder
+	if err := ctl.Workloads(t.Context(), m.c, ctl.WorkloadsOptions{ProxyOptions: ctl.ProxyOptions{Namespace: system}}, &out); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("canopyctl workloads:\n%s", out.String())
+	rows := m.workloads(t)
+	for _, p := range m.pods(t, "demo", "") {
+		if got := rows[p.Name]; got.Protocol != "HBONE" || got.Node != p.Spec.NodeName || !contains(got.WorkloadIPs, p.Status.PodIP) {
+			t.Errorf("workload %s = %+v, want HBONE on %s at %s", p.Name, got, p.Spec.NodeName, p.Status.PodIP)
+		}
+	}
+	for _, p := range m.pods(t, "legacy", "") {
+		if got := rows[p.Name]; got.Protocol != "TCP" {
+			t.Errorf("legacy workload %s has protocol %q, want TCP", p.Name, got.Protocol)
+		}
+	}
+
+	client := m.pods(t, "demo", "app=client")[0]
+	for range 3 {
+		if body, err := m.fetch(t, &client, "http://echo.demo/"); err != nil || !strings.Contains(body, `"name":"echo-`) {
+			t.Fatalf("client -> echo.demo: %v %s", err, body)
+		}
+	}
+	var conns []view.Connection
+	poll(t, 30*time.Second, "mTLS connections in the node proxies' metrics", func(ctx context.Context) (bool, error) {
+		conns = m.connections(t)
+		return hasConn(conns, "destination", "demo/client", "demo/echo", "mutual_tls") && hasConn(conns, "source", "demo/client", "demo/echo", "mutual_tls"), nil
+	})
+	for _, c := range conns {
+		if c.Source == "demo/client" && c.Destination == "demo/echo" {
+			if c.SourcePrincipal != "spiffe://cluster.local/ns/demo/sa/client" || c.DestinationPrincipal != "spiffe://cluster.local/ns/demo/sa/echo" {
+				t.Errorf("client -> echo carried as %s -> %s", c.SourcePrincipal, c.DestinationPrincipal)
+			}
+		}
+	}
+
+	// Every node proxy holds certificates, valid now, for the identities
+	// of its pods.
+	var certs strings.Builder
+	if err := ctl.Certificates(t.Context(), m.c, ctl.CertificatesOptions{Namespace: system, Output: "json"}, &certs); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(certs.String(), "spiffe://cluster.local/ns/demo/sa/echo") {
+		t.Errorf("no certificate for the echo identity:\n%s", certs.String())
+	}
+	var status strings.Builder
+	if err := ctl.ProxyStatus(t.Context(), m.c, ctl.ProxyStatusOptions{Namespace: system, Verbose: true}, &status); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("canopyctl proxy-status --verbose:\n%s", status.String())
+	if n := strings.Count(status.String(), "SYNCED"); n < 4 {
+		t.Errorf("proxy-status shows %d SYNCED types, want both types of both node proxies:\n%s", n, status.String())
+	}
+}
+
+// testStrict: with STRICT PeerAuthentication in its namespace, a meshed
+// pod refuses plaintext from outside the mesh and still takes mTLS.
+func testStrict(t *testing.T, m *mesh) {
+	legacy := m.pods(t, "legacy", "app=legacy")[0]
+	echoIP := m.pods(t, "demo", "app=echo")[0].Status.PodIP
+	target := "http://" + echoIP + ":8080/"
+	if _, err := m.fetch(t, &legacy, target); err != nil {
+		t.Fatalf("plaintext from outside the mesh before STRICT: %v", err)
+	}
+	m.applyYAML(t, `
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: strict, namespace: demo}
+spec: {mtls: {mode: STRICT}}`)
+	poll(t, 30*time.Second, "plaintext refused under STRICT", func(context.Context) (bool, error) {
+		_, err := m.fetch(t, &legacy, target)
+		return err != nil, nil
+	})
+	client := m.pods(t, "demo", "app=client")[0]
+	if _, err := m.fetch(t, &client, target); err != nil {
+		t.Errorf("mTLS from the mesh under STRICT: %v", err)
+	}
+	m.deleteYAML(t, "security.istio.io/v1", "PeerAuthentication", "demo", "strict")
+	poll(t, 30*time.Second, "plaintext accepted again", func(context.Context) (bool, error) {
+		_, err := m.fetch(t, &legacy, target)
+		return err == nil, nil
+	})
+}
+
+// testAllowByServiceAccount: an ALLOW policy on echo admits the client's
+// service account and no other, also from inside the mesh.
+func testAllowByServiceAccount(t *testing.T, m *mesh) {
+	m.applyYAML(t, `
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: intruder, namespace: demo}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: intruder, namespace: demo}
+spec:
+  selector: {matchLabels: {app: intruder}}
+  template:
+    metadata: {labels: {app: intruder}}
+    spec:
+      serviceAccountName: intruder
+      terminationGracePeriodSeconds: 2
+      containers:
+      - name: intruder
+        image: canopy/echo:latest
+        command: [canopy-echo]
+        args: [serve, --name, intruder]
+        readinessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 2}`)
+	m.waitDeployment(t, "demo", "intruder")
+	client := m.pods(t, "demo", "app=client")[0]
+	intruder := m.pods(t, "demo", "app=intruder")[0]
+	if _, err := m.fetch(t, &intruder, "http://echo.demo/"); err != nil {
+		t.Fatalf("intruder -> echo before any policy: %v", err)
+	}
+	m.applyYAML(t, `
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: echo-callers, namespace: demo}
+spec:
+  selector: {matchLabels: {app: echo}}
+  action: ALLOW
+  rules:
+  - from: [{source: {principals: [cluster.local/ns/demo/sa/client]}}]`)
+	poll(t, 30*time.Second, "the intruder refused", func(context.Context) (bool, error) {
+		_, err := m.fetch(t, &intruder, "http://echo.demo/")
+		return err != nil, nil
+	})
+	for range 3 {
+		if _, err := m.fetch(t, &client, "http://echo.demo/"); err != nil {
+			t.Errorf("client -> echo under the ALLOW policy: %v", err)
+		}
+	}
+	var out strings.Builder
+	if err := ctl.Policies(t.Context(), m.c, ctl.ListOptions{ProxyOptions: ctl.ProxyOptions{Namespace: system}, Filter: "demo"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "echo-callers") || !strings.Contains(out.String(), "Allow") {
+		t.Errorf("canopyctl policies does not show the policy:\n%s", out.String())
+	}
+	m.deleteYAML(t, "security.istio.io/v1", "AuthorizationPolicy", "demo", "echo-callers")
+}
+
+// testUnlabel: removing the namespace's label takes its pods out cleanly:
+// no redirection annotation or enrollment condition left, the tables say
+// TCP, and traffic still flows (now in plaintext).
+func testUnlabel(t *testing.T, m *mesh) {
+	ns, err := m.c.Client.CoreV1().Namespaces().Get(t.Context(), "demo", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(ns.Labels, "istio.io/dataplane-mode")
+	if _, err := m.c.Client.CoreV1().Namespaces().Update(t.Context(), ns, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, 60*time.Second, "every demo pod out of the mesh", func(context.Context) (bool, error) {
+		for _, p := range m.pods(t, "demo", "") {
+			if p.Annotations["ambient.istio.io/redirection"] != "" || hasCondition(&p, "mesh.canopy.dev/Enrolled") {
+				return false, nil
+			}
+		}
+		rows := m.workloads(t)
+		for _, p := range m.pods(t, "demo", "") {
+			if rows[p.Name].Protocol != "TCP" {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	client := m.pods(t, "demo", "app=client")[0]
+	if _, err := m.fetch(t, &client, "http://echo.demo/"); err != nil {
+		t.Errorf("client -> echo after leaving the mesh: %v", err)
+	}
+	legacy := m.pods(t, "legacy", "app=legacy")[0]
+	if _, err := m.fetch(t, &legacy, "http://echo.demo/"); err != nil {
+		t.Errorf("legacy -> echo after the namespace left the mesh: %v", err)
+	}
+	// Back in, for the uninstall step.
+	ns, err = m.c.Client.CoreV1().Namespaces().Get(t.Context(), "demo", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Labels["istio.io/dataplane-mode"] = "ambient"
+	if _, err := m.c.Client.CoreV1().Namespaces().Update(t.Context(), ns, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, 60*time.Second, "demo pods back in the mesh", func(context.Context) (bool, error) {
+		for _, p := range m.pods(t, "demo", "") {
+			if p.Annotations["ambient.istio.io/redirection"] != "enabled" {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+}
+
+// testUninstall: canopyctl uninstall takes pods out of the mesh before it
+// removes the components, so the apps keep talking.
+func testUninstall(t *testing.T, m *mesh) {
+	var out strings.Builder
+	err := ctl.Uninstall(t.Context(), m.c, ctl.UninstallOptions{Namespace: system, Wait: 2 * time.Minute}, &out)
+	t.Logf("canopyctl uninstall:\n%s", out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range m.pods(t, "demo", "") {
+		if v := p.Annotations["ambient.istio.io/redirection"]; v != "" {
+			t.Errorf("%s still annotated %q after uninstall", p.Name, v)
+		}
+	}
+	poll(t, 60*time.Second, "Canopy's pods gone", func(ctx context.Context) (bool, error) {
+		pods, err := m.c.Client.CoreV1().Pods(system).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/part-of=canopy"})
+		return err == nil && len(pods.Items) == 0, nil
+	})
+	client := m.pods(t, "demo", "app=client")[0]
+	if _, err := m.fetch(t, &client, "http://echo.demo/"); err != nil {
+		t.Errorf("client -> echo after uninstall: %v", err)
+	}
+}
+
+// fetch has pod GET u (canopy-echo's /fetch), reached by port-forward.
+func (m *mesh) fetch(t *testing.T, from *corev1.Pod, u string) (string, error) {
+	t.Helper()
+	body, err := m.c.Get(t.Context(), from, 8080, "/fetch?url="+url.QueryEscape(u))
+	return string(body), err
+}
+
+func (m *mesh) workloads(t *testing.T) map[string]workloadRow {
+	t.Helper()
+	var out strings.Builder
+	if err := ctl.Workloads(t.Context(), m.c, ctl.WorkloadsOptions{ProxyOptions: ctl.ProxyOptions{Namespace: system}, Output: "json"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	return decodeWorkloads(t, out.String())
+}
+
+func (m *mesh) connections(t *testing.T) []view.Connection {
+	t.Helper()
+	var out strings.Builder
+	if err := ctl.Traffic(t.Context(), m.c, ctl.TrafficOptions{Namespace: system, Output: "json"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	return decodeConnections(t, out.String())
+}
+
+func (m *mesh) pods(t *testing.T, ns, selector string) []corev1.Pod {
+	t.Helper()
+	list, err := m.c.Client.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []corev1.Pod
+	for _, p := range list.Items {
+		if p.DeletionTimestamp == nil && cluster.Ready(&p) {
+			out = append(out, p)
+		}
+	}
+	if len(out) == 0 {
+		t.Fatalf("no ready pod in %s matching %q", ns, selector)
+	}
+	return out
+}
+
+func (m *mesh) waitDeployment(t *testing.T, ns, name string) {
+	t.Helper()
+	poll(t, 2*time.Minute, "deployment "+ns+"/"+name, func(ctx context.Context) (bool, error) {
+		d, err := m.c.Client.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		want := int32(1)
+		if d.Spec.Replicas != nil {
+			want = *d.Spec.Replicas
+		}
+		return d.Status.ObservedGeneration >= d.Generation && d.Status.ReadyReplicas == want && d.Status.UpdatedReplicas == want && d.Status.Replicas == want, nil
+	})
+}
+
+func (m *mesh) apply(t *testing.T, file string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(m.root, file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.applyYAML(t, string(b))
+}
+
+func (m *mesh) applyYAML(t *testing.T, doc string) {
+	t.Helper()
+	objs, err := chart.Decode([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := kubeapply.New(m.c.Config, kubeapply.Options{FieldManager: "e2e"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Apply(t.Context(), objs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (m *mesh) deleteYAML(t *testing.T, apiVersion, kind, ns, name string) {
+	t.Helper()
+	o := &unstructured.Unstructured{}
+	o.SetAPIVersion(apiVersion)
+	o.SetKind(kind)
+	o.SetNamespace(ns)
+	o.SetName(name)
+	a, err := kubeapply.New(m.c.Config, kubeapply.Options{FieldManager: "e2e"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Delete(t.Context(), []*unstructured.Unstructured{o}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// can asks the API server whether a Canopy service account may do verb on
+// resource: a self review as that account, through impersonation.
+func (m *mesh) can(t *testing.T, sa, verb, resource, ns string) bool {
+	t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", m.local.State.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Impersonate.UserName = "system:serviceaccount:" + system + ":" + sa
+	cfg.Impersonate.Groups = []string{"system:serviceaccounts", "system:serviceaccounts:" + system, "system:authenticated"}
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, sub, _ := strings.Cut(resource, "/")
+	review, err := c.AuthorizationV1().SelfSubjectAccessReviews().Create(t.Context(), selfReview(verb, res, sub, ns), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return review.Status.Allowed
+}
+
+func poll(t *testing.T, timeout time.Duration, what string, f func(context.Context) (bool, error)) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(t.Context(), 500*time.Millisecond, timeout, true, f)
+	if err != nil {
+		t.Fatalf("wait for %s: %v", what, err)
+	}
+}
+
+func hasConn(cs []view.Connection, reporter, src, dst, security string) bool {
+	for _, c := range cs {
+		if c.Reporter == reporter && c.Source == src && c.Destination == dst && c.Security == security && c.Opened > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func hasCondition(p *corev1.Pod, typ string) bool {
+	for _, c := range p.Status.Conditions {
+		if string(c.Type) == typ {
+			return true
+		}
+	}
+	return false
+}
+
+func contains(xs []string, x string) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+type workloadRow = configdump.Workload
+
+func decodeWorkloads(t *testing.T, s string) map[string]workloadRow {
+	t.Helper()
+	var ws []configdump.Workload
+	if err := json.Unmarshal([]byte(s), &ws); err != nil {
+		t.Fatalf("decode workloads: %v", err)
+	}
+	out := map[string]workloadRow{}
+	for _, w := range ws {
+		out[w.Name] = w
+	}
+	return out
+}
+
+func decodeConnections(t *testing.T, s string) []view.Connection {
+	t.Helper()
+	var cs []view.Connection
+	if err := json.Unmarshal([]byte(s), &cs); err != nil {
+		t.Fatalf("decode connections: %v", err)
+	}
+	return cs
+}
+
+func selfReview(verb, resource, subresource, ns string) *authorizationv1.SelfSubjectAccessReview {
+	return &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
+		ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: verb, Resource: resource, Subresource: subresource, Namespace: ns, Group: ""},
+	}}
+}
