@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"net/url"
@@ -256,9 +257,8 @@ func testDemoScenario(t *testing.T, m *mesh) {
 // pod refuses plaintext from outside the mesh and still takes mTLS.
 func testStrict(t *testing.T, m *mesh) {
 	legacy := m.pods(t, "legacy", "app=legacy")[0]
-	echoIP := m.pods(t, "demo", "app=echo")[0].Status.PodIP
-	target := "http://" + echoIP + ":8080/"
-	if _, err := m.fetch(t, &legacy, target); err != nil {
+	target := m.pods(t, "demo", "app=echo")[0].Status.PodIP + ":9000"
+	if err := m.dial(t, &legacy, target); err != nil {
 		t.Fatalf("plaintext from outside the mesh before STRICT: %v", err)
 	}
 	m.applyYAML(t, `
@@ -267,17 +267,15 @@ kind: PeerAuthentication
 metadata: {name: strict, namespace: demo}
 spec: {mtls: {mode: STRICT}}`)
 	poll(t, 30*time.Second, "plaintext refused under STRICT", func(context.Context) (bool, error) {
-		_, err := m.fetch(t, &legacy, target)
-		return err != nil, nil
+		return m.dial(t, &legacy, target) != nil, nil
 	})
 	client := m.pods(t, "demo", "app=client")[0]
-	if _, err := m.fetch(t, &client, target); err != nil {
+	if err := m.dial(t, &client, target); err != nil {
 		t.Errorf("mTLS from the mesh under STRICT: %v", err)
 	}
 	m.deleteYAML(t, "security.istio.io/v1", "PeerAuthentication", "demo", "strict")
 	poll(t, 30*time.Second, "plaintext accepted again", func(context.Context) (bool, error) {
-		_, err := m.fetch(t, &legacy, target)
-		return err == nil, nil
+		return m.dial(t, &legacy, target) == nil, nil
 	})
 }
 
@@ -308,7 +306,7 @@ spec:
 	m.waitDeployment(t, "demo", "intruder")
 	client := m.pods(t, "demo", "app=client")[0]
 	intruder := m.pods(t, "demo", "app=intruder")[0]
-	if _, err := m.fetch(t, &intruder, "http://echo.demo/"); err != nil {
+	if err := m.dial(t, &intruder, "echo.demo:9000"); err != nil {
 		t.Fatalf("intruder -> echo before any policy: %v", err)
 	}
 	m.applyYAML(t, `
@@ -321,11 +319,10 @@ spec:
   rules:
   - from: [{source: {principals: [cluster.local/ns/demo/sa/client]}}]`)
 	poll(t, 30*time.Second, "the intruder refused", func(context.Context) (bool, error) {
-		_, err := m.fetch(t, &intruder, "http://echo.demo/")
-		return err != nil, nil
+		return m.dial(t, &intruder, "echo.demo:9000") != nil, nil
 	})
 	for range 3 {
-		if _, err := m.fetch(t, &client, "http://echo.demo/"); err != nil {
+		if err := m.dial(t, &client, "echo.demo:9000"); err != nil {
 			t.Errorf("client -> echo under the ALLOW policy: %v", err)
 		}
 	}
@@ -366,11 +363,11 @@ func testUnlabel(t *testing.T, m *mesh) {
 		return true, nil
 	})
 	client := m.pods(t, "demo", "app=client")[0]
-	if _, err := m.fetch(t, &client, "http://echo.demo/"); err != nil {
+	if err := m.dial(t, &client, "echo.demo:9000"); err != nil {
 		t.Errorf("client -> echo after leaving the mesh: %v", err)
 	}
 	legacy := m.pods(t, "legacy", "app=legacy")[0]
-	if _, err := m.fetch(t, &legacy, "http://echo.demo/"); err != nil {
+	if err := m.dial(t, &legacy, "echo.demo:9000"); err != nil {
 		t.Errorf("legacy -> echo after the namespace left the mesh: %v", err)
 	}
 	// Back in, for the uninstall step.
@@ -411,9 +408,24 @@ func testUninstall(t *testing.T, m *mesh) {
 		return err == nil && len(pods.Items) == 0, nil
 	})
 	client := m.pods(t, "demo", "app=client")[0]
-	if _, err := m.fetch(t, &client, "http://echo.demo/"); err != nil {
+	if err := m.dial(t, &client, "echo.demo:9000"); err != nil {
 		t.Errorf("client -> echo after uninstall: %v", err)
 	}
+}
+
+// dial has pod open a new TCP connection to addr (canopy-echo's /dial,
+// reached by port-forward) and checks the echo: a new connection each
+// time, so each is authorized afresh.
+func (m *mesh) dial(t *testing.T, from *corev1.Pod, addr string) error {
+	t.Helper()
+	body, err := m.c.Get(t.Context(), from, 8080, "/dial?msg=canopy&addr="+url.QueryEscape(addr))
+	if err != nil {
+		return err
+	}
+	if string(body) != "canopy" {
+		return fmt.Errorf("echo of %q: %q", "canopy", body)
+	}
+	return nil
 }
 
 // fetch has pod GET u (canopy-echo's /fetch), reached by port-forward.
