@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# make demo: a local cluster (canopy-local) with the sample app of
-# deploy/examples, then what runs where. Reuses a running demo cluster.
+# make demo: a two-node local cluster (canopy-local), Canopy installed from
+# its Helm chart by canopyctl install (the components run as the chart's
+# pods, service accounts and RBAC), the sample app of deploy/examples, then
+# what a user asks first: which workloads are in the mesh, and is their
+# traffic carried over mutual TLS between the right identities.
+# Reuses a running demo cluster.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -9,30 +13,77 @@ kubedir=$(hack/tools.sh kube)
 export CANOPY_KUBE_BIN_DIR=$kubedir
 export CANOPY_CNI_BIN_DIR=$(hack/tools.sh cni)
 export CANOPY_COREDNS_BIN_DIR=$(hack/tools.sh coredns)
+export KUBECONFIG=/var/lib/canopy-local/demo/control-plane/admin.kubeconfig
 local=("$out/canopy-local" --name demo)
-kubectl() { "$kubedir/kubectl" --kubeconfig /var/lib/canopy-local/demo/control-plane/admin.kubeconfig "$@"; }
+kubectl() { "$kubedir/kubectl" "$@"; }
+canopyctl() { "$out/canopyctl" "$@"; }
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
+step "local cluster: 2 nodes as network namespaces"
 if ! "${local[@]}" status >/dev/null 2>&1; then
-	"${local[@]}" up --nodes 2 --echo "$out/canopy-echo"
+	# The chart's images run as the binaries make build produced.
+	"${local[@]}" up --nodes 2 --echo "$out/canopy-echo" \
+		--image "canopy/canopy-controller=$out/canopy-controller" \
+		--image "canopy/canopy-cni-agent=$out/canopy-cni-agent" \
+		--image "canopy/canopy-node=$out/canopy-node"
+else
+	echo "reusing the running demo cluster"
 fi
-kubectl apply -f "$root/deploy/examples/echo.yaml"
-kubectl -n demo rollout status deployment/echo --timeout=120s
-kubectl -n demo rollout status deployment/client --timeout=120s
 
+step "canopyctl install (the Helm chart, local-cluster values)"
+canopyctl install -f "$root/deploy/examples/local-values.yaml"
+
+step "sample app: client and echo in the ambient namespace demo, legacy outside the mesh"
+kubectl apply -f "$root/deploy/examples/echo.yaml"
+for d in demo/echo demo/client legacy/legacy; do
+	kubectl -n "${d%/*}" rollout status "deployment/${d#*/}" --timeout=120s
+done
+
+step "canopyctl workloads"
+canopyctl workloads
+
+step "traffic: the client calls http://echo.demo three times, the legacy pod once"
+# Through port-forwards, as kubectl reaches pods: the calls start inside
+# the pods, and only the pods' own traffic shows up below.
+pf=()
+trap 'kill "${pf[@]}" 2>/dev/null || true' EXIT
+"$kubedir/kubectl" -n demo port-forward deployment/client 18080:8080 >/dev/null & pf+=($!)
+"$kubedir/kubectl" -n legacy port-forward deployment/legacy 18081:8080 >/dev/null & pf+=($!)
+for port in 18080 18081; do
+	for _ in $(seq 50); do "$out/canopy-echo" get "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
+done
+for _ in 1 2 3; do
+	"$out/canopy-echo" get "http://127.0.0.1:18080/fetch?url=http://echo.demo/"
+	echo
+done
+"$out/canopy-echo" get "http://127.0.0.1:18081/fetch?url=http://echo.demo/"
 echo
-echo "== nodes"
-kubectl get nodes -o wide
+
+step "canopyctl traffic: who talked to whom, as which identity, over what"
+# Node proxies count a connection when it opens; give the last a moment.
+sleep 1
+canopyctl traffic
+if ! canopyctl traffic | grep -q 'destination.*demo/client.*demo/echo.*spiffe://cluster.local/ns/demo/sa/client.*spiffe://cluster.local/ns/demo/sa/echo.*mutual_tls'; then
+	echo "demo: client -> echo was not carried over mutual TLS between the client and echo identities" >&2
+	exit 1
+fi
 echo
-echo "== pods of the sample app"
-kubectl -n demo get pods -o wide
-echo
-client=$(kubectl -n demo get pods -l app=client -o jsonpath='{.items[0].status.podIP}')
-echo "== the client calls http://echo.demo (cluster DNS, then the Service VIP)"
-"$out/canopy-echo" get "http://$client:8080/fetch?url=http://echo.demo/"
-echo
-echo
-echo "== ambient workloads (canopyctl workloads arrives with the canopyctl issue; the local cluster's view for now)"
-"${local[@]}" status
-echo
-echo "The cluster keeps running: export KUBECONFIG=/var/lib/canopy-local/demo/control-plane/admin.kubeconfig"
-echo "and use $kubedir/kubectl. Remove it with: $out/canopy-local --name demo down"
+echo "client -> echo went over mutual TLS, spiffe://cluster.local/ns/demo/sa/client to"
+echo "spiffe://cluster.local/ns/demo/sa/echo, as the echo pod's node proxy verified; the"
+echo "legacy pod, outside the mesh, reached echo in plaintext (security none)."
+
+step "explore"
+cat <<EOF
+export KUBECONFIG=$KUBECONFIG
+$out/canopyctl workloads -o wide      # also: services, policies, certificates, proxy-status, traffic
+$out/canopyctl config-dump node       # a node proxy's whole view; config-dump controller for the tables
+$kubedir/kubectl get pods -A -o wide
+$kubedir/kubectl apply -f - <<'YAML'  # refuse plaintext into the demo namespace
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: strict, namespace: demo}
+spec: {mtls: {mode: STRICT}}
+YAML
+
+Tear down: make demo-down
+EOF
