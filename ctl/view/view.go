@@ -179,7 +179,7 @@ func certRow(node string, cs configdump.CertState, c configdump.Certificate, typ
 	valid := !now.Before(c.ValidFrom) && now.Before(c.ExpirationTime)
 	left := "expired"
 	if now.Before(c.ExpirationTime) {
-		left = c.ExpirationTime.Sub(now).Round(time.Minute).String()
+		left = age(c.ExpirationTime.Sub(now))
 	}
 	return []string{node, cs.Identity, typ, cs.State, fmt.Sprint(valid), hexSerial(c.SerialNumber),
 		c.ExpirationTime.UTC().Format(time.RFC3339), c.ValidFrom.UTC().Format(time.RFC3339), left}

@@ -1,0 +1,62 @@
+package ctl
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func TestMergeValues(t *testing.T) {
+	a := map[string]any{"image": map[string]any{"hub": "canopy", "tag": "1"}, "node": map[string]any{"logLevel": "info"}}
+	b := map[string]any{"image": map[string]any{"tag": "2"}, "cniAgent": map[string]any{"probeUID": 0}, "node": "replaced"}
+	want := map[string]any{"image": map[string]any{"hub": "canopy", "tag": "2"}, "cniAgent": map[string]any{"probeUID": 0}, "node": "replaced"}
+	if diff := cmp.Diff(want, mergeValues(a, b)); diff != "" {
+		t.Errorf("mergeValues (-want +got):\n%s", diff)
+	}
+	if a["image"].(map[string]any)["tag"] != "1" {
+		t.Error("mergeValues changed its input")
+	}
+}
+
+func TestReadiness(t *testing.T) {
+	ds := func(gen, observed int64, desired, updated, ready int32) *appsv1.DaemonSet {
+		return &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Generation: gen}, Status: appsv1.DaemonSetStatus{
+			ObservedGeneration: observed, DesiredNumberScheduled: desired, UpdatedNumberScheduled: updated, NumberReady: ready}}
+	}
+	for _, tt := range []struct {
+		name string
+		d    *appsv1.DaemonSet
+		want bool
+	}{
+		{"all updated and ready", ds(2, 2, 2, 2, 2), true},
+		{"spec change not yet observed", ds(3, 2, 2, 2, 2), false},
+		{"rolling: one old pod left", ds(2, 2, 2, 1, 2), false},
+		{"a pod not ready", ds(2, 2, 2, 2, 1), false},
+		{"no node scheduled yet", ds(1, 1, 0, 0, 0), false},
+	} {
+		if got := daemonSetReady(tt.d); got != tt.want {
+			t.Errorf("%s: daemonSetReady = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+	d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Generation: 1}, Status: appsv1.DeploymentStatus{ObservedGeneration: 1, Replicas: 2, UpdatedReplicas: 2, ReadyReplicas: 1}}
+	if deploymentReady(d, 2) {
+		t.Error("a Deployment with one of two replicas ready counted as ready")
+	}
+	d.Status.ReadyReplicas = 2
+	if !deploymentReady(d, 2) {
+		t.Error("a Deployment with every replica updated and ready not counted as ready")
+	}
+}
+
+func TestParseOutput(t *testing.T) {
+	for _, ok := range []string{"", "wide", "json", "yaml"} {
+		if _, err := ParseOutput(ok); err != nil {
+			t.Errorf("ParseOutput(%q): %v", ok, err)
+		}
+	}
+	if _, err := ParseOutput("table"); err == nil {
+		t.Error("ParseOutput(table) accepted")
+	}
+}

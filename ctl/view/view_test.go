@@ -1,0 +1,183 @@
+package view
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/canopy-mesh/canopy/node/configdump"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+// golden compares got with testdata/name, rewriting it with -update.
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -update)", err)
+	}
+	if diff := cmp.Diff(string(want), got); diff != "" {
+		t.Errorf("%s (-want +got; go test -update if intended):\n%s", name, diff)
+	}
+}
+
+func print(t *testing.T, tb Table) string {
+	t.Helper()
+	var b strings.Builder
+	if err := tb.Print(&b); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+var (
+	services = []configdump.Service{
+		{Name: "echo", Namespace: "demo", Hostname: "echo.demo.svc.cluster.local", VIPs: []string{"/10.96.0.20"},
+			Endpoints: map[string]configdump.Endpoint{"a": {Status: "Healthy"}, "b": {Status: "Unhealthy"}}},
+		{Name: "waypoint", Namespace: "demo", Hostname: "waypoint.demo.svc.cluster.local", VIPs: []string{"net1/10.96.0.30"},
+			Endpoints: map[string]configdump.Endpoint{}},
+	}
+	workloads = []configdump.Workload{
+		{UID: "u3", Name: "echo-b", Namespace: "demo", Node: "node-2", Protocol: "HBONE", WorkloadIPs: []string{"10.244.2.3"}, ServiceAccount: "echo", Status: "Healthy",
+			Waypoint: &configdump.Gateway{Destination: "demo/waypoint.demo.svc.cluster.local"}},
+		{UID: "u1", Name: "echo-a", Namespace: "demo", Node: "node-1", Protocol: "HBONE", WorkloadIPs: []string{"10.244.1.3", "fd00::3"}, ServiceAccount: "echo", Status: "Healthy"},
+		{UID: "u2", Name: "legacy", Namespace: "apps", Node: "node-1", Protocol: "TCP", WorkloadIPs: []string{"10.244.1.9"}, Status: "Healthy",
+			Waypoint: &configdump.Gateway{Destination: "net1/10.1.1.1"}},
+		{UID: "u4", Name: "db", Namespace: "ext", Protocol: "TCP", Hostname: "db.example.com", Status: "Unhealthy"},
+	}
+)
+
+func TestWorkloads(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		filter WorkloadFilter
+		wide   bool
+	}{
+		{"workloads.golden", WorkloadFilter{}, false},
+		{"workloads-wide.golden", WorkloadFilter{}, true},
+		{"workloads-ambient.golden", WorkloadFilter{AmbientOnly: true}, false},
+		{"workloads-node.golden", WorkloadFilter{Node: "node-1", Namespace: "demo"}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			golden(t, tt.name, print(t, WorkloadsTable(FilterWorkloads(workloads, tt.filter), services, tt.wide)))
+		})
+	}
+}
+
+func TestWaypointName(t *testing.T) {
+	for _, tt := range []struct {
+		g    *configdump.Gateway
+		want string
+	}{
+		{nil, "None"},
+		{&configdump.Gateway{}, "None"},
+		{&configdump.Gateway{Destination: "demo/waypoint.demo.svc.cluster.local"}, "waypoint"},
+		{&configdump.Gateway{Destination: "net1/10.96.0.30"}, "waypoint"},
+		{&configdump.Gateway{Destination: "net1/10.1.1.1"}, "NA"},
+	} {
+		if got := waypointName(tt.g, services); got != tt.want {
+			t.Errorf("waypointName(%+v) = %q, want %q", tt.g, got, tt.want)
+		}
+	}
+}
+
+func TestServicesPoliciesGolden(t *testing.T) {
+	golden(t, "services.golden", print(t, ServicesTable(services, "")))
+	policies := []configdump.Policy{
+		{Name: "strict", Namespace: "istio-system", Action: "Deny", Scope: "Workload_selector"},
+		{Name: "allow-client", Namespace: "demo", Action: "Allow", Scope: "Workload_selector"},
+		{Name: "trial", Namespace: "demo", Action: "Deny", Scope: "Namespace", DryRun: true},
+	}
+	golden(t, "policies.golden", print(t, PoliciesTable(policies, "")))
+	if got := PoliciesTable(policies, "demo").Rows; len(got) != 2 {
+		t.Errorf("namespace filter kept %d policies, want 2", len(got))
+	}
+}
+
+func TestCertificates(t *testing.T) {
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	nodes := []NodeCertificates{{Node: "node-1", Proxy: "canopy-node-x", Certs: []configdump.CertState{{
+		Identity: "spiffe://cluster.local/ns/demo/sa/echo", State: "Available",
+		CertChain: []configdump.Certificate{{SerialNumber: "255", ValidFrom: now.Add(-time.Hour), ExpirationTime: now.Add(23 * time.Hour)},
+			{SerialNumber: "not-a-number", ValidFrom: now.Add(-48 * time.Hour), ExpirationTime: now.Add(-time.Hour)}},
+		RootCerts: []configdump.Certificate{{SerialNumber: "4096", ValidFrom: now.Add(-time.Hour), ExpirationTime: now.Add(87600 * time.Hour)}},
+	}}}}
+	golden(t, "certificates.golden", print(t, CertificatesTable(nodes, now)))
+}
+
+func TestProxyStatus(t *testing.T) {
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	cs := []ControllerStatus{{Controller: "canopy-controller-abc", Proxies: []ProxyStatus{
+		{ProxyID: "canopy-node-b.istio-system", Cluster: "Kubernetes", Version: "1.2.3", Types: []TypeStatus{
+			{Type: "WDS", Status: "SYNCED", LastAcked: now.Add(-75 * time.Second)},
+			{Type: "WADS", Status: "ERROR", NACK: "bad policy"},
+		}},
+		{ProxyID: "canopy-node-a.istio-system", Cluster: "Kubernetes", Types: []TypeStatus{
+			{Type: "WDS", Status: "STALE"},
+		}},
+	}}}
+	golden(t, "proxy-status.golden", print(t, ProxyStatusTable(cs, false, now)))
+	golden(t, "proxy-status-verbose.golden", print(t, ProxyStatusTable(cs, true, now)))
+}
+
+func TestAge(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		4 * time.Second: "4s", 75 * time.Second: "1m15s", 3*time.Hour + 5*time.Minute: "3h5m", 50 * time.Hour: "2d2h",
+	} {
+		if got := age(d); got != want {
+			t.Errorf("age(%s) = %q, want %q", d, got, want)
+		}
+	}
+}
+
+func TestParseConnections(t *testing.T) {
+	metrics := `# HELP istio_tcp_connections_opened_total TCP connections opened.
+# TYPE istio_tcp_connections_opened_total counter
+istio_tcp_connections_opened_total{reporter="destination",source_workload="client",source_workload_namespace="demo",source_principal="spiffe://cluster.local/ns/demo/sa/client",destination_workload="echo",destination_workload_namespace="demo",destination_principal="spiffe://cluster.local/ns/demo/sa/echo",request_protocol="tcp",connection_security_policy="mutual_tls"} 3
+istio_tcp_connections_opened_total{reporter="destination",source_workload="unknown",source_workload_namespace="unknown",source_principal="unknown",destination_workload="echo",destination_workload_namespace="demo",destination_principal="spiffe://cluster.local/ns/demo/sa/echo",request_protocol="tcp",connection_security_policy="none"} 1
+# TYPE other_total counter
+other_total 7
+`
+	got, err := ParseConnections("node-1", strings.NewReader(metrics))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Connection{
+		{Node: "node-1", Reporter: "destination", Source: "demo/client", SourcePrincipal: "spiffe://cluster.local/ns/demo/sa/client",
+			Destination: "demo/echo", DestinationPrincipal: "spiffe://cluster.local/ns/demo/sa/echo", Security: "mutual_tls", Opened: 3},
+		{Node: "node-1", Reporter: "destination", Source: "unknown", SourcePrincipal: "unknown",
+			Destination: "demo/echo", DestinationPrincipal: "spiffe://cluster.local/ns/demo/sa/echo", Security: "none", Opened: 1},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("connections (-want +got):\n%s", diff)
+	}
+	golden(t, "traffic.golden", print(t, TrafficTable(got)))
+	if _, err := ParseConnections("node-1", strings.NewReader("not { metrics")); err == nil {
+		t.Error("garbage metrics parsed without an error")
+	}
+}
+
+// FuzzParseConnections: a node proxy's metrics come from the cluster;
+// nothing in them may crash canopyctl.
+func FuzzParseConnections(f *testing.F) {
+	f.Add("istio_tcp_connections_opened_total{reporter=\"source\"} 1\n")
+	f.Add("# TYPE istio_tcp_connections_opened_total gauge\nistio_tcp_connections_opened_total 1e400\n")
+	f.Fuzz(func(t *testing.T, s string) {
+		cs, err := ParseConnections("n", strings.NewReader(s))
+		if err == nil {
+			_ = TrafficTable(cs)
+		}
+	})
+}
