@@ -81,7 +81,8 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.podNS, "pod-namespace", os.Getenv("POD_NAMESPACE"), "this agent's namespace (default $POD_NAMESPACE)")
 	fs.StringVar(&c.enroll.SystemNamespace, "system-namespace", "istio-system", "namespace of the node proxy pods (never enrolled)")
 	excluded := fs.String("excluded-namespaces", "kube-system", "comma-separated namespaces never enrolled")
-	fs.BoolVar(&c.enroll.DNSCapture, "dns-capture", true, "redirect pods' DNS to the node proxy unless a pod's annotation says otherwise")
+	// Off by default until the node proxy answers DNS on 15053.
+	fs.BoolVar(&c.enroll.DNSCapture, "dns-capture", false, "redirect pods' DNS to the node proxy (15053) unless a pod's annotation says otherwise")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {

@@ -358,11 +358,11 @@ func (v volumeSource) envValue(ctx context.Context, pod *corev1.Pod, ips []strin
 			if apierrors.IsNotFound(err) && ptrValue(ref.Optional) {
 				return "", nil
 			}
-			return "", fmt.Errorf("Secret %s: %w", ref.Name, err)
+			return "", fmt.Errorf("secret %s: %w", ref.Name, err)
 		}
 		val, ok := s.Data[ref.Key]
 		if !ok && !ptrValue(ref.Optional) {
-			return "", fmt.Errorf("Secret %s has no key %s", ref.Name, ref.Key)
+			return "", fmt.Errorf("secret %s has no key %s", ref.Name, ref.Key)
 		}
 		return string(val), nil
 	}
