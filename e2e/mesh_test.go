@@ -98,12 +98,14 @@ func up(t *testing.T) *mesh {
 	if err := b.FindTools(); err != nil {
 		ci.Unavailable(t, "local cluster tools: %v", err)
 	}
+	// Addresses no other test's cluster uses: packages run in parallel
+	// (internal/localcluster has 10.98/10.246 and 10.97/10.247).
 	cfg := localcluster.Config{
 		Name:     "e2e-mesh",
 		Nodes:    2,
 		StateDir: filepath.Join(os.TempDir(), "canopy-local-e2e-mesh"),
-		Underlay: netip.MustParsePrefix("10.97.0.0/24"),
-		PodCIDR:  netip.MustParsePrefix("10.247.0.0/16"),
+		Underlay: netip.MustParsePrefix("10.95.0.0/24"),
+		PodCIDR:  netip.MustParsePrefix("10.248.0.0/16"),
 		Binaries: b,
 		Images: map[string]string{
 			"canopy/canopy-controller": filepath.Join(bin, "canopy-controller"),
