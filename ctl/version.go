@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/canopy-mesh/canopy/ctl/cluster"
 )
@@ -15,36 +18,59 @@ type VersionOptions struct {
 	Client    string
 }
 
-// Version prints canopyctl's version and each component's, read from the
-// version label the chart stamps on every pod.
+// Version prints canopyctl's version and what each component's pods run,
+// asked of the running binaries (the controller's and the CNI agents'
+// monitoring ports, the node proxies' config_dump). A pod that cannot be
+// asked shows the version its chart label claims, marked so.
 func Version(ctx context.Context, c *cluster.Cluster, opts VersionOptions, w io.Writer) error {
 	fmt.Fprintf(w, "client version: %s\n", opts.Client)
-	for _, app := range []string{cluster.ControllerApp, cluster.CNIAgentApp, cluster.NodeProxyApp} {
-		pods, err := c.Pods(ctx, opts.Namespace, app)
+	for _, comp := range []struct {
+		app  string
+		port int
+	}{{cluster.ControllerApp, cluster.MonitoringPort}, {cluster.CNIAgentApp, cluster.CNIAgentMonitoringPort}, {cluster.NodeProxyApp, cluster.NodeAdminPort}} {
+		pods, err := c.Pods(ctx, opts.Namespace, comp.app)
 		if err != nil {
-			if app == cluster.ControllerApp {
+			if comp.app == cluster.ControllerApp {
 				return err
 			}
-			fmt.Fprintf(w, "%s: none\n", app)
+			fmt.Fprintf(w, "%s: none\n", comp.app)
 			continue
 		}
-		seen := map[string]int{}
-		var order []string
-		for _, p := range pods {
-			v := p.Labels["app.kubernetes.io/version"]
-			if v == "" {
-				v = "unknown"
-			}
-			if seen[v] == 0 {
-				order = append(order, v)
-			}
-			seen[v]++
+		count := map[string]int{}
+		for i := range pods {
+			count[podVersion(ctx, c, &pods[i], comp.app, comp.port)]++
 		}
-		parts := make([]string, 0, len(order))
-		for _, v := range order {
-			parts = append(parts, fmt.Sprintf("%s (%d pods)", v, seen[v]))
+		versions := make([]string, 0, len(count))
+		for v := range count {
+			versions = append(versions, v)
 		}
-		fmt.Fprintf(w, "%s version: %s\n", app, strings.Join(parts, ", "))
+		slices.Sort(versions)
+		parts := make([]string, 0, len(versions))
+		for _, v := range versions {
+			parts = append(parts, fmt.Sprintf("%s (%d pods)", v, count[v]))
+		}
+		fmt.Fprintf(w, "%s version: %s\n", comp.app, strings.Join(parts, ", "))
 	}
 	return nil
 }
+
+func podVersion(ctx context.Context, c *cluster.Cluster, p *corev1.Pod, app string, port int) string {
+	label := p.Labels["app.kubernetes.io/version"]
+	if !cluster.Ready(p) {
+		return label + " (its label; the pod is not ready)"
+	}
+	label += " (its label; asking the pod failed)"
+	if app == cluster.NodeProxyApp {
+		d, err := fetchDump(ctx, c, p)
+		if err != nil || d.Version == "" {
+			return label
+		}
+		return d.Version
+	}
+	body, err := c.Get(ctx, p, port, "/version")
+	if err != nil {
+		return label
+	}
+	return strings.TrimSpace(string(body))
+}
+

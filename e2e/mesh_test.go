@@ -245,6 +245,17 @@ func testDemoScenario(t *testing.T, m *mesh) {
 	if !strings.Contains(certs.String(), "spiffe://cluster.local/ns/demo/sa/echo") {
 		t.Errorf("no certificate for the echo identity:\n%s", certs.String())
 	}
+	var version strings.Builder
+	if err := ctl.Version(t.Context(), m.c, ctl.VersionOptions{Namespace: system, Client: "test"}, &version); err != nil {
+		t.Fatal(err)
+	}
+	// The binaries are built without version ldflags: "dev", asked of
+	// them, not the chart label's "e2e".
+	for _, want := range []string{"canopy-controller version: dev (1 pods)", "canopy-cni-agent version: dev (2 pods)", "canopy-node version: dev (2 pods)"} {
+		if !strings.Contains(version.String(), want) {
+			t.Errorf("canopyctl version lacks %q:\n%s", want, version.String())
+		}
+	}
 	var status strings.Builder
 	if err := ctl.ProxyStatus(t.Context(), m.c, ctl.ProxyStatusOptions{Namespace: system, Verbose: true}, &status); err != nil {
 		t.Fatal(err)

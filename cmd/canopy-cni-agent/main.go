@@ -214,6 +214,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	monitor := http.NewServeMux()
 	monitor.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
 	monitor.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	monitor.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, version.Get()) })
 	monitor.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		select {
 		case <-a.Synced():

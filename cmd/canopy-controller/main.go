@@ -198,6 +198,8 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	monitor.Handle("/debug/syncz", proxyStatus)
 	monitor.Handle("/debug/config_dump", proxyStatus)
 	monitor.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	// canopyctl version reads the running binary's version here.
+	monitor.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, version.Get()) })
 
 	g, ctx := errgroup.WithContext(ctx)
 	ca.start(ctx, g)

@@ -28,12 +28,13 @@ import (
 
 // Well-known pod labels and ports of Canopy's components.
 const (
-	ControllerApp   = "canopy-controller"
-	NodeProxyApp    = "canopy-node"
-	CNIAgentApp     = "canopy-cni-agent"
-	MonitoringPort  = 15014 // the controller's debug and status views
-	NodeAdminPort   = 15000 // the node proxy's config_dump, loopback only
-	NodeMetricsPort = 15020 // the node proxy's Prometheus metrics
+	ControllerApp          = "canopy-controller"
+	NodeProxyApp           = "canopy-node"
+	CNIAgentApp            = "canopy-cni-agent"
+	MonitoringPort         = 15014 // the controller's debug and status views
+	NodeAdminPort          = 15000 // the node proxy's config_dump, loopback only
+	NodeMetricsPort        = 15020 // the node proxy's Prometheus metrics
+	CNIAgentMonitoringPort = 15024 // the CNI agent's metrics, health and version
 )
 
 // Cluster is a connection to one cluster.
