@@ -424,7 +424,33 @@ func testUninstall(t *testing.T, m *mesh) {
 	if err := m.dial(t, &client, "echo.demo:9000"); err != nil {
 		t.Errorf("client -> echo after uninstall: %v", err)
 	}
+	// The plugin is out of every node's chain (it fails closed: left
+	// behind, no pod could start), and a new pod starts.
+	confs, err := filepath.Glob(filepath.Join(m.local.State.Dir, "nodes", "*", "cni", "net.d", "*"))
+	if err != nil || len(confs) == 0 {
+		t.Fatalf("no CNI configuration found: %v", err)
+	}
+	for _, f := range confs {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(b), "canopy-cni") {
+			t.Errorf("%s still chains canopy-cni after uninstall:\n%s", f, b)
+		}
+	}
+	d, err := m.c.Client.AppsV1().Deployments("demo").Get(t.Context(), "echo", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Spec.Replicas = ptr(int32(4))
+	if _, err := m.c.Client.AppsV1().Deployments("demo").Update(t.Context(), d, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	m.waitDeployment(t, "demo", "echo")
 }
+
+func ptr[T any](v T) *T { return &v }
 
 // dial has pod open a new TCP connection to addr (canopy-echo's /dial,
 // reached by port-forward) and checks the echo: a new connection each

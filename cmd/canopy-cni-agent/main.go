@@ -168,6 +168,19 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRun()
 	g, ctx := errgroup.WithContext(runCtx)
+	if err := installer.Install(); err != nil && !errors.Is(err, install.ErrNoPrimary) {
+		return fmt.Errorf("install the plugin: %w", err)
+	}
+	// The watch restores the plugin whenever the configuration changes: it
+	// must have stopped before an uninstall removes the plugin, or it
+	// would put it straight back.
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	watchDone := make(chan struct{})
+	g.Go(func() error {
+		defer close(watchDone)
+		return installer.Watch(watchCtx)
+	})
 	var removing atomic.Bool
 	g.Go(func() error {
 		select {
@@ -186,16 +199,14 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		if gone {
 			log.Info("the DaemonSet is being deleted: taking the node out of the mesh")
 			removing.Store(true)
+			stopWatch()
+			<-watchDone
 			if err := installer.Uninstall(); err != nil {
 				log.Error("remove the plugin", "err", err)
 			}
 		}
 		return nil
 	})
-	if err := installer.Install(); err != nil && !errors.Is(err, install.ErrNoPrimary) {
-		return fmt.Errorf("install the plugin: %w", err)
-	}
-	g.Go(func() error { return installer.Watch(ctx) })
 	g.Go(func() error { return a.Run(ctx) })
 	g.Go(func() error {
 		// The node proxy treats a snapshot as complete: open ZDS only once
