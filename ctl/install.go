@@ -32,6 +32,9 @@ type InstallOptions struct {
 	ValuesFiles []string
 	Set         []string
 	SkipCRDs    bool
+	// ForceCRDs takes over CRD fields another manager (Istio's installer,
+	// the Gateway API's) owns; without it such a CRD is an error.
+	ForceCRDs bool
 	// DryRun prints the manifests instead of applying them.
 	DryRun bool
 	// Wait bounds the wait for readiness; zero does not wait.
@@ -74,7 +77,7 @@ func Install(ctx context.Context, c *cluster.Cluster, opts InstallOptions, w io.
 	}
 	if !opts.SkipCRDs {
 		fmt.Fprintf(w, "applying %d CRDs\n", len(r.CRDs))
-		if err := a.Apply(ctx, r.CRDs); err != nil {
+		if err := applyCRDs(ctx, c, r, opts.ForceCRDs); err != nil {
 			return err
 		}
 	}
@@ -88,6 +91,23 @@ func Install(ctx context.Context, c *cluster.Cluster, opts InstallOptions, w io.
 	return WaitReady(ctx, c, opts.Namespace, opts.Wait, w)
 }
 
+// applyCRDs applies the chart's CRDs without taking over what another
+// installer manages: on a cluster where Istio or the Gateway API put them,
+// their schema stays theirs unless the user says otherwise.
+func applyCRDs(ctx context.Context, c *cluster.Cluster, r *chart.Rendered, force bool) error {
+	a, err := kubeapply.New(c.Config, kubeapply.Options{NoForce: !force})
+	if err != nil {
+		return err
+	}
+	if err := a.Apply(ctx, r.CRDs); err != nil {
+		if kubeapply.IsConflict(err) {
+			return fmt.Errorf("%w\nanother installer manages this CRD: pass --skip-crds to leave the CRDs as they are, or --force-crds to take them over", err)
+		}
+		return err
+	}
+	return nil
+}
+
 // WaitReady waits until every Deployment and DaemonSet of Canopy in
 // namespace has all its pods updated and ready, printing a line whenever
 // the picture changes. On timeout it says which pods are not ready, and
@@ -97,10 +117,9 @@ func WaitReady(ctx context.Context, c *cluster.Cluster, namespace string, timeou
 	err := wait.PollUntilContextTimeout(ctx, time.Second, timeout, true, func(ctx context.Context) (bool, error) {
 		line, done, err := readiness(ctx, c, namespace)
 		if err != nil {
-			if ctx.Err() != nil {
-				return false, nil // the timeout, reported below
-			}
-			return false, err
+			// Transient (an API server hiccup, the timeout itself): keep
+			// polling and say so; the timeout reports what is not ready.
+			line = "(" + err.Error() + ")"
 		}
 		if line != last {
 			fmt.Fprintf(w, "  %s\n", line)
@@ -209,7 +228,10 @@ type UninstallOptions struct {
 	// RemoveCRDs also deletes the CRDs, and with them every Istio
 	// resource in the cluster; off by default.
 	RemoveCRDs bool
-	Wait       time.Duration
+	// Wait bounds the wait for the CNI agents to un-enroll their pods;
+	// zero does not wait (their pods may still be enrolled when the node
+	// proxies go).
+	Wait time.Duration
 }
 
 // Uninstall removes Canopy. The CNI agents go first: deleting their
@@ -232,15 +254,16 @@ func Uninstall(ctx context.Context, c *cluster.Cluster, opts UninstallOptions, w
 	if err := a.Delete(ctx, agents); err != nil {
 		return err
 	}
-	err = wait.PollUntilContextTimeout(ctx, time.Second, opts.Wait, true, func(ctx context.Context) (bool, error) {
-		pods, err := c.Client.CoreV1().Pods(opts.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + cluster.CNIAgentApp})
+	if opts.Wait > 0 {
+		err = wait.PollUntilContextTimeout(ctx, time.Second, opts.Wait, true, func(ctx context.Context) (bool, error) {
+			pods, err := c.Client.CoreV1().Pods(opts.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + cluster.CNIAgentApp})
+			// A failed list is retried: giving up here would leave the
+			// agents gone and the rest of Canopy half deleted.
+			return err == nil && len(pods.Items) == 0, nil
+		})
 		if err != nil {
-			return false, err
+			return fmt.Errorf("CNI agents still running after %s (their nodes' pods may still be enrolled; run canopyctl uninstall again): %w", opts.Wait, err)
 		}
-		return len(pods.Items) == 0, nil
-	})
-	if err != nil {
-		return fmt.Errorf("CNI agents still running after %s (their pods may still be enrolled): %w", opts.Wait, err)
 	}
 	fmt.Fprintf(w, "deleting the rest of Canopy from namespace %s\n", opts.Namespace)
 	if err := a.Delete(ctx, r.Objects); err != nil {

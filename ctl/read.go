@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/url"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -113,7 +114,10 @@ func Certificates(ctx context.Context, c *cluster.Cluster, opts CertificatesOpti
 			continue
 		}
 		if !cluster.Ready(p) {
-			fmt.Fprintf(w, "# %s on %s is not ready; skipped\n", p.Name, p.Spec.NodeName)
+			// Said in the table's output only: JSON and YAML stay parseable.
+			if opts.Output != "json" && opts.Output != "yaml" {
+				fmt.Fprintf(w, "# %s on %s is not ready; skipped\n", p.Name, p.Spec.NodeName)
+			}
 			continue
 		}
 		dump, err := fetchDump(ctx, c, p)
@@ -199,7 +203,7 @@ func ConfigDump(ctx context.Context, c *cluster.Cluster, opts ConfigDumpOptions,
 	case "controller":
 		port, path = cluster.MonitoringPort, "/debug/tables"
 		if opts.ProxyID != "" {
-			path = "/debug/config_dump?proxyID=" + opts.ProxyID
+			path = "/debug/config_dump?" + url.Values{"proxyID": {opts.ProxyID}}.Encode()
 		}
 		pod, err = pickPod(ctx, c, opts.Namespace, cluster.ControllerApp, opts.Pod, "")
 	default:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/netip"
 	"net/url"
@@ -43,10 +44,6 @@ type mesh struct {
 	root  string // the module root, for deploy/examples
 }
 
-// binaries are what the local cluster runs: its own, the sample app and
-// Canopy's components under their image names.
-var components = []string{"canopy-local", "canopy-echo", "canopy-controller", "canopy-cni-agent", "canopy-cni", "canopy-node"}
-
 // TestMesh runs the scenario in order on one cluster: each step builds on
 // the state the previous one left, as a user's session would.
 func TestMesh(t *testing.T) {
@@ -85,7 +82,9 @@ func up(t *testing.T) *mesh {
 	}
 	bin := t.TempDir()
 	args := []string{"build", "-o", bin}
-	for _, c := range components {
+	// What the local cluster runs: its own binary, the sample app and
+	// Canopy's components (under their image names, below).
+	for _, c := range []string{"canopy-local", "canopy-echo", "canopy-controller", "canopy-cni-agent", "canopy-cni", "canopy-node"} {
 		args = append(args, "./cmd/"+c)
 	}
 	build := exec.Command("go", args...)
@@ -120,9 +119,14 @@ func up(t *testing.T) *mesh {
 		t.Fatalf("local cluster: %v", err)
 	}
 	t.Cleanup(func() {
+		// The cluster goes in any case (its processes outlive the test);
+		// a failure keeps its logs and state files.
 		if t.Failed() {
-			t.Logf("cluster state and logs: %s (kept until the next run)", local.State.Dir)
-			return
+			if dir, err := keepLogs(local.State.Dir); err != nil {
+				t.Logf("keep the cluster's logs: %v", err)
+			} else {
+				t.Logf("cluster logs and state files kept in %s", dir)
+			}
 		}
 		if err := localcluster.Down(context.Background(), local.State.Dir); err != nil {
 			t.Errorf("down: %v", err)
@@ -225,7 +229,13 @@ func testDemoScenario(t *testing.T, m *mesh) {
 	}
 	var conns []view.Connection
 	poll(t, 30*time.Second, "mTLS connections in the node proxies' metrics", func(ctx context.Context) (bool, error) {
-		conns = m.connections(t)
+		var out strings.Builder
+		if err := ctl.Traffic(ctx, m.c, ctl.TrafficOptions{Namespace: system, Output: "json"}, &out); err != nil {
+			return false, nil
+		}
+		if err := json.Unmarshal([]byte(out.String()), &conns); err != nil {
+			return false, err
+		}
 		return hasConn(conns, "destination", "demo/client", "demo/echo", "mutual_tls") && hasConn(conns, "source", "demo/client", "demo/echo", "mutual_tls"), nil
 	})
 	for _, c := range conns {
@@ -361,15 +371,17 @@ func testUnlabel(t *testing.T, m *mesh) {
 	if _, err := m.c.Client.CoreV1().Namespaces().Update(t.Context(), ns, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, 60*time.Second, "every demo pod out of the mesh", func(context.Context) (bool, error) {
-		for _, p := range m.pods(t, "demo", "") {
-			if p.Annotations["ambient.istio.io/redirection"] != "" || hasCondition(&p, "mesh.canopy.dev/Enrolled") {
-				return false, nil
-			}
+	poll(t, 60*time.Second, "every demo pod out of the mesh", func(ctx context.Context) (bool, error) {
+		pods, err := m.readyPods(ctx, "demo", "")
+		if err != nil {
+			return false, nil // retried; the timeout reports
 		}
-		rows := m.workloads(t)
-		for _, p := range m.pods(t, "demo", "") {
-			if rows[p.Name].Protocol != "TCP" {
+		rows, err := m.workloadRows(ctx)
+		if err != nil {
+			return false, nil
+		}
+		for _, p := range pods {
+			if p.Annotations["ambient.istio.io/redirection"] != "" || hasCondition(&p, "mesh.canopy.dev/Enrolled") || rows[p.Name].Protocol != "TCP" {
 				return false, nil
 			}
 		}
@@ -392,8 +404,12 @@ func testUnlabel(t *testing.T, m *mesh) {
 	if _, err := m.c.Client.CoreV1().Namespaces().Update(t.Context(), ns, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, 60*time.Second, "demo pods back in the mesh", func(context.Context) (bool, error) {
-		for _, p := range m.pods(t, "demo", "") {
+	poll(t, 60*time.Second, "demo pods back in the mesh", func(ctx context.Context) (bool, error) {
+		pods, err := m.readyPods(ctx, "demo", "")
+		if err != nil {
+			return false, nil
+		}
+		for _, p := range pods {
 			if p.Annotations["ambient.istio.io/redirection"] != "enabled" {
 				return false, nil
 			}
@@ -476,27 +492,44 @@ func (m *mesh) fetch(t *testing.T, from *corev1.Pod, u string) (string, error) {
 
 func (m *mesh) workloads(t *testing.T) map[string]workloadRow {
 	t.Helper()
-	var out strings.Builder
-	if err := ctl.Workloads(t.Context(), m.c, ctl.WorkloadsOptions{ProxyOptions: ctl.ProxyOptions{Namespace: system}, Output: "json"}, &out); err != nil {
+	rows, err := m.workloadRows(t.Context())
+	if err != nil {
 		t.Fatal(err)
 	}
-	return decodeWorkloads(t, out.String())
+	return rows
 }
 
-func (m *mesh) connections(t *testing.T) []view.Connection {
-	t.Helper()
+func (m *mesh) workloadRows(ctx context.Context) (map[string]workloadRow, error) {
 	var out strings.Builder
-	if err := ctl.Traffic(t.Context(), m.c, ctl.TrafficOptions{Namespace: system, Output: "json"}, &out); err != nil {
-		t.Fatal(err)
+	if err := ctl.Workloads(ctx, m.c, ctl.WorkloadsOptions{ProxyOptions: ctl.ProxyOptions{Namespace: system}, Output: "json"}, &out); err != nil {
+		return nil, err
 	}
-	return decodeConnections(t, out.String())
+	var ws []configdump.Workload
+	if err := json.Unmarshal([]byte(out.String()), &ws); err != nil {
+		return nil, fmt.Errorf("decode workloads: %w", err)
+	}
+	rows := map[string]workloadRow{}
+	for _, w := range ws {
+		rows[w.Name] = w
+	}
+	return rows, nil
 }
 
 func (m *mesh) pods(t *testing.T, ns, selector string) []corev1.Pod {
 	t.Helper()
-	list, err := m.c.Client.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{LabelSelector: selector})
+	pods, err := m.readyPods(t.Context(), ns, selector)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return pods
+}
+
+// readyPods are the ready, not terminating pods of ns matching selector;
+// none is an error.
+func (m *mesh) readyPods(ctx context.Context, ns, selector string) ([]corev1.Pod, error) {
+	list, err := m.c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		return nil, err
 	}
 	var out []corev1.Pod
 	for _, p := range list.Items {
@@ -505,9 +538,9 @@ func (m *mesh) pods(t *testing.T, ns, selector string) []corev1.Pod {
 		}
 	}
 	if len(out) == 0 {
-		t.Fatalf("no ready pod in %s matching %q", ns, selector)
+		return nil, fmt.Errorf("no ready pod in %s matching %q", ns, selector)
 	}
-	return out
+	return out, nil
 }
 
 func (m *mesh) waitDeployment(t *testing.T, ns, name string) {
@@ -627,30 +660,43 @@ func contains(xs []string, x string) bool {
 
 type workloadRow = configdump.Workload
 
-func decodeWorkloads(t *testing.T, s string) map[string]workloadRow {
-	t.Helper()
-	var ws []configdump.Workload
-	if err := json.Unmarshal([]byte(s), &ws); err != nil {
-		t.Fatalf("decode workloads: %v", err)
-	}
-	out := map[string]workloadRow{}
-	for _, w := range ws {
-		out[w.Name] = w
-	}
-	return out
-}
-
-func decodeConnections(t *testing.T, s string) []view.Connection {
-	t.Helper()
-	var cs []view.Connection
-	if err := json.Unmarshal([]byte(s), &cs); err != nil {
-		t.Fatalf("decode connections: %v", err)
-	}
-	return cs
-}
-
 func selfReview(verb, resource, subresource, ns string) *authorizationv1.SelfSubjectAccessReview {
 	return &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
 		ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: verb, Resource: resource, Subresource: subresource, Namespace: ns, Group: ""},
 	}}
+}
+
+// keepLogs copies the cluster's logs and small state files (not etcd's
+// data, keys or sockets) to a new temporary directory.
+func keepLogs(stateDir string) (string, error) {
+	dst, err := os.MkdirTemp("", "canopy-e2e-logs-")
+	if err != nil {
+		return "", err
+	}
+	err = filepath.WalkDir(stateDir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil // a file that went away meanwhile
+		}
+		if d.IsDir() && d.Name() == "etcd" {
+			return filepath.SkipDir
+		}
+		// Nor private keys and tokens: only what explains a failure.
+		if !d.Type().IsRegular() || strings.HasSuffix(d.Name(), ".key") || d.Name() == "tokens.csv" {
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil || info.Size() > 16<<20 {
+			return nil
+		}
+		rel, _ := filepath.Rel(stateDir, path)
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil
+		}
+		if err := os.MkdirAll(filepath.Join(dst, filepath.Dir(rel)), 0o755); err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(dst, rel), b, 0o644)
+	})
+	return dst, err
 }

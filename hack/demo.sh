@@ -9,10 +9,11 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:?OUT (the build directory) must be set; run make demo}
-kubedir=$(hack/tools.sh kube)
-export CANOPY_KUBE_BIN_DIR=$kubedir
-export CANOPY_CNI_BIN_DIR=$(hack/tools.sh cni)
-export CANOPY_COREDNS_BIN_DIR=$(hack/tools.sh coredns)
+# Assigned before export: a failed build must stop the script (set -e).
+kubedir=$("$root/hack/tools.sh" kube)
+cnidir=$("$root/hack/tools.sh" cni)
+corednsdir=$("$root/hack/tools.sh" coredns)
+export CANOPY_KUBE_BIN_DIR=$kubedir CANOPY_CNI_BIN_DIR=$cnidir CANOPY_COREDNS_BIN_DIR=$corednsdir
 export KUBECONFIG=/var/lib/canopy-local/demo/control-plane/admin.kubeconfig
 local=("$out/canopy-local" --name demo)
 kubectl() { "$kubedir/kubectl" "$@"; }

@@ -228,6 +228,7 @@ func installCommand(g *globals) *cobra.Command {
 	f.StringArrayVar(&opts.Set, "set", nil, "a value, key=value, as helm --set (repeatable)")
 	f.StringVar(&opts.Version, "version", opts.Version, "image tag to install")
 	f.BoolVar(&opts.SkipCRDs, "skip-crds", false, "do not apply the CRDs (they are managed elsewhere)")
+	f.BoolVar(&opts.ForceCRDs, "force-crds", false, "take over CRD fields another installer manages")
 	f.BoolVar(&opts.DryRun, "dry-run", false, "print the manifests instead of applying them")
 	f.DurationVar(&opts.Wait, "wait", 5*time.Minute, "how long to wait for readiness (0: do not wait)")
 	return cmd

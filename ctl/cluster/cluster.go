@@ -148,13 +148,13 @@ func (c *Cluster) forward(ctx context.Context, pod *corev1.Pod, port int) (strin
 	u.Path = strings.TrimSuffix(u.Path, "/") + fmt.Sprintf("/api/v1/namespaces/%s/pods/%s/portforward", pod.Namespace, pod.Name)
 	dialer := spdy.NewDialer(upgrader, &http.Client{Transport: transport}, http.MethodPost, u)
 	stop, ready := make(chan struct{}), make(chan struct{})
-	var errOut strings.Builder
-	fw, err := portforward.NewOnAddresses(dialer, []string{"127.0.0.1"}, []string{"0:" + strconv.Itoa(port)}, stop, ready, io.Discard, &errOut)
+	fw, err := portforward.NewOnAddresses(dialer, []string{"127.0.0.1"}, []string{"0:" + strconv.Itoa(port)}, stop, ready, io.Discard, io.Discard)
 	if err != nil {
 		return "", nil, fmt.Errorf("port-forward to %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- fw.ForwardPorts() }()
+	closeFw := func() { close(stop); <-done }
 	select {
 	case <-ready:
 	case err := <-done:
@@ -163,13 +163,16 @@ func (c *Cluster) forward(ctx context.Context, pod *corev1.Pod, port int) (strin
 		}
 		return "", nil, fmt.Errorf("port-forward to %s/%s:%d: %w", pod.Namespace, pod.Name, port, err)
 	case <-ctx.Done():
-		close(stop)
+		closeFw()
 		return "", nil, ctx.Err()
 	}
 	ports, err := fw.GetPorts()
-	if err != nil || len(ports) == 0 {
-		close(stop)
-		return "", nil, fmt.Errorf("port-forward to %s/%s: no local port: %v", pod.Namespace, pod.Name, err)
+	if err == nil && len(ports) == 0 {
+		err = errors.New("no local port")
 	}
-	return "127.0.0.1:" + strconv.Itoa(int(ports[0].Local)), func() { close(stop); <-done }, nil
+	if err != nil {
+		closeFw()
+		return "", nil, fmt.Errorf("port-forward to %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	return "127.0.0.1:" + strconv.Itoa(int(ports[0].Local)), closeFw, nil
 }

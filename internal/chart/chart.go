@@ -145,7 +145,7 @@ func Decode(b []byte) ([]*unstructured.Unstructured, error) {
 		}
 		u := &unstructured.Unstructured{Object: m}
 		if u.GetKind() == "" || u.GetAPIVersion() == "" {
-			return nil, fmt.Errorf("a document without kind or apiVersion: %v", m)
+			return nil, fmt.Errorf("a document without kind or apiVersion (name %q)", u.GetName())
 		}
 		out = append(out, u)
 	}
@@ -187,20 +187,20 @@ func semverOr(v, fallback string) string {
 	return v
 }
 
-// applyOrder is the order kinds are applied in: what others refer to
-// first, workloads last.
-var applyOrder = []string{
-	"Namespace", "CustomResourceDefinition", "PriorityClass", "ServiceAccount",
-	"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-	"ConfigMap", "Secret", "Service", "PodDisruptionBudget",
-	"Deployment", "DaemonSet", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
-}
-
+// applyRank orders kinds for applying: what others refer to first, the
+// controller before the DaemonSets that need it, unknown kinds last.
 func applyRank(kind string) int {
-	if i := slices.Index(applyOrder, kind); i >= 0 {
-		return i
+	for i, k := range [...]string{
+		"Namespace", "CustomResourceDefinition", "PriorityClass", "ServiceAccount",
+		"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+		"ConfigMap", "Secret", "Service", "PodDisruptionBudget",
+		"Deployment", "DaemonSet", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
+	} {
+		if k == kind {
+			return i
+		}
 	}
-	return len(applyOrder)
+	return 1 << 10
 }
 
 func namespaced(kind string) bool {

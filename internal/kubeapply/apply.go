@@ -26,6 +26,7 @@ type Applier struct {
 	mapper       *restmapper.DeferredDiscoveryRESTMapper
 	fieldManager string
 	dryRun       bool
+	force        bool
 }
 
 // Options configure an Applier.
@@ -34,6 +35,9 @@ type Options struct {
 	FieldManager string
 	// DryRun asks the API server to validate and admit without storing.
 	DryRun bool
+	// NoForce leaves fields another manager owns alone: a conflict is an
+	// error naming the manager (see IsConflict) instead of a takeover.
+	NoForce bool
 }
 
 // New returns an Applier for the cluster of cfg.
@@ -54,11 +58,13 @@ func New(cfg *rest.Config, opts Options) (*Applier, error) {
 		mapper:       restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc)),
 		fieldManager: opts.FieldManager,
 		dryRun:       opts.DryRun,
+		force:        !opts.NoForce,
 	}, nil
 }
 
 // Apply applies each object in order, taking over fields other managers
-// own (as an installer must). It stops at the first failure.
+// own (as an installer must) unless NoForce was set. It stops at the first
+// failure.
 func (a *Applier) Apply(ctx context.Context, objs []*unstructured.Unstructured) error {
 	for _, o := range objs {
 		ri, err := a.resource(o)
@@ -69,7 +75,7 @@ func (a *Applier) Apply(ctx context.Context, objs []*unstructured.Unstructured) 
 		if err != nil {
 			return fmt.Errorf("%s: %w", Describe(o), err)
 		}
-		opts := metav1.PatchOptions{FieldManager: a.fieldManager, Force: ptr(true)}
+		opts := metav1.PatchOptions{FieldManager: a.fieldManager, Force: ptr(a.force)}
 		if a.dryRun {
 			opts.DryRun = []string{metav1.DryRunAll}
 		}
@@ -118,6 +124,10 @@ func (a *Applier) resource(o *unstructured.Unstructured) (dynamic.ResourceInterf
 	}
 	return a.client.Resource(m.Resource), nil
 }
+
+// IsConflict reports a server-side apply conflict: fields of the object
+// are owned by another manager.
+func IsConflict(err error) bool { return apierrors.IsConflict(err) }
 
 // Describe names an object as kubectl does: kind/namespace/name.
 func Describe(o *unstructured.Unstructured) string {

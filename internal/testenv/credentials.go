@@ -91,7 +91,7 @@ func writeKubeletClientCredentials(dir string) (caPath, certPath, keyPath string
 	}
 	leaf := &x509.Certificate{
 		SerialNumber: big.NewInt(2),
-		Subject:      pkix.Name{CommonName: "kube-apiserver-kubelet-client", Organization: []string{"system:masters"}},
+		Subject:      pkix.Name{CommonName: "kube-apiserver-kubelet-client"},
 		NotBefore:    now.Add(-time.Hour),
 		NotAfter:     now.Add(10 * 365 * 24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,

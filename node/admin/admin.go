@@ -53,10 +53,11 @@ func (s Sources) Dump() configdump.Dump {
 	return d
 }
 
-// Handler serves the admin port (localhost only): /config_dump,
+// Handler serves the admin port (localhost only): /config_dump, /version,
 // POST /quitquitquit, /debug/pprof/.
 func Handler(s Sources) http.Handler {
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(s.Version + "\n")) })
 	mux.HandleFunc("GET /config_dump", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)

@@ -1,9 +1,11 @@
 // Package pods keeps the set of pods this node proxy serves in step with
 // ZDS (spec §3): each Add names a pod by its Kubernetes UID and workload
-// info and hands over its netns; the pod's identity comes from the
-// node-local workload with that namespace and service account (spec §3.4),
-// never from an IP lookup alone. A snapshot ends with every pod neither
-// added nor kept in it dropped.
+// info and hands over its netns. The pod's identity is the namespace and
+// service account of that workload info, which the CNI agent read from the
+// API server and hands over the node-local ZDS socket; never an IP lookup.
+// The pod's workload from xDS (same namespace, service account and name)
+// is used once it arrives. A snapshot ends with every pod neither added
+// nor kept in it dropped.
 package pods
 
 import (
@@ -66,11 +68,11 @@ type served struct {
 // provisional stands in for a pod's workload until xDS delivers it. A pod
 // is enrolled during CNI ADD, before it has an IP, and the controller
 // publishes pods only once they have one: waiting for the workload would
-// wait forever. The identity comes from the CNI agent (which read the pod
-// from the API server) and the CA checks it against the pod on this node
-// before issuing a certificate; the UID is the one the controller will
-// publish, so per-connection lookups switch to the real workload as soon
-// as it arrives.
+// wait forever. The identity comes from the CNI agent, which read the pod
+// from the API server; the CA issues a certificate for it only while a
+// pod with that namespace and service account runs on this node. The UID
+// is the one the controller will publish, so per-connection lookups switch
+// to the real workload as soon as it arrives.
 func (s *Set) provisional(info *zdspb.WorkloadInfo) *workloadapi.Workload {
 	return &workloadapi.Workload{
 		Uid:            workloadapi.PodUID(s.ClusterID, info.GetNamespace(), info.GetName()),
@@ -111,7 +113,7 @@ func (s *Set) Add(uid string, info *zdspb.WorkloadInfo, netns *os.File) error {
 	self := s.self(info)
 	if self == nil {
 		self = s.provisional(info)
-		s.Log.Info("serving pod before its workload arrived over xDS", "uid", uid, "pod", info.GetNamespace()+"/"+info.GetName())
+		s.Log.Debug("serving pod before its workload arrived over xDS", "uid", uid, "pod", info.GetNamespace()+"/"+info.GetName())
 	}
 	pod, err := inpod.Open(netns)
 	if err != nil {
@@ -133,7 +135,7 @@ func (s *Set) Add(uid string, info *zdspb.WorkloadInfo, netns *os.File) error {
 		s.stop(old)
 	}
 	s.Server.ServePod(pod, self)
-	s.Log.Info("serving pod", "uid", uid, "pod", info.GetNamespace()+"/"+info.GetName(), "identity", id.String())
+	s.Log.Debug("serving pod", "uid", uid, "pod", info.GetNamespace()+"/"+info.GetName(), "identity", id.String())
 	return nil
 }
 

@@ -319,12 +319,13 @@ func (v volumeSource) envValue(ctx context.Context, pod *corev1.Pod, ips []strin
 		return e.Value, nil
 	case from.FieldRef != nil:
 		switch path := from.FieldRef.FieldPath; path {
-		case "status.podIP":
-			if len(ips) == 0 {
-				return "", nil
+		case "status.podIP", "status.podIPs":
+			if pod.Spec.HostNetwork {
+				return hostIP, nil // a host-network pod's IP is its node's
 			}
-			return ips[0], nil
-		case "status.podIPs":
+			if path == "status.podIP" && len(ips) > 0 {
+				return ips[0], nil
+			}
 			return strings.Join(ips, ","), nil
 		case "status.hostIP", "status.hostIPs":
 			return hostIP, nil
