@@ -5,6 +5,7 @@
 package view
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"math/big"
@@ -51,11 +52,10 @@ func FilterWorkloads(ws []configdump.Workload, f WorkloadFilter) []configdump.Wo
 		}
 		out = append(out, w)
 	}
+	// istioctl sorts by "namespace.name"; compared field by field, without
+	// building the string, where no namespace holds a '.'.
 	slices.SortStableFunc(out, func(a, b configdump.Workload) int {
-		if c := strings.Compare(a.Namespace+"."+a.Name, b.Namespace+"."+b.Name); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Node, b.Node)
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name), strings.Compare(a.Node, b.Node))
 	})
 	return out
 }

@@ -378,12 +378,27 @@ func (p *Provider) PortForward(ctx context.Context, namespace, podName string, p
 		return fmt.Errorf("port-forward to %s/%s:%d: %w", namespace, podName, port, err)
 	}
 	defer conn.Close()
+	// Both directions run to their end: a client that half-closes after
+	// its request still gets the whole answer.
 	done := make(chan struct{}, 2)
-	go func() { _, _ = io.Copy(conn, stream); done <- struct{}{} }()
-	go func() { _, _ = io.Copy(stream, conn); done <- struct{}{} }()
-	select {
-	case <-done:
-	case <-ctx.Done():
+	go func() {
+		_, _ = io.Copy(conn, stream)
+		if tc, ok := conn.(*net.TCPConn); ok {
+			_ = tc.CloseWrite()
+		}
+		done <- struct{}{}
+	}()
+	go func() {
+		_, _ = io.Copy(stream, conn)
+		_ = stream.Close() // ends the other copy too
+		done <- struct{}{}
+	}()
+	for range 2 {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return nil
+		}
 	}
 	return nil
 }
