@@ -228,6 +228,11 @@ type UninstallOptions struct {
 	// RemoveCRDs also deletes the CRDs, and with them every Istio
 	// resource in the cluster; off by default.
 	RemoveCRDs bool
+	// Purge also deletes what the controller made at run time: the
+	// self-signed CA (istio-ca-secret; a plug-in CA's cacerts is the
+	// user's and stays) and the root-certificate ConfigMaps it published
+	// in every namespace. Without it a reinstall keeps the mesh's root.
+	Purge bool
 	// Wait bounds the wait for the CNI agents to un-enroll their pods;
 	// zero does not wait (their pods may still be enrolled when the node
 	// proxies go).
@@ -269,6 +274,19 @@ func Uninstall(ctx context.Context, c *cluster.Cluster, opts UninstallOptions, w
 	if err := a.Delete(ctx, r.Objects); err != nil {
 		return err
 	}
+	if opts.Purge {
+		// A controller still stopping would publish the ConfigMaps again.
+		err := wait.PollUntilContextTimeout(ctx, time.Second, max(opts.Wait, 30*time.Second), true, func(ctx context.Context) (bool, error) {
+			pods, err := c.Client.CoreV1().Pods(opts.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + cluster.ControllerApp})
+			return err == nil && len(pods.Items) == 0, nil
+		})
+		if err != nil {
+			return fmt.Errorf("canopy-controller still running; not purging: %w", err)
+		}
+		if err := purge(ctx, c, opts.Namespace, w); err != nil {
+			return err
+		}
+	}
 	if opts.RemoveCRDs {
 		fmt.Fprintln(w, "deleting the CRDs")
 		if err := a.Delete(ctx, r.CRDs); err != nil {
@@ -278,6 +296,30 @@ func Uninstall(ctx context.Context, c *cluster.Cluster, opts UninstallOptions, w
 	fmt.Fprintln(w, "Canopy is uninstalled")
 	return nil
 }
+
+// purge deletes the controller's run-time objects (see Purge).
+func purge(ctx context.Context, c *cluster.Cluster, ns string, w io.Writer) error {
+	cms, err := c.Client.CoreV1().ConfigMaps(metav1.NamespaceAll).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/managed-by=canopy-controller"})
+	if err != nil {
+		return fmt.Errorf("list the root-certificate ConfigMaps: %w", err)
+	}
+	for _, cm := range cms.Items {
+		err := c.Client.CoreV1().ConfigMaps(cm.Namespace).Delete(ctx, cm.Name, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete ConfigMap %s/%s: %w", cm.Namespace, cm.Name, err)
+		}
+	}
+	err = c.Client.CoreV1().Secrets(ns).Delete(ctx, selfSignedCASecret, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete the self-signed CA %s/%s: %w", ns, selfSignedCASecret, err)
+	}
+	fmt.Fprintf(w, "deleted the self-signed CA and %d root-certificate ConfigMaps\n", len(cms.Items))
+	return nil
+}
+
+// selfSignedCASecret is where the controller keeps a self-signed root
+// (ca/rootstore; canopyctl does not link the CA).
+const selfSignedCASecret = "istio-ca-secret"
 
 func ensureNamespace(ctx context.Context, c *cluster.Cluster, ns string) error {
 	_, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})

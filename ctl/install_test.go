@@ -1,6 +1,7 @@
 package ctl
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -58,5 +59,35 @@ func TestParseOutput(t *testing.T) {
 	}
 	if _, err := ParseOutput("table"); err == nil {
 		t.Error("ParseOutput(table) accepted")
+	}
+}
+
+// TestInstallDryRun: --dry-run prints the manifests without a cluster,
+// CRDs first unless skipped, and bad values fail before anything prints.
+func TestInstallDryRun(t *testing.T) {
+	var out strings.Builder
+	if err := Install(t.Context(), nil, InstallOptions{Namespace: "mesh", Version: "1.0.0", DryRun: true, Set: []string{"node.logLevel=debug"}}, &out); err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	for _, want := range []string{"kind: CustomResourceDefinition", "kind: DaemonSet", "namespace: mesh", "image: canopy/canopy-node:1.0.0", "--log-level=debug"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("dry run output lacks %q", want)
+		}
+	}
+	if strings.Index(got, "kind: CustomResourceDefinition") > strings.Index(got, "kind: ServiceAccount") {
+		t.Error("CRDs are not printed first")
+	}
+	out.Reset()
+	if err := Install(t.Context(), nil, InstallOptions{Namespace: "mesh", DryRun: true, SkipCRDs: true}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out.String(), "CustomResourceDefinition") {
+		t.Error("--skip-crds printed CRDs")
+	}
+	out.Reset()
+	err := Install(t.Context(), nil, InstallOptions{Namespace: "mesh", DryRun: true, Set: []string{"cniAgent.backend=ebpf"}}, &out)
+	if err == nil || out.Len() != 0 {
+		t.Errorf("bad values: err %v, %d bytes printed", err, out.Len())
 	}
 }

@@ -422,7 +422,7 @@ func testUnlabel(t *testing.T, m *mesh) {
 // removes the components, so the apps keep talking.
 func testUninstall(t *testing.T, m *mesh) {
 	var out strings.Builder
-	err := ctl.Uninstall(t.Context(), m.c, ctl.UninstallOptions{Namespace: system, Wait: 2 * time.Minute}, &out)
+	err := ctl.Uninstall(t.Context(), m.c, ctl.UninstallOptions{Namespace: system, Wait: 2 * time.Minute, Purge: true}, &out)
 	t.Logf("canopyctl uninstall:\n%s", out.String())
 	if err != nil {
 		t.Fatal(err)
@@ -439,6 +439,13 @@ func testUninstall(t *testing.T, m *mesh) {
 	client := m.pods(t, "demo", "app=client")[0]
 	if err := m.dial(t, &client, "echo.demo:9000"); err != nil {
 		t.Errorf("client -> echo after uninstall: %v", err)
+	}
+	cms, err := m.c.Client.CoreV1().ConfigMaps("").List(t.Context(), metav1.ListOptions{FieldSelector: "metadata.name=istio-ca-root-cert"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cms.Items) != 0 {
+		t.Errorf("%d root-certificate ConfigMaps left after uninstall --purge", len(cms.Items))
 	}
 	// The plugin is out of every node's chain (it fails closed: left
 	// behind, no pod could start), and a new pod starts.

@@ -250,6 +250,7 @@ func uninstallCommand(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&opts.RemoveCRDs, "remove-crds", false, "also delete the CRDs, and with them every Istio resource of the cluster")
+	cmd.Flags().BoolVar(&opts.Purge, "purge", false, "also delete the self-signed CA and the root-certificate ConfigMaps of every namespace (a reinstall gets a new root)")
 	cmd.Flags().DurationVar(&opts.Wait, "wait", 2*time.Minute, "how long the CNI agents may take to un-enroll their pods")
 	return cmd
 }
