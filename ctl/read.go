@@ -155,7 +155,7 @@ func ProxyStatus(ctx context.Context, c *cluster.Cluster, opts ProxyStatusOption
 		if !cluster.Ready(p) {
 			continue
 		}
-		body, err := c.Get(ctx, p, cluster.MonitoringPort, "/debug/syncz")
+		body, err := c.Get(ctx, p, cluster.DebugPort, "/debug/syncz")
 		if err != nil {
 			return err
 		}
@@ -201,7 +201,7 @@ func ConfigDump(ctx context.Context, c *cluster.Cluster, opts ConfigDumpOptions,
 		port, path = cluster.NodeAdminPort, "/config_dump"
 		pod, err = pickPod(ctx, c, opts.Namespace, cluster.NodeProxyApp, opts.Pod, opts.Node)
 	case "controller":
-		port, path = cluster.MonitoringPort, "/debug/tables"
+		port, path = cluster.DebugPort, "/debug/tables"
 		if opts.ProxyID != "" {
 			path = "/debug/config_dump?" + url.Values{"proxyID": {opts.ProxyID}}.Encode()
 		}

@@ -255,6 +255,13 @@ func testDemoScenario(t *testing.T, m *mesh) {
 	if !strings.Contains(certs.String(), "spiffe://cluster.local/ns/demo/sa/echo") {
 		t.Errorf("no certificate for the echo identity:\n%s", certs.String())
 	}
+	// The debug views (the whole mesh's configuration) are not on the
+	// network: only a port-forward reaches them.
+	ctrl := m.pods(t, system, "app="+cluster.ControllerApp)[0]
+	legacy := m.pods(t, "legacy", "app=legacy")[0]
+	if err := m.dial(t, &legacy, ctrl.Status.PodIP+":15015"); err == nil {
+		t.Error("the controller's debug port answers on the pod network")
+	}
 	var version strings.Builder
 	if err := ctl.Version(t.Context(), m.c, ctl.VersionOptions{Namespace: system, Client: "test"}, &version); err != nil {
 		t.Fatal(err)

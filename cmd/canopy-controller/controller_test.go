@@ -71,8 +71,8 @@ func TestControllerServesWorkloadXDS(t *testing.T) {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
 	sys := env.Namespace(t, "canopy-system", nil)
-	monitor, secure, plain := freeAddr(t), freeAddr(t), freeAddr(t)
-	cmd := exec.Command(bin, "--kubeconfig="+env.KubeconfigPath, "--monitoring-addr="+monitor, "--secure-addr="+secure,
+	monitor, debugViews, secure, plain := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	cmd := exec.Command(bin, "--kubeconfig="+env.KubeconfigPath, "--monitoring-addr="+monitor, "--debug-addr="+debugViews, "--secure-addr="+secure,
 		"--xds-addr="+plain, "--ca-namespace="+sys, "--cacerts-dir="+t.TempDir(), "--push-quiet=20ms", "--id=controller-under-test")
 	logs, err := os.Create(filepath.Join(t.TempDir(), "controller.log"))
 	if err != nil {
@@ -90,8 +90,14 @@ func TestControllerServesWorkloadXDS(t *testing.T) {
 			t.Logf("controller log:\n%s", b)
 		}
 	})
+	// Health and metrics on the monitoring port, the views on the debug
+	// port.
 	get := func(path string) (int, string) {
-		resp, err := http.Get("http://" + monitor + path)
+		addr := monitor
+		if strings.HasPrefix(path, "/debug/") {
+			addr = debugViews
+		}
+		resp, err := http.Get("http://" + addr + path)
 		if err != nil {
 			return 0, err.Error()
 		}

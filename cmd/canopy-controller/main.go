@@ -45,6 +45,7 @@ import (
 type config struct {
 	kubeconfig      string
 	monitorAddr     string
+	debugAddr       string
 	logLevel        slog.Level
 	problemInterval time.Duration
 	mesh            ambient.Config
@@ -66,7 +67,10 @@ func parseFlags(args []string) (config, error) {
 	var c config
 	fs := flag.NewFlagSet("canopy-controller", flag.ContinueOnError)
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
-	fs.StringVar(&c.monitorAddr, "monitoring-addr", ":15014", "address of the monitoring port (health, /debug/tables)")
+	fs.StringVar(&c.monitorAddr, "monitoring-addr", ":15014", "address of the monitoring port (/healthz, /readyz, /metrics, /version)")
+	// The debug views hold the whole mesh's configuration: loopback only
+	// by default, reached through a port-forward (canopyctl does).
+	fs.StringVar(&c.debugAddr, "debug-addr", "127.0.0.1:15015", "address of the debug views (/debug/tables, /debug/syncz, /debug/config_dump); empty: none")
 	fs.StringVar(&c.mesh.ClusterID, "cluster-id", "Kubernetes", "cluster ID in workload UIDs")
 	fs.StringVar(&c.mesh.Network, "network", "", "network of this cluster's workloads when the system namespace has no topology.istio.io/network label")
 	fs.StringVar(&c.mesh.SystemNamespace, "system-namespace", "istio-system", "namespace whose topology.istio.io/network label names the network")
@@ -124,8 +128,8 @@ func parseFlags(args []string) (config, error) {
 	if c.problemInterval <= 0 {
 		return c, fmt.Errorf("--problem-interval must be positive, got %s", c.problemInterval)
 	}
-	for _, a := range []struct{ flag, addr string }{{"--monitoring-addr", c.monitorAddr}, {"--secure-addr", c.secureAddr}, {"--xds-addr", c.xdsAddr}} {
-		if a.addr == "" && a.flag == "--xds-addr" {
+	for _, a := range []struct{ flag, addr string }{{"--monitoring-addr", c.monitorAddr}, {"--secure-addr", c.secureAddr}, {"--xds-addr", c.xdsAddr}, {"--debug-addr", c.debugAddr}} {
+		if a.addr == "" && (a.flag == "--xds-addr" || a.flag == "--debug-addr") {
 			continue
 		}
 		if _, _, err := net.SplitHostPort(a.addr); err != nil {
@@ -193,10 +197,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		xdsServer.Changed(cs)
 	}, log)
 	monitor := http.NewServeMux()
-	monitor.Handle("/", debug.Handler(tables, ready))
-	proxyStatus := xdsServer.DebugHandler()
-	monitor.Handle("/debug/syncz", proxyStatus)
-	monitor.Handle("/debug/config_dump", proxyStatus)
+	monitor.Handle("/", debug.Health(ready))
 	monitor.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
 	// canopyctl version reads the running binary's version here.
 	monitor.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, version.Get()) })
@@ -232,5 +233,13 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	})
 	log.Info("canopy-controller started", "version", version.Get())
 	httpserve.Run(ctx, g, "monitoring port", "tcp", cfg.monitorAddr, monitor, log)
+	if cfg.debugAddr != "" {
+		debugViews := http.NewServeMux()
+		debugViews.Handle("/debug/tables", debug.TablesHandler(tables))
+		proxyStatus := xdsServer.DebugHandler()
+		debugViews.Handle("/debug/syncz", proxyStatus)
+		debugViews.Handle("/debug/config_dump", proxyStatus)
+		httpserve.Run(ctx, g, "debug views", "tcp", cfg.debugAddr, debugViews, log)
+	}
 	return g.Wait()
 }

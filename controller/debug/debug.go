@@ -1,6 +1,6 @@
-// Package debug serves the controller's monitoring port: liveness,
-// readiness and the current tables as JSON (/debug/tables), until the xDS
-// server brings its own views.
+// Package debug serves the controller's health (liveness, readiness, on
+// the monitoring port) and its current tables as JSON (/debug/tables, on
+// the loopback-only debug port).
 package debug
 
 import (
@@ -24,9 +24,8 @@ type Tables interface {
 	Problems() map[string]string
 }
 
-// Handler serves /healthz, /readyz (ready once ready returns true) and
-// /debug/tables.
-func Handler(t Tables, ready func() bool) http.Handler {
+// Health serves /healthz and /readyz (ready once ready returns true).
+func Health(ready func() bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
@@ -36,6 +35,13 @@ func Handler(t Tables, ready func() bool) http.Handler {
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
+	return mux
+}
+
+// TablesHandler serves /debug/tables: every address and authorization,
+// and the problems found in the input.
+func TablesHandler(t Tables) http.Handler {
+	mux := http.NewServeMux()
 	mux.HandleFunc("GET /debug/tables", func(w http.ResponseWriter, _ *http.Request) {
 		out := tablesJSON{Problems: t.Problems()}
 		for _, n := range t.AddressNames() {

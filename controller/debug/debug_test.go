@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/canopy-mesh/canopy/workloadapi"
@@ -26,8 +27,12 @@ func (fakeTables) Problems() map[string]string {
 
 func TestHandler(t *testing.T) {
 	ready := false
-	h := Handler(fakeTables{}, func() bool { return ready })
+	health, tables := Health(func() bool { return ready }), TablesHandler(fakeTables{})
 	get := func(path string) *httptest.ResponseRecorder {
+		h := health
+		if strings.HasPrefix(path, "/debug/") {
+			h = tables
+		}
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
 		return rec

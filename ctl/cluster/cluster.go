@@ -31,7 +31,8 @@ const (
 	ControllerApp          = "canopy-controller"
 	NodeProxyApp           = "canopy-node"
 	CNIAgentApp            = "canopy-cni-agent"
-	MonitoringPort         = 15014 // the controller's debug and status views
+	MonitoringPort         = 15014 // the controller's health, metrics and version
+	DebugPort              = 15015 // the controller's debug views, loopback only
 	NodeAdminPort          = 15000 // the node proxy's config_dump, loopback only
 	NodeMetricsPort        = 15020 // the node proxy's Prometheus metrics
 	CNIAgentMonitoringPort = 15024 // the CNI agent's metrics, health and version
