@@ -96,8 +96,12 @@ func (c *Cluster) ReadyPod(ctx context.Context, namespace, app string) (*corev1.
 	return &pods[0], nil
 }
 
-// Ready reports the pod's Ready condition.
+// Ready reports the pod's Ready condition; a terminating pod is not
+// ready, whatever its last probe said.
 func Ready(p *corev1.Pod) bool {
+	if p.DeletionTimestamp != nil {
+		return false
+	}
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodReady {
 			return c.Status == corev1.ConditionTrue
