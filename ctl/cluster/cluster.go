@@ -50,6 +50,9 @@ func Connect(kubeconfig, kubeContext string) (*Cluster, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = kubeconfig
 	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: kubeContext}).ClientConfig()
+	if clientcmd.IsEmptyConfig(err) {
+		return nil, errors.New("no kubeconfig found: set --kubeconfig or KUBECONFIG (for the local cluster: /var/lib/canopy-local/<name>/control-plane/admin.kubeconfig)")
+	}
 	if err != nil {
 		return nil, fmt.Errorf("load kubeconfig: %w (set --kubeconfig or KUBECONFIG)", err)
 	}
