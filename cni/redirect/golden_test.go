@@ -1,15 +1,10 @@
 package redirect
 
 import (
-	"flag"
-	"os"
-	"path/filepath"
 	"testing"
 
-	"github.com/google/go-cmp/cmp"
+	goldenpkg "github.com/canopy-mesh/canopy/internal/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files")
 
 var configs = map[string]PodConfig{
 	"default":                DefaultPodConfig(),
@@ -18,22 +13,7 @@ var configs = map[string]PodConfig{
 	"reroute-interfaces":     {DNSCapture: true, InboundCapture: true, RerouteInterfaces: []string{"tap0", "k6t-eth0"}, ProbeSNAT: DefaultProbeSNAT},
 }
 
-func golden(t *testing.T, name, got string) {
-	t.Helper()
-	path := filepath.Join("testdata", name)
-	if *update {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test -update)", err)
-	}
-	if diff := cmp.Diff(string(want), got); diff != "" {
-		t.Errorf("%s mismatch (-want +got):\n%s", path, diff)
-	}
-}
+func golden(t *testing.T, name, got string) { t.Helper(); goldenpkg.Check(t, name, []byte(got)) }
 
 func TestNftablesGolden(t *testing.T) {
 	t.Parallel()

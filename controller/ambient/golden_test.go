@@ -4,18 +4,14 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
-	"flag"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"testing"
 
-	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
-)
 
-var update = flag.Bool("update", false, "rewrite golden files")
+	goldenfile "github.com/canopy-mesh/canopy/internal/golden"
+)
 
 // checkGolden compares msg, as indented JSON, with testdata/<name>.golden.
 // protojson's output is deliberately unstable, so it is re-encoded through
@@ -41,23 +37,7 @@ func checkGolden(t *testing.T, name string, msg proto.Message) {
 		}
 		got = buf.Bytes()
 	}
-	path := filepath.Join("testdata", name+".golden")
-	if *update {
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("read golden file (run go test -update to create it): %v", err)
-	}
-	if diff := cmp.Diff(string(want), string(got)); diff != "" {
-		t.Errorf("%s mismatch (-want +got):\n%s", path, diff)
-	}
+	goldenfile.Check(t, name+".golden", got)
 }
 
 // readableIPs rewrites the base64 of raw IP fields ("address", "addresses")

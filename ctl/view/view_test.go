@@ -1,37 +1,17 @@
 package view
 
 import (
-	"flag"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	goldenpkg "github.com/canopy-mesh/canopy/internal/golden"
 	"github.com/canopy-mesh/canopy/node/configdump"
 )
 
-var update = flag.Bool("update", false, "rewrite the golden files")
-
-// golden compares got with testdata/name, rewriting it with -update.
-func golden(t *testing.T, name, got string) {
-	t.Helper()
-	path := filepath.Join("testdata", name)
-	if *update {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test -update)", err)
-	}
-	if diff := cmp.Diff(string(want), got); diff != "" {
-		t.Errorf("%s (-want +got; go test -update if intended):\n%s", name, diff)
-	}
-}
+func golden(t *testing.T, name, got string) { t.Helper(); goldenpkg.Check(t, name, []byte(got)) }
 
 func print(t *testing.T, tb Table) string {
 	t.Helper()

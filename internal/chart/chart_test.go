@@ -1,9 +1,7 @@
 package chart_test
 
 import (
-	"flag"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -13,11 +11,10 @@ import (
 
 	"github.com/canopy-mesh/canopy/deploy/charts"
 	"github.com/canopy-mesh/canopy/internal/chart"
+	"github.com/canopy-mesh/canopy/internal/golden"
 	"github.com/canopy-mesh/canopy/internal/kubeapply"
 	"github.com/canopy-mesh/canopy/internal/testenv"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files")
 
 var env *testenv.Environment
 
@@ -45,19 +42,7 @@ func TestRenderGolden(t *testing.T) {
 		b.WriteString("---\n")
 		b.Write(y)
 	}
-	golden := filepath.Join("testdata", "default.golden.yaml")
-	if *update {
-		if err := os.WriteFile(golden, []byte(b.String()), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatalf("%v (run go test -update)", err)
-	}
-	if diff := cmp.Diff(string(want), b.String()); diff != "" {
-		t.Errorf("rendered chart differs from %s (-want +got; run go test -update if intended):\n%s", golden, diff)
-	}
+	golden.Check(t, "default.golden.yaml", []byte(b.String()))
 }
 
 func TestRenderShape(t *testing.T) {

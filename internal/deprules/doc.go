@@ -89,8 +89,8 @@ var Rules = []Rule{
 		Packages: []string{"./"},
 		// The local cluster is a development tool built on the test
 		// environment; Canopy's own components never link either.
-		Except: []string{"./internal/testenv", "./internal/ci", "./internal/nettest", "./internal/testcerts", "./internal/localcluster", "./cmd/canopy-local"},
-		Forbid: []string{"./internal/testenv", "./internal/ci", "./internal/nettest", "./internal/testcerts"},
+		Except: []string{"./internal/testenv", "./internal/ci", "./internal/nettest", "./internal/testcerts", "./internal/golden", "./internal/localcluster", "./cmd/canopy-local"},
+		Forbid: []string{"./internal/testenv", "./internal/ci", "./internal/nettest", "./internal/testcerts", "./internal/golden"},
 		Reason: "test helpers are for tests only",
 	},
 	{
