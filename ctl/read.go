@@ -103,31 +103,17 @@ type CertificatesOptions struct {
 // Certificates lists every node proxy's workload certificates with their
 // expiry.
 func Certificates(ctx context.Context, c *cluster.Cluster, opts CertificatesOptions, w io.Writer) error {
-	pods, err := c.Pods(ctx, opts.Namespace, cluster.NodeProxyApp)
+	pods, err := nodeProxies(ctx, c, opts.Namespace, opts.Node, opts.Output, w)
 	if err != nil {
 		return err
 	}
 	var nodes []view.NodeCertificates
-	for i := range pods {
-		p := &pods[i]
-		if opts.Node != "" && p.Spec.NodeName != opts.Node {
-			continue
-		}
-		if !cluster.Ready(p) {
-			// Said in the table's output only: JSON and YAML stay parseable.
-			if opts.Output != "json" && opts.Output != "yaml" {
-				fmt.Fprintf(w, "# %s on %s is not ready; skipped\n", p.Name, p.Spec.NodeName)
-			}
-			continue
-		}
+	for _, p := range pods {
 		dump, err := fetchDump(ctx, c, p)
 		if err != nil {
 			return err
 		}
 		nodes = append(nodes, view.NodeCertificates{Node: p.Spec.NodeName, Proxy: p.Name, Certs: dump.Certificates})
-	}
-	if opts.Node != "" && len(nodes) == 0 {
-		return fmt.Errorf("no ready canopy-node pod on node %s", opts.Node)
 	}
 	if opts.Output == "json" || opts.Output == "yaml" {
 		return printData(w, opts.Output, nodes)
@@ -220,6 +206,33 @@ func ConfigDump(ctx context.Context, c *cluster.Cluster, opts ConfigDumpOptions,
 	return err
 }
 
+// nodeProxies are the ready node proxies (on node, if set). Those not
+// ready are skipped, and said so in table output (JSON and YAML stay
+// parseable).
+func nodeProxies(ctx context.Context, c *cluster.Cluster, namespace, node string, o Output, w io.Writer) ([]*corev1.Pod, error) {
+	pods, err := c.Pods(ctx, namespace, cluster.NodeProxyApp)
+	if err != nil {
+		return nil, err
+	}
+	var out []*corev1.Pod
+	for i := range pods {
+		p := &pods[i]
+		switch {
+		case node != "" && p.Spec.NodeName != node:
+		case !cluster.Ready(p):
+			if o != "json" && o != "yaml" {
+				fmt.Fprintf(w, "# %s on %s is not ready; skipped\n", p.Name, p.Spec.NodeName)
+			}
+		default:
+			out = append(out, p)
+		}
+	}
+	if node != "" && len(out) == 0 {
+		return nil, fmt.Errorf("no ready canopy-node pod on node %s", node)
+	}
+	return out, nil
+}
+
 func nodeDump(ctx context.Context, c *cluster.Cluster, opts ProxyOptions) (*configdump.Dump, error) {
 	pod, err := pickPod(ctx, c, opts.Namespace, cluster.NodeProxyApp, opts.Proxy, "")
 	if err != nil {
@@ -289,16 +302,12 @@ type TrafficOptions struct {
 // destination workload, identities and security: whether traffic went
 // over mutual TLS between the identities it should.
 func Traffic(ctx context.Context, c *cluster.Cluster, opts TrafficOptions, w io.Writer) error {
-	pods, err := c.Pods(ctx, opts.Namespace, cluster.NodeProxyApp)
+	pods, err := nodeProxies(ctx, c, opts.Namespace, opts.Node, opts.Output, w)
 	if err != nil {
 		return err
 	}
 	var all []view.Connection
-	for i := range pods {
-		p := &pods[i]
-		if (opts.Node != "" && p.Spec.NodeName != opts.Node) || !cluster.Ready(p) {
-			continue
-		}
+	for _, p := range pods {
 		body, err := c.Get(ctx, p, cluster.NodeMetricsPort, "/metrics")
 		if err != nil {
 			return err
