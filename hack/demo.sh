@@ -53,12 +53,21 @@ trap 'kill "${pf[@]}" 2>/dev/null || true' EXIT
 for port in 18080 18081; do
 	for _ in $(seq 50); do "$out/canopy-echo" get "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
 done
-for _ in 1 2 3; do
-	"$out/canopy-echo" get "http://127.0.0.1:18080/fetch?url=http://echo.demo/"
-	echo
-done
-"$out/canopy-echo" get "http://127.0.0.1:18081/fetch?url=http://echo.demo/"
-echo
+# A Service that just got its endpoints reaches each node's kube-proxy a
+# moment later: retry for a few seconds, as a client would.
+fetch() {
+	local i
+	for i in $(seq 20); do
+		if "$out/canopy-echo" get "http://127.0.0.1:$1/fetch?url=http://echo.demo/" 2>/dev/null; then
+			echo
+			return 0
+		fi
+		sleep 0.5
+	done
+	"$out/canopy-echo" get "http://127.0.0.1:$1/fetch?url=http://echo.demo/"
+}
+for _ in 1 2 3; do fetch 18080; done
+fetch 18081
 
 step "canopyctl traffic: who talked to whom, as which identity, over what"
 # Node proxies count a connection when it opens; give the last a moment.
