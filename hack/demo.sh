@@ -56,10 +56,10 @@ done
 # A Service that just got its endpoints reaches each node's kube-proxy a
 # moment later: retry for a few seconds, as a client would.
 fetch() {
-	local i
+	local i body
 	for i in $(seq 20); do
-		if "$out/canopy-echo" get "http://127.0.0.1:$1/fetch?url=http://echo.demo/" 2>/dev/null; then
-			echo
+		if body=$("$out/canopy-echo" get "http://127.0.0.1:$1/fetch?url=http://echo.demo/" 2>/dev/null); then
+			printf '%s\n\n' "$body"
 			return 0
 		fi
 		sleep 0.5
