@@ -64,6 +64,7 @@ func TestMesh(t *testing.T) {
 		{"AllowPolicyByServiceAccount", testAllowByServiceAccount},
 		{"UnlabelledNamespaceLeavesTheMesh", testUnlabel},
 		{"UninstallUnenrollsFirst", testUninstall},
+		{"DeletingEverythingAtOnceStillUnenrolls", testDeleteAtOnce},
 	}
 	for _, s := range steps {
 		if !t.Run(s.name, func(t *testing.T) { s.run(t, m) }) {
@@ -454,8 +455,88 @@ func testUninstall(t *testing.T, m *mesh) {
 	if len(cms.Items) != 0 {
 		t.Errorf("%d root-certificate ConfigMaps left after uninstall --purge", len(cms.Items))
 	}
-	// The plugin is out of every node's chain (it fails closed: left
-	// behind, no pod could start), and a new pod starts.
+	m.checkPluginGone(t, 4)
+	for _, p := range m.pods(t, "demo", "") {
+		if v := p.Annotations["ambient.istio.io/redirection"]; v != "" {
+			t.Errorf("%s still annotated %q after the uninstall", p.Name, v)
+		}
+	}
+}
+
+// testDeleteAtOnce: an uninstaller that deletes every object of the chart
+// at once, without waiting (helm uninstall, a deleted namespace), deletes
+// the agents' RBAC while they stop. Their watch on their DaemonSet, opened
+// while they were allowed to, still tells them it went, and they take
+// their nodes out of the mesh anyway:
+// the rules leave the pods and the plugin leaves the chain. (The pods'
+// annotations stay: nothing may write them any more.)
+func testDeleteAtOnce(t *testing.T, m *mesh) {
+	var progress strings.Builder
+	err := ctl.Install(t.Context(), m.c, ctl.InstallOptions{
+		Namespace: system, Version: "e2e", SkipCRDs: true, Wait: 3 * time.Minute,
+		ValuesFiles: []string{filepath.Join(m.root, "deploy/examples/local-values.yaml")},
+	}, &progress)
+	if err != nil {
+		t.Fatalf("reinstall: %v\n%s", err, progress.String())
+	}
+	poll(t, 60*time.Second, "demo pods enrolled again", func(ctx context.Context) (bool, error) {
+		pods, err := m.readyPods(ctx, "demo", "app=echo")
+		if err != nil {
+			return false, nil
+		}
+		for _, p := range pods {
+			if p.Annotations["ambient.istio.io/redirection"] != "enabled" {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	r, err := ctl.RenderChart(ctl.InstallOptions{Namespace: system})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := kubeapply.New(m.c.Config, kubeapply.Options{FieldManager: "e2e"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The harshest order: the agents' identity and RBAC go before their
+	// DaemonSet, as a namespace deletion may do it.
+	var daemonSets, rest []*unstructured.Unstructured
+	for _, o := range r.Objects {
+		if o.GetKind() == "DaemonSet" {
+			daemonSets = append(daemonSets, o)
+		} else {
+			rest = append(rest, o)
+		}
+	}
+	if err := a.Delete(t.Context(), rest); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, 30*time.Second, "the agent's access revoked", func(context.Context) (bool, error) {
+		return !m.can(t, "canopy-cni-agent", "get", "daemonsets", system), nil
+	})
+	if err := a.Delete(t.Context(), daemonSets); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, 90*time.Second, "Canopy's pods gone", func(ctx context.Context) (bool, error) {
+		pods, err := m.c.Client.CoreV1().Pods(system).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/part-of=canopy"})
+		return err == nil && len(pods.Items) == 0, nil
+	})
+	m.checkPluginGone(t, 5)
+	client := m.pods(t, "demo", "app=client")[0]
+	legacy := m.pods(t, "legacy", "app=legacy")[0]
+	for _, from := range []*corev1.Pod{&client, &legacy} {
+		if err := m.dial(t, from, "echo.demo:9000"); err != nil {
+			t.Errorf("%s -> echo after everything was deleted: %v", from.Name, err)
+		}
+	}
+}
+
+// checkPluginGone: the plugin is out of every node's chain (it fails
+// closed: left behind, no pod could start), and new pods start: echo
+// scaled to replicas comes up.
+func (m *mesh) checkPluginGone(t *testing.T, replicas int32) {
+	t.Helper()
 	confs, err := filepath.Glob(filepath.Join(m.local.State.Dir, "nodes", "*", "cni", "net.d", "*"))
 	if err != nil || len(confs) == 0 {
 		t.Fatalf("no CNI configuration found: %v", err)
@@ -466,14 +547,14 @@ func testUninstall(t *testing.T, m *mesh) {
 			t.Fatal(err)
 		}
 		if strings.Contains(string(b), "canopy-cni") {
-			t.Errorf("%s still chains canopy-cni after uninstall:\n%s", f, b)
+			t.Errorf("%s still chains canopy-cni after the uninstall:\n%s", f, b)
 		}
 	}
 	d, err := m.c.Client.AppsV1().Deployments("demo").Get(t.Context(), "echo", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.Spec.Replicas = ptr(int32(4))
+	d.Spec.Replicas = ptr(replicas)
 	if _, err := m.c.Client.AppsV1().Deployments("demo").Update(t.Context(), d, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}

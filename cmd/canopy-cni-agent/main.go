@@ -24,8 +24,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/canopy-mesh/canopy/cni/agent"
@@ -33,6 +31,7 @@ import (
 	"github.com/canopy-mesh/canopy/cni/hostrules"
 	"github.com/canopy-mesh/canopy/cni/install"
 	"github.com/canopy-mesh/canopy/cni/redirect"
+	"github.com/canopy-mesh/canopy/cni/removal"
 	"github.com/canopy-mesh/canopy/cni/zds"
 	"github.com/canopy-mesh/canopy/internal/cmdmain"
 	"github.com/canopy-mesh/canopy/internal/httpserve"
@@ -181,6 +180,8 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		defer close(watchDone)
 		return installer.Watch(watchCtx)
 	})
+	uninstallWatch := removal.New(kube, cfg.podNS, cfg.podName, log)
+	g.Go(func() error { return uninstallWatch.Run(ctx) })
 	var removing atomic.Bool
 	g.Go(func() error {
 		select {
@@ -191,7 +192,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		defer stopRun()
 		checkCtx, cancel := context.WithTimeout(runCtx, 5*time.Second)
 		defer cancel()
-		gone, err := daemonSetRemoved(checkCtx, kube, cfg.podNS, cfg.podName)
+		gone, err := uninstallWatch.Removed(checkCtx)
 		if err != nil {
 			log.Warn("cannot tell whether the DaemonSet is being deleted; staying installed", "err", err)
 			return nil
@@ -246,31 +247,6 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		log.Info("uninstalled: every pod of the node is out of the mesh")
 	}
 	return err
-}
-
-// daemonSetRemoved reports whether the DaemonSet that owns this pod is gone
-// or being deleted (an uninstall), as opposed to the pod alone being
-// replaced (an upgrade, a drain), which must leave pods enrolled.
-func daemonSetRemoved(ctx context.Context, kube kubernetes.Interface, namespace, name string) (bool, error) {
-	if namespace == "" || name == "" {
-		return false, errors.New("no --pod-name and --pod-namespace")
-	}
-	pod, err := kube.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return false, fmt.Errorf("get own pod: %w", err)
-	}
-	owner := metav1.GetControllerOf(pod)
-	if owner == nil || owner.Kind != "DaemonSet" {
-		return false, nil
-	}
-	ds, err := kube.AppsV1().DaemonSets(namespace).Get(ctx, owner.Name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		return true, nil
-	case err != nil:
-		return false, fmt.Errorf("get DaemonSet %s: %w", owner.Name, err)
-	}
-	return ds.DeletionTimestamp != nil || ds.UID != owner.UID, nil
 }
 
 // uninstall takes the node out of the mesh: the plugin out of the chain
