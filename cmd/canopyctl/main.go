@@ -58,19 +58,23 @@ func newRootCommand() *cobra.Command {
 	return root
 }
 
-// run connects and calls a command function; -o values are checked first
-// so a typo costs no round trip.
-func run(g *globals, output string, fn func(ctx context.Context, c *cluster.Cluster, o ctl.Output) error) func(*cobra.Command, []string) error {
-	return func(cmd *cobra.Command, _ []string) error {
-		o, err := ctl.ParseOutput(output)
-		if err != nil {
-			return err
+// run is a read command's RunE: it checks *output (nil: the command has
+// no -o), connects, and calls fn with the command's writer and arguments.
+// -o is checked first so that a typo costs no round trip.
+func run(g *globals, output *string, fn func(ctx context.Context, c *cluster.Cluster, o ctl.Output, w io.Writer, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		var o ctl.Output
+		if output != nil {
+			var err error
+			if o, err = ctl.ParseOutput(*output); err != nil {
+				return err
+			}
 		}
 		c, err := g.connect()
 		if err != nil {
 			return err
 		}
-		return fn(cmd.Context(), c, o)
+		return fn(cmd.Context(), c, o, cmd.OutOrStdout(), args)
 	}
 }
 
@@ -83,12 +87,10 @@ func workloadsCommand(g *globals) *cobra.Command {
 		Short:   "List the mesh's workloads: address, node, waypoint and whether HBONE carries their traffic",
 		Args:    cobra.NoArgs,
 	}
-	cmd.RunE = func(c *cobra.Command, args []string) error {
-		return run(g, output, func(ctx context.Context, cl *cluster.Cluster, o ctl.Output) error {
-			opts.Namespace, opts.Output = g.namespace, o
-			return ctl.Workloads(ctx, cl, opts, c.OutOrStdout())
-		})(c, args)
-	}
+	cmd.RunE = run(g, &output, func(ctx context.Context, cl *cluster.Cluster, o ctl.Output, w io.Writer, _ []string) error {
+		opts.Namespace, opts.Output = g.namespace, o
+		return ctl.Workloads(ctx, cl, opts, w)
+	})
 	f := cmd.Flags()
 	f.StringVarP(&opts.Filter.Namespace, "namespace", "n", "", "only workloads of this namespace")
 	f.StringVar(&opts.Filter.Node, "node", "", "only workloads on this node")
@@ -111,12 +113,10 @@ func listCommand(g *globals, use string, aliases []string, short string,
 	var opts ctl.ListOptions
 	var output string
 	cmd := &cobra.Command{Use: use, Aliases: aliases, Short: short, Args: cobra.NoArgs}
-	cmd.RunE = func(c *cobra.Command, args []string) error {
-		return run(g, output, func(ctx context.Context, cl *cluster.Cluster, o ctl.Output) error {
-			opts.Namespace, opts.Output = g.namespace, o
-			return fn(ctx, cl, opts, c.OutOrStdout())
-		})(c, args)
-	}
+	cmd.RunE = run(g, &output, func(ctx context.Context, cl *cluster.Cluster, o ctl.Output, w io.Writer, _ []string) error {
+		opts.Namespace, opts.Output = g.namespace, o
+		return fn(ctx, cl, opts, w)
+	})
 	f := cmd.Flags()
 	f.StringVarP(&opts.Filter, "namespace", "n", "", "only this namespace")
 	f.StringVar(&opts.Proxy, "proxy", "", "read this canopy-node pod's view (default: any ready one)")
@@ -133,12 +133,10 @@ func certificatesCommand(g *globals) *cobra.Command {
 		Short:   "List each node proxy's workload certificates and when they expire",
 		Args:    cobra.NoArgs,
 	}
-	cmd.RunE = func(c *cobra.Command, args []string) error {
-		return run(g, output, func(ctx context.Context, cl *cluster.Cluster, o ctl.Output) error {
-			opts.Namespace, opts.Output = g.namespace, o
-			return ctl.Certificates(ctx, cl, opts, c.OutOrStdout())
-		})(c, args)
-	}
+	cmd.RunE = run(g, &output, func(ctx context.Context, cl *cluster.Cluster, o ctl.Output, w io.Writer, _ []string) error {
+		opts.Namespace, opts.Output = g.namespace, o
+		return ctl.Certificates(ctx, cl, opts, w)
+	})
 	cmd.Flags().StringVar(&opts.Node, "node", "", "only this node's proxy")
 	cmd.Flags().StringVarP(&output, "output", "o", "", "json or yaml")
 	return cmd
@@ -153,12 +151,10 @@ func proxyStatusCommand(g *globals) *cobra.Command {
 		Short:   "Show every proxy the controller serves and whether it is in sync",
 		Args:    cobra.NoArgs,
 	}
-	cmd.RunE = func(c *cobra.Command, args []string) error {
-		return run(g, output, func(ctx context.Context, cl *cluster.Cluster, o ctl.Output) error {
-			opts.Namespace, opts.Output = g.namespace, o
-			return ctl.ProxyStatus(ctx, cl, opts, c.OutOrStdout())
-		})(c, args)
-	}
+	cmd.RunE = run(g, &output, func(ctx context.Context, cl *cluster.Cluster, o ctl.Output, w io.Writer, _ []string) error {
+		opts.Namespace, opts.Output = g.namespace, o
+		return ctl.ProxyStatus(ctx, cl, opts, w)
+	})
 	cmd.Flags().BoolVar(&opts.Verbose, "verbose", false, "one column per type with its state and age")
 	cmd.Flags().StringVarP(&output, "output", "o", "", "json or yaml")
 	return cmd
@@ -173,12 +169,10 @@ func configDumpCommand(g *globals) *cobra.Command {
 		Args:      cobra.ExactArgs(1),
 		ValidArgs: []string{"controller", "node"},
 	}
-	cmd.RunE = func(c *cobra.Command, args []string) error {
-		return run(g, "", func(ctx context.Context, cl *cluster.Cluster, _ ctl.Output) error {
-			opts.Namespace, opts.Target = g.namespace, args[0]
-			return ctl.ConfigDump(ctx, cl, opts, c.OutOrStdout())
-		})(c, args)
-	}
+	cmd.RunE = run(g, nil, func(ctx context.Context, cl *cluster.Cluster, _ ctl.Output, w io.Writer, args []string) error {
+		opts.Namespace, opts.Target = g.namespace, args[0]
+		return ctl.ConfigDump(ctx, cl, opts, w)
+	})
 	f := cmd.Flags()
 	f.StringVar(&opts.Pod, "pod", "", "the component's pod (default: a ready one)")
 	f.StringVar(&opts.Node, "node", "", "for node: the node proxy on this node")
@@ -194,12 +188,10 @@ func trafficCommand(g *globals) *cobra.Command {
 		Short: "Show the connections node proxies carried: workloads, identities and whether over mutual TLS",
 		Args:  cobra.NoArgs,
 	}
-	cmd.RunE = func(c *cobra.Command, args []string) error {
-		return run(g, output, func(ctx context.Context, cl *cluster.Cluster, o ctl.Output) error {
-			opts.Namespace, opts.Output = g.namespace, o
-			return ctl.Traffic(ctx, cl, opts, c.OutOrStdout())
-		})(c, args)
-	}
+	cmd.RunE = run(g, &output, func(ctx context.Context, cl *cluster.Cluster, o ctl.Output, w io.Writer, _ []string) error {
+		opts.Namespace, opts.Output = g.namespace, o
+		return ctl.Traffic(ctx, cl, opts, w)
+	})
 	cmd.Flags().StringVar(&opts.Node, "node", "", "only this node's proxy")
 	cmd.Flags().StringVarP(&output, "output", "o", "", "json or yaml")
 	return cmd
