@@ -412,18 +412,7 @@ func testUnlabel(t *testing.T, m *mesh) {
 	if _, err := m.c.Client.CoreV1().Namespaces().Update(t.Context(), ns, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, 60*time.Second, "demo pods back in the mesh", func(ctx context.Context) (bool, error) {
-		pods, err := m.readyPods(ctx, "demo", "")
-		if err != nil {
-			return false, nil
-		}
-		for _, p := range pods {
-			if p.Annotations["ambient.istio.io/redirection"] != "enabled" {
-				return false, nil
-			}
-		}
-		return true, nil
-	})
+	m.waitEnrolled(t, "demo", "")
 }
 
 // testUninstall: canopyctl uninstall takes pods out of the mesh before it
@@ -479,18 +468,7 @@ func testDeleteAtOnce(t *testing.T, m *mesh) {
 	if err != nil {
 		t.Fatalf("reinstall: %v\n%s", err, progress.String())
 	}
-	poll(t, 60*time.Second, "demo pods enrolled again", func(ctx context.Context) (bool, error) {
-		pods, err := m.readyPods(ctx, "demo", "app=echo")
-		if err != nil {
-			return false, nil
-		}
-		for _, p := range pods {
-			if p.Annotations["ambient.istio.io/redirection"] != "enabled" {
-				return false, nil
-			}
-		}
-		return true, nil
-	})
+	m.waitEnrolled(t, "demo", "app=echo")
 	r, err := ctl.RenderChart(ctl.InstallOptions{Namespace: system})
 	if err != nil {
 		t.Fatal(err)
@@ -636,6 +614,24 @@ func (m *mesh) readyPods(ctx context.Context, ns, selector string) ([]corev1.Pod
 		return nil, fmt.Errorf("no ready pod in %s matching %q", ns, selector)
 	}
 	return out, nil
+}
+
+// waitEnrolled waits until every ready pod of ns matching selector is in
+// the mesh, as its redirection annotation says.
+func (m *mesh) waitEnrolled(t *testing.T, ns, selector string) {
+	t.Helper()
+	poll(t, 60*time.Second, "pods of "+ns+" in the mesh", func(ctx context.Context) (bool, error) {
+		pods, err := m.readyPods(ctx, ns, selector)
+		if err != nil {
+			return false, nil // retried; the timeout reports
+		}
+		for _, p := range pods {
+			if p.Annotations["ambient.istio.io/redirection"] != "enabled" {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
 }
 
 func (m *mesh) waitDeployment(t *testing.T, ns, name string) {
