@@ -180,6 +180,10 @@ func (s *Server) fetch(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("bad url: %v", err), http.StatusBadRequest)
 		return
 	}
+	// Every fetch opens a connection of its own, as a new client would:
+	// load balancing and policy decisions are per connection, and a kept-alive
+	// one would hide both.
+	req.Close = true
 	resp, err := s.client.Do(req)
 	if err != nil {
 		http.Error(w, fmt.Sprintf("fetch %s: %v", target, err), http.StatusBadGateway)

@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
+	"sync/atomic"
 	"testing"
 )
 
@@ -85,5 +87,28 @@ func TestServer(t *testing.T) {
 	got, err := EchoTCP(t.Context(), &net.Dialer{}, s.TCPAddr().String(), "direct")
 	if err != nil || got != "direct" {
 		t.Errorf("EchoTCP = %q, %v", got, err)
+	}
+}
+
+// TestFetchOpensAConnectionEach: load balancing and authorization act per
+// connection, so each fetch must reach the target on a new one.
+func TestFetchOpensAConnectionEach(t *testing.T) {
+	var opened atomic.Int32
+	target := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }))
+	target.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			opened.Add(1)
+		}
+	}
+	target.Start()
+	defer target.Close()
+	base := "http://" + startServer(t).HTTPAddr().String()
+	for range 3 {
+		if code, body := get(t, http.MethodGet, base+"/fetch?url="+url.QueryEscape(target.URL)); code != 200 || body != "ok" {
+			t.Fatalf("fetch = %d %q", code, body)
+		}
+	}
+	if got := opened.Load(); got != 3 {
+		t.Errorf("3 fetches opened %d connections to the target, want 3", got)
 	}
 }

@@ -7,13 +7,21 @@ import (
 )
 
 // L4 connection metrics under Istio's names, so dashboards built for
-// ztunnel work.
+// ztunnel work. response_flags is "-" for a connection that was carried and
+// "DENY" on the close of one an authorization policy refused: a refusal
+// counts as opened ("-") and closed ("DENY"), as Istio's node proxy counts it.
 var connLabels = []string{
 	"reporter",
 	"source_workload", "source_workload_namespace", "source_principal",
 	"destination_workload", "destination_workload_namespace", "destination_principal",
-	"request_protocol", "connection_security_policy",
+	"request_protocol", "response_flags", "connection_security_policy",
 }
+
+// Values of the response_flags label.
+const (
+	flagNone   = "-"
+	flagDenied = "DENY"
+)
 
 type metrics struct {
 	opened, closed, sent, received *prometheus.CounterVec
@@ -45,23 +53,30 @@ type connection struct {
 	securityPolicy string
 }
 
-func (c connection) labels() []string {
+func (c connection) labels(flag string) []string {
 	return []string{c.reporter,
 		c.src.GetWorkloadName(), c.src.GetNamespace(), c.srcID,
 		c.dst.GetWorkloadName(), c.dst.GetNamespace(), c.dstID,
-		"tcp", c.securityPolicy}
+		"tcp", flag, c.securityPolicy}
 }
 
 // open counts a connection and returns the function that records its
 // end with the bytes each way (sent: towards the destination).
 func (m *metrics) open(c connection) func(sent, received int64) {
-	l := c.labels()
+	l := c.labels(flagNone)
 	m.opened.WithLabelValues(l...).Inc()
 	return func(sent, received int64) {
 		m.closed.WithLabelValues(l...).Inc()
 		m.sent.WithLabelValues(l...).Add(float64(sent))
 		m.received.WithLabelValues(l...).Add(float64(received))
 	}
+}
+
+// denied counts a connection an authorization policy refused: opened, and
+// closed with the DENY flag, with no bytes carried.
+func (m *metrics) denied(c connection) {
+	m.opened.WithLabelValues(c.labels(flagNone)...).Inc()
+	m.closed.WithLabelValues(c.labels(flagDenied)...).Inc()
 }
 
 func principal(id workloadapi.Identity) string { return "spiffe://" + id.Principal() }

@@ -284,7 +284,7 @@ func (p *Proxy) admit(ctx context.Context, authority string, pod *inpod.Pod, sel
 	c.Dst, c.DstPort = dst.Addr(), dst.Port()
 	d := authz.Evaluate(authz.Applicable(p.Table.Policies(), self), c)
 	if !d.Allow {
-		p.Log.Info("connection denied", "to", authority, "policy", d.Policy, "reason", d.Reason)
+		p.deny(self, c, authority, d)
 		return 401, nil
 	}
 	// The app sees the client's address where the kernel allows it
@@ -296,6 +296,30 @@ func (p *Proxy) admit(ctx context.Context, authority string, pod *inpod.Pod, sel
 		}
 	}
 	return 200, up
+}
+
+// deny logs and counts a connection the policies refused, with who asked
+// (address, workload, identity) and for what.
+func (p *Proxy) deny(self *workloadapi.Workload, c authz.Conn, authority string, d authz.Decision) {
+	srcW, _ := p.Table.ByAddress(self.GetNetwork(), c.Src)
+	conn := connection{reporter: "destination", src: srcW, dst: self,
+		dstID: principal(workloadapi.WorkloadIdentity(self)), securityPolicy: "none"}
+	if c.Peer != nil {
+		conn.srcID, conn.securityPolicy = principal(*c.Peer), "mutual_tls"
+	}
+	p.metrics.denied(conn)
+	p.Log.Info("connection denied",
+		"src", c.Src.String(), "src_workload", podName(srcW), "src_identity", conn.srcID,
+		"dst", authority, "dst_workload", podName(self),
+		"policy", d.Policy, "reason", d.Reason)
+}
+
+// podName is "<namespace>/<name>" of a workload, or "unknown".
+func podName(w *workloadapi.Workload) string {
+	if w == nil {
+		return "unknown"
+	}
+	return w.GetNamespace() + "/" + w.GetName()
 }
 
 // parseAuthority reads a CONNECT authority, "<ip>:<port>" (spec §5.3);

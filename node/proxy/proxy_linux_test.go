@@ -184,7 +184,7 @@ func TestPodToPodThroughHBONE(t *testing.T) {
 	t.Run("both ends count the connection with identities", func(t *testing.T) {
 		count := func(reporter, peer string) float64 {
 			return testutil.ToFloat64(p.metrics.sent.WithLabelValues(reporter, "", "apps", "spiffe://cluster.local/ns/apps/sa/client",
-				"", "apps", "spiffe://cluster.local/ns/apps/sa/server", "tcp", peer))
+				"", "apps", "spiffe://cluster.local/ns/apps/sa/server", "tcp", "-", peer))
 		}
 		deadline := time.Now().Add(5 * time.Second)
 		for count("destination", "mutual_tls") == 0 && time.Now().Before(deadline) {
@@ -212,8 +212,15 @@ func TestPodToPodThroughHBONE(t *testing.T) {
 	})
 	t.Run("another identity is denied", func(t *testing.T) {
 		allowOnly("cluster.local/ns/apps/sa/someone-else")
+		denied := p.metrics.closed.WithLabelValues("destination", "", "apps", "spiffe://cluster.local/ns/apps/sa/client",
+			"", "apps", "spiffe://cluster.local/ns/apps/sa/server", "tcp", "DENY", "mutual_tls")
+		before := testutil.ToFloat64(denied)
 		if got, _ := call(); got != "" {
 			t.Errorf("denied call echoed %q", got)
+		}
+		// The refusal is counted before the client sees the stream close.
+		if got := testutil.ToFloat64(denied) - before; got != 1 {
+			t.Errorf("closed connections with response_flags DENY grew by %v, want 1", got)
 		}
 	})
 
