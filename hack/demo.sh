@@ -40,10 +40,13 @@ for d in demo/echo demo/client legacy/legacy; do
 	kubectl -n "${d%/*}" rollout status "deployment/${d#*/}" --timeout=120s
 done
 
+# A rerun starts from the demo's beginning: no policy yet.
+kubectl -n demo delete authorizationpolicy deny-outside-demo --ignore-not-found >/dev/null
+
 step "canopyctl workloads"
 canopyctl workloads
 
-step "traffic: the client calls http://echo.demo three times, the legacy pod once"
+step "traffic: the client calls http://echo.demo six times, each on a new connection"
 # Through port-forwards, as kubectl reaches pods: the calls start inside
 # the pods, and only the pods' own traffic shows up below.
 pf=()
@@ -53,34 +56,65 @@ trap 'kill "${pf[@]}" 2>/dev/null || true' EXIT
 for port in 18080 18081; do
 	for _ in $(seq 50); do "$out/canopy-echo" get "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
 done
-# A Service that just got its endpoints reaches each node's kube-proxy a
-# moment later: retry for a few seconds, as a client would.
+# fetch asks the pod behind a port-forward to GET http://echo.demo/ and
+# prints which echo pod answered. A Service that just got its endpoints
+# reaches each node's kube-proxy a moment later: retry for a few seconds,
+# as a client would.
 fetch() {
 	local i body
 	for i in $(seq 20); do
 		if body=$("$out/canopy-echo" get "http://127.0.0.1:$1/fetch?url=http://echo.demo/" 2>/dev/null); then
-			printf '%s\n\n' "$body"
+			echo "$body" | sed -n 's/.*"hostname":"\([^"]*\)".*/answered by \1/p'
 			return 0
 		fi
 		sleep 0.5
 	done
 	"$out/canopy-echo" get "http://127.0.0.1:$1/fetch?url=http://echo.demo/"
 }
-for _ in 1 2 3; do fetch 18080; done
-fetch 18081
+for i in 1 2 3 4 5 6; do printf 'call %d: ' "$i"; fetch 18080; done
+printf 'legacy (outside the mesh): '; fetch 18081
 
 step "canopyctl traffic: who talked to whom, as which identity, over what"
 # Node proxies count a connection when it opens; give the last a moment.
 sleep 1
 canopyctl traffic
-if ! canopyctl traffic | grep -q 'destination.*demo/client.*demo/echo.*spiffe://cluster.local/ns/demo/sa/client.*spiffe://cluster.local/ns/demo/sa/echo.*mutual_tls'; then
+traffic=$(canopyctl traffic)
+if ! grep -q 'destination.*demo/client.*demo/echo.*spiffe://cluster.local/ns/demo/sa/client.*spiffe://cluster.local/ns/demo/sa/echo.*mutual_tls' <<<"$traffic"; then
 	echo "demo: client -> echo was not carried over mutual TLS between the client and echo identities" >&2
 	exit 1
 fi
+nodes=$(awk '$2 == "destination" && $4 == "demo/echo" && $0 ~ /demo\/client/ {print $1}' <<<"$traffic" | sort -u | wc -l)
 echo
 echo "client -> echo went over mutual TLS, spiffe://cluster.local/ns/demo/sa/client to"
-echo "spiffe://cluster.local/ns/demo/sa/echo, as the echo pod's node proxy verified; the"
-echo "legacy pod, outside the mesh, reached echo in plaintext (security none)."
+echo "spiffe://cluster.local/ns/demo/sa/echo, as the node proxies of the echo pods on"
+echo "$nodes node(s) verified; the legacy pod, outside the mesh, reached echo in"
+echo "plaintext (security none)."
+if [ "$nodes" -lt 2 ]; then
+	echo "demo: the six connections reached echo pods on $nodes node(s), want both" >&2
+	exit 1
+fi
+
+step "an AuthorizationPolicy: echo refuses every caller outside the demo namespace"
+kubectl apply -f "$root/deploy/examples/deny-outside-demo.yaml"
+# The policy reaches the node proxies over xDS within a moment: call until
+# the legacy pod is refused (the first calls may still pass).
+refused=
+for _ in $(seq 20); do
+	if ! "$out/canopy-echo" get "http://127.0.0.1:18081/fetch?url=http://echo.demo/" >/dev/null 2>&1; then
+		refused=1
+		break
+	fi
+	sleep 0.5
+done
+[ -n "$refused" ] || { echo "demo: the legacy pod was never refused" >&2; exit 1; }
+echo "legacy -> echo: refused"
+printf 'client -> echo: '; fetch 18080
+sleep 1
+canopyctl traffic --denied
+if ! canopyctl traffic --denied | grep -q 'destination.*legacy/legacy.*demo/echo'; then
+	echo "demo: the refused connection from legacy/legacy to demo/echo is not shown as denied" >&2
+	exit 1
+fi
 
 step "explore"
 cat <<EOF
@@ -88,6 +122,7 @@ export KUBECONFIG=$KUBECONFIG
 $out/canopyctl workloads -o wide      # also: services, policies, certificates, proxy-status, traffic
 $out/canopyctl config-dump node       # a node proxy's whole view; config-dump controller for the tables
 $kubedir/kubectl get pods -A -o wide
+$out/canopyctl traffic --denied       # the refused connections, with source and destination
 $kubedir/kubectl apply -f - <<'YAML'  # refuse plaintext into the demo namespace
 apiVersion: security.istio.io/v1
 kind: PeerAuthentication

@@ -58,8 +58,8 @@ func (g globalOptions) dir() string {
 	return localcluster.DefaultStateDir(g.name)
 }
 
-func (g globalOptions) logger(w io.Writer) *slog.Logger {
-	level := slog.LevelInfo
+// logger logs at level, or everything with --verbose.
+func (g globalOptions) logger(w io.Writer, level slog.Level) *slog.Logger {
 	if g.verbose {
 		level = slog.LevelDebug
 	}
@@ -116,7 +116,7 @@ func newRootCommand() *cobra.Command {
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return localcluster.RunKubelet(cmd.Context(), kubeletConfig, g.logger(cmd.ErrOrStderr()))
+			return localcluster.RunKubelet(cmd.Context(), kubeletConfig, g.logger(cmd.ErrOrStderr(), slog.LevelInfo))
 		},
 	}
 	kubeletCmd.Flags().StringVar(&kubeletConfig, "config", "", "kubelet configuration file written by up")
@@ -127,7 +127,7 @@ func newRootCommand() *cobra.Command {
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return localcluster.RunScheduler(cmd.Context(), kubeconfig, g.logger(cmd.ErrOrStderr()))
+			return localcluster.RunScheduler(cmd.Context(), kubeconfig, g.logger(cmd.ErrOrStderr(), slog.LevelInfo))
 		},
 	}
 	schedulerCmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the cluster")
@@ -162,7 +162,9 @@ func runUp(ctx context.Context, g globalOptions, o upOptions, out, errOut io.Wri
 		StateDir: g.stateDir,
 		Images:   images,
 		Binaries: bins,
-		Log:      g.logger(errOut),
+		// up prints its own summary; its components' lifecycle lines
+		// are for --verbose, and warnings always show.
+		Log: g.logger(errOut, slog.LevelWarn),
 	})
 	if err != nil {
 		return err
