@@ -2,9 +2,9 @@ package workloadapi
 
 import "net/netip"
 
-// ResourceName returns an Address's xDS primary name (spec §1.9): a
-// workload's UID, or a service's "<namespace>/<hostname>". It is empty for
-// an Address that holds neither.
+// ResourceName returns an Address's xDS primary name
+// (docs/wire-contract.md §1.9): a workload's UID, or a service's
+// "<namespace>/<hostname>". It is empty for an Address that holds neither.
 func ResourceName(a *Address) string {
 	if w := a.GetWorkload(); w != nil {
 		return w.GetUid()
@@ -15,9 +15,9 @@ func ResourceName(a *Address) string {
 	return ""
 }
 
-// Aliases returns the names an Address is also found by in on-demand
-// lookups (spec §1.9, §2.4): "<network>/<ip>" for each workload address
-// and service VIP, "<network>/<ip>/<len>" for a CIDR VIP. Malformed
+// Aliases returns the names an Address is also found by in on-demand lookups
+// (docs/wire-contract.md §1.9, §2.4): "<network>/<ip>" for each workload
+// address and service VIP, "<network>/<ip>/<len>" for a CIDR VIP. Malformed
 // addresses are skipped: a name that cannot be looked up is no alias.
 func Aliases(a *Address) []string {
 	var out []string

@@ -20,8 +20,9 @@ import (
 )
 
 // wireVector is a message and its encoding, written out by hand from the
-// field numbers and types of the wire contract (the spec's tables), not from
-// the generated code: a renumbered or retyped field changes the bytes.
+// field numbers and types of the wire contract (the tables of
+// docs/wire-contract.md §1 and §3.2), not from the generated code: a
+// renumbered or retyped field changes the bytes.
 //
 // Tags are (field number << 3 | wire type): wire type 0 is a varint, 2 is
 // length-delimited. Field numbers from 16 on take two tag bytes.

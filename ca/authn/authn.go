@@ -1,8 +1,8 @@
-// Package authn authenticates callers of the CA and the xDS server by
-// their Kubernetes service-account token (spec §6.3): a TokenReview with
-// the CA's audiences, in the cluster the caller names in its clusterid
-// header, caching positive answers briefly. It knows nothing of gRPC; the
-// servers pass it the bearer token and the header.
+// Package authn authenticates callers of the CA and the xDS server by their
+// Kubernetes service-account token (docs/wire-contract.md §6.3): a
+// TokenReview with the CA's audiences, in the cluster the caller names in its
+// clusterid header, caching positive answers briefly. It knows nothing of
+// gRPC; the servers pass it the bearer token and the header.
 //
 // An Authenticator is safe for concurrent use.
 package authn

@@ -1,7 +1,7 @@
 // Package identity decides which SPIFFE identity the CA signs for an
-// authenticated caller (spec §6.3): its own, or, for a trusted node proxy,
-// the identity it impersonates, but only of a pod that runs on the node
-// proxy's own node.
+// authenticated caller (docs/wire-contract.md §6.3): its own, or, for a
+// trusted node proxy, the identity it impersonates, but only of a pod that
+// runs on the node proxy's own node.
 package identity
 
 import (

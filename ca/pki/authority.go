@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// Defaults of the CA (spec §6.4).
+// Defaults of the CA (docs/wire-contract.md §6.4).
 const (
 	// RootTTL is the lifetime of a self-signed root: ten years.
 	RootTTL = 3650 * 24 * time.Hour

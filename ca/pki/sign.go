@@ -10,8 +10,8 @@ import (
 	"github.com/canopy-mesh/canopy/workloadapi"
 )
 
-// TTL turns a requested validity in seconds into a lifetime: the default
-// for zero or less, capped at maxTTL (spec §6.1).
+// TTL turns a requested validity in seconds into a lifetime: the default for
+// zero or less, capped at maxTTL (docs/wire-contract.md §6.1).
 func TTL(requestedSeconds int64, def, maxTTL time.Duration) time.Duration {
 	if requestedSeconds <= 0 {
 		return def
@@ -25,7 +25,8 @@ func TTL(requestedSeconds int64, def, maxTTL time.Duration) time.Duration {
 // Sign issues a workload certificate for the CSR's key with id as its only
 // identity (a URI SAN; the CSR's own names are ignored), valid from now for
 // ttl but never past the CA's own certificate. It returns the chain as PEM
-// strings, leaf first and root last, each ending in a newline (spec §6.1).
+// strings, leaf first and root last, each ending in a newline
+// (docs/wire-contract.md §6.1).
 func (a *Authority) Sign(csr *x509.CertificateRequest, id workloadapi.Identity, ttl time.Duration, now time.Time) ([]string, error) {
 	uri, err := url.Parse(id.String())
 	if err != nil {

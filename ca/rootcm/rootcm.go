@@ -1,7 +1,8 @@
-// Package rootcm distributes the mesh's trust bundle (spec §6.4): ConfigMap
-// istio-ca-root-cert, key root-cert.pem, in every namespace, created for
-// new namespaces and repaired when edited or deleted. The bundle may hold
-// several roots, which is how a root rotation avoids downtime.
+// Package rootcm distributes the mesh's trust bundle
+// (docs/wire-contract.md §6.4): ConfigMap istio-ca-root-cert, key
+// root-cert.pem, in every namespace, created for new namespaces and repaired
+// when edited or deleted. The bundle may hold several roots, which is how a
+// root rotation avoids downtime.
 package rootcm
 
 import (

@@ -1,8 +1,8 @@
-// Package rootstore keeps the CA's key material (spec §6.4): plug-in files,
-// a plug-in CA from Secret cacerts when it exists, else the self-signed
-// root of Secret istio-ca-secret, generated on first start. Replicas that
-// start together race on creating the Secret; exactly one wins and every
-// replica uses its root.
+// Package rootstore keeps the CA's key material (docs/wire-contract.md §6.4):
+// plug-in files, a plug-in CA from Secret cacerts when it exists, else the
+// self-signed root of Secret istio-ca-secret, generated on first start.
+// Replicas that start together race on creating the Secret; exactly one wins
+// and every replica uses its root.
 package rootstore
 
 import (
@@ -21,7 +21,7 @@ import (
 	"github.com/canopy-mesh/canopy/ca/pki"
 )
 
-// Secret names, type and keys of spec §6.4.
+// Secret names, type and keys of wire contract §6.4.
 const (
 	SelfSignedSecret = "istio-ca-secret"
 	PlugInSecret     = "cacerts"

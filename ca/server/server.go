@@ -1,8 +1,9 @@
 // Package server is the CA's gRPC service,
-// istio.v1.auth.IstioCertificateService/CreateCertificate (spec §6): it
-// authenticates the caller's bearer token, decides the identity (its own
-// or, for a trusted node proxy, the one it impersonates), checks the CSR
-// and signs. Every request is counted by result.
+// istio.v1.auth.IstioCertificateService/CreateCertificate
+// (docs/wire-contract.md §6): it authenticates the caller's bearer token,
+// decides the identity (its own or, for a trusted node proxy, the one it
+// impersonates), checks the CSR and signs. Every request is counted by
+// result.
 package server
 
 import (

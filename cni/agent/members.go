@@ -17,9 +17,9 @@ import (
 	zdspb "github.com/canopy-mesh/canopy/workloadapi/zds"
 )
 
-// enrollPod puts a pod in the mesh (spec §3.5): rules in its netns, its
-// IPs in the host probe set, the pod to the node proxy, the annotation.
-// Callers hold a.mu.
+// enrollPod puts a pod in the mesh (docs/wire-contract.md §3.5): rules in its
+// netns, its IPs in the host probe set, the pod to the node proxy, the
+// annotation. Callers hold a.mu.
 func (a *Agent) enrollPod(ctx context.Context, pod *corev1.Pod, netnsPath string, ips []netip.Addr, cfg redirect.PodConfig) error {
 	f, err := os.Open(netnsPath)
 	if err != nil {

@@ -1,6 +1,7 @@
-// Package enroll decides which pods the CNI agent puts in the mesh (spec
-// §4.5) and with which per-pod redirection settings (spec §4.2). It is
-// pure: Kubernetes objects in, a decision out.
+// Package enroll decides which pods the CNI agent puts in the mesh
+// (docs/wire-contract.md §4.5) and with which per-pod redirection settings
+// (docs/wire-contract.md §4.2). It is pure: Kubernetes objects in, a decision
+// out.
 package enroll
 
 import (

@@ -1,8 +1,8 @@
-// Package hostrules keeps the node's half of kubelet probe handling (spec
-// §4.3) in the host network namespace: a set of ambient pod IPs and one
-// rule that SNATs the kubelet's TCP connections to those IPs to the probe
-// address, which the in-pod rules let through. nftables has no
-// --socket-exists, so the rule matches the kubelet's UID.
+// Package hostrules keeps the node's half of kubelet probe handling
+// (docs/wire-contract.md §4.3) in the host network namespace: a set of
+// ambient pod IPs and one rule that SNATs the kubelet's TCP connections to
+// those IPs to the probe address, which the in-pod rules let through.
+// nftables has no --socket-exists, so the rule matches the kubelet's UID.
 package hostrules
 
 import (

@@ -1,9 +1,9 @@
 // Package redirect installs, verifies and removes the in-pod traffic
-// redirection of ambient mode (spec §4): inside a pod's network namespace,
-// outbound TCP goes to the node proxy's 15001, inbound TCP (except HBONE on
-// 15008) to 15006, DNS to 15053; the proxy's own marked traffic and kubelet
-// probes pass; replies of the proxy's transparent sockets are routed
-// locally through table 100.
+// redirection of ambient mode (docs/wire-contract.md §4): inside a pod's
+// network namespace, outbound TCP goes to the node proxy's 15001, inbound TCP
+// (except HBONE on 15008) to 15006, DNS to 15053; the proxy's own marked
+// traffic and kubelet probes pass; replies of the proxy's transparent sockets
+// are routed locally through table 100.
 //
 // Rules are data first (Rules, pure and golden-tested), then a Backend
 // applies them in a netns: nftables over netlink (the default) or
@@ -16,7 +16,7 @@ import (
 	"net/netip"
 )
 
-// Constants of spec §4.1.
+// Constants of wire contract §4.1.
 const (
 	// ProxyMark is the mark the node proxy sets (SO_MARK) on its sockets.
 	ProxyMark = 0x539
@@ -38,7 +38,8 @@ const (
 // host, which the in-pod rules let through.
 var DefaultProbeSNAT = netip.MustParseAddr("169.254.7.127")
 
-// PodConfig is what varies between pods (spec §4.2, per-pod overrides).
+// PodConfig is what varies between pods (wire contract §4.2, per-pod
+// overrides).
 type PodConfig struct {
 	// DNSCapture redirects DNS (UDP and TCP port 53) to 15053.
 	DNSCapture bool

@@ -11,9 +11,9 @@ import (
 	"github.com/canopy-mesh/canopy/internal/netns"
 )
 
-// Iptables loads the rules of spec §4.2 with iptables-restore --noflush,
-// for nodes whose other tooling expects iptables. Restore and Save name
-// the binaries (default iptables-restore and iptables-save, whichever
+// Iptables loads the rules of wire contract §4.2 with iptables-restore
+// --noflush, for nodes whose other tooling expects iptables. Restore and Save
+// name the binaries (default iptables-restore and iptables-save, whichever
 // variant the node's alternatives select).
 type Iptables struct {
 	Restore, Save string

@@ -5,7 +5,7 @@ import (
 	"strings"
 )
 
-// iptables chains of spec §4.2.
+// iptables chains of wire contract §4.2.
 const (
 	preChain = "ISTIO_PRERT"
 	outChain = "ISTIO_OUTPUT"

@@ -284,7 +284,7 @@ func (r redirect) exprs() []expr.Any {
 
 func (r redirect) String() string { return fmt.Sprintf("redirect to :%d", uint16(r)) }
 
-// connmarkFromMark: ct mark set ct mark & ^mask | value (spec §4.4).
+// connmarkFromMark: ct mark set ct mark & ^mask | value (wire contract §4.4).
 type connmarkFromMark struct{ Mask, Value uint32 }
 
 func (c connmarkFromMark) exprs() []expr.Any {

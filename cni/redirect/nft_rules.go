@@ -6,7 +6,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Table names of the in-pod nftables rules (spec §4.4).
+// Table names of the in-pod nftables rules (wire contract §4.4).
 const (
 	NatTable    = "istio-ambient-nat"
 	MangleTable = "istio-ambient-mangle"
@@ -23,8 +23,8 @@ const (
 // notProxy matches packets without the node proxy's mark.
 var notProxy = mark{Not: true, Mask: MarkMask, Value: ProxyMark}
 
-// nftRules returns the in-pod tables for cfg (spec §4.2 in the nftables
-// form of §4.4).
+// nftRules returns the in-pod tables for cfg (wire contract §4.2 in the
+// nftables form of §4.4).
 func nftRules(cfg PodConfig) []nftTable {
 	probe := netip.PrefixFrom(cfg.ProbeSNAT, 32)
 

@@ -11,7 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The routing half of spec §4.1: packets of the proxy's connections
+// The routing half of wire contract §4.1: packets of the proxy's connections
 // (fwmark 0x111/0xfff) are delivered locally, so replies reach the proxy's
 // transparent sockets.
 

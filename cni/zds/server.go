@@ -1,10 +1,10 @@
-// Package zds is the CNI agent's side of ZDS (spec §3): a SOCK_SEQPACKET
-// server the node proxy connects to. Each new proxy connection gets a
-// snapshot of every pod the agent holds (AddWorkload with the pod's netns,
-// or KeepWorkload when the agent has none) and SnapshotSent; after that,
-// new pods go to the newest connection and deletions to all, each message
-// awaiting its Ack under a deadline. An idle connection is probed by a
-// short read every keepalive period.
+// Package zds is the CNI agent's side of ZDS (docs/wire-contract.md §3): a
+// SOCK_SEQPACKET server the node proxy connects to. Each new proxy connection
+// gets a snapshot of every pod the agent holds (AddWorkload with the pod's
+// netns, or KeepWorkload when the agent has none) and SnapshotSent; after
+// that, new pods go to the newest connection and deletions to all, each
+// message awaiting its Ack under a deadline. An idle connection is probed by
+// a short read every keepalive period.
 package zds
 
 import (
@@ -36,7 +36,8 @@ type Pod struct {
 	Netns *os.File
 }
 
-// Config tunes the server; zero values take the spec's defaults.
+// Config tunes the server; zero values take the defaults of
+// wire contract §3.3.
 type Config struct {
 	// Timeout bounds each read and write (5s).
 	Timeout time.Duration

@@ -31,15 +31,15 @@ type PolicyResult struct {
 	Warnings      []string
 }
 
-// BuildAuthorization converts an AuthorizationPolicy (spec §1.8): scope from
-// its selector and namespace (no selector in the root namespace is GLOBAL),
-// from/to/when into clauses, wildcard strings into prefix, suffix or
+// BuildAuthorization converts an AuthorizationPolicy (wire contract §1.8):
+// scope from its selector and namespace (no selector in the root namespace is
+// GLOBAL), from/to/when into clauses, wildcard strings into prefix, suffix or
 // presence. Rules with HTTP attributes are dropped from ALLOW policies (the
 // stricter choice) and reduced to their L4 part in DENY policies. CUSTOM and
-// AUDIT actions are errors with no Authorization (node proxies ignore
-// them). A value that does not parse is an error too, but the result then
-// fails closed: an ALLOW policy with no rules (it allows nothing) or a DENY
-// policy that denies everything, rather than no policy at all.
+// AUDIT actions are errors with no Authorization (node proxies ignore them).
+// A value that does not parse is an error too, but the result then fails
+// closed: an ALLOW policy with no rules (it allows nothing) or a DENY policy
+// that denies everything, rather than no policy at all.
 func BuildAuthorization(p *securityv1.AuthorizationPolicy, cfg Config) (PolicyResult, error) {
 	cfg = cfg.WithDefaults()
 	spec := &p.Spec

@@ -1,6 +1,6 @@
 package ambient
 
-// Labels and annotations the builders read (spec §7.4).
+// Labels and annotations the builders read (wire contract §7.4).
 const (
 	// AnnotationRedirection is set by the CNI agent: "enabled" once a pod's
 	// traffic goes through the node proxy.

@@ -19,10 +19,11 @@ const (
 	convertedPeerAuthPolicyPrefix = "converted_peer_authentication_"
 )
 
-// StaticStrictPolicy is the one policy that enforces STRICT mTLS (spec
-// §1.8): in the root namespace, DENY to peers without an identity
-// (not_principals: presence). It is selector-scoped: a workload lists it
-// in Workload.authorization_policies when its effective mode is STRICT.
+// StaticStrictPolicy is the one policy that enforces STRICT mTLS
+// (wire contract §1.8): in the root namespace, DENY to peers without an
+// identity (not_principals: presence). It is selector-scoped: a workload
+// lists it in Workload.authorization_policies when its effective mode is
+// STRICT.
 func StaticStrictPolicy(cfg Config) *security.Authorization {
 	cfg = cfg.WithDefaults()
 	return denyPlaintext(StaticStrictPolicyName, cfg.RootNamespace, &security.Match{})
@@ -85,11 +86,11 @@ func PeerAuthSelects(pa *securityv1.PeerAuthentication, lbls map[string]string) 
 }
 
 // BuildPeerAuthentication converts a selector-bound PeerAuthentication with
-// port-level modes into converted_peer_authentication_<name> (spec §1.8):
-// DENY to peers without an identity on its STRICT ports. inherited is the
-// mode its namespace or the mesh gives when the policy's own is UNSET. It
-// returns nil for any other policy: those act through StaticStrictPolicy
-// and PolicyKey.
+// port-level modes into converted_peer_authentication_<name>
+// (wire contract §1.8): DENY to peers without an identity on its STRICT
+// ports. inherited is the mode its namespace or the mesh gives when the
+// policy's own is UNSET. It returns nil for any other policy: those act
+// through StaticStrictPolicy and PolicyKey.
 func BuildPeerAuthentication(pa *securityv1.PeerAuthentication, inherited securityapi.PeerAuthentication_MutualTLS_Mode) *security.Authorization {
 	spec := &pa.Spec
 	if spec.GetSelector() == nil || len(spec.GetPortLevelMtls()) == 0 {

@@ -32,7 +32,7 @@ type PodInput struct {
 
 // BuildPodWorkload returns the Workload of a pod, or nil when the pod is not
 // sent: it has finished (Succeeded or Failed) or has no IP yet. Every other
-// pod is sent, ambient or not (spec §7.1).
+// pod is sent, ambient or not (wire contract §7.1).
 func BuildPodWorkload(in PodInput, cfg Config) *workloadapi.Workload {
 	cfg = cfg.WithDefaults()
 	pod := in.Pod
@@ -186,8 +186,8 @@ func nodeLocality(node *corev1.Node) *workloadapi.Locality {
 
 // podServices builds Workload.services: for each Service the pod backs, its
 // ports mapped to this pod's target ports. A named target port resolves
-// against the pod's container ports; a port the pod does not have is left
-// out for this pod (spec §7.2).
+// against the pod's container ports; a port the pod does not have is left out
+// for this pod (wire contract §7.2).
 func podServices(pod *corev1.Pod, services []*corev1.Service, cfg Config) map[string]*workloadapi.PortList {
 	out := map[string]*workloadapi.PortList{}
 	for _, svc := range services {
@@ -210,9 +210,9 @@ func podServices(pod *corev1.Pod, services []*corev1.Service, cfg Config) map[st
 	return out
 }
 
-// entryPodPorts maps a ServiceEntry's ports onto a pod it selects (spec
-// §7.2): the container port named like the ServiceEntry port, else the
-// port's target port, else the service port.
+// entryPodPorts maps a ServiceEntry's ports onto a pod it selects
+// (wire contract §7.2): the container port named like the ServiceEntry port,
+// else the port's target port, else the service port.
 func entryPodPorts(se *networkingv1.ServiceEntry, pod *corev1.Pod) *workloadapi.PortList {
 	named := map[string]uint32{}
 	for _, c := range pod.Spec.Containers {

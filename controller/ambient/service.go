@@ -27,7 +27,7 @@ type ServiceInput struct {
 }
 
 // BuildService returns the table entry of a Kubernetes Service, or nil for an
-// ExternalName Service, which is not sent (spec §7.2).
+// ExternalName Service, which is not sent (wire contract §7.2).
 func BuildService(in ServiceInput, cfg Config) *workloadapi.Service {
 	cfg = cfg.WithDefaults()
 	svc := in.Service
@@ -81,7 +81,8 @@ func serviceAddresses(svc *corev1.Service, network string) []*workloadapi.Networ
 	return out
 }
 
-// loadBalancing maps traffic policies to routing preferences (spec §7.2).
+// loadBalancing maps traffic policies to routing preferences
+// (wire contract §7.2).
 func loadBalancing(svc *corev1.Service) *workloadapi.LoadBalancing {
 	var lb *workloadapi.LoadBalancing
 	switch {

@@ -44,8 +44,9 @@ func (x *Index) DeleteNamespace(name string) ChangeSet {
 	return x.recomputeNamespace(name)
 }
 
-// updateNetwork applies the system namespace's network label (spec §7.3):
-// every workload and VIP is on that network, so all outputs change.
+// updateNetwork applies the system namespace's network label
+// (docs/wire-contract.md §7.3): every workload and VIP is on that network, so
+// all outputs change.
 func (x *Index) updateNetwork() (ChangeSet, bool) {
 	network := x.network
 	if ns := x.namespaces[x.cfg.SystemNamespace]; ns != nil && ns.Labels[ambient.LabelNetwork] != "" {

@@ -22,7 +22,7 @@ import (
 	"github.com/canopy-mesh/canopy/workloadapi"
 )
 
-// Debug types (spec §8.3).
+// Debug types (wire contract §8.3).
 const (
 	// SynczTypeURL asks for every connected proxy's sync status.
 	SynczTypeURL = "istio.io/debug/syncz"
@@ -115,7 +115,8 @@ func (s *Server) authenticate(ctx context.Context) (authn.Caller, error) {
 	return caller, nil
 }
 
-// authorize checks the node against the caller's identity (spec §2.2).
+// authorize checks the node against the caller's identity
+// (wire contract §2.2).
 func (s *Server) authorize(caller authn.Caller, p Proxy) error {
 	if caller.Namespace != p.Namespace {
 		return s.streamError("identity", codes.PermissionDenied,
@@ -316,7 +317,7 @@ func (s *Server) nextResponse(c *conn) (*discoveryv3.DeltaDiscoveryResponse, tim
 		for i, r := range d.resources {
 			resp.Resources[i] = &discoveryv3.Resource{Name: r.Name, Version: r.Version, Resource: r.Body}
 			if !w.wildcard {
-				// Aliases are for on-demand answers (spec §1.9).
+				// Aliases are for on-demand answers (wire contract §1.9).
 				resp.Resources[i].Aliases = r.Aliases
 			}
 		}

@@ -1,7 +1,8 @@
 // Package xds serves the workload tables to node proxies over Delta ADS
-// (spec §2): istio.workload.Address and istio.security.Authorization,
-// wildcard and on demand, with ACK/NACK tracking, reconnects that skip
-// unchanged resources, and proxy status (istio.io/debug/syncz, spec §8.3).
+// (docs/wire-contract.md §2): istio.workload.Address and
+// istio.security.Authorization, wildcard and on demand, with ACK/NACK
+// tracking, reconnects that skip unchanged resources, and proxy status
+// (istio.io/debug/syncz, docs/wire-contract.md §8.3).
 //
 // It uses go-control-plane's discovery and CSDS types but not its server
 // or cache: the cache has no notion of aliases (an on-demand lookup by

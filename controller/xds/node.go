@@ -14,7 +14,8 @@ import (
 // answers it with InvalidArgument.
 var ErrMalformedNode = errors.New("malformed node")
 
-// Proxy is a connected proxy as its xDS node describes it (spec §2.2).
+// Proxy is a connected proxy as its xDS node describes it
+// (wire contract §2.2).
 type Proxy struct {
 	// ID is the whole node ID, "<type>~<ip>~<pod>.<namespace>~<namespace>.svc.<domain>".
 	ID string
@@ -47,8 +48,8 @@ const (
 	maxMetadataKeys = 256
 )
 
-// ParseNode parses and checks an xDS node (spec §2.2). The namespace is
-// the metadata's NAMESPACE, else the ID's; it is what the caller's
+// ParseNode parses and checks an xDS node (wire contract §2.2). The namespace
+// is the metadata's NAMESPACE, else the ID's; it is what the caller's
 // identity is checked against.
 func ParseNode(n *corev3.Node) (Proxy, error) {
 	p, err := parseNode(n)

@@ -97,8 +97,8 @@ func (c *conn) status() ProxyStatus {
 	return ps
 }
 
-// status is the spec §8.3 state: a rejection of the last response is an
-// error; otherwise synced once the last nonce sent is acknowledged.
+// status is the wire contract §8.3 state: a rejection of the last response is
+// an error; otherwise synced once the last nonce sent is acknowledged.
 func (st *typeState) status() string {
 	switch {
 	case st.nonceSent == "":

@@ -21,7 +21,7 @@ import (
 type Resource struct {
 	TypeURL string
 	Name    string
-	// Version is the hex xxhash64 of the marshalled Any (spec §1.9).
+	// Version is the hex xxhash64 of the marshalled Any (wire contract §1.9).
 	Version string
 	Body    *anypb.Any
 	// Aliases are the on-demand lookup names of an Address.
@@ -168,8 +168,8 @@ func (t *Table) Len(typeURL string) int {
 	return len(t.byType[typeURL])
 }
 
-// Resolve returns the names an on-demand key stands for (spec §2.4): the
-// key itself when it is a resource's name, and the resources it is an
+// Resolve returns the names an on-demand key stands for (wire contract §2.4):
+// the key itself when it is a resource's name, and the resources it is an
 // alias of. Only Addresses have aliases.
 func (t *Table) Resolve(typeURL, key string) []string {
 	t.mu.RLock()

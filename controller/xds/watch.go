@@ -15,9 +15,9 @@ var staleVersion = &Resource{Version: "stale"}
 // The connection serializes access.
 type watch struct {
 	typeURL string
-	// wildcard: every resource of the type (spec §2.3).
+	// wildcard: every resource of the type (wire contract §2.3).
 	wildcard bool
-	// subscribed are on-demand keys: names or aliases (spec §2.4).
+	// subscribed are on-demand keys: names or aliases (wire contract §2.4).
 	subscribed map[string]struct{}
 	// sent is what the proxy holds: exactly the *Resource last sent.
 	sent map[string]*Resource
@@ -51,8 +51,8 @@ type subscription struct {
 	initialVersions map[string]string
 }
 
-// start applies a type's first request (spec §2.3): an empty subscribe
-// list means wildcard, and initial_resource_versions is what a
+// start applies a type's first request (wire contract §2.3): an empty
+// subscribe list means wildcard, and initial_resource_versions is what a
 // reconnecting proxy holds, unchanged resources are not sent again.
 func (w *watch) start(t *Table, s subscription, limit int) error {
 	if len(s.subscribe) == 0 {
@@ -152,7 +152,7 @@ func (d delta) empty() bool { return len(d.resources) == 0 && len(d.removed) == 
 
 // next computes the response that brings the proxy up to date with t and
 // records it as sent. node is the proxy's node: on-demand proxies get its
-// workloads without asking (spec §2.4).
+// workloads without asking (wire contract §2.4).
 func (w *watch) next(t *Table, node string) delta {
 	d := delta{initial: w.initial, oldest: w.oldest}
 	removed := map[string]bool{}
@@ -222,8 +222,9 @@ func (w *watch) next(t *Table, node string) delta {
 	return d
 }
 
-// wants reports whether the proxy subscribed to r (spec §2.4): by name or
-// alias, as a workload on its node, or as a workload of a service it holds.
+// wants reports whether the proxy subscribed to r (wire contract §2.4): by
+// name or alias, as a workload on its node, or as a workload of a service it
+// holds.
 func (w *watch) wants(r *Resource, node string) bool {
 	if w.wildcard {
 		return true

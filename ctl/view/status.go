@@ -32,9 +32,9 @@ type ControllerStatus struct {
 	Proxies    []ProxyStatus
 }
 
-// ProxyStatusTable is `canopyctl proxy-status` (spec §8.3): NAME CLUSTER
-// ISTIOD VERSION SUBSCRIBED TYPES; verbose has a column per type with its
-// state and age instead.
+// ProxyStatusTable is `canopyctl proxy-status` (wire contract §8.3): NAME
+// CLUSTER ISTIOD VERSION SUBSCRIBED TYPES; verbose has a column per type with
+// its state and age instead.
 func ProxyStatusTable(cs []ControllerStatus, verbose bool, now time.Time) Table {
 	type row struct {
 		controller string

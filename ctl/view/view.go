@@ -1,7 +1,8 @@
 // Package view turns what Canopy's components report (a node proxy's
 // /config_dump, the controller's /debug/syncz, node proxies' metrics) into
 // canopyctl's tables: rows, filters and sort orders are pure functions,
-// printing is a tab writer with istioctl's columns (spec §8).
+// printing is a tab writer with istioctl's columns
+// (docs/wire-contract.md §8).
 package view
 
 import (

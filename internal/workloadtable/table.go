@@ -1,13 +1,15 @@
 // Package workloadtable is a client's copy of the workload xDS tables:
 // workloads, services and authorization policies as the control plane sent
-// them, indexed the way a node proxy looks them up (spec §10.3): workloads
-// by UID, by "<network>/<ip>" and by node; services by
-// "<namespace>/<hostname>" and by VIP; policies by "<namespace>/<name>".
+// them, indexed the way a node proxy looks them up
+// (docs/wire-contract.md §10.3): workloads by UID, by "<network>/<ip>" and by
+// node; services by "<namespace>/<hostname>" and by VIP; policies by
+// "<namespace>/<name>".
 //
-// It applies Delta xDS responses with ztunnel's semantics (spec §2.3): a
-// workload replaces any earlier one with its UID; a removed name is a
-// workload UID, else a service key. A Table is safe for concurrent use and
-// its getters return shared protos that callers must not modify.
+// It applies Delta xDS responses with ztunnel's semantics
+// (docs/wire-contract.md §2.3): a workload replaces any earlier one with its
+// UID; a removed name is a workload UID, else a service key. A Table is safe
+// for concurrent use and its getters return shared protos that callers must
+// not modify.
 package workloadtable
 
 import (
@@ -157,7 +159,7 @@ func (t *Table) putAddress(a *workloadapi.Address) {
 		t.removeWorkload(name)
 		t.workloads[name] = w
 		// Host-network workloads share the node's IP: not indexed by it
-		// (spec §10.3).
+		// (wire contract §10.3).
 		if w.GetNetworkMode() != workloadapi.NetworkMode_HOST_NETWORK {
 			for _, alias := range workloadapi.Aliases(a) {
 				t.byAddress[alias] = name

@@ -1,8 +1,10 @@
-// Package xdsclient is a Delta ADS client for the workload types (spec
-// §2): wildcard or on-demand Address, wildcard Authorization, ACK/NACK
-// with the nonce, and reconnects with backoff that send what is held as
-// initial_resource_versions. Responses go to a Handler (a workloadtable
-// applies them). The node proxy, canopyctl and tests use it.
+// Package xdsclient is a Delta ADS client for the workload types
+// (docs/wire-contract.md §2): wildcard or on-demand Address, wildcard
+// Authorization, ACK/NACK with the nonce, and reconnects with backoff that
+// send what is held as initial_resource_versions. Responses go to a Handler
+// (a workloadtable applies them). The node proxy (cmd/canopy-node) and the
+// xDS server's tests (controller/xds, cmd/canopy-controller) use it;
+// canopyctl does not speak xDS, it reads the node proxies' /config_dump.
 package xdsclient
 
 import (
@@ -40,7 +42,7 @@ type Config struct {
 	Token func(context.Context) (string, error)
 	// ClusterID is sent as the clusterid header when set.
 	ClusterID string
-	// OnDemand subscribes to no Address until looked up (spec §2.3);
+	// OnDemand subscribes to no Address until looked up (wire contract §2.3);
 	// Authorization is always wildcard.
 	OnDemand bool
 	Handler  Handler
@@ -98,8 +100,8 @@ func New(cfg Config) (*Client, error) {
 	}, nil
 }
 
-// Ready is closed once a response of each type has been acknowledged,
-// which is when ztunnel reports itself ready (spec §2.3).
+// Ready is closed once a response of each type has been acknowledged, which
+// is when ztunnel reports itself ready (wire contract §2.3).
 func (c *Client) Ready() <-chan struct{} { return c.ready }
 
 // Run keeps a stream open until ctx ends, reconnecting with backoff.
@@ -180,8 +182,8 @@ func (c *Client) stream(ctx context.Context) (received bool, err error) {
 	}
 }
 
-// initialRequests are a stream's first request per type: Address first,
-// then Authorization (spec §2.3), each with the node and what is held.
+// initialRequests are a stream's first request per type: Address first, then
+// Authorization (wire contract §2.3), each with the node and what is held.
 func (c *Client) initialRequests() []*discoveryv3.DeltaDiscoveryRequest {
 	addr := &discoveryv3.DeltaDiscoveryRequest{
 		Node: c.cfg.Node, TypeUrl: workloadapi.AddressTypeURL,
@@ -241,7 +243,7 @@ func (c *Client) apply(resp *discoveryv3.DeltaDiscoveryResponse) (*discoveryv3.D
 		}
 		versions[r.GetName()] = r.GetVersion()
 		// A lookup completes on the exact name or, unlike ztunnel, on any
-		// alias (spec §2.4 gotcha).
+		// alias (wire contract §2.4 gotcha).
 		complete(r.GetName(), true)
 		for _, a := range r.GetAliases() {
 			complete(a, true)

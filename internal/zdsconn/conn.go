@@ -1,7 +1,7 @@
-// Package zdsconn frames ZDS messages (spec §3.1) on a SOCK_SEQPACKET unix
-// socket: one protobuf message per datagram, under 1 KiB, with a network
-// namespace fd riding along as SCM_RIGHTS on AddWorkload only. Both ends
-// use it: the CNI agent's server and the node proxy's client.
+// Package zdsconn frames ZDS messages (docs/wire-contract.md §3.1) on a
+// SOCK_SEQPACKET unix socket: one protobuf message per datagram, under 1 KiB,
+// with a network namespace fd riding along as SCM_RIGHTS on AddWorkload only.
+// Both ends use it: the CNI agent's server and the node proxy's client.
 package zdsconn
 
 import (

@@ -1,5 +1,6 @@
-// Package admin serves the node proxy's admin port (spec §5.1, §8.2):
-// /config_dump (node/configdump), readiness, /quitquitquit and pprof.
+// Package admin serves the node proxy's admin port
+// (docs/wire-contract.md §5.1, §8.2): /config_dump (node/configdump),
+// readiness, /quitquitquit and pprof.
 package admin
 
 import (

@@ -1,7 +1,7 @@
-// Package authz decides whether a connection to a workload is allowed by
-// the L4 authorization policies it is subject to (spec §1.8): DENY
-// policies first, then allow when no ALLOW policy applies, else allow only
-// when one matches. Pure: policies and a connection in, a decision out.
+// Package authz decides whether a connection to a workload is allowed by the
+// L4 authorization policies it is subject to (docs/wire-contract.md §1.8):
+// DENY policies first, then allow when no ALLOW policy applies, else allow
+// only when one matches. Pure: policies and a connection in, a decision out.
 package authz
 
 import (
@@ -51,7 +51,7 @@ func Applicable(all []*security.Authorization, w *workloadapi.Workload) []*secur
 	return out
 }
 
-// Evaluate decides c against policies (spec §1.8).
+// Evaluate decides c against policies (wire contract §1.8).
 func Evaluate(policies []*security.Authorization, c Conn) Decision {
 	var d Decision
 	enforcedAllow := false

@@ -1,6 +1,7 @@
-// Package caclient asks the CA for workload certificates (spec §6): the
-// unary istio.v1.auth.IstioCertificateService/CreateCertificate with the
-// node proxy's token and, for the pods it serves, ImpersonatedIdentity.
+// Package caclient asks the CA for workload certificates
+// (docs/wire-contract.md §6): the unary
+// istio.v1.auth.IstioCertificateService/CreateCertificate with the node
+// proxy's token and, for the pods it serves, ImpersonatedIdentity.
 package caclient
 
 import (

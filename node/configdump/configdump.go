@@ -1,6 +1,7 @@
 // Package configdump is the node proxy's /config_dump in the JSON shape
-// istioctl ztunnel-config reads (spec §8.2): the types, which canopyctl
-// decodes too, and their conversion from the client-side table.
+// istioctl ztunnel-config reads (docs/wire-contract.md §8.2): the types,
+// which canopyctl decodes too, and their conversion from the client-side
+// table.
 package configdump
 
 import (

@@ -24,8 +24,8 @@ func NewClientConn(nc net.Conn) (*ClientConn, error) {
 	return &ClientConn{c: c}, nil
 }
 
-// Connect opens a tunnel to authority ("<ip>:<port>") with the extra
-// headers (spec §5.3: baggage, forwarded, traceparent) and waits for the
+// Connect opens a tunnel to authority ("<ip>:<port>") with the extra headers
+// (wire contract §5.3: baggage, forwarded, traceparent) and waits for the
 // answer: a *StatusError for anything but 200.
 func (cc *ClientConn) Connect(ctx context.Context, authority string, header [][2]string) (*Stream, error) {
 	c := cc.c

@@ -16,7 +16,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 )
 
-// HTTP/2 settings (spec §5.3).
+// HTTP/2 settings (wire contract §5.3).
 const (
 	StreamWindow  = 4 << 20
 	ConnWindow    = 16 << 20
@@ -412,7 +412,7 @@ type Request struct {
 	Header map[string]string
 }
 
-// parseRequest validates a CONNECT (spec §5.3): classic CONNECT, no
+// parseRequest validates a CONNECT (wire contract §5.3): classic CONNECT, no
 // :scheme or :path, an authority.
 func parseRequest(f *http2.MetaHeadersFrame) (Request, error) {
 	r := Request{Header: map[string]string{}}

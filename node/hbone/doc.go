@@ -1,6 +1,6 @@
-// Package hbone is HBONE (spec §5.3): TCP streams carried as HTTP/2
-// CONNECT streams over one mutual-TLS connection, both the client (a node
-// proxy sending a pod's connection) and the server (15008 in a pod).
+// Package hbone is HBONE (docs/wire-contract.md §5.3): TCP streams carried as
+// HTTP/2 CONNECT streams over one mutual-TLS connection, both the client (a
+// node proxy sending a pod's connection) and the server (15008 in a pod).
 //
 // It speaks HTTP/2 through golang.org/x/net/http2's Framer and HPACK but
 // not its Transport or Server: those move stream bytes through io.Pipe,

@@ -46,9 +46,9 @@ func (t *tlsConn) Flush() error { return t.raw.flush() }
 // flusher is a connection with batched writes below it.
 type flusher interface{ Flush() error }
 
-// ClientTLS runs the client handshake on raw and returns the connection
-// to give NewClientConn. cfg should require TLS 1.3 and ALPN h2 (spec
-// §5.2).
+// ClientTLS runs the client handshake on raw and returns the connection to
+// give NewClientConn. cfg should require TLS 1.3 and ALPN h2
+// (wire contract §5.2).
 func ClientTLS(ctx context.Context, raw net.Conn, cfg *tls.Config) (net.Conn, error) {
 	b := &batchConn{Conn: raw, w: bufio.NewWriterSize(raw, 256<<10)}
 	c := tls.Client(b, cfg)

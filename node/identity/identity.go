@@ -1,9 +1,9 @@
-// Package identity keeps one certificate per local workload identity for
-// the node proxy (spec §6.2): an ECDSA P-256 key and CSR, signed by the CA
-// with ImpersonatedIdentity, renewed at half-life with jitter, retried
-// with backoff, and the old certificate kept until it expires when
-// renewal fails. Several trusted roots are held at once, so a root
-// rotation never breaks a handshake.
+// Package identity keeps one certificate per local workload identity for the
+// node proxy (docs/wire-contract.md §6.2): an ECDSA P-256 key and CSR, signed
+// by the CA with ImpersonatedIdentity, renewed at half-life with jitter,
+// retried with backoff, and the old certificate kept until it expires when
+// renewal fails. Several trusted roots are held at once, so a root rotation
+// never breaks a handshake.
 package identity
 
 import (

@@ -1,7 +1,7 @@
 // Package inpod opens the node proxy's sockets inside a pod's network
-// namespace (spec §3.4, §5.1): 15001 for redirected outbound traffic,
-// 15006 for inbound plaintext, 15008 for HBONE, every socket marked 0x539
-// so the pod's redirection rules let the proxy's own traffic pass. The
+// namespace (docs/wire-contract.md §3.4, §5.1): 15001 for redirected outbound
+// traffic, 15006 for inbound plaintext, 15008 for HBONE, every socket marked
+// 0x539 so the pod's redirection rules let the proxy's own traffic pass. The
 // namespace comes from the CNI agent over ZDS, never from a guess.
 package inpod
 
@@ -19,7 +19,7 @@ import (
 	"github.com/canopy-mesh/canopy/internal/netns"
 )
 
-// Ports and mark (spec §4.1).
+// Ports and mark (wire contract §4.1).
 const (
 	OutboundPort = 15001
 	InboundPort  = 15006
@@ -52,7 +52,7 @@ func mark(_, _ string, c syscall.RawConn) error {
 func Open(ns *os.File) (*Pod, error) {
 	p := &Pod{netns: ns}
 	// SO_REUSEPORT as ztunnel: a restarting proxy's new sockets can bind
-	// while the old ones drain (spec §3.4).
+	// while the old ones drain (wire contract §3.4).
 	lc := net.ListenConfig{Control: func(network, address string, c syscall.RawConn) error {
 		if err := mark(network, address, c); err != nil {
 			return err

@@ -1,10 +1,10 @@
-// Package pods keeps the set of pods this node proxy serves in step with
-// ZDS (spec §3): each Add names a pod by its Kubernetes UID and workload
-// info and hands over its netns. The pod's identity is the namespace and
-// service account of that workload info, which the CNI agent read from the
-// API server and hands over the node-local ZDS socket; never an IP lookup.
-// The pod's workload from xDS (same namespace, service account and name)
-// is used once it arrives. A snapshot ends with every pod neither added
+// Package pods keeps the set of pods this node proxy serves in step with ZDS
+// (docs/wire-contract.md §3): each Add names a pod by its Kubernetes UID and
+// workload info and hands over its netns. The pod's identity is the namespace
+// and service account of that workload info, which the CNI agent read from
+// the API server and hands over the node-local ZDS socket; never an IP
+// lookup. The pod's workload from xDS (same namespace, service account and
+// name) is used once it arrives. A snapshot ends with every pod neither added
 // nor kept in it dropped.
 package pods
 
@@ -86,11 +86,11 @@ func (s *Set) provisional(info *zdspb.WorkloadInfo) *workloadapi.Workload {
 	}
 }
 
-// self finds the pod's workload among the node's (spec §3.4): same
-// namespace, service account and name. Another pod's workload is never
-// taken for it, not even one with the same identity: a replaced pod's
-// workload lingers until the controller removes it, and serving the new
-// pod as the old would refuse its inbound traffic (its address differs).
+// self finds the pod's workload among the node's (wire contract §3.4): same
+// namespace, service account and name. Another pod's workload is never taken
+// for it, not even one with the same identity: a replaced pod's workload
+// lingers until the controller removes it, and serving the new pod as the old
+// would refuse its inbound traffic (its address differs).
 func (s *Set) self(info *zdspb.WorkloadInfo) *workloadapi.Workload {
 	sa := info.GetServiceAccount()
 	if sa == "" {

@@ -10,7 +10,8 @@ import (
 	"github.com/canopy-mesh/canopy/workloadapi"
 )
 
-// poolKey is spec §5.3's pool key: who connects, to whom, where.
+// poolKey is the pool key of wire contract §5.3: who connects, to whom,
+// where.
 type poolKey struct {
 	src, dst workloadapi.Identity
 	addr     string

@@ -1,7 +1,7 @@
-// Package proxy is the node proxy's data path for one pod at a time:
-// outbound connections captured on 15001 go to their destination over
-// HBONE (or plain TCP for destinations outside the mesh), inbound HBONE
-// on 15008 is authenticated, authorized (spec §1.8) and carried to the
+// Package proxy is the node proxy's data path for one pod at a time: outbound
+// connections captured on 15001 go to their destination over HBONE (or plain
+// TCP for destinations outside the mesh), inbound HBONE on 15008 is
+// authenticated, authorized (docs/wire-contract.md §1.8) and carried to the
 // app, inbound plaintext on 15006 is authorized with no identity.
 package proxy
 
@@ -118,7 +118,8 @@ func (p *Proxy) ServePod(pod *inpod.Pod, self *workloadapi.Workload) {
 	go serve(pod.HBONE, func(c net.Conn) { p.inboundHBONE(c, pod, self) })
 }
 
-// outbound sends one captured connection where routing says (spec §5.5).
+// outbound sends one captured connection where routing says
+// (wire contract §5.5).
 func (p *Proxy) outbound(c net.Conn, pod *inpod.Pod, src *workloadapi.Workload) {
 	defer c.Close()
 	src = p.current(src)
@@ -193,7 +194,7 @@ func firstIP(w *workloadapi.Workload) netip.Addr {
 	return a
 }
 
-// headers are spec §5.3's request headers.
+// headers are the request headers of wire contract §5.3.
 func (p *Proxy) headers(src *workloadapi.Workload, from net.Addr) [][2]string {
 	var baggage []string
 	add := func(k, v string) {
@@ -274,8 +275,8 @@ func addrOf(a net.Addr) netip.Addr {
 	return netip.Addr{}
 }
 
-// admit validates the authority (spec §5.3: it must be this pod), applies
-// the policies and dials the app; it returns the status to answer.
+// admit validates the authority (wire contract §5.3: it must be this pod),
+// applies the policies and dials the app; it returns the status to answer.
 func (p *Proxy) admit(ctx context.Context, authority string, pod *inpod.Pod, self *workloadapi.Workload, c authz.Conn) (int, net.Conn) {
 	dst, err := parseAuthority(authority)
 	if err != nil || dst.Addr() != firstIP(self) {
@@ -288,7 +289,7 @@ func (p *Proxy) admit(ctx context.Context, authority string, pod *inpod.Pod, sel
 		return 401, nil
 	}
 	// The app sees the client's address where the kernel allows it
-	// (spec §5.3, best effort), else the pod's own.
+	// (wire contract §5.3, best effort), else the pod's own.
 	up, err := pod.DialFrom(ctx, c.Src, "tcp", authority)
 	if err != nil {
 		if up, err = pod.Dial(ctx, "tcp", authority); err != nil {
@@ -322,8 +323,9 @@ func podName(w *workloadapi.Workload) string {
 	return w.GetNamespace() + "/" + w.GetName()
 }
 
-// parseAuthority reads a CONNECT authority, "<ip>:<port>" (spec §5.3);
-// a hostname authority (east-west gateways) is not served here.
+// parseAuthority reads a CONNECT authority, "<ip>:<port>"
+// (wire contract §5.3); a hostname authority (east-west gateways) is not
+// served here.
 func parseAuthority(s string) (netip.AddrPort, error) {
 	host, portStr, err := net.SplitHostPort(s)
 	if err != nil {

@@ -42,7 +42,7 @@ func leafIdentity(c *x509.Certificate) (workloadapi.Identity, error) {
 }
 
 // clientTLS presents src's certificate and accepts only a server whose
-// identity is one of want (spec §5.2: no SNI, no hostname check).
+// identity is one of want (wire contract §5.2: no SNI, no hostname check).
 func clientTLS(cert *tls.Certificate, roots *x509.CertPool, want []workloadapi.Identity) *tls.Config {
 	return &tls.Config{
 		Certificates: []tls.Certificate{*cert}, MinVersion: tls.VersionTLS13, NextProtos: []string{"h2"},

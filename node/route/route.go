@@ -1,7 +1,7 @@
-// Package route decides where an outbound connection goes (spec §5.5):
-// a service's waypoint, one of its endpoints picked by its load-balancing
-// rules, a workload's waypoint, straight HBONE to a pod, or plain TCP.
-// Pure: the table and the connection in, a Route out.
+// Package route decides where an outbound connection goes
+// (docs/wire-contract.md §5.5): a service's waypoint, one of its endpoints
+// picked by its load-balancing rules, a workload's waypoint, straight HBONE
+// to a pod, or plain TCP. Pure: the table and the connection in, a Route out.
 package route
 
 import (
@@ -146,8 +146,9 @@ func isWaypoint(src *workloadapi.Workload, wp *workloadapi.GatewayAddress, t Tab
 	return false
 }
 
-// candidates applies health and routing preferences (spec: STRICT keeps
-// endpoints matching every scope, FAILOVER the best-matching prefix).
+// candidates applies health and routing preferences (wire contract §5.5:
+// STRICT keeps endpoints matching every scope, FAILOVER the best-matching
+// prefix).
 func candidates(all []*workloadapi.Workload, src *workloadapi.Workload, lb *workloadapi.LoadBalancing) []*workloadapi.Workload {
 	var healthy []*workloadapi.Workload
 	for _, w := range all {

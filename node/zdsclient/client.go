@@ -1,7 +1,8 @@
-// Package zdsclient is the node proxy's side of ZDS (spec §3): it
-// connects to the CNI agent's socket with backoff, says hello, and hands
-// each pod (with its netns handle) to a Handler, acknowledging every
-// message; a handler's error goes back in the Ack.
+// Package zdsclient is the node proxy's side of ZDS
+// (docs/wire-contract.md §3): it connects to the CNI agent's socket with
+// backoff, says hello, and hands each pod (with its netns handle) to a
+// Handler, acknowledging every message; a handler's error goes back in the
+// Ack.
 package zdsclient
 
 import (

@@ -1,7 +1,7 @@
 package security
 
 // ResourceName returns an Authorization's xDS name, "<namespace>/<name>"
-// (spec §1.9).
+// (docs/wire-contract.md §1.9).
 func ResourceName(a *Authorization) string {
 	return a.GetNamespace() + "/" + a.GetName()
 }
