@@ -26,11 +26,11 @@ all: build
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "%-14s %s\n", $$1, $$2}'
 
-deps: ## install missing Debian packages (protoc, etcd)
+deps: ## install missing Debian packages (etcd, nftables, iptables)
 	@hack/install-deps.sh
 
-tools: ## build (once) the pinned third-party binaries into the cache: Kubernetes, CoreDNS, CNI plugins
-	@for t in kube coredns cni; do hack/tools.sh $$t >/dev/null; done
+tools: ## build (once) the pinned third-party binaries into the cache: Kubernetes, CoreDNS, CNI plugins, buf
+	@for t in kube coredns cni buf; do hack/tools.sh $$t >/dev/null; done
 
 build: ## static binaries with version ldflags into $(OUT)
 	@mkdir -p $(OUT)
@@ -60,12 +60,21 @@ demo-down: ## remove the demo cluster
 test-unit: ## only tests that need no API server and no root
 	$(GO) test -short $(GOTESTFLAGS) ./...
 
-lint: ## gofmt, go vet and staticcheck (pinned as a Go tool)
+# The protos are checked for breaking changes against this git revision.
+BUF_AGAINST ?= HEAD~1
+
+lint: ## gofmt, go vet, staticcheck; buf lint and buf breaking (against BUF_AGAINST, default the previous commit)
 	@unformatted=$$("$$($(GO) env GOROOT)/bin/gofmt" -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "not gofmt-ed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
+	@buf=$$(hack/tools.sh buf)/buf; \
+	echo "buf lint"; "$$buf" lint; \
+	if git rev-parse -q --verify '$(BUF_AGAINST)^{commit}' >/dev/null; then \
+		echo "buf breaking --against $(BUF_AGAINST)"; \
+		"$$buf" breaking --against '.git#ref=$(BUF_AGAINST),subdir=proto'; \
+	else echo "buf breaking: no revision $(BUF_AGAINST) in this clone; skipped"; fi
 
-proto: deps ## regenerate workloadapi/ from proto/
+proto: ## regenerate workloadapi/ from proto/ (buf and protoc-gen-go, both pinned)
 	hack/gen-proto.sh
 
 crds: ## copy the CRDs Canopy reads from the pinned API modules into deploy/charts/canopy/crds

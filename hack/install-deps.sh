@@ -4,7 +4,6 @@
 set -euo pipefail
 
 declare -A pkg_for=(
-	[protoc]=protobuf-compiler
 	[etcd]=etcd-server
 	# kube-proxy's nftables mode drives the kernel through nft.
 	[nft]=nftables

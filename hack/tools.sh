@@ -6,6 +6,10 @@
 #   hack/tools.sh kube      kube-apiserver, kube-controller-manager, kube-proxy, kubectl
 #   hack/tools.sh coredns   coredns (cluster DNS)
 #   hack/tools.sh cni       ptp, host-local, loopback (CNI reference plugins)
+#   hack/tools.sh buf       buf (compiles, lints and checks the protos)
+#
+# A cold build prints one line per binary with its share of the wait; Go's
+# own output goes to a log in the cache and is shown only when a build fails.
 #
 # The directory is keyed by the module's version pin and a hash of its files
 # and of this script: a second run reuses the binaries, a changed pin
@@ -13,13 +17,19 @@
 # a relink, not a full build.
 set -euo pipefail
 
-name=${1:?usage: hack/tools.sh kube|coredns|cni}
+name=${1:?usage: hack/tools.sh kube|coredns|cni|buf}
 root=$(cd "$(dirname "$0")/.." && pwd)
 mod="$root/tools/$name"
 [ -f "$mod/go.mod" ] || { echo "tools: no module tools/$name" >&2; exit 1; }
 
-pin() { awk -v m="$1" '$1 == "require" && $2 == m {print $3}' "$mod/go.mod"; }
+# pin is a module's version in go.mod, on a require line or in a block.
+pin() {
+	awk -v m="$1" '$1 == "require" && $2 == m {print $3} $1 == m && $2 ~ /^v/ {print $2}' "$mod/go.mod" | head -n 1
+}
 ldflags="-s -w"
+# cold holds what a cold build of each step costs on 2 cores (measured; the
+# Go build cache is shared, so later steps of a module are quicker).
+declare -A cold=()
 case "$name" in
 kube)
 	version=$(pin k8s.io/kubernetes)
@@ -45,6 +55,10 @@ cni)
 	p=github.com/containernetworking/plugins/plugins
 	binaries=("ptp $p/main/ptp" "loopback $p/main/loopback" "host-local $p/ipam/host-local")
 	;;
+buf)
+	version=$(pin github.com/bufbuild/buf)
+	binaries=("buf github.com/bufbuild/buf/cmd/buf")
+	;;
 *)
 	echo "tools: unknown tool module $name" >&2
 	exit 1
@@ -52,17 +66,36 @@ cni)
 esac
 [ -n "$version" ] || { echo "tools: no version pin in $mod/go.mod" >&2; exit 1; }
 
-key=$(cat "$mod/go.mod" "$mod/go.sum" "$mod/tools.go" "$0" | sha256sum | cut -c1-12)
+shopt -s nullglob
+key=$(cat "$mod/go.mod" "$mod/go.sum" "$mod"/*.go "$0" | sha256sum | cut -c1-12)
 out="${CANOPY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/canopy}/$name/$version-$key"
 
+todo=()
 for entry in "${binaries[@]}"; do
-	read -r bin pkg <<<"$entry"
-	[ -x "$out/$bin" ] && continue
+	read -r bin _ <<<"$entry"
+	[ -x "$out/$bin" ] || todo+=("$entry")
+done
+if [ ${#todo[@]} -gt 0 ]; then
 	mkdir -p "$out"
-	echo "tools: building $bin $version (cold: minutes)" >&2
-	(cd "$mod" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out/$bin.tmp" "$pkg")
-	mv "$out/$bin.tmp" "$out/$bin"
+	log="$out/build.log"
+	: >"$log"
 	# A new build supersedes older ones of this module: keep the cache small.
 	find "$(dirname "$out")" -mindepth 1 -maxdepth 1 -type d ! -path "$out" -exec rm -rf {} +
-done
+	start=$SECONDS
+	echo "tools: $name $version: fetching its Go modules (${cold[fetch]:-cold: about a minute})" >&2
+	(cd "$mod" && go mod download) >>"$log" 2>&1 || { cat "$log" >&2; exit 1; }
+	i=0
+	for entry in "${todo[@]}"; do
+		read -r bin pkg <<<"$entry"
+		i=$((i + 1))
+		echo "tools: $name $version: building $bin ($i of ${#todo[@]}; ${cold[$bin]:-cold: a minute or two})" >&2
+		if ! (cd "$mod" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out/$bin.tmp" "$pkg") >>"$log" 2>&1; then
+			echo "tools: building $bin failed:" >&2
+			cat "$log" >&2
+			exit 1
+		fi
+		mv "$out/$bin.tmp" "$out/$bin"
+	done
+	echo "tools: $name $version ready in $((SECONDS - start)) s" >&2
+fi
 echo "$out"
