@@ -12,6 +12,8 @@ export CANOPY_CACHE
 OUT         ?= $(CANOPY_CACHE)/bin
 GO          ?= go
 GOTESTFLAGS ?=
+# Measured cold on 2 cores; printed while a cold download runs.
+COLD_MODULES := 2 minutes
 # Kubernetes control-plane builds are memory- and CPU-hungry; two test
 # packages at a time keep a 2-core machine responsive.
 GOTESTP     ?= 2
@@ -19,7 +21,7 @@ GOTESTP     ?= 2
 LDFLAGS := -s -w -X $(MODULE)/internal/version.version=$(VERSION)
 BINARIES := $(notdir $(patsubst %/,%,$(dir $(wildcard cmd/*/main.go))))
 
-.PHONY: all build images deps tools demo demo-down crds test test-unit lint proto proto-check bench clean help
+.PHONY: all build images deps modules tools demo demo-down crds test test-unit lint proto bench clean help
 
 all: build
 
@@ -29,10 +31,17 @@ help: ## list the targets
 deps: ## install missing Debian packages (etcd, nftables, iptables)
 	@hack/install-deps.sh
 
+# A cold module cache costs minutes and Go would print a line per module:
+# say so once instead, and show Go's own output only if the download fails.
+modules: ## download Canopy's Go modules (once; quiet)
+	@GOFLAGS=-mod=mod GOPROXY=off $(GO) mod download 2>/dev/null || { \
+		echo "go: fetching Canopy's Go modules (cold: about $(COLD_MODULES))"; \
+		$(GO) mod download; }
+
 tools: ## build (once) the pinned third-party binaries into the cache: Kubernetes, CoreDNS, CNI plugins, buf
 	@for t in kube coredns cni buf; do hack/tools.sh $$t >/dev/null; done
 
-build: ## static binaries with version ldflags into $(OUT)
+build: modules ## static binaries with version ldflags into $(OUT)
 	@mkdir -p $(OUT)
 	@for b in $(BINARIES); do \
 		echo "build $$b"; \
@@ -48,7 +57,7 @@ TOOLS_ENV = CANOPY_KUBE_BIN_DIR=$$(hack/tools.sh kube) \
 	CANOPY_CNI_BIN_DIR=$$(hack/tools.sh cni) \
 	CANOPY_COREDNS_BIN_DIR=$$(hack/tools.sh coredns)
 
-test: deps lint ## every test level: unit, kube (real API server), root-level and e2e (local cluster)
+test: deps modules lint ## every test level: unit, kube (real API server), root-level and e2e (local cluster)
 	@env $(TOOLS_ENV) $(GO) test -p $(GOTESTP) -count=1 $(GOTESTFLAGS) ./...
 
 demo: deps build ## a local cluster with the sample app (needs root); see canopy-local status
@@ -57,13 +66,13 @@ demo: deps build ## a local cluster with the sample app (needs root); see canopy
 demo-down: ## remove the demo cluster
 	$(OUT)/canopy-local --name demo down
 
-test-unit: ## only tests that need no API server and no root
+test-unit: modules ## only tests that need no API server and no root
 	$(GO) test -short $(GOTESTFLAGS) ./...
 
 # The protos are checked for breaking changes against this git revision.
 BUF_AGAINST ?= HEAD~1
 
-lint: ## gofmt, go vet, staticcheck; buf lint and buf breaking (against BUF_AGAINST, default the previous commit)
+lint: modules ## gofmt, go vet, staticcheck; buf lint and buf breaking (against BUF_AGAINST, default the previous commit)
 	@unformatted=$$("$$($(GO) env GOROOT)/bin/gofmt" -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "not gofmt-ed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
@@ -84,7 +93,7 @@ crds: ## copy the CRDs Canopy reads from the pinned API modules into deploy/char
 # environments for nothing.
 BENCH_PKGS = $(shell grep -rl --include='*_test.go' '^func Benchmark' . | xargs -r -n1 dirname | sort -u)
 
-bench: ## Go benchmarks
+bench: modules ## Go benchmarks
 	$(GO) test -run '^$$' -bench . -benchmem $(BENCH_PKGS)
 
 clean: ## remove build outputs (keeps the cached Kubernetes binaries)

@@ -11,8 +11,8 @@
 # A cold build prints one line per binary with its share of the wait; Go's
 # own output goes to a log in the cache and is shown only when a build fails.
 #
-# The directory is keyed by the module's version pin and a hash of its files
-# and of this script: a second run reuses the binaries, a changed pin
+# The directory is keyed by the module's version pin and a hash of its files,
+# ldflags and binaries: a second run reuses the binaries, a changed pin
 # rebuilds them. Go's build cache makes a rebuild after an unrelated change
 # a relink, not a full build.
 set -euo pipefail
@@ -66,10 +66,17 @@ buf)
 esac
 [ -n "$version" ] || { echo "tools: no version pin in $mod/go.mod" >&2; exit 1; }
 
+# The cache key is what goes into the binaries: the module's files, the
+# ldflags and the list of binaries (not this script's wording).
 shopt -s nullglob
-key=$(cat "$mod/go.mod" "$mod/go.sum" "$mod"/*.go "$0" | sha256sum | cut -c1-12)
+key=$( (cat "$mod/go.mod" "$mod/go.sum" "$mod"/*.go; echo "$ldflags"; printf '%s\n' "${binaries[@]}") | sha256sum | cut -c1-12)
 out="${CANOPY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/canopy}/$name/$version-$key"
 
+# One build at a time per module: concurrent test packages and scripts
+# wait for the first one instead of building the same binaries again.
+mkdir -p "$(dirname "$out")"
+exec 9>"$(dirname "$out")/.lock"
+flock 9
 todo=()
 for entry in "${binaries[@]}"; do
 	read -r bin _ <<<"$entry"
