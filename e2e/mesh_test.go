@@ -133,7 +133,7 @@ func up(t *testing.T) *mesh {
 			t.Errorf("down: %v", err)
 		}
 	})
-	c, err := cluster.Connect(local.State.Kubeconfig, "")
+	c, err := cluster.Connect(t.Context(), local.State.Kubeconfig, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
+	"k8s.io/klog/v2"
 
 	"github.com/canopy-mesh/canopy/ctl"
 	"github.com/canopy-mesh/canopy/ctl/cluster"
@@ -21,6 +23,12 @@ import (
 )
 
 func main() {
+	// client-go logs through klog, to stderr by default: a discovery
+	// failure would print a log line beside canopyctl's own error. Every
+	// failure canopyctl cares about reaches it as an error, so klog's
+	// output goes nowhere. Set here, in main only: klog's logger is
+	// process-wide.
+	klog.SetLoggerWithOptions(logr.Discard(), klog.ContextualLogger(true))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := newRootCommand().ExecuteContext(ctx)
 	stop()
@@ -35,8 +43,8 @@ type globals struct {
 	kubeconfig, context, namespace string
 }
 
-func (g *globals) connect() (*cluster.Cluster, error) {
-	return cluster.Connect(g.kubeconfig, g.context)
+func (g *globals) connect(ctx context.Context) (*cluster.Cluster, error) {
+	return cluster.Connect(ctx, g.kubeconfig, g.context)
 }
 
 func newRootCommand() *cobra.Command {
@@ -70,7 +78,7 @@ func run(g *globals, output *string, fn func(ctx context.Context, c *cluster.Clu
 				return err
 			}
 		}
-		c, err := g.connect()
+		c, err := g.connect(cmd.Context())
 		if err != nil {
 			return err
 		}
@@ -208,7 +216,7 @@ func installCommand(g *globals) *cobra.Command {
 			if opts.DryRun {
 				return ctl.Install(cmd.Context(), nil, opts, cmd.OutOrStdout())
 			}
-			c, err := g.connect()
+			c, err := g.connect(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -234,7 +242,7 @@ func uninstallCommand(g *globals) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opts.Namespace = g.namespace
-			c, err := g.connect()
+			c, err := g.connect(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -258,7 +266,7 @@ func versionCommand(g *globals) *cobra.Command {
 				fmt.Fprintln(cmd.OutOrStdout(), version.Get())
 				return nil
 			}
-			c, err := g.connect()
+			c, err := g.connect(cmd.Context())
 			if err != nil {
 				return err
 			}
