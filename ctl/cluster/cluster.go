@@ -174,18 +174,6 @@ func (c *Cluster) Pod(ctx context.Context, namespace, name string) (*corev1.Pod,
 	return p, nil
 }
 
-// ReadyPod is the first ready pod of a component.
-func (c *Cluster) ReadyPod(ctx context.Context, namespace, app string) (*corev1.Pod, error) {
-	pods, err := c.Pods(ctx, namespace, app)
-	if err != nil {
-		return nil, err
-	}
-	if !Ready(&pods[0]) {
-		return nil, fmt.Errorf("no ready %s pod in namespace %s (%d not ready): see kubectl -n %s describe pod %s", app, namespace, len(pods), namespace, pods[0].Name)
-	}
-	return &pods[0], nil
-}
-
 // Ready reports the pod's Ready condition; a terminating pod is not
 // ready, whatever its last probe said.
 func Ready(p *corev1.Pod) bool {

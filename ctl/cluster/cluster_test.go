@@ -25,7 +25,7 @@ func TestErrorsSayWhatToDo(t *testing.T) {
 		t.Fatal(err)
 	}
 	ns := env.Namespace(t, "ctl", nil)
-	_, err = c.ReadyPod(t.Context(), ns, cluster.ControllerApp)
+	_, err = c.Pods(t.Context(), ns, cluster.ControllerApp)
 	if err == nil || !strings.Contains(err.Error(), "no canopy-controller pod in namespace "+ns+": run canopyctl install, or pass -i/--istio-namespace") {
 		t.Errorf("no controller: %v", err)
 	}
