@@ -1,6 +1,7 @@
 package ctl
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -52,13 +53,21 @@ func TestReadiness(t *testing.T) {
 }
 
 func TestParseOutput(t *testing.T) {
-	for _, ok := range []string{"", "wide", "json", "yaml"} {
-		if _, err := ParseOutput(ok); err != nil {
-			t.Errorf("ParseOutput(%q): %v", ok, err)
+	for _, tt := range []struct {
+		s        string
+		accepted []Output
+		wantErr  string
+	}{
+		{"", ListFormats(), ""},
+		{"json", ListFormats(), ""},
+		{"wide", WorkloadsFormats(), ""},
+		{"wide", ListFormats(), `unknown output format "wide": use json or yaml, or no -o for the table`},
+		{"table", WorkloadsFormats(), `unknown output format "table": use wide, json or yaml, or no -o for the table`},
+	} {
+		_, err := ParseOutput(tt.s, tt.accepted)
+		if got := fmt.Sprint(err); (tt.wantErr == "" && err != nil) || (tt.wantErr != "" && got != tt.wantErr) {
+			t.Errorf("ParseOutput(%q, %v) = %v, want %q", tt.s, tt.accepted, err, tt.wantErr)
 		}
-	}
-	if _, err := ParseOutput("table"); err == nil {
-		t.Error("ParseOutput(table) accepted")
 	}
 }
 

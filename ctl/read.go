@@ -4,13 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/url"
+	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/canopy-mesh/canopy/ctl/cluster"
@@ -18,17 +20,69 @@ import (
 	"github.com/canopy-mesh/canopy/node/configdump"
 )
 
-// Output is a table format: "" (the default table), "wide", "json" or
-// "yaml".
+// PodReader is what the read commands need of a cluster: Canopy's pods
+// and what their ports serve. *cluster.Cluster implements it; tests use a
+// fake. Implementations must be safe for concurrent use (Version asks
+// pods in parallel).
+type PodReader interface {
+	// Pods lists a component's pods (by its app label) in namespace,
+	// ready ones first, then by name; no pod is an error that says what
+	// to do.
+	Pods(ctx context.Context, namespace, app string) ([]corev1.Pod, error)
+	// Pod gets one pod.
+	Pod(ctx context.Context, namespace, name string) (*corev1.Pod, error)
+	// Get returns the body of a 200 response to GET path on the pod's
+	// port.
+	Get(ctx context.Context, pod *corev1.Pod, port int, path string) ([]byte, error)
+}
+
+// Output is an -o format; the zero value is the default table.
 type Output string
 
-// ParseOutput checks an -o value.
-func ParseOutput(s string) (Output, error) {
-	switch s {
-	case "", "wide", "json", "yaml":
-		return Output(s), nil
+// The -o formats. Each command accepts the table and those it documents.
+const (
+	Table Output = ""
+	Wide  Output = "wide"
+	JSON  Output = "json"
+	YAML  Output = "yaml"
+)
+
+// data reports a machine-readable format: printed whole, empty or not,
+// and never mixed with notes for people.
+func (o Output) data() bool { return o == JSON || o == YAML }
+
+// ParseOutput checks an -o value against the formats a command accepts;
+// the table (no -o) is always accepted.
+func ParseOutput(s string, accepted []Output) (Output, error) {
+	if o := Output(s); o == Table || slices.Contains(accepted, o) {
+		return o, nil
 	}
-	return "", fmt.Errorf("unknown output format %q: use wide, json or yaml", s)
+	return "", fmt.Errorf("unknown output format %q: use %s, or no -o for the table", s, FormatNames(accepted))
+}
+
+// FormatNames lists formats as help text does: "wide, json or yaml".
+func FormatNames(formats []Output) string {
+	names := make([]string, len(formats))
+	for i, f := range formats {
+		names[i] = string(f)
+	}
+	if len(names) < 2 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+}
+
+// noResources tells, as kubectl does and on errOut, that a listing found
+// nothing: "No resources found in demo namespace."
+func noResources(errOut io.Writer, namespace, node string) {
+	msg := "No resources found"
+	if namespace != "" {
+		msg += " in " + namespace + " namespace"
+	}
+	if node != "" {
+		msg += " on node " + node
+	}
+	fmt.Fprintln(errOut, msg+".")
 }
 
 // ProxyOptions choose the node proxy whose view is read.
@@ -46,18 +100,29 @@ type WorkloadsOptions struct {
 	Output Output
 }
 
-// Workloads lists the mesh's workloads as a node proxy holds them.
-func Workloads(ctx context.Context, c *cluster.Cluster, opts WorkloadsOptions, w io.Writer) error {
+// WorkloadsFormats are the -o formats of Workloads.
+func WorkloadsFormats() []Output { return []Output{Wide, JSON, YAML} }
+
+// ListFormats are the -o formats of the other read commands.
+func ListFormats() []Output { return []Output{JSON, YAML} }
+
+// Workloads lists the mesh's workloads as a node proxy holds them. When
+// none matches, the table says so on errOut instead of printing a bare
+// header.
+func Workloads(ctx context.Context, c PodReader, opts WorkloadsOptions, out, errOut io.Writer) error {
 	dump, err := nodeDump(ctx, c, opts.ProxyOptions)
 	if err != nil {
 		return err
 	}
 	ws := view.FilterWorkloads(dump.Workloads, opts.Filter)
-	switch opts.Output {
-	case "json", "yaml":
-		return printData(w, opts.Output, ws)
+	switch {
+	case opts.Output.data():
+		return printData(out, opts.Output, ws)
+	case len(ws) == 0:
+		noResources(errOut, opts.Filter.Namespace, opts.Filter.Node)
+		return nil
 	}
-	return view.WorkloadsTable(ws, dump.Services, opts.Output == "wide").Print(w)
+	return view.WorkloadsTable(ws, dump.Services, opts.Output == Wide).Print(out)
 }
 
 // ListOptions are the flags of services and policies.
@@ -69,27 +134,37 @@ type ListOptions struct {
 }
 
 // Services lists the mesh's services with their endpoints' health.
-func Services(ctx context.Context, c *cluster.Cluster, opts ListOptions, w io.Writer) error {
+func Services(ctx context.Context, c PodReader, opts ListOptions, out, errOut io.Writer) error {
 	dump, err := nodeDump(ctx, c, opts.ProxyOptions)
 	if err != nil {
 		return err
 	}
-	if opts.Output == "json" || opts.Output == "yaml" {
-		return printData(w, opts.Output, dump.Services)
+	ss := view.FilterServices(dump.Services, opts.Filter)
+	switch {
+	case opts.Output.data():
+		return printData(out, opts.Output, ss)
+	case len(ss) == 0:
+		noResources(errOut, opts.Filter, "")
+		return nil
 	}
-	return view.ServicesTable(dump.Services, opts.Filter).Print(w)
+	return view.ServicesTable(dump.Services, opts.Filter).Print(out)
 }
 
 // Policies lists the authorization policies node proxies enforce.
-func Policies(ctx context.Context, c *cluster.Cluster, opts ListOptions, w io.Writer) error {
+func Policies(ctx context.Context, c PodReader, opts ListOptions, out, errOut io.Writer) error {
 	dump, err := nodeDump(ctx, c, opts.ProxyOptions)
 	if err != nil {
 		return err
 	}
-	if opts.Output == "json" || opts.Output == "yaml" {
-		return printData(w, opts.Output, dump.Policies)
+	ps := view.FilterPolicies(dump.Policies, opts.Filter)
+	switch {
+	case opts.Output.data():
+		return printData(out, opts.Output, ps)
+	case len(ps) == 0:
+		noResources(errOut, opts.Filter, "")
+		return nil
 	}
-	return view.PoliciesTable(dump.Policies, opts.Filter).Print(w)
+	return view.PoliciesTable(ps, "").Print(out)
 }
 
 // CertificatesOptions are canopyctl certificates' flags.
@@ -102,8 +177,8 @@ type CertificatesOptions struct {
 
 // Certificates lists every node proxy's workload certificates with their
 // expiry.
-func Certificates(ctx context.Context, c *cluster.Cluster, opts CertificatesOptions, w io.Writer) error {
-	pods, err := nodeProxies(ctx, c, opts.Namespace, opts.Node, opts.Output, w)
+func Certificates(ctx context.Context, c PodReader, opts CertificatesOptions, out, errOut io.Writer) error {
+	pods, err := nodeProxies(ctx, c, opts.Namespace, opts.Node, errOut)
 	if err != nil {
 		return err
 	}
@@ -115,10 +190,10 @@ func Certificates(ctx context.Context, c *cluster.Cluster, opts CertificatesOpti
 		}
 		nodes = append(nodes, view.NodeCertificates{Node: p.Spec.NodeName, Proxy: p.Name, Certs: dump.Certificates})
 	}
-	if opts.Output == "json" || opts.Output == "yaml" {
-		return printData(w, opts.Output, nodes)
+	if opts.Output.data() {
+		return printData(out, opts.Output, nodes)
 	}
-	return view.CertificatesTable(nodes, time.Now()).Print(w)
+	return view.CertificatesTable(nodes, time.Now()).Print(out)
 }
 
 // ProxyStatusOptions are canopyctl proxy-status' flags.
@@ -130,7 +205,7 @@ type ProxyStatusOptions struct {
 
 // ProxyStatus shows, from every controller instance, the proxies it
 // serves and whether each has acknowledged what it was sent.
-func ProxyStatus(ctx context.Context, c *cluster.Cluster, opts ProxyStatusOptions, w io.Writer) error {
+func ProxyStatus(ctx context.Context, c PodReader, opts ProxyStatusOptions, out io.Writer) error {
 	pods, err := c.Pods(ctx, opts.Namespace, cluster.ControllerApp)
 	if err != nil {
 		return err
@@ -147,18 +222,24 @@ func ProxyStatus(ctx context.Context, c *cluster.Cluster, opts ProxyStatusOption
 		}
 		cs := view.ControllerStatus{Controller: p.Name}
 		if err := json.Unmarshal(body, &cs.Proxies); err != nil {
-			return fmt.Errorf("proxy status of %s: %w", p.Name, err)
+			return fmt.Errorf("decode the proxy status of %s: %w", p.Name, err)
 		}
 		all = append(all, cs)
 	}
 	if len(all) == 0 {
-		return fmt.Errorf("no ready canopy-controller pod in namespace %s: see kubectl -n %s get pods", opts.Namespace, opts.Namespace)
+		return fmt.Errorf("no ready canopy-controller pod in namespace %s: see kubectl -n %s describe pods -l app=%s", opts.Namespace, opts.Namespace, cluster.ControllerApp)
 	}
-	if opts.Output == "json" || opts.Output == "yaml" {
-		return printData(w, opts.Output, all)
+	if opts.Output.data() {
+		return printData(out, opts.Output, all)
 	}
-	return view.ProxyStatusTable(all, opts.Verbose, time.Now()).Print(w)
+	return view.ProxyStatusTable(all, opts.Verbose, time.Now()).Print(out)
 }
+
+// ConfigDumpTargets are what config-dump can dump.
+func ConfigDumpTargets() []string { return []string{"controller", "node"} }
+
+// ErrNoConfigDumpTarget is config-dump without a target.
+var ErrNoConfigDumpTarget = errors.New("config-dump needs a target: controller or node")
 
 // ConfigDumpOptions are canopyctl config-dump's flags.
 type ConfigDumpOptions struct {
@@ -172,28 +253,48 @@ type ConfigDumpOptions struct {
 	ProxyID string
 }
 
+// Check rejects a target or flags config-dump cannot use, before anything
+// is asked of the cluster.
+func (o ConfigDumpOptions) Check() error {
+	switch o.Target {
+	case "":
+		return ErrNoConfigDumpTarget
+	case "node":
+		if o.ProxyID != "" {
+			return errors.New("--proxy-id is for config-dump controller (what the controller sent that proxy); config-dump node dumps the node proxy itself: pick it with --node or --pod")
+		}
+	case "controller":
+		if o.Node != "" {
+			return errors.New("--node is for config-dump node; for what the controller sent a node's proxy, pass --proxy-id <pod>.<namespace> (see canopyctl proxy-status)")
+		}
+	default:
+		return fmt.Errorf("unknown config-dump target %q: use controller or node", o.Target)
+	}
+	return nil
+}
+
 // ConfigDump prints a component's full configuration as JSON: a node
 // proxy's /config_dump, the controller's tables, or what the controller
 // sent one proxy.
-func ConfigDump(ctx context.Context, c *cluster.Cluster, opts ConfigDumpOptions, w io.Writer) error {
+func ConfigDump(ctx context.Context, c PodReader, opts ConfigDumpOptions, out io.Writer) error {
+	if err := opts.Check(); err != nil {
+		return err
+	}
 	var (
 		pod  *corev1.Pod
 		port int
 		path string
 		err  error
 	)
-	switch opts.Target {
-	case "node":
+	if opts.Target == "node" {
 		port, path = cluster.NodeAdminPort, "/config_dump"
 		pod, err = pickPod(ctx, c, opts.Namespace, cluster.NodeProxyApp, opts.Pod, opts.Node)
-	case "controller":
+	} else {
 		port, path = cluster.DebugPort, "/debug/tables"
 		if opts.ProxyID != "" {
 			path = "/debug/config_dump?" + url.Values{"proxyID": {opts.ProxyID}}.Encode()
 		}
 		pod, err = pickPod(ctx, c, opts.Namespace, cluster.ControllerApp, opts.Pod, "")
-	default:
-		return fmt.Errorf("config-dump of %q: use controller or node", opts.Target)
 	}
 	if err != nil {
 		return err
@@ -202,14 +303,13 @@ func ConfigDump(ctx context.Context, c *cluster.Cluster, opts ConfigDumpOptions,
 	if err != nil {
 		return err
 	}
-	_, err = w.Write(body)
+	_, err = out.Write(body)
 	return err
 }
 
 // nodeProxies are the ready node proxies (on node, if set). Those not
-// ready are skipped, and said so in table output (JSON and YAML stay
-// parseable).
-func nodeProxies(ctx context.Context, c *cluster.Cluster, namespace, node string, o Output, w io.Writer) ([]*corev1.Pod, error) {
+// ready are skipped with a warning on errOut.
+func nodeProxies(ctx context.Context, c PodReader, namespace, node string, errOut io.Writer) ([]*corev1.Pod, error) {
 	pods, err := c.Pods(ctx, namespace, cluster.NodeProxyApp)
 	if err != nil {
 		return nil, err
@@ -220,20 +320,33 @@ func nodeProxies(ctx context.Context, c *cluster.Cluster, namespace, node string
 		switch {
 		case node != "" && p.Spec.NodeName != node:
 		case !cluster.Ready(p):
-			if o != "json" && o != "yaml" {
-				fmt.Fprintf(w, "# %s on %s is not ready; skipped\n", p.Name, p.Spec.NodeName)
-			}
+			fmt.Fprintf(errOut, "warning: %s on node %s is not ready; skipped\n", p.Name, p.Spec.NodeName)
 		default:
 			out = append(out, p)
 		}
 	}
 	if node != "" && len(out) == 0 {
-		return nil, fmt.Errorf("no ready canopy-node pod on node %s", node)
+		return nil, noReadyPodOnNode(pods, namespace, cluster.NodeProxyApp, node)
 	}
 	return out, nil
 }
 
-func nodeDump(ctx context.Context, c *cluster.Cluster, opts ProxyOptions) (*configdump.Dump, error) {
+// noReadyPodOnNode says which nodes do have a ready pod of app.
+func noReadyPodOnNode(pods []corev1.Pod, namespace, app, node string) error {
+	var nodes []string
+	for i := range pods {
+		if cluster.Ready(&pods[i]) && !slices.Contains(nodes, pods[i].Spec.NodeName) {
+			nodes = append(nodes, pods[i].Spec.NodeName)
+		}
+	}
+	slices.Sort(nodes)
+	if len(nodes) == 0 {
+		return fmt.Errorf("no ready %s pod on node %s, nor on any other: see kubectl -n %s describe pods -l app=%s", app, node, namespace, app)
+	}
+	return fmt.Errorf("no ready %s pod on node %s: ready ones run on %s (kubectl get nodes lists the nodes)", app, node, strings.Join(nodes, ", "))
+}
+
+func nodeDump(ctx context.Context, c PodReader, opts ProxyOptions) (*configdump.Dump, error) {
 	pod, err := pickPod(ctx, c, opts.Namespace, cluster.NodeProxyApp, opts.Proxy, "")
 	if err != nil {
 		return nil, err
@@ -241,44 +354,44 @@ func nodeDump(ctx context.Context, c *cluster.Cluster, opts ProxyOptions) (*conf
 	return fetchDump(ctx, c, pod)
 }
 
-func fetchDump(ctx context.Context, c *cluster.Cluster, pod *corev1.Pod) (*configdump.Dump, error) {
+func fetchDump(ctx context.Context, c PodReader, pod *corev1.Pod) (*configdump.Dump, error) {
 	body, err := c.Get(ctx, pod, cluster.NodeAdminPort, "/config_dump")
 	if err != nil {
 		return nil, err
 	}
 	var d configdump.Dump
 	if err := json.Unmarshal(body, &d); err != nil {
-		return nil, fmt.Errorf("config_dump of %s/%s: %w", pod.Namespace, pod.Name, err)
+		return nil, fmt.Errorf("decode the config_dump of %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	return &d, nil
 }
 
 // pickPod is the named pod, else a ready pod of app (on node, if given).
-func pickPod(ctx context.Context, c *cluster.Cluster, namespace, app, name, node string) (*corev1.Pod, error) {
+func pickPod(ctx context.Context, c PodReader, namespace, app, name, node string) (*corev1.Pod, error) {
 	if name != "" {
-		p, err := c.Client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+		p, err := c.Pod(ctx, namespace, name)
 		if err != nil {
-			return nil, fmt.Errorf("pod %s/%s: %w", namespace, name, err)
+			return nil, fmt.Errorf("%w: kubectl -n %s get pods -l app=%s lists them", err, namespace, app)
 		}
 		return p, nil
-	}
-	if node == "" {
-		return c.ReadyPod(ctx, namespace, app)
 	}
 	pods, err := c.Pods(ctx, namespace, app)
 	if err != nil {
 		return nil, err
 	}
 	for i := range pods {
-		if pods[i].Spec.NodeName == node && cluster.Ready(&pods[i]) {
+		if (node == "" || pods[i].Spec.NodeName == node) && cluster.Ready(&pods[i]) {
 			return &pods[i], nil
 		}
 	}
-	return nil, fmt.Errorf("no ready %s pod on node %s", app, node)
+	if node != "" {
+		return nil, noReadyPodOnNode(pods, namespace, app, node)
+	}
+	return nil, fmt.Errorf("no ready %s pod in namespace %s (%d not ready): see kubectl -n %s describe pods -l app=%s", app, namespace, len(pods), namespace, app)
 }
 
 func printData(w io.Writer, o Output, v any) error {
-	if o == "yaml" {
+	if o == YAML {
 		b, err := yaml.Marshal(v)
 		if err != nil {
 			return err
@@ -295,18 +408,22 @@ func printData(w io.Writer, o Output, v any) error {
 type TrafficOptions struct {
 	Namespace string
 	Node      string
-	Output    Output
+	// Denied keeps the rows with connections an authorization policy
+	// refused.
+	Denied bool
+	Output Output
 }
 
 // Traffic shows the connections node proxies have carried, by source and
 // destination workload, identities and security: whether traffic went
-// over mutual TLS between the identities it should.
-func Traffic(ctx context.Context, c *cluster.Cluster, opts TrafficOptions, w io.Writer) error {
-	pods, err := nodeProxies(ctx, c, opts.Namespace, opts.Node, opts.Output, w)
+// over mutual TLS between the identities it should, and how many
+// connections authorization policies refused.
+func Traffic(ctx context.Context, c PodReader, opts TrafficOptions, out, errOut io.Writer) error {
+	pods, err := nodeProxies(ctx, c, opts.Namespace, opts.Node, errOut)
 	if err != nil {
 		return err
 	}
-	var all []view.Connection
+	all := []view.Connection{}
 	for _, p := range pods {
 		body, err := c.Get(ctx, p, cluster.NodeMetricsPort, "/metrics")
 		if err != nil {
@@ -318,8 +435,22 @@ func Traffic(ctx context.Context, c *cluster.Cluster, opts TrafficOptions, w io.
 		}
 		all = append(all, cs...)
 	}
-	if opts.Output == "json" || opts.Output == "yaml" {
-		return printData(w, opts.Output, all)
+	if opts.Denied {
+		all = view.Denied(all)
 	}
-	return view.TrafficTable(all).Print(w)
+	switch {
+	case opts.Output.data():
+		return printData(out, opts.Output, all)
+	case len(all) == 0:
+		msg := "No connections found"
+		if opts.Denied {
+			msg = "No denied connections found"
+		}
+		if opts.Node != "" {
+			msg += " on node " + opts.Node
+		}
+		fmt.Fprintln(errOut, msg+".")
+		return nil
+	}
+	return view.TrafficTable(all).Print(out)
 }

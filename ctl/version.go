@@ -28,7 +28,7 @@ const versionConcurrency = 8
 // asked of the running binaries (/version on the controller's and CNI
 // agents' monitoring ports and the node proxies' admin port). A pod that
 // cannot be asked shows the version its chart label claims, marked so.
-func Version(ctx context.Context, c *cluster.Cluster, opts VersionOptions, w io.Writer) error {
+func Version(ctx context.Context, c PodReader, opts VersionOptions, w io.Writer) error {
 	fmt.Fprintf(w, "client version: %s\n", opts.Client)
 	for _, comp := range []struct {
 		app  string
@@ -70,7 +70,7 @@ func Version(ctx context.Context, c *cluster.Cluster, opts VersionOptions, w io.
 	return nil
 }
 
-func podVersion(ctx context.Context, c *cluster.Cluster, p *corev1.Pod, port int) string {
+func podVersion(ctx context.Context, c PodReader, p *corev1.Pod, port int) string {
 	label := p.Labels["app.kubernetes.io/version"]
 	if !cluster.Ready(p) {
 		return label + " (its label; the pod is not ready)"

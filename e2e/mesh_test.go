@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net/netip"
@@ -133,7 +134,7 @@ func up(t *testing.T) *mesh {
 			t.Errorf("down: %v", err)
 		}
 	})
-	c, err := cluster.Connect(local.State.Kubeconfig, "")
+	c, err := cluster.Connect(t.Context(), local.State.Kubeconfig, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +207,7 @@ func testChartIdentities(t *testing.T, m *mesh) {
 // spiffe://.../sa/echo, and both node proxies report it so.
 func testDemoScenario(t *testing.T, m *mesh) {
 	var out strings.Builder
-	if err := ctl.Workloads(t.Context(), m.c, ctl.WorkloadsOptions{ProxyOptions: ctl.ProxyOptions{Namespace: system}}, &out); err != nil {
+	if err := ctl.Workloads(t.Context(), m.c, ctl.WorkloadsOptions{ProxyOptions: ctl.ProxyOptions{Namespace: system}}, &out, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("canopyctl workloads:\n%s", out.String())
@@ -231,7 +232,7 @@ func testDemoScenario(t *testing.T, m *mesh) {
 	var conns []view.Connection
 	poll(t, 30*time.Second, "mTLS connections in the node proxies' metrics", func(ctx context.Context) (bool, error) {
 		var out strings.Builder
-		if err := ctl.Traffic(ctx, m.c, ctl.TrafficOptions{Namespace: system, Output: "json"}, &out); err != nil {
+		if err := ctl.Traffic(ctx, m.c, ctl.TrafficOptions{Namespace: system, Output: "json"}, &out, io.Discard); err != nil {
 			return false, nil
 		}
 		if err := json.Unmarshal([]byte(out.String()), &conns); err != nil {
@@ -250,7 +251,7 @@ func testDemoScenario(t *testing.T, m *mesh) {
 	// Every node proxy holds certificates, valid now, for the identities
 	// of its pods.
 	var certs strings.Builder
-	if err := ctl.Certificates(t.Context(), m.c, ctl.CertificatesOptions{Namespace: system, Output: "json"}, &certs); err != nil {
+	if err := ctl.Certificates(t.Context(), m.c, ctl.CertificatesOptions{Namespace: system, Output: "json"}, &certs, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(certs.String(), "spiffe://cluster.local/ns/demo/sa/echo") {
@@ -358,7 +359,7 @@ spec:
 		}
 	}
 	var out strings.Builder
-	if err := ctl.Policies(t.Context(), m.c, ctl.ListOptions{ProxyOptions: ctl.ProxyOptions{Namespace: system}, Filter: "demo"}, &out); err != nil {
+	if err := ctl.Policies(t.Context(), m.c, ctl.ListOptions{ProxyOptions: ctl.ProxyOptions{Namespace: system}, Filter: "demo"}, &out, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), "echo-callers") || !strings.Contains(out.String(), "Allow") {
@@ -574,7 +575,7 @@ func (m *mesh) workloads(t *testing.T) map[string]workloadRow {
 
 func (m *mesh) workloadRows(ctx context.Context) (map[string]workloadRow, error) {
 	var out strings.Builder
-	if err := ctl.Workloads(ctx, m.c, ctl.WorkloadsOptions{ProxyOptions: ctl.ProxyOptions{Namespace: system}, Output: "json"}, &out); err != nil {
+	if err := ctl.Workloads(ctx, m.c, ctl.WorkloadsOptions{ProxyOptions: ctl.ProxyOptions{Namespace: system}, Output: "json"}, &out, io.Discard); err != nil {
 		return nil, err
 	}
 	var ws []configdump.Workload

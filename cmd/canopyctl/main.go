@@ -10,10 +10,13 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
+	"k8s.io/klog/v2"
 
 	"github.com/canopy-mesh/canopy/ctl"
 	"github.com/canopy-mesh/canopy/ctl/cluster"
@@ -21,26 +24,58 @@ import (
 )
 
 func main() {
+	// client-go logs through klog, to stderr by default: a discovery
+	// failure would print a log line beside canopyctl's own error. Every
+	// failure canopyctl cares about reaches it as an error, so klog's
+	// output goes nowhere. Set here, in main only: klog's logger is
+	// process-wide.
+	klog.SetLoggerWithOptions(logr.Discard(), klog.ContextualLogger(true))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := newRootCommand().ExecuteContext(ctx)
+	code := execute(ctx, newRootCommand(connectReader), os.Args[1:], os.Stdout, os.Stderr)
 	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "canopyctl:", err)
-		os.Exit(1)
-	}
+	os.Exit(code)
 }
 
-// globals are the flags every command takes.
+// execute runs canopyctl with args and returns its exit code: 0, or 1
+// after printing the error on stderr.
+func execute(ctx context.Context, root *cobra.Command, args []string, stdout, stderr io.Writer) int {
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	if err := root.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(stderr, "canopyctl:", err)
+		return 1
+	}
+	return 0
+}
+
+// globals are the flags every command takes, and how the read commands
+// reach the cluster they name.
 type globals struct {
 	kubeconfig, context, namespace string
+	reader                         readerFunc
 }
 
-func (g *globals) connect() (*cluster.Cluster, error) {
-	return cluster.Connect(g.kubeconfig, g.context)
+// readerFunc connects the read commands to the cluster g names; tests
+// give a fake one.
+type readerFunc func(ctx context.Context, g *globals) (ctl.PodReader, error)
+
+var _ ctl.PodReader = (*cluster.Cluster)(nil)
+
+func connectReader(ctx context.Context, g *globals) (ctl.PodReader, error) {
+	c, err := g.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
-func newRootCommand() *cobra.Command {
-	g := &globals{}
+func (g *globals) connect(ctx context.Context) (*cluster.Cluster, error) {
+	return cluster.Connect(ctx, g.kubeconfig, g.context)
+}
+
+func newRootCommand(reader readerFunc) *cobra.Command {
+	g := &globals{reader: reader}
 	root := &cobra.Command{
 		Use:           "canopyctl",
 		Short:         "Install Canopy and ask the mesh questions",
@@ -58,45 +93,55 @@ func newRootCommand() *cobra.Command {
 	return root
 }
 
-// run is a read command's RunE: it checks *output (nil: the command has
-// no -o), connects, and calls fn with the command's writer and arguments.
-// -o is checked first so that a typo costs no round trip.
-func run(g *globals, output *string, fn func(ctx context.Context, c *cluster.Cluster, o ctl.Output, w io.Writer, args []string) error) func(*cobra.Command, []string) error {
+// readFunc is a read command: it gets the cluster, the parsed -o, the
+// command's stdout and stderr, and its arguments.
+type readFunc func(ctx context.Context, c ctl.PodReader, o ctl.Output, out, errOut io.Writer, args []string) error
+
+// run is a read command's RunE. It checks -o against formats (nil: the
+// command has no -o) before connecting, so that a typo costs no round
+// trip, then calls fn.
+func run(g *globals, output *string, formats []ctl.Output, fn readFunc) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
 		var o ctl.Output
 		if output != nil {
 			var err error
-			if o, err = ctl.ParseOutput(*output); err != nil {
-				return err
+			if o, err = ctl.ParseOutput(*output, formats); err != nil {
+				return fmt.Errorf("%s: %w", cmd.Name(), err)
 			}
 		}
-		c, err := g.connect()
+		c, err := g.reader(cmd.Context(), g)
 		if err != nil {
 			return err
 		}
-		return fn(cmd.Context(), c, o, cmd.OutOrStdout(), args)
+		return fn(cmd.Context(), c, o, cmd.OutOrStdout(), cmd.ErrOrStderr(), args)
 	}
+}
+
+// outputFlag adds -o with the formats a command accepts.
+func outputFlag(cmd *cobra.Command, output *string, formats []ctl.Output) {
+	cmd.Flags().StringVarP(output, "output", "o", "", ctl.FormatNames(formats))
 }
 
 func workloadsCommand(g *globals) *cobra.Command {
 	var opts ctl.WorkloadsOptions
 	var output string
+	formats := ctl.WorkloadsFormats()
 	cmd := &cobra.Command{
 		Use:     "workloads",
 		Aliases: []string{"w", "workload"},
 		Short:   "List the mesh's workloads: address, node, waypoint and whether HBONE carries their traffic",
 		Args:    cobra.NoArgs,
 	}
-	cmd.RunE = run(g, &output, func(ctx context.Context, cl *cluster.Cluster, o ctl.Output, w io.Writer, _ []string) error {
+	cmd.RunE = run(g, &output, formats, func(ctx context.Context, cl ctl.PodReader, o ctl.Output, out, errOut io.Writer, _ []string) error {
 		opts.Namespace, opts.Output = g.namespace, o
-		return ctl.Workloads(ctx, cl, opts, w)
+		return ctl.Workloads(ctx, cl, opts, out, errOut)
 	})
 	f := cmd.Flags()
 	f.StringVarP(&opts.Filter.Namespace, "namespace", "n", "", "only workloads of this namespace")
 	f.StringVar(&opts.Filter.Node, "node", "", "only workloads on this node")
 	f.BoolVar(&opts.Filter.AmbientOnly, "ambient-only", false, "only workloads in the mesh (protocol HBONE)")
 	f.StringVar(&opts.Proxy, "proxy", "", "read this canopy-node pod's view (default: any ready one)")
-	f.StringVarP(&output, "output", "o", "", "wide, json or yaml")
+	outputFlag(cmd, &output, formats)
 	return cmd
 }
 
@@ -109,54 +154,57 @@ func policiesCommand(g *globals) *cobra.Command {
 }
 
 func listCommand(g *globals, use string, aliases []string, short string,
-	fn func(context.Context, *cluster.Cluster, ctl.ListOptions, io.Writer) error) *cobra.Command {
+	fn func(context.Context, ctl.PodReader, ctl.ListOptions, io.Writer, io.Writer) error) *cobra.Command {
 	var opts ctl.ListOptions
 	var output string
+	formats := ctl.ListFormats()
 	cmd := &cobra.Command{Use: use, Aliases: aliases, Short: short, Args: cobra.NoArgs}
-	cmd.RunE = run(g, &output, func(ctx context.Context, cl *cluster.Cluster, o ctl.Output, w io.Writer, _ []string) error {
+	cmd.RunE = run(g, &output, formats, func(ctx context.Context, cl ctl.PodReader, o ctl.Output, out, errOut io.Writer, _ []string) error {
 		opts.Namespace, opts.Output = g.namespace, o
-		return fn(ctx, cl, opts, w)
+		return fn(ctx, cl, opts, out, errOut)
 	})
 	f := cmd.Flags()
 	f.StringVarP(&opts.Filter, "namespace", "n", "", "only this namespace")
 	f.StringVar(&opts.Proxy, "proxy", "", "read this canopy-node pod's view (default: any ready one)")
-	f.StringVarP(&output, "output", "o", "", "json or yaml")
+	outputFlag(cmd, &output, formats)
 	return cmd
 }
 
 func certificatesCommand(g *globals) *cobra.Command {
 	var opts ctl.CertificatesOptions
 	var output string
+	formats := ctl.ListFormats()
 	cmd := &cobra.Command{
 		Use:     "certificates",
 		Aliases: []string{"certs", "certificate"},
 		Short:   "List each node proxy's workload certificates and when they expire",
 		Args:    cobra.NoArgs,
 	}
-	cmd.RunE = run(g, &output, func(ctx context.Context, cl *cluster.Cluster, o ctl.Output, w io.Writer, _ []string) error {
+	cmd.RunE = run(g, &output, formats, func(ctx context.Context, cl ctl.PodReader, o ctl.Output, out, errOut io.Writer, _ []string) error {
 		opts.Namespace, opts.Output = g.namespace, o
-		return ctl.Certificates(ctx, cl, opts, w)
+		return ctl.Certificates(ctx, cl, opts, out, errOut)
 	})
 	cmd.Flags().StringVar(&opts.Node, "node", "", "only this node's proxy")
-	cmd.Flags().StringVarP(&output, "output", "o", "", "json or yaml")
+	outputFlag(cmd, &output, formats)
 	return cmd
 }
 
 func proxyStatusCommand(g *globals) *cobra.Command {
 	var opts ctl.ProxyStatusOptions
 	var output string
+	formats := ctl.ListFormats()
 	cmd := &cobra.Command{
 		Use:     "proxy-status",
 		Aliases: []string{"ps"},
 		Short:   "Show every proxy the controller serves and whether it is in sync",
 		Args:    cobra.NoArgs,
 	}
-	cmd.RunE = run(g, &output, func(ctx context.Context, cl *cluster.Cluster, o ctl.Output, w io.Writer, _ []string) error {
+	cmd.RunE = run(g, &output, formats, func(ctx context.Context, cl ctl.PodReader, o ctl.Output, out, _ io.Writer, _ []string) error {
 		opts.Namespace, opts.Output = g.namespace, o
-		return ctl.ProxyStatus(ctx, cl, opts, w)
+		return ctl.ProxyStatus(ctx, cl, opts, out)
 	})
 	cmd.Flags().BoolVar(&opts.Verbose, "verbose", false, "one column per type with its state and age")
-	cmd.Flags().StringVarP(&output, "output", "o", "", "json or yaml")
+	outputFlag(cmd, &output, formats)
 	return cmd
 }
 
@@ -166,12 +214,22 @@ func configDumpCommand(g *globals) *cobra.Command {
 		Use:       "config-dump controller|node",
 		Short:     "Print a component's whole configuration as JSON",
 		Long:      "config-dump node prints a node proxy's /config_dump (what istioctl ztunnel-config reads); config-dump controller prints the controller's tables, or with --proxy-id what it sent that proxy.",
-		Args:      cobra.ExactArgs(1),
-		ValidArgs: []string{"controller", "node"},
+		ValidArgs: ctl.ConfigDumpTargets(),
+		// The target and flags are checked before connecting.
+		Args: func(_ *cobra.Command, args []string) error {
+			switch len(args) {
+			case 0:
+				return ctl.ErrNoConfigDumpTarget
+			case 1:
+				opts.Target = args[0]
+				return opts.Check()
+			}
+			return fmt.Errorf("config-dump takes one target, controller or node, not %d (%s)", len(args), strings.Join(args, " "))
+		},
 	}
-	cmd.RunE = run(g, nil, func(ctx context.Context, cl *cluster.Cluster, _ ctl.Output, w io.Writer, args []string) error {
+	cmd.RunE = run(g, nil, nil, func(ctx context.Context, cl ctl.PodReader, _ ctl.Output, out, _ io.Writer, args []string) error {
 		opts.Namespace, opts.Target = g.namespace, args[0]
-		return ctl.ConfigDump(ctx, cl, opts, w)
+		return ctl.ConfigDump(ctx, cl, opts, out)
 	})
 	f := cmd.Flags()
 	f.StringVar(&opts.Pod, "pod", "", "the component's pod (default: a ready one)")
@@ -183,17 +241,19 @@ func configDumpCommand(g *globals) *cobra.Command {
 func trafficCommand(g *globals) *cobra.Command {
 	var opts ctl.TrafficOptions
 	var output string
+	formats := ctl.ListFormats()
 	cmd := &cobra.Command{
 		Use:   "traffic",
-		Short: "Show the connections node proxies carried: workloads, identities and whether over mutual TLS",
+		Short: "Show the connections node proxies carried: workloads, identities, whether over mutual TLS, and how many authorization policies denied",
 		Args:  cobra.NoArgs,
 	}
-	cmd.RunE = run(g, &output, func(ctx context.Context, cl *cluster.Cluster, o ctl.Output, w io.Writer, _ []string) error {
+	cmd.RunE = run(g, &output, formats, func(ctx context.Context, cl ctl.PodReader, o ctl.Output, out, errOut io.Writer, _ []string) error {
 		opts.Namespace, opts.Output = g.namespace, o
-		return ctl.Traffic(ctx, cl, opts, w)
+		return ctl.Traffic(ctx, cl, opts, out, errOut)
 	})
 	cmd.Flags().StringVar(&opts.Node, "node", "", "only this node's proxy")
-	cmd.Flags().StringVarP(&output, "output", "o", "", "json or yaml")
+	cmd.Flags().BoolVar(&opts.Denied, "denied", false, "only rows with connections an authorization policy denied")
+	outputFlag(cmd, &output, formats)
 	return cmd
 }
 
@@ -208,7 +268,7 @@ func installCommand(g *globals) *cobra.Command {
 			if opts.DryRun {
 				return ctl.Install(cmd.Context(), nil, opts, cmd.OutOrStdout())
 			}
-			c, err := g.connect()
+			c, err := g.connect(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -234,7 +294,7 @@ func uninstallCommand(g *globals) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opts.Namespace = g.namespace
-			c, err := g.connect()
+			c, err := g.connect(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -258,7 +318,7 @@ func versionCommand(g *globals) *cobra.Command {
 				fmt.Fprintln(cmd.OutOrStdout(), version.Get())
 				return nil
 			}
-			c, err := g.connect()
+			c, err := g.reader(cmd.Context(), g)
 			if err != nil {
 				return err
 			}

@@ -7,9 +7,9 @@ import (
 	"encoding/json"
 	"net/http"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/canopy-mesh/canopy/internal/debugjson"
 	"github.com/canopy-mesh/canopy/workloadapi"
 	"github.com/canopy-mesh/canopy/workloadapi/security"
 )
@@ -39,7 +39,8 @@ func Health(ready func() bool) http.Handler {
 }
 
 // TablesHandler serves /debug/tables: every address and authorization,
-// and the problems found in the input.
+// and the problems found in the input. Resources are protojson with IP
+// addresses as text (see debugjson).
 func TablesHandler(t Tables) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /debug/tables", func(w http.ResponseWriter, _ *http.Request) {
@@ -74,7 +75,7 @@ type entry struct {
 }
 
 func raw(m proto.Message) json.RawMessage {
-	b, err := protojson.Marshal(m)
+	b, err := debugjson.Marshal(m)
 	if err != nil {
 		b, _ = json.Marshal(map[string]string{"error": err.Error()})
 	}

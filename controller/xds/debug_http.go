@@ -6,10 +6,12 @@ import (
 	"slices"
 	"strings"
 
-	"google.golang.org/protobuf/encoding/protojson"
+	"github.com/canopy-mesh/canopy/internal/debugjson"
 )
 
-// DumpedResource is one resource a proxy was sent, in config dumps.
+// DumpedResource is one resource a proxy was sent, in config dumps:
+// Resource is the Any as protojson writes it, with IP addresses as text
+// (see debugjson).
 type DumpedResource struct {
 	Name     string          `json:"name"`
 	Version  string          `json:"version"`
@@ -45,7 +47,7 @@ func (c *conn) dump() ConfigDump {
 		for name, r := range w.sent {
 			dr := DumpedResource{Name: name, Version: r.Version, Resource: json.RawMessage("null")}
 			if r.Body != nil {
-				if b, err := protojson.Marshal(r.Body); err == nil {
+				if b, err := debugjson.Marshal(r.Body); err == nil {
 					dr.Resource = b
 				}
 			}

@@ -6,18 +6,22 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -44,24 +48,92 @@ type Cluster struct {
 	Client kubernetes.Interface
 }
 
+// ContextNotFoundError is a context the kubeconfig does not have: the one
+// --context named, or else its current-context.
+type ContextNotFoundError struct {
+	// Name is the missing context.
+	Name string
+	// Current is set when Name is the kubeconfig's current-context
+	// rather than a --context.
+	Current bool
+	// Kubeconfig names the files read, as the user gave or defaulted them.
+	Kubeconfig string
+	// Contexts are the kubeconfig's contexts, sorted.
+	Contexts []string
+}
+
+func (e *ContextNotFoundError) Error() string {
+	what := fmt.Sprintf("context %q does not exist in the kubeconfig (%s)", e.Name, e.Kubeconfig)
+	if e.Current {
+		what = fmt.Sprintf("the current context %q of the kubeconfig (%s) does not exist", e.Name, e.Kubeconfig)
+	}
+	if len(e.Contexts) == 0 {
+		return what + ", which has no contexts: check --kubeconfig or KUBECONFIG"
+	}
+	return fmt.Sprintf("%s; its contexts are %s: pass one with --context", what, strings.Join(e.Contexts, ", "))
+}
+
+// probeTimeout bounds Connect's first request.
+const probeTimeout = 10 * time.Second
+
 // Connect loads kubeconfig (empty: $KUBECONFIG, else ~/.kube/config) with
-// the named context (empty: the current one).
-func Connect(kubeconfig, kubeContext string) (*Cluster, error) {
+// the named context (empty: the current one), and asks the API server for
+// its version, so that a cluster that cannot be reached fails here, with
+// an error that says so, before a command has done or printed anything.
+func Connect(ctx context.Context, kubeconfig, kubeContext string) (*Cluster, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = kubeconfig
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: kubeContext}).ClientConfig()
+	files := kubeconfig
+	if files == "" {
+		files = strings.Join(rules.GetLoadingPrecedence(), string(filepath.ListSeparator))
+	}
+	loader := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: kubeContext})
+	raw, err := loader.RawConfig()
+	if err != nil {
+		return nil, fmt.Errorf("load kubeconfig %s: %w; check --kubeconfig or KUBECONFIG", files, err)
+	}
+	// Checked here, on the loaded contexts, rather than recognised in
+	// ClientConfig's error: clientcmd's context-not-found type is
+	// unexported and arrives inside an aggregate.
+	if name := cmp.Or(kubeContext, raw.CurrentContext); name != "" {
+		if _, ok := raw.Contexts[name]; !ok {
+			return nil, &ContextNotFoundError{Name: name, Current: kubeContext == "", Kubeconfig: files, Contexts: slices.Sorted(maps.Keys(raw.Contexts))}
+		}
+	}
+	cfg, err := loader.ClientConfig()
 	if clientcmd.IsEmptyConfig(err) {
 		return nil, errors.New("no kubeconfig found: set --kubeconfig or KUBECONFIG (for the local cluster: /var/lib/canopy-local/<name>/control-plane/admin.kubeconfig)")
 	}
 	if err != nil {
-		return nil, fmt.Errorf("load kubeconfig: %w (set --kubeconfig or KUBECONFIG)", err)
+		return nil, fmt.Errorf("load kubeconfig %s: %w; check --kubeconfig or KUBECONFIG", files, err)
 	}
 	cfg.UserAgent = "canopyctl"
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	return &Cluster{Config: cfg, Client: client}, nil
+	c := &Cluster{Config: cfg, Client: client}
+	if err := c.probe(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// probe asks the API server for its version.
+func (c *Cluster) probe(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	err := c.Client.Discovery().RESTClient().Get().AbsPath("/version").Do(ctx).Error()
+	var status apierrors.APIStatus
+	switch {
+	case err == nil:
+		return nil
+	case apierrors.IsUnauthorized(err):
+		return fmt.Errorf("the API server at %s does not accept the kubeconfig's credentials: %w; log in again, or check --kubeconfig/--context", c.Config.Host, err)
+	case errors.As(err, &status):
+		return fmt.Errorf("ask the API server at %s for its version: %w", c.Config.Host, err)
+	}
+	return fmt.Errorf("cannot reach the API server at %s: %w; is the cluster running? check --kubeconfig/--context", c.Config.Host, err)
 }
 
 // Pods lists the pods of a component (its "app" label) in namespace,
@@ -72,7 +144,7 @@ func (c *Cluster) Pods(ctx context.Context, namespace, app string) ([]corev1.Pod
 		return nil, fmt.Errorf("list %s pods in namespace %s: %w", app, namespace, err)
 	}
 	if len(list.Items) == 0 {
-		return nil, fmt.Errorf("no %s found in namespace %s: run canopyctl install, or pass --istio-namespace", app, namespace)
+		return nil, NoPods(namespace, app)
 	}
 	pods := list.Items
 	slices.SortFunc(pods, func(a, b corev1.Pod) int {
@@ -87,16 +159,19 @@ func (c *Cluster) Pods(ctx context.Context, namespace, app string) ([]corev1.Pod
 	return pods, nil
 }
 
-// ReadyPod is the first ready pod of a component.
-func (c *Cluster) ReadyPod(ctx context.Context, namespace, app string) (*corev1.Pod, error) {
-	pods, err := c.Pods(ctx, namespace, app)
+// NoPods is Pods' error when a component has no pod in namespace: Canopy
+// is not installed there.
+func NoPods(namespace, app string) error {
+	return fmt.Errorf("no %s pod in namespace %s: run canopyctl install, or pass -i/--istio-namespace", app, namespace)
+}
+
+// Pod gets one pod.
+func (c *Cluster) Pod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+	p, err := c.Client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("get pod %s/%s: %w", namespace, name, err)
 	}
-	if !Ready(&pods[0]) {
-		return nil, fmt.Errorf("no ready %s pod in namespace %s (%d not ready): see kubectl -n %s describe pod %s", app, namespace, len(pods), namespace, pods[0].Name)
-	}
-	return &pods[0], nil
+	return p, nil
 }
 
 // Ready reports the pod's Ready condition; a terminating pod is not

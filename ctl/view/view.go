@@ -96,18 +96,26 @@ func waypointName(g *configdump.Gateway, services []configdump.Service) string {
 	return "NA"
 }
 
+// FilterServices keeps the services of namespace (all if empty).
+func FilterServices(services []configdump.Service, namespace string) []configdump.Service {
+	out := []configdump.Service{}
+	for _, s := range services {
+		if namespace == "" || s.Namespace == namespace {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 // ServicesTable is `canopyctl services`: NAMESPACE SERVICE NAME SERVICE
 // VIP WAYPOINT ENDPOINTS (healthy/total), sorted by namespace and name.
 func ServicesTable(services []configdump.Service, namespace string) Table {
 	t := Table{Header: []string{"NAMESPACE", "SERVICE NAME", "SERVICE VIP", "WAYPOINT", "ENDPOINTS"}}
-	ss := slices.Clone(services)
+	ss := FilterServices(services, namespace)
 	slices.SortFunc(ss, func(a, b configdump.Service) int {
 		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
 	})
 	for _, s := range ss {
-		if namespace != "" && s.Namespace != namespace {
-			continue
-		}
 		var vips []string
 		for _, v := range s.VIPs {
 			if _, ip, ok := strings.Cut(v, "/"); ok {
@@ -127,18 +135,26 @@ func ServicesTable(services []configdump.Service, namespace string) Table {
 	return t
 }
 
+// FilterPolicies keeps the policies of namespace (all if empty).
+func FilterPolicies(ps []configdump.Policy, namespace string) []configdump.Policy {
+	out := []configdump.Policy{}
+	for _, p := range ps {
+		if namespace == "" || p.Namespace == namespace {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // PoliciesTable is `canopyctl policies`: NAMESPACE POLICY NAME ACTION
 // SCOPE.
 func PoliciesTable(ps []configdump.Policy, namespace string) Table {
 	t := Table{Header: []string{"NAMESPACE", "POLICY NAME", "ACTION", "SCOPE"}}
-	ps = slices.Clone(ps)
+	ps = FilterPolicies(ps, namespace)
 	slices.SortFunc(ps, func(a, b configdump.Policy) int {
 		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
 	})
 	for _, p := range ps {
-		if namespace != "" && p.Namespace != namespace {
-			continue
-		}
 		action := p.Action
 		if p.DryRun {
 			action += " (dry run)"

@@ -1,11 +1,12 @@
 package view
 
 import (
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/google/go-cmp/cmp"
 
 	goldenpkg "github.com/canopy-mesh/canopy/internal/golden"
 	"github.com/canopy-mesh/canopy/node/configdump"
@@ -122,30 +123,42 @@ func TestAge(t *testing.T) {
 	}
 }
 
-func TestParseConnections(t *testing.T) {
-	metrics := `# HELP istio_tcp_connections_opened_total TCP connections opened.
-# TYPE istio_tcp_connections_opened_total counter
-istio_tcp_connections_opened_total{reporter="destination",source_workload="client",source_workload_namespace="demo",source_principal="spiffe://cluster.local/ns/demo/sa/client",destination_workload="echo",destination_workload_namespace="demo",destination_principal="spiffe://cluster.local/ns/demo/sa/echo",request_protocol="tcp",connection_security_policy="mutual_tls"} 3
-istio_tcp_connections_opened_total{reporter="destination",source_workload="unknown",source_workload_namespace="unknown",source_principal="unknown",destination_workload="echo",destination_workload_namespace="demo",destination_principal="spiffe://cluster.local/ns/demo/sa/echo",request_protocol="tcp",connection_security_policy="none"} 1
-# TYPE other_total counter
-other_total 7
-`
-	got, err := ParseConnections("node-1", strings.NewReader(metrics))
-	if err != nil {
-		t.Fatal(err)
+// TestTraffic: a node proxy's metrics (testdata/<case>.prom) parsed into
+// connections (<case>-parsed.golden, as -o json prints them) and shown
+// as canopyctl traffic (<case>.golden) and traffic --denied
+// (<case>-denied.golden). traffic-old is a node proxy from before
+// response_flags: nothing is denied.
+func TestTraffic(t *testing.T) {
+	for _, name := range []string{"traffic", "traffic-old"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			f, err := os.Open(filepath.Join("testdata", name+".prom"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			got, err := ParseConnections("node-1", f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			parsed, err := json.MarshalIndent(got, "", "  ")
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden(t, name+"-parsed.golden", string(parsed)+"\n")
+			golden(t, name+".golden", print(t, TrafficTable(got)))
+			golden(t, name+"-denied.golden", print(t, TrafficTable(Denied(got))))
+		})
 	}
-	want := []Connection{
-		{Node: "node-1", Reporter: "destination", Source: "demo/client", SourcePrincipal: "spiffe://cluster.local/ns/demo/sa/client",
-			Destination: "demo/echo", DestinationPrincipal: "spiffe://cluster.local/ns/demo/sa/echo", Security: "mutual_tls", Opened: 3},
-		{Node: "node-1", Reporter: "destination", Source: "unknown", SourcePrincipal: "unknown",
-			Destination: "demo/echo", DestinationPrincipal: "spiffe://cluster.local/ns/demo/sa/echo", Security: "none", Opened: 1},
+}
+
+func TestParseConnectionsErrors(t *testing.T) {
+	if _, err := ParseConnections("node-1", strings.NewReader("not { metrics")); err == nil || !strings.Contains(err.Error(), "node-1") {
+		t.Errorf("garbage metrics: err = %v, want an error naming the node", err)
 	}
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("connections (-want +got):\n%s", diff)
-	}
-	golden(t, "traffic.golden", print(t, TrafficTable(got)))
-	if _, err := ParseConnections("node-1", strings.NewReader("not { metrics")); err == nil {
-		t.Error("garbage metrics parsed without an error")
+	got, err := ParseConnections("node-1", strings.NewReader("# TYPE other_total counter\nother_total 7\n"))
+	if err != nil || len(got) != 0 {
+		t.Errorf("metrics without connections: %v, %v; want none", got, err)
 	}
 }
 
@@ -154,10 +167,11 @@ other_total 7
 func FuzzParseConnections(f *testing.F) {
 	f.Add("istio_tcp_connections_opened_total{reporter=\"source\"} 1\n")
 	f.Add("# TYPE istio_tcp_connections_opened_total gauge\nistio_tcp_connections_opened_total 1e400\n")
+	f.Add("istio_tcp_connections_closed_total{response_flags=\"DENY\"} -1\nistio_tcp_connections_opened_total NaN\n")
 	f.Fuzz(func(t *testing.T, s string) {
 		cs, err := ParseConnections("n", strings.NewReader(s))
 		if err == nil {
-			_ = TrafficTable(cs)
+			_ = TrafficTable(Denied(cs))
 		}
 	})
 }
