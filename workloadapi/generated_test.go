@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/canopy-mesh/canopy/internal/ci"
+	"github.com/canopy-mesh/canopy/internal/testing/ci"
 )
 
 // TestGeneratedCodeIsFresh regenerates the Go code from proto/ into a

@@ -31,8 +31,8 @@ import (
 
 	"github.com/canopy-mesh/canopy/ca/rootcm"
 	"github.com/canopy-mesh/canopy/internal/netns"
-	"github.com/canopy-mesh/canopy/internal/nettest"
-	"github.com/canopy-mesh/canopy/internal/testenv"
+	"github.com/canopy-mesh/canopy/internal/testing/nettest"
+	"github.com/canopy-mesh/canopy/internal/testing/testenv"
 )
 
 var env *testenv.Environment

@@ -30,7 +30,7 @@ import (
 	"github.com/canopy-mesh/canopy/controller/index"
 	"github.com/canopy-mesh/canopy/controller/kubeinput"
 	"github.com/canopy-mesh/canopy/controller/xds"
-	"github.com/canopy-mesh/canopy/internal/testenv"
+	"github.com/canopy-mesh/canopy/internal/testing/testenv"
 	"github.com/canopy-mesh/canopy/internal/workloadtable"
 	"github.com/canopy-mesh/canopy/internal/xdsclient"
 	"github.com/canopy-mesh/canopy/workloadapi"

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/canopy-mesh/canopy/ctl/cluster"
-	"github.com/canopy-mesh/canopy/internal/testenv"
+	"github.com/canopy-mesh/canopy/internal/testing/testenv"
 )
 
 var env *testenv.Environment

@@ -7,7 +7,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	goldenpkg "github.com/canopy-mesh/canopy/internal/golden"
+	goldenpkg "github.com/canopy-mesh/canopy/internal/testing/golden"
 	"github.com/canopy-mesh/canopy/node/configdump"
 )
 

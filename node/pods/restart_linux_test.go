@@ -13,7 +13,7 @@ import (
 
 	"github.com/canopy-mesh/canopy/cni/redirect"
 	"github.com/canopy-mesh/canopy/cni/zds"
-	"github.com/canopy-mesh/canopy/internal/nettest"
+	"github.com/canopy-mesh/canopy/internal/testing/nettest"
 	"github.com/canopy-mesh/canopy/node/inpod"
 	"github.com/canopy-mesh/canopy/node/zdsclient"
 	"github.com/canopy-mesh/canopy/workloadapi"
