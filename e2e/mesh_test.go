@@ -29,10 +29,10 @@ import (
 	"github.com/canopy-mesh/canopy/ctl/cluster"
 	"github.com/canopy-mesh/canopy/ctl/view"
 	"github.com/canopy-mesh/canopy/internal/chart"
-	"github.com/canopy-mesh/canopy/internal/ci"
 	"github.com/canopy-mesh/canopy/internal/kubeapply"
-	"github.com/canopy-mesh/canopy/internal/localcluster"
+	"github.com/canopy-mesh/canopy/internal/testing/ci"
 	"github.com/canopy-mesh/canopy/internal/tools"
+	"github.com/canopy-mesh/canopy/localcluster"
 	"github.com/canopy-mesh/canopy/node/configdump"
 )
 
@@ -100,7 +100,7 @@ func up(t *testing.T) *mesh {
 		ci.Unavailable(t, "local cluster tools: %v", err)
 	}
 	// Addresses no other test's cluster uses: packages run in parallel
-	// (internal/localcluster has 10.98/10.246 and 10.97/10.247).
+	// (localcluster's own tests have 10.98/10.246 and 10.97/10.247).
 	cfg := localcluster.Config{
 		Name:     "e2e-mesh",
 		Nodes:    2,

@@ -28,7 +28,7 @@ import (
 	"github.com/canopy-mesh/canopy/cni/redirect"
 	"github.com/canopy-mesh/canopy/cni/zds"
 	"github.com/canopy-mesh/canopy/internal/netns"
-	"github.com/canopy-mesh/canopy/internal/nettest"
+	"github.com/canopy-mesh/canopy/internal/testing/nettest"
 	"github.com/canopy-mesh/canopy/internal/zdsconn"
 	zdspb "github.com/canopy-mesh/canopy/workloadapi/zds"
 )

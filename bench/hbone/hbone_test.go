@@ -24,7 +24,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/canopy-mesh/canopy/internal/testcerts"
+	"github.com/canopy-mesh/canopy/internal/testing/testcerts"
 	"github.com/canopy-mesh/canopy/node/hbone"
 )
 

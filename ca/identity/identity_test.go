@@ -12,7 +12,7 @@ import (
 
 	"github.com/canopy-mesh/canopy/ca/authn"
 	"github.com/canopy-mesh/canopy/ca/identity"
-	"github.com/canopy-mesh/canopy/internal/testenv"
+	"github.com/canopy-mesh/canopy/internal/testing/testenv"
 )
 
 var env *testenv.Environment

@@ -18,7 +18,7 @@ import (
 
 	"github.com/canopy-mesh/canopy/ca/pki"
 	"github.com/canopy-mesh/canopy/ca/rootstore"
-	"github.com/canopy-mesh/canopy/internal/testenv"
+	"github.com/canopy-mesh/canopy/internal/testing/testenv"
 )
 
 var env *testenv.Environment

@@ -14,7 +14,7 @@ import (
 	"github.com/canopy-mesh/canopy/ca/identity"
 	"github.com/canopy-mesh/canopy/ca/pki"
 	"github.com/canopy-mesh/canopy/ca/server"
-	"github.com/canopy-mesh/canopy/internal/testenv"
+	"github.com/canopy-mesh/canopy/internal/testing/testenv"
 )
 
 // BenchmarkCreateCertificate signs ECDSA P-256 leaves through the whole

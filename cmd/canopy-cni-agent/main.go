@@ -13,17 +13,13 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/canopy-mesh/canopy/cni/agent"
@@ -34,7 +30,6 @@ import (
 	"github.com/canopy-mesh/canopy/cni/removal"
 	"github.com/canopy-mesh/canopy/cni/zds"
 	"github.com/canopy-mesh/canopy/internal/cmdmain"
-	"github.com/canopy-mesh/canopy/internal/httpserve"
 	"github.com/canopy-mesh/canopy/internal/kubeconfig"
 	"github.com/canopy-mesh/canopy/internal/version"
 )
@@ -155,126 +150,24 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		ConfDir: cfg.confDir, BinDir: cfg.binDir, PluginBinary: cfg.pluginBinary,
 		Entry: map[string]any{"agentSocket": cfg.pluginSocket, "excludeNamespaces": cfg.enroll.ExcludedNamespaces}, Log: log,
 	}
-
-	if cfg.uninstall {
-		return uninstall(ctx, a, installer, log)
-	}
-
-	// The loop outlives the signal by a moment: stopping must first ask
-	// whether the DaemonSet is being deleted, and then take the node out
-	// of the mesh with the rules still verified.
-	signalled := ctx
-	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopRun()
-	g, ctx := errgroup.WithContext(runCtx)
-	if err := installer.Install(); err != nil && !errors.Is(err, install.ErrNoPrimary) {
-		return fmt.Errorf("install the plugin: %w", err)
-	}
-	// The watch restores the plugin whenever the configuration changes: it
-	// must have stopped before an uninstall removes the plugin, or it
-	// would put it straight back.
-	watchCtx, stopWatch := context.WithCancel(ctx)
-	defer stopWatch()
-	watchDone := make(chan struct{})
-	g.Go(func() error {
-		defer close(watchDone)
-		return installer.Watch(watchCtx)
-	})
-	uninstallWatch := removal.New(kube, cfg.podNS, cfg.podName, log)
-	g.Go(func() error { return uninstallWatch.Run(ctx) })
-	var removing atomic.Bool
-	g.Go(func() error {
-		select {
-		case <-signalled.Done():
-		case <-ctx.Done():
-			return nil
-		}
-		defer stopRun()
-		checkCtx, cancel := context.WithTimeout(runCtx, 5*time.Second)
-		defer cancel()
-		gone, err := uninstallWatch.Removed(checkCtx)
-		if err != nil {
-			log.Warn("cannot tell whether the DaemonSet is being deleted; staying installed", "err", err)
-			return nil
-		}
-		if gone {
-			log.Info("the DaemonSet is being deleted: taking the node out of the mesh")
-			removing.Store(true)
-			stopWatch()
-			<-watchDone
-			if err := installer.Uninstall(); err != nil {
-				log.Error("remove the plugin", "err", err)
-			}
-		}
-		return nil
-	})
-	g.Go(func() error { return a.Run(ctx) })
-	g.Go(func() error {
-		// The node proxy treats a snapshot as complete: open ZDS only once
-		// the agent knows the node's pods.
-		select {
-		case <-a.Synced():
-		case <-ctx.Done():
-			return nil
-		}
-		if err := os.MkdirAll(filepath.Dir(cfg.zdsSocket), 0o755); err != nil {
-			return err
-		}
-		return proxy.Run(ctx)
-	})
-	httpserve.Run(ctx, g, "plugin events", "unix", cfg.pluginSocket, a.PluginHandler(), log)
-	monitor := http.NewServeMux()
-	monitor.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
-	monitor.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	monitor.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, version.Get()) })
-	monitor.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		select {
-		case <-a.Synced():
-			fmt.Fprintln(w, "ok")
-		default:
-			http.Error(w, "not synced", http.StatusServiceUnavailable)
-		}
-	})
-	httpserve.Run(ctx, g, "monitoring", "tcp", cfg.monitorAddr, monitor, log)
-	log.Info("canopy-cni-agent started", "node", cfg.nodeName, "backend", backend.Name(), "probe_uid", uid, "version", version.Get())
-	err = g.Wait()
-	if removing.Load() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(runCtx), 30*time.Second)
-		defer cancel()
-		if uerr := a.Uninstall(ctx); uerr != nil {
-			return errors.Join(err, fmt.Errorf("un-enroll: %w", uerr))
-		}
-		log.Info("uninstalled: every pod of the node is out of the mesh")
-	}
-	return err
+	return agent.RunLifecycle(ctx, agent.LifecycleConfig{
+		Uninstall:    cfg.uninstall,
+		PluginSocket: cfg.pluginSocket,
+		ZDSSocket:    cfg.zdsSocket,
+		MonitorAddr:  cfg.monitorAddr,
+		Describe:     []any{"node", cfg.nodeName, "backend", backend.Name(), "probe_uid", uid},
+	}, agent.Components{
+		Agent:   a,
+		Plugin:  installer,
+		Removal: removal.New(kube, cfg.podNS, cfg.podName, log),
+		Proxy:   proxy,
+		Metrics: registry,
+	}, log)
 }
 
-// uninstall takes the node out of the mesh: the plugin out of the chain
-// first (no new pod is enrolled meanwhile), the agent's loop stopped once
-// it has found every pod (it would enroll them again), then every pod
-// un-enrolled and the host rules removed.
-func uninstall(ctx context.Context, a *agent.Agent, installer install.Installer, log *slog.Logger) error {
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- a.Run(runCtx) }()
-	select {
-	case <-a.Synced():
-	case err := <-done:
-		return fmt.Errorf("agent ended before it synced: %w", err)
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	if err := installer.Uninstall(); err != nil {
-		return fmt.Errorf("remove the plugin: %w", err)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		return err
-	}
-	if err := a.Uninstall(ctx); err != nil {
-		return fmt.Errorf("un-enroll: %w", err)
-	}
-	log.Info("uninstalled: every pod of the node is out of the mesh")
-	return nil
-}
+// What the lifecycle drives, from the packages that implement it.
+var (
+	_ agent.PluginInstaller = install.Installer{}
+	_ agent.RemovalWatch    = (*removal.Watcher)(nil)
+	_ agent.ProxyServer     = (*zds.Server)(nil)
+)

@@ -24,16 +24,19 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/canopy-mesh/canopy/ca/rootcm"
 	"github.com/canopy-mesh/canopy/controller/ambient"
 	"github.com/canopy-mesh/canopy/controller/xds"
-	"github.com/canopy-mesh/canopy/internal/testenv"
+	"github.com/canopy-mesh/canopy/internal/testing/eventually"
+	"github.com/canopy-mesh/canopy/internal/testing/testenv"
 	"github.com/canopy-mesh/canopy/internal/workloadtable"
 	"github.com/canopy-mesh/canopy/internal/xdsclient"
 	"github.com/canopy-mesh/canopy/workloadapi"
 )
+
+// settle is how long a condition of these tests may take to become true.
+const settle = 60 * time.Second
 
 var env *testenv.Environment
 
@@ -47,13 +50,6 @@ func freeAddr(t *testing.T) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
-}
-
-func eventually(t *testing.T, what string, f func() bool) {
-	t.Helper()
-	if err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 60*time.Second, true, func(context.Context) (bool, error) { return f(), nil }); err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
 }
 
 // TestControllerServesWorkloadXDS runs the built binary against the API
@@ -105,10 +101,10 @@ func TestControllerServesWorkloadXDS(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	eventually(t, "controller ready", func() bool { code, _ := get("/readyz"); return code == http.StatusOK })
+	eventually.Within(t, settle, "controller ready", func() bool { code, _ := get("/readyz"); return code == http.StatusOK })
 
 	var root *corev1.ConfigMap
-	eventually(t, "root ConfigMap published", func() bool {
+	eventually.Within(t, settle, "root ConfigMap published", func() bool {
 		root, err = env.Client.CoreV1().ConfigMaps(sys).Get(ctx, rootcm.ConfigMapName, metav1.GetOptions{})
 		return err == nil
 	})
@@ -163,11 +159,11 @@ func TestControllerServesWorkloadXDS(t *testing.T) {
 	}
 	uid := workloadapi.PodUID("Kubernetes", apps, "echo")
 	for i, tbl := range tables {
-		eventually(t, fmt.Sprintf("proxy %d receives the pod", i), func() bool { return tbl.Workload(uid) != nil })
+		eventually.Within(t, settle, fmt.Sprintf("proxy %d receives the pod", i), func() bool { return tbl.Workload(uid) != nil })
 	}
 
 	var status []xds.ProxyStatus
-	eventually(t, "both proxies synced in /debug/syncz", func() bool {
+	eventually.Within(t, settle, "both proxies synced in /debug/syncz", func() bool {
 		_, body := get("/debug/syncz")
 		if json.Unmarshal([]byte(body), &status) != nil || len(status) != 2 {
 			return false

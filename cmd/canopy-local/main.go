@@ -23,9 +23,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/canopy-mesh/canopy/internal/localcluster"
-	"github.com/canopy-mesh/canopy/internal/localcluster/containerinit"
 	"github.com/canopy-mesh/canopy/internal/version"
+	"github.com/canopy-mesh/canopy/localcluster"
+	"github.com/canopy-mesh/canopy/localcluster/containerinit"
 )
 
 func main() {

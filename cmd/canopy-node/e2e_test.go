@@ -22,7 +22,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	securityapi "istio.io/api/security/v1beta1"
 	typeapi "istio.io/api/type/v1beta1"
@@ -31,9 +30,13 @@ import (
 
 	"github.com/canopy-mesh/canopy/ca/rootcm"
 	"github.com/canopy-mesh/canopy/internal/netns"
-	"github.com/canopy-mesh/canopy/internal/nettest"
-	"github.com/canopy-mesh/canopy/internal/testenv"
+	"github.com/canopy-mesh/canopy/internal/testing/eventually"
+	"github.com/canopy-mesh/canopy/internal/testing/nettest"
+	"github.com/canopy-mesh/canopy/internal/testing/testenv"
 )
+
+// settle is how long a condition of these tests may take to become true.
+const settle = 90 * time.Second
 
 var env *testenv.Environment
 
@@ -47,13 +50,6 @@ func freeAddr(t *testing.T) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
-}
-
-func eventually(t *testing.T, what string, f func() bool) {
-	t.Helper()
-	if err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 90*time.Second, true, func(context.Context) (bool, error) { return f(), nil }); err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
 }
 
 // process runs a built binary for the test's lifetime, its output kept
@@ -178,7 +174,7 @@ func TestWholeMesh(t *testing.T) {
 
 	var root *corev1.ConfigMap
 	var err error
-	eventually(t, "root ConfigMap", func() bool {
+	eventually.Within(t, settle, "root ConfigMap", func() bool {
 		root, err = c.CoreV1().ConfigMaps(sys).Get(ctx, rootcm.ConfigMapName, metav1.GetOptions{})
 		return err == nil
 	})
@@ -232,7 +228,7 @@ func TestWholeMesh(t *testing.T) {
 	// Each node proxy serves its pod with the pod's own identity, and sees
 	// both pods as HBONE workloads.
 	for node, want := range map[string]string{nodeA: "client", nodeB: "server"} {
-		eventually(t, "node proxy of "+node+" serves its pod over HBONE", func() bool {
+		eventually.Within(t, settle, "node proxy of "+node+" serves its pod over HBONE", func() bool {
 			resp, err := http.Get("http://" + admins[node] + "/config_dump")
 			if err != nil {
 				return false
@@ -286,7 +282,7 @@ func TestWholeMesh(t *testing.T) {
 		b, _ := io.ReadAll(conn)
 		return string(b)
 	}
-	eventually(t, "client on one node reaches server on the other", func() bool { return call() == "across the mesh" })
+	eventually.Within(t, settle, "client on one node reaches server on the other", func() bool { return call() == "across the mesh" })
 	out := nettest.In(t, pods.B, func() ([]byte, error) {
 		return exec.Command("nft", "list", "chain", "inet", "canopy-test", "count").CombinedOutput()
 	})
@@ -327,9 +323,9 @@ func TestWholeMesh(t *testing.T) {
 		}
 	}
 	allowFrom("someone-else")
-	eventually(t, "a policy for another identity denies the client", func() bool { return call() == "" })
+	eventually.Within(t, settle, "a policy for another identity denies the client", func() bool { return call() == "" })
 	allowFrom("client")
-	eventually(t, "a policy for the client's identity allows it", func() bool { return call() == "across the mesh" })
+	eventually.Within(t, settle, "a policy for the client's identity allows it", func() bool { return call() == "across the mesh" })
 
 	// A node proxy restart: the server's pod fails closed meanwhile, and
 	// the new proxy serves it again from the agent's snapshot.
@@ -338,7 +334,7 @@ func TestWholeMesh(t *testing.T) {
 		t.Errorf("with the server's node proxy down the call returned %q; want it refused", got)
 	}
 	stops[nodeB] = proxies[nodeB](1)
-	eventually(t, "the restarted node proxy serves the server again", func() bool { return call() == "across the mesh" })
+	eventually.Within(t, settle, "the restarted node proxy serves the server again", func() bool { return call() == "across the mesh" })
 
 	// Opting the server out: it leaves the mesh, and the client's traffic
 	// reaches it as plain TCP on the app port.
@@ -347,7 +343,7 @@ func TestWholeMesh(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := count(8080)
-	eventually(t, "the opted-out server is reached in plain TCP", func() bool {
+	eventually.Within(t, settle, "the opted-out server is reached in plain TCP", func() bool {
 		if call() != "across the mesh" {
 			return false
 		}

@@ -20,7 +20,7 @@ import (
 
 	"github.com/canopy-mesh/canopy/ctl"
 	"github.com/canopy-mesh/canopy/ctl/cluster"
-	"github.com/canopy-mesh/canopy/internal/golden"
+	"github.com/canopy-mesh/canopy/internal/testing/golden"
 )
 
 // runMainEnv makes the test binary run canopyctl's main instead of the

@@ -6,6 +6,13 @@
 // not its memory: every period, and at start, every pod's rules are
 // verified in its netns and repaired when they drifted, and the verified
 // state is published on the pod and in metrics.
+//
+// RunLifecycle (lifecycle.go) is the agent's life on its node, around that
+// loop: the plugin installed into the CNI chain and kept there, ZDS opened
+// once the loop has synced, and, when the agent's DaemonSet is being
+// deleted or --uninstall asks, the node taken out of the mesh in an order
+// that never leaves a pod enrolled by accident. cmd/canopy-cni-agent only
+// builds its parts.
 package agent
 
 import (

@@ -20,7 +20,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/canopy-mesh/canopy/cni/agent"
 	"github.com/canopy-mesh/canopy/cni/enroll"
@@ -29,22 +28,19 @@ import (
 	"github.com/canopy-mesh/canopy/cni/redirect"
 	"github.com/canopy-mesh/canopy/cni/zds"
 	"github.com/canopy-mesh/canopy/internal/netns"
-	"github.com/canopy-mesh/canopy/internal/nettest"
-	"github.com/canopy-mesh/canopy/internal/testenv"
+	"github.com/canopy-mesh/canopy/internal/testing/eventually"
+	"github.com/canopy-mesh/canopy/internal/testing/nettest"
+	"github.com/canopy-mesh/canopy/internal/testing/testenv"
 	"github.com/canopy-mesh/canopy/internal/zdsconn"
 	zdspb "github.com/canopy-mesh/canopy/workloadapi/zds"
 )
 
+// settle is how long a condition of these tests may take to become true.
+const settle = 20 * time.Second
+
 var env *testenv.Environment
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
-
-func eventually(t *testing.T, what string, f func() bool) {
-	t.Helper()
-	if err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) { return f(), nil }); err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
-}
 
 // nodeProxy is a test node proxy on the ZDS socket: it reconnects when the
 // agent goes away and records every request.
@@ -255,8 +251,8 @@ func TestAgentKeepsPodsEnrolled(t *testing.T) {
 		if err := (redirect.Nftables{}).Verify(running.A, redirect.DefaultPodConfig()); err != nil {
 			t.Fatalf("rules not in place: %v", err)
 		}
-		eventually(t, "node proxy got the pod", func() bool { return proxy.saw("add " + string(pod.UID)) })
-		eventually(t, "pod annotated and verified", func() bool {
+		eventually.Within(t, settle, "node proxy got the pod", func() bool { return proxy.saw("add " + string(pod.UID)) })
+		eventually.Within(t, settle, "pod annotated and verified", func() bool {
 			p := getPod(t, ns, "running")
 			c := condition(p)
 			return p.Annotations[enroll.AnnotationRedirection] == enroll.RedirectionEnabled && c != nil && c.Status == corev1.ConditionTrue
@@ -264,7 +260,7 @@ func TestAgentKeepsPodsEnrolled(t *testing.T) {
 	})
 
 	t.Run("a pod that cannot be enrolled says why", func(t *testing.T) {
-		eventually(t, "condition False with NetnsNotFound", func() bool {
+		eventually.Within(t, settle, "condition False with NetnsNotFound", func() bool {
 			c := condition(getPod(t, ns, stray.Name))
 			return c != nil && c.Status == corev1.ConditionFalse && c.Reason == agent.ReasonNoNetns
 		})
@@ -278,11 +274,11 @@ func TestAgentKeepsPodsEnrolled(t *testing.T) {
 			return exec.Command("nft", "delete", "table", "inet", redirect.NatTable).CombinedOutput()
 		})
 		// The repair lands in the kernel just before it is counted.
-		eventually(t, "rules repaired and counted", func() bool {
+		eventually.Within(t, settle, "rules repaired and counted", func() bool {
 			return (redirect.Nftables{}).Verify(running.A, redirect.DefaultPodConfig()) == nil &&
 				counter(t, n.reg, "canopy_cni_verifications_total", "repaired") >= 1
 		})
-		eventually(t, "condition says repaired", func() bool { return condition(getPod(t, ns, "running")).Reason == agent.ReasonRepaired })
+		eventually.Within(t, settle, "condition says repaired", func() bool { return condition(getPod(t, ns, "running")).Reason == agent.ReasonRepaired })
 	})
 
 	var added *corev1.Pod
@@ -315,7 +311,7 @@ func TestAgentKeepsPodsEnrolled(t *testing.T) {
 		n.stop()
 		proxy.reset()
 		n2 = startNode(outer, nodeName, zdsPath, running.B)
-		eventually(t, "a snapshot", func() bool { return proxy.saw("snapshot") })
+		eventually.Within(t, settle, "a snapshot", func() bool { return proxy.saw("snapshot") })
 		proxy.mu.Lock()
 		got := slices.Clone(proxy.got[:3])
 		proxy.mu.Unlock()
@@ -332,11 +328,11 @@ func TestAgentKeepsPodsEnrolled(t *testing.T) {
 		if _, err := env.Client.CoreV1().Pods(ns).Patch(t.Context(), "running", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "rules removed", func() bool {
+		eventually.Within(t, settle, "rules removed", func() bool {
 			return (redirect.Nftables{}).Verify(running.A, redirect.DefaultPodConfig()) != nil
 		})
-		eventually(t, "node proxy told", func() bool { return proxy.saw("del " + string(pod.UID)) })
-		eventually(t, "annotation and condition removed", func() bool {
+		eventually.Within(t, settle, "node proxy told", func() bool { return proxy.saw("del " + string(pod.UID)) })
+		eventually.Within(t, settle, "annotation and condition removed", func() bool {
 			p := getPod(t, ns, "running")
 			_, has := p.Annotations[enroll.AnnotationRedirection]
 			return !has && condition(p) == nil

@@ -19,8 +19,9 @@ import (
 	"github.com/canopy-mesh/canopy/cni/install"
 	"github.com/canopy-mesh/canopy/cni/redirect"
 	"github.com/canopy-mesh/canopy/internal/netns"
-	"github.com/canopy-mesh/canopy/internal/nettest"
-	"github.com/canopy-mesh/canopy/internal/testenv"
+	"github.com/canopy-mesh/canopy/internal/testing/eventually"
+	"github.com/canopy-mesh/canopy/internal/testing/nettest"
+	"github.com/canopy-mesh/canopy/internal/testing/testenv"
 	"github.com/canopy-mesh/canopy/internal/tools"
 )
 
@@ -126,7 +127,7 @@ func TestPluginThroughLibcni(t *testing.T) {
 	if !proxy.saw("add " + string(pod.UID)) {
 		t.Error("node proxy did not get the pod before ADD returned")
 	}
-	eventually(t, "annotation", func() bool {
+	eventually.Within(t, settle, "annotation", func() bool {
 		return getPod(t, ns, "web").Annotations[enroll.AnnotationRedirection] != ""
 	})
 	if err := netns.Do(node, func() error { return cni.CheckNetworkList(context.Background(), list, rt) }); err != nil {
@@ -140,5 +141,5 @@ func TestPluginThroughLibcni(t *testing.T) {
 	if err := (redirect.Nftables{}).Verify(podNetns, redirect.DefaultPodConfig()); err == nil {
 		t.Error("rules left after DEL")
 	}
-	eventually(t, "node proxy told of the DEL", func() bool { return proxy.saw("del " + string(pod.UID)) })
+	eventually.Within(t, settle, "node proxy told of the DEL", func() bool { return proxy.saw("del " + string(pod.UID)) })
 }

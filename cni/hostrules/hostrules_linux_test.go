@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/canopy-mesh/canopy/cni/redirect"
-	"github.com/canopy-mesh/canopy/internal/nettest"
+	"github.com/canopy-mesh/canopy/internal/testing/nettest"
 )
 
 // TestProbeIsSNATedAndAccepted: from the node, a root-owned connection

@@ -3,7 +3,7 @@ package redirect
 import (
 	"testing"
 
-	goldenpkg "github.com/canopy-mesh/canopy/internal/golden"
+	goldenpkg "github.com/canopy-mesh/canopy/internal/testing/golden"
 )
 
 var configs = map[string]PodConfig{

@@ -16,6 +16,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/canopy-mesh/canopy/internal/testing/eventually"
 	"github.com/canopy-mesh/canopy/internal/zdsconn"
 	zdspb "github.com/canopy-mesh/canopy/workloadapi/zds"
 )
@@ -108,16 +109,6 @@ func (p *proxy) received() []string {
 	return append([]string(nil), p.got...)
 }
 
-func eventually(t *testing.T, what string, f func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if f() {
-			return
-		}
-	}
-	t.Fatal(what)
-}
-
 func selfNetns(t *testing.T) (*os.File, uint64) {
 	t.Helper()
 	f, err := os.Open("/proc/self/ns/net")
@@ -170,7 +161,7 @@ func TestSnapshotAndSteadyState(t *testing.T) {
 
 	old := connect(t, path)
 	want := []string{"add uid-a", "keep uid-b", "snapshot-sent"}
-	eventually(t, "snapshot", func() bool { return cmp.Equal(want, old.received()) })
+	eventually.True(t, "snapshot", func() bool { return cmp.Equal(want, old.received()) })
 	if _, ok := delivered.Load("uid-a"); !ok {
 		t.Error("OnDelivered not called for the snapshot's Add")
 	}
@@ -182,8 +173,8 @@ func TestSnapshotAndSteadyState(t *testing.T) {
 
 	// A second proxy (an upgrade): new pods go to it only, deletes to both.
 	newer := connect(t, path)
-	eventually(t, "second snapshot", func() bool { return len(newer.received()) == 3 })
-	eventually(t, "both connected", func() bool { return s.Connected() == 2 })
+	eventually.True(t, "second snapshot", func() bool { return len(newer.received()) == 3 })
+	eventually.True(t, "both connected", func() bool { return s.Connected() == 2 })
 	nsC, _ := selfNetns(t)
 	if err := s.Add(Pod{UID: "uid-c", Info: info("c"), Netns: nsC}); err != nil {
 		t.Fatal(err)
@@ -200,7 +191,7 @@ func TestSnapshotAndSteadyState(t *testing.T) {
 
 	// A proxy that leaves is dropped by the keepalive.
 	old.conn.Close()
-	eventually(t, "keepalive drops the old proxy", func() bool { return s.Connected() == 1 })
+	eventually.True(t, "keepalive drops the old proxy", func() bool { return s.Connected() == 1 })
 
 	// Agent restart: a new server learns the pods again, and the proxy,
 	// reconnecting, gets all of them.
@@ -211,7 +202,7 @@ func TestSnapshotAndSteadyState(t *testing.T) {
 	_ = s2.Add(Pod{UID: "uid-c", Info: info("c"), Netns: nsC2})
 	defer start(t, path, s2)()
 	again := connect(t, path)
-	eventually(t, "snapshot after restart", func() bool {
+	eventually.True(t, "snapshot after restart", func() bool {
 		return cmp.Equal([]string{"keep uid-b", "add uid-c", "snapshot-sent"}, again.received())
 	})
 }
@@ -241,7 +232,7 @@ func TestProtocolErrors(t *testing.T) {
 	uc.Close()
 
 	p := connect(t, path)
-	eventually(t, "snapshot", func() bool { return len(p.received()) == 1 })
+	eventually.True(t, "snapshot", func() bool { return len(p.received()) == 1 })
 	p.mu.Lock()
 	p.refuse = "cannot enter netns"
 	p.mu.Unlock()
@@ -270,9 +261,9 @@ func TestRefusedPodDoesNotAbortTheSnapshot(t *testing.T) {
 	_ = s.Add(Pod{UID: "uid-b", Info: info("b"), Netns: nsB})
 	defer start(t, path, s)()
 	p := connectRefusing(t, path, "not yet")
-	eventually(t, "snapshot completes despite refusals", func() bool {
+	eventually.True(t, "snapshot completes despite refusals", func() bool {
 		got := p.received()
 		return len(got) == 3 && got[2] == "snapshot-sent"
 	})
-	eventually(t, "the connection is kept", func() bool { return s.Connected() == 1 })
+	eventually.True(t, "the connection is kept", func() bool { return s.Connected() == 1 })
 }

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
-	goldenfile "github.com/canopy-mesh/canopy/internal/golden"
+	goldenfile "github.com/canopy-mesh/canopy/internal/testing/golden"
 )
 
 // checkGolden compares msg, as indented JSON, with testdata/<name>.golden.

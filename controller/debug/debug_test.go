@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/canopy-mesh/canopy/internal/golden"
+	"github.com/canopy-mesh/canopy/internal/testing/golden"
 	"github.com/canopy-mesh/canopy/workloadapi"
 	"github.com/canopy-mesh/canopy/workloadapi/security"
 )

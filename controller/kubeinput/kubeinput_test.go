@@ -18,15 +18,18 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/apimachinery/pkg/util/wait"
 	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/canopy-mesh/canopy/controller/ambient"
 	"github.com/canopy-mesh/canopy/controller/index"
 	"github.com/canopy-mesh/canopy/controller/kubeinput"
-	"github.com/canopy-mesh/canopy/internal/testenv"
+	"github.com/canopy-mesh/canopy/internal/testing/eventually"
+	"github.com/canopy-mesh/canopy/internal/testing/testenv"
 	"github.com/canopy-mesh/canopy/workloadapi"
 )
+
+// settle is how long a condition of these tests may take to become true.
+const settle = 20 * time.Second
 
 var env *testenv.Environment
 
@@ -65,14 +68,6 @@ func (r *recorder) saw(kind string, name string) bool {
 		}
 	}
 	return false
-}
-
-func eventually(t *testing.T, what string, f func() bool) {
-	t.Helper()
-	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) { return f(), nil })
-	if err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
 }
 
 // TestWatcherConverges drives the index through a real API server: create,
@@ -128,7 +123,7 @@ func TestWatcherConverges(t *testing.T) {
 	if _, err := c.CoreV1().Pods(ns).Patch(ctx, pod.Name, types.MergePatchType, status, metav1.PatchOptions{}, "status"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "pod workload published", func() bool {
+	eventually.Within(t, settle, "pod workload published", func() bool {
 		return x.Address(uid).GetWorkload().GetStatus() == workloadapi.WorkloadStatus_HEALTHY && rec.saw("added", uid)
 	})
 
@@ -140,7 +135,7 @@ func TestWatcherConverges(t *testing.T) {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "service published and pod's services map updated", func() bool {
+	eventually.Within(t, settle, "service published and pod's services map updated", func() bool {
 		pl := x.Address(uid).GetWorkload().GetServices()[svcKey]
 		return x.Address(svcKey) != nil && len(pl.GetPorts()) == 1 && pl.GetPorts()[0].GetTargetPort() == 8080 &&
 			rec.saw("added", svcKey) && rec.saw("updated", uid)
@@ -152,7 +147,7 @@ func TestWatcherConverges(t *testing.T) {
 	if _, err := istio.SecurityV1().AuthorizationPolicies(ns).Create(ctx, pol, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "policy published and listed on the workload", func() bool {
+	eventually.Within(t, settle, "policy published and listed on the workload", func() bool {
 		return x.Authorization(ns+"/allow-echo") != nil && rec.saw("auth-added", ns+"/allow-echo") &&
 			slices.Contains(x.Address(uid).GetWorkload().GetAuthorizationPolicies(), ns+"/allow-echo")
 	})
@@ -161,7 +156,7 @@ func TestWatcherConverges(t *testing.T) {
 	if _, err := c.CoreV1().Pods(ns).Patch(ctx, pod.Name, types.MergePatchType, relabel, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "relabelled pod leaves the service and the policy", func() bool {
+	eventually.Within(t, settle, "relabelled pod leaves the service and the policy", func() bool {
 		wl := x.Address(uid).GetWorkload()
 		return wl != nil && wl.GetServices()[svcKey] == nil && len(wl.GetAuthorizationPolicies()) == 0
 	})
@@ -169,5 +164,5 @@ func TestWatcherConverges(t *testing.T) {
 	if err := c.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "deleted pod removed", func() bool { return x.Address(uid) == nil && rec.saw("removed", uid) })
+	eventually.Within(t, settle, "deleted pod removed", func() bool { return x.Address(uid) == nil && rec.saw("removed", uid) })
 }

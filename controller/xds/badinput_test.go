@@ -19,7 +19,8 @@ import (
 
 	"github.com/canopy-mesh/canopy/controller/index"
 	"github.com/canopy-mesh/canopy/controller/xds"
-	"github.com/canopy-mesh/canopy/internal/testenv"
+	"github.com/canopy-mesh/canopy/internal/testing/eventually"
+	"github.com/canopy-mesh/canopy/internal/testing/testenv"
 	"github.com/canopy-mesh/canopy/workloadapi"
 	"github.com/canopy-mesh/canopy/workloadapi/security"
 )
@@ -110,7 +111,7 @@ func TestBadInput(t *testing.T) {
 	}
 	ns := env.Namespace(t, "apps", nil)
 	uid := ambientPod(t, ns, "during-storm", "node-1", "10.244.6.10", nil)
-	eventually(t, "good proxy unaffected by the storm", func() bool { return good.table.Workload(uid) != nil })
+	eventually.Within(t, settle, "good proxy unaffected by the storm", func() bool { return good.table.Workload(uid) != nil })
 }
 
 // fakeSource is a generated table; the slow-proxy test needs a large one
@@ -183,11 +184,11 @@ func TestSlowProxyIsCutOff(t *testing.T) {
 	for round := 1; round <= 3; round++ {
 		m.server.Changed(index.ChangeSet{Addresses: index.Changes{Updated: src.next()}})
 		node := fmt.Sprintf("node-%d-", round)
-		eventually(t, "fast proxy follows", func() bool {
+		eventually.Within(t, settle, "fast proxy follows", func() bool {
 			return strings.HasPrefix(fast.table.Workload(src.name(0)).GetNode(), node)
 		})
 	}
-	eventually(t, "slow proxy disconnected", func() bool {
+	eventually.Within(t, settle, "slow proxy disconnected", func() bool {
 		return testutil.ToFloat64(mustCounter(t, m, "canopy_xds_slow_proxies_disconnected_total")) == 1 && len(m.server.ConfigDumps("ztunnel-slow."+m.ns)) == 0
 	})
 }

@@ -7,7 +7,7 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/canopy-mesh/canopy/internal/golden"
+	"github.com/canopy-mesh/canopy/internal/testing/golden"
 	"github.com/canopy-mesh/canopy/workloadapi"
 	"github.com/canopy-mesh/canopy/workloadapi/security"
 )

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/canopy-mesh/canopy/controller/xds"
+	"github.com/canopy-mesh/canopy/internal/testing/eventually"
 	"github.com/canopy-mesh/canopy/internal/workloadtable"
 	"github.com/canopy-mesh/canopy/workloadapi"
 )
@@ -34,19 +35,19 @@ func TestReconnectSkipsUnchanged(t *testing.T) {
 	})
 	c := m.connect(t, "ztunnel-re", "node-1", proxyOptions{handler: rec})
 	p.client = c.client
-	eventually(t, "both pods held", func() bool { return p.table.Workload(stay) != nil && p.table.Workload(gone) != nil })
+	eventually.Within(t, settle, "both pods held", func() bool { return p.table.Workload(stay) != nil && p.table.Workload(gone) != nil })
 	held := p.client.Versions(workloadapi.AddressTypeURL)
 
 	observer := m.connect(t, "ztunnel-observer", "node-1", proxyOptions{})
 	c.stop()
 	deletePod(t, ns, "gone")
 	// The server drops the pod before the proxy is back.
-	eventually(t, "server dropped the pod", func() bool { return observer.table.Workload(gone) == nil })
+	eventually.Within(t, settle, "server dropped the pod", func() bool { return observer.table.Workload(gone) == nil })
 	mu.Lock()
 	responses = nil
 	mu.Unlock()
 	c.run(t)
-	eventually(t, "removal arrives", func() bool { return p.table.Workload(gone) == nil })
+	eventually.Within(t, settle, "removal arrives", func() bool { return p.table.Workload(gone) == nil })
 
 	mu.Lock()
 	defer mu.Unlock()
@@ -86,7 +87,7 @@ func TestManyClientsConverge(t *testing.T) {
 	last := workloadapi.PodUID("Kubernetes", ns, "p19")
 	moved := workloadapi.PodUID("Kubernetes", ns, "p4")
 	for _, p := range proxies {
-		eventually(t, "every proxy converged", func() bool {
+		eventually.Within(t, settle, "every proxy converged", func() bool {
 			return p.table.Workload(last) == nil && p.table.Has("/10.244.5.14") && p.table.Workload(moved) != nil
 		})
 	}

@@ -22,7 +22,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/canopy-mesh/canopy/ca/authn"
@@ -30,11 +29,15 @@ import (
 	"github.com/canopy-mesh/canopy/controller/index"
 	"github.com/canopy-mesh/canopy/controller/kubeinput"
 	"github.com/canopy-mesh/canopy/controller/xds"
-	"github.com/canopy-mesh/canopy/internal/testenv"
+	"github.com/canopy-mesh/canopy/internal/testing/eventually"
+	"github.com/canopy-mesh/canopy/internal/testing/testenv"
 	"github.com/canopy-mesh/canopy/internal/workloadtable"
 	"github.com/canopy-mesh/canopy/internal/xdsclient"
 	"github.com/canopy-mesh/canopy/workloadapi"
 )
+
+// settle is how long a condition of these tests may take to become true.
+const settle = 30 * time.Second
 
 var env *testenv.Environment
 
@@ -194,14 +197,6 @@ func (m *mesh) connect(t testing.TB, pod, nodeName string, o proxyOptions) *prox
 	return p
 }
 
-func eventually(t testing.TB, what string, f func() bool) {
-	t.Helper()
-	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) { return f(), nil })
-	if err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
-}
-
 // ambientPod creates a running, captured pod with an IP on a node.
 func ambientPod(t testing.TB, ns, name, node, ip string, lbls map[string]string) string {
 	t.Helper()
@@ -243,16 +238,16 @@ func TestPodLifecycle(t *testing.T) {
 	ns := env.Namespace(t, "apps", nil)
 
 	uid := ambientPod(t, ns, "echo", "node-1", "10.244.1.20", map[string]string{"app": "echo"})
-	eventually(t, "pod appears", func() bool { return p.table.Workload(uid).GetNode() == "node-1" })
+	eventually.Within(t, settle, "pod appears", func() bool { return p.table.Workload(uid).GetNode() == "node-1" })
 
 	setPodIP(t, ns, "echo", "10.244.1.21")
-	eventually(t, "pod changes", func() bool { return p.table.Has("/10.244.1.21") && !p.table.Has("/10.244.1.20") })
+	eventually.Within(t, settle, "pod changes", func() bool { return p.table.Has("/10.244.1.21") && !p.table.Has("/10.244.1.20") })
 
 	deletePod(t, ns, "echo")
-	eventually(t, "pod goes", func() bool { return p.table.Workload(uid) == nil })
+	eventually.Within(t, settle, "pod goes", func() bool { return p.table.Workload(uid) == nil })
 
 	// The server's view agrees: the proxy is synced on both types.
-	eventually(t, "proxy status synced", func() bool {
+	eventually.Within(t, settle, "proxy status synced", func() bool {
 		for _, ps := range m.server.Status() {
 			if ps.ProxyID == "ztunnel-1."+m.ns {
 				return len(ps.Types) == 2 && ps.Types[0].Status == xds.Synced && ps.Types[1].Status == xds.Synced
@@ -291,7 +286,7 @@ func TestOnDemandLookup(t *testing.T) {
 		return p.table.Apply(typeURL, rs, removed)
 	})
 	c := m.connect(t, "ztunnel-od", "node-od", proxyOptions{onDemand: true, handler: both})
-	eventually(t, "own node's workload arrives unasked", func() bool { return p.table.Workload(local) != nil })
+	eventually.Within(t, settle, "own node's workload arrives unasked", func() bool { return p.table.Workload(local) != nil })
 	if p.table.Workload(remote) != nil {
 		t.Fatal("a workload of another node was sent to an on-demand proxy without a lookup")
 	}

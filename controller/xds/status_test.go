@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/canopy-mesh/canopy/controller/xds"
+	"github.com/canopy-mesh/canopy/internal/testing/eventually"
 	"github.com/canopy-mesh/canopy/internal/workloadtable"
 	"github.com/canopy-mesh/canopy/workloadapi"
 )
@@ -32,7 +33,7 @@ func TestNACKShowsInProxyStatus(t *testing.T) {
 	m.connect(t, "ztunnel-ok", "node-1", proxyOptions{})
 
 	var nack xds.TypeStatus
-	eventually(t, "NACK in status", func() bool {
+	eventually.Within(t, settle, "NACK in status", func() bool {
 		for _, ps := range m.server.Status() {
 			if ps.ProxyID == "ztunnel-nack."+m.ns && len(ps.Types) > 0 {
 				nack = ps.Types[0]

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	goldenpkg "github.com/canopy-mesh/canopy/internal/golden"
+	goldenpkg "github.com/canopy-mesh/canopy/internal/testing/golden"
 	"github.com/canopy-mesh/canopy/node/configdump"
 )
 

@@ -11,9 +11,9 @@ import (
 
 	"github.com/canopy-mesh/canopy/deploy/charts"
 	"github.com/canopy-mesh/canopy/internal/chart"
-	"github.com/canopy-mesh/canopy/internal/golden"
 	"github.com/canopy-mesh/canopy/internal/kubeapply"
-	"github.com/canopy-mesh/canopy/internal/testenv"
+	"github.com/canopy-mesh/canopy/internal/testing/golden"
+	"github.com/canopy-mesh/canopy/internal/testing/testenv"
 )
 
 var env *testenv.Environment

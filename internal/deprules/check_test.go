@@ -21,14 +21,17 @@ func TestCheckFindsViolations(t *testing.T) {
 		{ImportPath: m + "/node/proxy", Deps: []string{"fmt", m + "/workloadapi", "k8s.io/client-go/kubernetes"}},
 		{ImportPath: m + "/nodeish", Deps: []string{"k8s.io/client-go/kubernetes"}}, // a prefix, not below node/
 		{ImportPath: m + "/workloadapi", Deps: []string{"net/netip", "google.golang.org/protobuf/proto", "github.com/pkg/errors"}},
-		{ImportPath: m + "/ca", Deps: []string{m + "/internal/testenv"}},
-		{ImportPath: m + "/internal/testenv", Deps: []string{m + "/internal/ci"}}, // helpers may use each other
+		{ImportPath: m + "/ca", Deps: []string{m + "/internal/testing/testenv"}},
+		{ImportPath: m + "/internal/testing/testenv", Deps: []string{m + "/internal/testing/ci"}}, // helpers may use each other
+		{ImportPath: m + "/localcluster", Deps: []string{m + "/internal/testing/testenv"}},        // a development tool on the test environment
+		{ImportPath: m + "/ctl", Deps: []string{m + "/localcluster"}},
 	}
 	got := Check(pkgs, Rules, std)
 	want := []Violation{
 		{Package: m + "/node/proxy", Dep: "k8s.io/client-go/kubernetes", Reason: "the node proxy learns everything over xDS, ZDS and the CA API"},
 		{Package: m + "/workloadapi", Dep: "github.com/pkg/errors", Reason: "every binary links the wire types, so they stay dependency-free"},
-		{Package: m + "/ca", Dep: m + "/internal/testenv", Reason: "test helpers are for tests only"},
+		{Package: m + "/ca", Dep: m + "/internal/testing/testenv", Reason: "test helpers are for tests only"},
+		{Package: m + "/ctl", Dep: m + "/localcluster", Reason: "the local cluster is a development tool; only canopy-local links it"},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("Check() mismatch (-want +got):\n%s", diff)

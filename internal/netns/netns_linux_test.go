@@ -9,7 +9,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/canopy-mesh/canopy/internal/ci"
+	"github.com/canopy-mesh/canopy/internal/testing/ci"
 )
 
 func needRoot(t *testing.T) {

@@ -16,7 +16,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
-	"github.com/canopy-mesh/canopy/internal/testcerts"
+	"github.com/canopy-mesh/canopy/internal/testing/testcerts"
 )
 
 func serveTLS(t testing.TB, scfg *tls.Config, handler func(*Stream)) (string, chan *ServerConn) {

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/canopy-mesh/canopy/ca/pki"
+	"github.com/canopy-mesh/canopy/internal/testing/eventually"
 	"github.com/canopy-mesh/canopy/node/caclient"
 	"github.com/canopy-mesh/canopy/workloadapi"
 )
@@ -104,7 +105,7 @@ func TestIssueAndRenew(t *testing.T) {
 	// Past half-life: renewed.
 	clk.add(40 * time.Minute)
 	m.poke()
-	eventually(t, "renewed at half-life", func() bool {
+	eventually.True(t, "renewed at half-life", func() bool {
 		c, _ := m.Get(t.Context(), web)
 		return c != nil && c != first
 	})
@@ -117,7 +118,7 @@ func TestIssueAndRenew(t *testing.T) {
 	signer.mu.Unlock()
 	clk.add(40 * time.Minute)
 	m.poke()
-	eventually(t, "retried", func() bool {
+	eventually.True(t, "retried", func() bool {
 		clk.add(5 * time.Millisecond) // the backoff runs on the fake clock
 		m.poke()
 		signer.mu.Lock()
@@ -130,13 +131,13 @@ func TestIssueAndRenew(t *testing.T) {
 	// Once it has expired it is dropped rather than served.
 	clk.add(time.Hour)
 	m.poke()
-	eventually(t, "expired certificate dropped", func() bool { _, err := m.Get(t.Context(), web); return err != nil })
+	eventually.True(t, "expired certificate dropped", func() bool { _, err := m.Get(t.Context(), web); return err != nil })
 
 	// The CA comes back: a new certificate.
 	signer.mu.Lock()
 	signer.fail = false
 	signer.mu.Unlock()
-	eventually(t, "recovered", func() bool {
+	eventually.True(t, "recovered", func() bool {
 		clk.add(5 * time.Millisecond)
 		m.poke()
 		c, err := m.Get(t.Context(), web)
@@ -162,14 +163,4 @@ func rootsOf(c *x509.Certificate) *x509.CertPool {
 	p := x509.NewCertPool()
 	p.AddCert(c)
 	return p
-}
-
-func eventually(t *testing.T, what string, f func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
-		if f() {
-			return
-		}
-	}
-	t.Fatal(what)
 }

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/canopy-mesh/canopy/cni/redirect"
-	"github.com/canopy-mesh/canopy/internal/nettest"
 	"github.com/canopy-mesh/canopy/internal/origdst"
+	"github.com/canopy-mesh/canopy/internal/testing/nettest"
 )
 
 func accept(t *testing.T, l net.Listener) net.Conn {

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/canopy-mesh/canopy/internal/nettest"
+	"github.com/canopy-mesh/canopy/internal/testing/nettest"
 	"github.com/canopy-mesh/canopy/node/inpod"
 	"github.com/canopy-mesh/canopy/workloadapi"
 	zdspb "github.com/canopy-mesh/canopy/workloadapi/zds"

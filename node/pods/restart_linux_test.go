@@ -13,7 +13,8 @@ import (
 
 	"github.com/canopy-mesh/canopy/cni/redirect"
 	"github.com/canopy-mesh/canopy/cni/zds"
-	"github.com/canopy-mesh/canopy/internal/nettest"
+	"github.com/canopy-mesh/canopy/internal/testing/eventually"
+	"github.com/canopy-mesh/canopy/internal/testing/nettest"
 	"github.com/canopy-mesh/canopy/node/inpod"
 	"github.com/canopy-mesh/canopy/node/zdsclient"
 	"github.com/canopy-mesh/canopy/workloadapi"
@@ -79,23 +80,13 @@ func TestRestartHealsFromTheSnapshot(t *testing.T) {
 		})
 		return ok
 	}
-	eventually := func(what string, f func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-			if f() {
-				return
-			}
-		}
-		t.Fatal(what)
-	}
-
 	first, _, stop := start()
-	eventually("the first proxy serves the pod", func() bool { return appDial() && first.outbound.Load() > 0 })
+	eventually.True(t, "the first proxy serves the pod", func() bool { return appDial() && first.outbound.Load() > 0 })
 	stop()
 	if appDial() {
 		t.Fatal("with no proxy the pod's traffic got through: it must fail closed")
 	}
 	second, _, stop2 := start()
 	defer stop2()
-	eventually("the restarted proxy serves the pod from the snapshot", func() bool { return appDial() && second.outbound.Load() > 0 })
+	eventually.True(t, "the restarted proxy serves the pod from the snapshot", func() bool { return appDial() && second.outbound.Load() > 0 })
 }

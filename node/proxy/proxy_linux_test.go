@@ -23,7 +23,7 @@ import (
 
 	"github.com/canopy-mesh/canopy/ca/pki"
 	"github.com/canopy-mesh/canopy/cni/redirect"
-	"github.com/canopy-mesh/canopy/internal/nettest"
+	"github.com/canopy-mesh/canopy/internal/testing/nettest"
 	"github.com/canopy-mesh/canopy/internal/workloadtable"
 	"github.com/canopy-mesh/canopy/node/caclient"
 	"github.com/canopy-mesh/canopy/node/identity"

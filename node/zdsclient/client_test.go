@@ -9,9 +9,9 @@ import (
 	"slices"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/canopy-mesh/canopy/cni/zds"
+	"github.com/canopy-mesh/canopy/internal/testing/eventually"
 	zdspb "github.com/canopy-mesh/canopy/workloadapi/zds"
 )
 
@@ -68,7 +68,7 @@ func TestAgainstTheAgentServer(t *testing.T) {
 	go func() { defer close(done); _ = Client{Path: path, Handler: rec, Log: log}.Run(cctx) }()
 	defer func() { ccancel(); <-done }()
 
-	eventually(t, func() bool { return slices.Equal(rec.got(), []string{"add a apps/web", "keep b", "snapshot"}) })
+	eventually.True(t, "the client has the snapshot", func() bool { return slices.Equal(rec.got(), []string{"add a apps/web", "keep b", "snapshot"}) })
 	ns2, _ := os.Open("/proc/self/ns/net")
 	if err := server.Add(zds.Pod{UID: "c", Info: &zdspb.WorkloadInfo{Namespace: "apps", ServiceAccount: "x"}, Netns: ns2}); err == nil {
 		t.Error("a refused Add was acknowledged without its error")
@@ -76,15 +76,5 @@ func TestAgainstTheAgentServer(t *testing.T) {
 	if err := server.Delete("a"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, func() bool { return slices.Contains(rec.got(), "del a") })
-}
-
-func eventually(t *testing.T, f func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if f() {
-			return
-		}
-	}
-	t.Fatal("condition not met")
+	eventually.True(t, "the client has deleted a", func() bool { return slices.Contains(rec.got(), "del a") })
 }

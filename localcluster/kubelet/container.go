@@ -12,8 +12,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/canopy-mesh/canopy/internal/localcluster/containerinit"
 	"github.com/canopy-mesh/canopy/internal/netns"
+	"github.com/canopy-mesh/canopy/localcluster/containerinit"
 )
 
 // A container that ran this long before exiting restarts without backoff.

@@ -10,8 +10,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/canopy-mesh/canopy/internal/localcluster/kubelet"
-	"github.com/canopy-mesh/canopy/internal/localcluster/scheduler"
+	"github.com/canopy-mesh/canopy/localcluster/kubelet"
+	"github.com/canopy-mesh/canopy/localcluster/scheduler"
 )
 
 // RunKubelet runs a node's kubelet stand-in from the configuration file Up

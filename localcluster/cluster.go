@@ -25,9 +25,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
-	"github.com/canopy-mesh/canopy/internal/localcluster/kubelet"
 	"github.com/canopy-mesh/canopy/internal/netns"
-	"github.com/canopy-mesh/canopy/internal/testenv"
+	"github.com/canopy-mesh/canopy/internal/testing/testenv"
+	"github.com/canopy-mesh/canopy/localcluster/kubelet"
 )
 
 // Cluster is a running local cluster.

@@ -1,10 +1,10 @@
 // Package localcluster runs a Kubernetes cluster on one Linux machine out of
 // namespaces and processes: Canopy's "kind" for end-to-end tests and demos.
 //
-// Up starts a real control plane (internal/testenv: etcd, kube-apiserver,
+// Up starts a real control plane (internal/testing/testenv: etcd, kube-apiserver,
 // kube-controller-manager) on a host bridge, and for each node a network
 // namespace joined to the bridge, with routes to the other nodes' pod
-// CIDRs, a kubelet stand-in (internal/localcluster/kubelet) that runs the
+// CIDRs, a kubelet stand-in (localcluster/kubelet) that runs the
 // node's CNI chain and the pods' programs, and kube-proxy in nftables mode.
 // CoreDNS serves cluster DNS behind the kube-dns Service VIP, and a small
 // scheduler binds pods. Every process is long-lived and detached; a state

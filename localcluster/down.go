@@ -8,9 +8,9 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/canopy-mesh/canopy/internal/localcluster/kubelet"
 	"github.com/canopy-mesh/canopy/internal/netns"
 	"github.com/canopy-mesh/canopy/internal/procs"
+	"github.com/canopy-mesh/canopy/localcluster/kubelet"
 )
 
 // Down removes everything Up recorded in dir: processes (the recorded ones,

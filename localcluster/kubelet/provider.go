@@ -27,8 +27,8 @@ import (
 	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 	"k8s.io/utils/ptr"
 
-	"github.com/canopy-mesh/canopy/internal/localcluster/containerinit"
 	"github.com/canopy-mesh/canopy/internal/netns"
+	"github.com/canopy-mesh/canopy/localcluster/containerinit"
 )
 
 // Config configures a Provider.

@@ -11,7 +11,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 
-	"github.com/canopy-mesh/canopy/internal/localcluster/containerinit"
+	"github.com/canopy-mesh/canopy/localcluster/containerinit"
 )
 
 // nodeViewExec runs CNI plugins the way libcni does, but through the

@@ -28,11 +28,11 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/canopy-mesh/canopy/internal/ci"
 	"github.com/canopy-mesh/canopy/internal/echo"
-	"github.com/canopy-mesh/canopy/internal/localcluster"
 	"github.com/canopy-mesh/canopy/internal/procs"
+	"github.com/canopy-mesh/canopy/internal/testing/ci"
 	"github.com/canopy-mesh/canopy/internal/tools"
+	"github.com/canopy-mesh/canopy/localcluster"
 )
 
 // These tests run a real local cluster: root, real namespaces, real

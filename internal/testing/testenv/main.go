@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/canopy-mesh/canopy/internal/ci"
+	"github.com/canopy-mesh/canopy/internal/testing/ci"
 )
 
 // EnvKeep, when set to a true value, keeps the state directory and logs

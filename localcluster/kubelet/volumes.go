@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/canopy-mesh/canopy/internal/localcluster/containerinit"
+	"github.com/canopy-mesh/canopy/localcluster/containerinit"
 )
 
 // volumeSource writes volumes' contents: the API objects they come from
