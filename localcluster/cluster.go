@@ -39,6 +39,11 @@ type Cluster struct {
 // managedBy marks the EndpointSlices the local cluster writes itself.
 const managedBy = "canopy-local"
 
+// cniHostPaths are the host paths each node's CNI plugins see as the
+// node's own (where a CNI agent leaves its socket for the plugin); each
+// is a mount point on the host while the cluster runs. Read-only.
+var cniHostPaths = []string{"/var/run/canopy"}
+
 // extraControllers are what a cluster with kubelets needs beyond the test
 // environment's base set.
 var extraControllers = []string{"daemonset", "statefulset", "job", "root-ca-cert-publisher", "podgc", "nodelifecycle"}
@@ -349,7 +354,7 @@ func (u *upper) startNode(ctx context.Context, i int) error {
 			// paths, as on a real node.
 			HostPaths: map[string]string{"/etc/cni/net.d": confDir, "/opt/cni/bin": binDir},
 			// Where a CNI agent leaves its socket for the plugin.
-			CNIHostPaths: []string{"/var/run/canopy"},
+			CNIHostPaths: cniHostPaths,
 			// Logs and port-forward: the API server's client certificate.
 			ClientCAFile: u.kubeletClientCA,
 		},

@@ -135,8 +135,12 @@ func (b *Binaries) FindTools() error {
 
 // DefaultStateDir is where a cluster called name keeps its state.
 func DefaultStateDir(name string) string {
-	return filepath.Join("/var/lib/canopy-local", name)
+	return filepath.Join(defaultStateRoot, name)
 }
+
+// defaultStateRoot holds the state directories of clusters that name no
+// directory of their own.
+const defaultStateRoot = "/var/lib/canopy-local"
 
 // nth returns the n-th address of p (0 is p's first).
 func nth(p netip.Prefix, n int) netip.Addr {

@@ -59,5 +59,21 @@ func Down(_ context.Context, dir string) error {
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("remove state directory: %w", err)
 	}
+	removeLeftovers(dir, defaultStateRoot, cniHostPaths)
 	return nil
+}
+
+// removeLeftovers removes what clusters leave on the host around a removed
+// state directory, when nothing else holds it: the mount points of the
+// node-local CNI paths and, for a cluster kept under root, root itself.
+// os.Remove takes only empty directories, so another cluster's state, or a
+// real CNI agent's socket, stays.
+func removeLeftovers(dir, root string, hostPaths []string) {
+	leftovers := hostPaths
+	if filepath.Dir(filepath.Clean(dir)) == filepath.Clean(root) {
+		leftovers = append([]string{root}, leftovers...)
+	}
+	for _, d := range leftovers {
+		_ = os.Remove(d)
+	}
 }
