@@ -394,6 +394,31 @@ func eventually(t *testing.T, what string, f func() bool) {
 	}
 }
 
+// responses counts the responses sent on every stream.
+func (w *wire) responses() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, l := range w.streams {
+		n += len(l.resps)
+	}
+	return n
+}
+
+// settled waits until the client has applied and acknowledged every
+// response the control planes sent: OnACK runs after both, so what the
+// client holds is then what was sent.
+func (p *proxy) settled(t *testing.T, cps ...*controlPlane) {
+	t.Helper()
+	eventually(t, "every response applied and ACKed", func() bool {
+		n := 0
+		for _, cp := range cps {
+			n += cp.wire.responses()
+		}
+		return len(p.acked()) >= n
+	})
+}
+
 // firstRequests returns the first request of each type on stream i, in
 // the order sent, waiting for both.
 func firstRequests(t *testing.T, w *wire, i int) []*discoveryv3.DeltaDiscoveryRequest {
@@ -526,6 +551,7 @@ func TestApplyAndACK(t *testing.T) {
 		t.Error("service lost")
 	}
 
+	p.settled(t, cp)
 	l := cp.wire.stream(0)
 	for _, typ := range []string{workloadapi.AddressTypeURL, workloadapi.AuthorizationTypeURL} {
 		if diff := cmp.Diff(versions(l, typ, nil), p.client.Versions(typ)); diff != "" {
@@ -536,26 +562,30 @@ func TestApplyAndACK(t *testing.T) {
 		t.Error("a removed workload is still held")
 	}
 	// Every response is ACKed on the wire and to OnACK, by type and nonce.
-	var wantACKs []ack
-	for _, r := range l.resps {
-		wantACKs = append(wantACKs, ack{typeURL: r.GetTypeUrl(), nonce: r.GetNonce()})
-	}
-	eventually(t, "every response ACKed", func() bool { return len(p.acked()) == len(wantACKs) })
+	var wantACKs, gotACKs []ack
+	eventually(t, "every response ACKed", func() bool {
+		l := cp.wire.stream(0)
+		wantACKs, gotACKs = nil, nil
+		for _, r := range l.resps {
+			wantACKs = append(wantACKs, ack{typeURL: r.GetTypeUrl(), nonce: r.GetNonce()})
+		}
+		for _, r := range l.reqs {
+			if r.GetResponseNonce() != "" {
+				gotACKs = append(gotACKs, ack{typeURL: r.GetTypeUrl(), nonce: r.GetResponseNonce()})
+			}
+		}
+		return len(p.acked()) >= len(wantACKs) && len(gotACKs) >= len(wantACKs)
+	})
 	if diff := cmp.Diff(wantACKs, p.acked(), cmp.AllowUnexported(ack{})); diff != "" {
 		t.Errorf("OnACK calls (-want +got):\n%s", diff)
 	}
-	var gotACKs []ack
-	for _, r := range cp.wire.stream(0).reqs {
-		if r.GetResponseNonce() == "" {
-			continue
-		}
-		if r.GetErrorDetail() != nil || r.GetNode() != nil || len(r.GetResourceNamesSubscribe()) > 0 {
-			t.Errorf("ACK carries more than type and nonce: %v", r)
-		}
-		gotACKs = append(gotACKs, ack{typeURL: r.GetTypeUrl(), nonce: r.GetResponseNonce()})
-	}
 	if diff := cmp.Diff(wantACKs, gotACKs, cmp.AllowUnexported(ack{})); diff != "" {
 		t.Errorf("ACKs on the wire (-want +got):\n%s", diff)
+	}
+	for _, r := range cp.wire.stream(0).reqs {
+		if r.GetResponseNonce() != "" && (r.GetErrorDetail() != nil || r.GetNode() != nil || len(r.GetResourceNamesSubscribe()) > 0) {
+			t.Errorf("ACK carries more than type and nonce: %v", r)
+		}
 	}
 }
 
@@ -596,11 +626,14 @@ func TestNACKKeepsGoodState(t *testing.T) {
 		t.Errorf("OnACK rejected %v of %s, want only %s", nack.rejected, nack.typeURL, localUID)
 	}
 	var sent *discoveryv3.DeltaDiscoveryRequest
-	for _, r := range cp.wire.stream(0).reqs {
-		if r.GetResponseNonce() == nack.nonce {
-			sent = r
+	eventually(t, "the NACK reaches the server", func() bool {
+		for _, r := range cp.wire.stream(0).reqs {
+			if r.GetResponseNonce() == nack.nonce {
+				sent = r
+			}
 		}
-	}
+		return sent != nil
+	})
 	wantMsg := localUID + `: address is named "` + remoteUID + `"`
 	if sent.GetErrorDetail().GetCode() != 3 || sent.GetErrorDetail().GetMessage() != wantMsg || sent.GetTypeUrl() != workloadapi.AddressTypeURL {
 		t.Errorf("NACK = %v, want type Address, code 3, message %q", sent, wantMsg)
@@ -674,6 +707,7 @@ func TestOnDemand(t *testing.T) {
 	eventually(t, "looked-up workload updated", func() bool { return p.table.Has("/10.244.2.21") })
 	src.removeAddress(remoteUID)
 	eventually(t, "looked-up workload removed", func() bool { return p.table.Workload(remoteUID) == nil })
+	p.settled(t, cp)
 	if _, held := p.client.Versions(workloadapi.AddressTypeURL)[remoteUID]; held {
 		t.Error("removed workload still held")
 	}
@@ -747,6 +781,7 @@ func TestReconnect(t *testing.T) {
 	p.run(t)
 	p.ready(t)
 	eventually(t, "the whole table arrives", func() bool { return len(p.table.Snapshot().Workloads) == 2 })
+	p.settled(t, cp)
 	held := map[string]map[string]string{}
 	for _, typ := range []string{workloadapi.AddressTypeURL, workloadapi.AuthorizationTypeURL} {
 		held[typ] = p.client.Versions(typ)
@@ -769,6 +804,7 @@ func TestReconnect(t *testing.T) {
 	eventually(t, "the changes arrive", func() bool {
 		return p.table.Workload(remoteUID) == nil && p.table.Has("/10.244.1.11")
 	})
+	p.settled(t, cp, restarted)
 	l := restarted.wire.stream(0)
 	var resent []string
 	for _, r := range l.resps {
