@@ -66,8 +66,9 @@ func policy(name string, action security.Action) *security.Authorization {
 	return &security.Authorization{Name: name, Namespace: "apps", Scope: security.Scope_NAMESPACE, Action: action}
 }
 
-// source is an in-memory table for the controller's xDS server. Changes go
-// through set and remove, which tell the server as the informers would.
+// source is an in-memory table for the controller's xDS server. Changes
+// made through its put and remove methods tell the server, as the
+// informers would.
 type source struct {
 	mu     sync.Mutex
 	addrs  map[string]*workloadapi.Address
