@@ -154,6 +154,10 @@ func (c *Client) stream(ctx context.Context) (received bool, err error) {
 		defer sendMu.Unlock()
 		return st.Send(r)
 	}
+	// The first requests go out before any other: a Lookup that finds the
+	// new sender waits on sendMu until they are sent, else its subscribe
+	// could open the stream without the node and the server would end it.
+	sendMu.Lock()
 	c.mu.Lock()
 	first := c.initialRequests()
 	c.send = send
@@ -164,10 +168,12 @@ func (c *Client) stream(ctx context.Context) (received bool, err error) {
 		c.mu.Unlock()
 	}()
 	for _, r := range first {
-		if err := send(r); err != nil {
+		if err := st.Send(r); err != nil {
+			sendMu.Unlock()
 			return false, err
 		}
 	}
+	sendMu.Unlock()
 	for {
 		resp, err := st.Recv()
 		if err != nil {

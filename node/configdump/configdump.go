@@ -193,9 +193,11 @@ func Policies(s workloadtable.Snapshot) []Policy {
 		x := Policy{Name: p.GetName(), Namespace: p.GetNamespace(), Scope: titleCase(p.GetScope().String()),
 			Action: titleCase(p.GetAction().String()), DryRun: p.GetDryRun(), Rules: [][][]map[string]any{}}
 		for _, r := range p.GetRules() {
-			var clauses [][]map[string]any
+			// Empty lists, never null: an empty rule (rules: [{}], allow
+			// all) is [[]], as ztunnel shows it.
+			clauses := [][]map[string]any{}
 			for _, c := range r.GetClauses() {
-				var ms []map[string]any
+				ms := []map[string]any{}
 				for _, m := range c.GetMatches() {
 					ms = append(ms, match(m))
 				}
