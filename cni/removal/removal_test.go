@@ -21,7 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/canopy-mesh/canopy/cni/removal"
-	"github.com/canopy-mesh/canopy/internal/testenv"
+	"github.com/canopy-mesh/canopy/internal/testing/testenv"
 )
 
 var env *testenv.Environment

@@ -16,7 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/emptypb"
 
-	"github.com/canopy-mesh/canopy/internal/golden"
+	"github.com/canopy-mesh/canopy/internal/testing/golden"
 	"github.com/canopy-mesh/canopy/internal/workloadtable"
 	"github.com/canopy-mesh/canopy/node/configdump"
 	"github.com/canopy-mesh/canopy/workloadapi"
