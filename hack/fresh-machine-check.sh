@@ -16,6 +16,7 @@
 #   hack/fresh-machine-check.sh --prepare  # only build the cached root filesystem
 #   hack/fresh-machine-check.sh --shell    # a shell in the prepared root instead of the tests
 #   FRESH_KEEP=1 hack/fresh-machine-check.sh   # keep the root filesystem afterwards
+#   FRESH_CMD='make test GOTESTFLAGS=-run=TestX' hack/fresh-machine-check.sh   # another command than .ci/run
 #
 # A one-off check, run by hand and reported in the issue notes; it is not part
 # of `make test` (CI has no time for it).
@@ -80,6 +81,9 @@ inside() {
 	shift
 	unshare --mount --propagation private $net -- bash -euo pipefail -c '
 		root=$1 gomodcache=$2 gocache=$3 cache=$4; shift 4
+		# The root must be a mount point, as on a machine: the local
+		# cluster makes every mount below "/" a slave of the host.
+		mount --bind "$root" "$root"
 		mount --rbind /dev "$root/dev"
 		mount -t proc proc "$root/proc"
 		mount -t sysfs sysfs "$root/sys"
@@ -111,8 +115,8 @@ fi
 # The tests run without the network (modules come from the cache) in a
 # network namespace of their own.
 start=$(date +%s)
-if inside --net 'GOPROXY=off .ci/run'; then
-	echo "fresh-machine-check: PASS: .ci/run on a clean $suite root in $(( $(date +%s) - start )) s" >&2
+if inside --net "GOPROXY=off ${FRESH_CMD:-.ci/run}"; then
+	echo "fresh-machine-check: PASS: ${FRESH_CMD:-.ci/run} on a clean $suite root in $(( $(date +%s) - start )) s" >&2
 else
 	rc=$?
 	echo "fresh-machine-check: FAIL ($rc) after $(( $(date +%s) - start )) s" >&2
