@@ -202,11 +202,7 @@ func (m *Manager) record(id workloadapi.Identity, e *entry, cert *Cert, err erro
 	now := m.cfg.Now()
 	if err != nil {
 		e.err = err
-		if e.retry == 0 {
-			e.retry = m.cfg.RetryMin
-		} else {
-			e.retry = min(2*e.retry, m.cfg.RetryMax)
-		}
+		e.retry = nextRetry(e.retry, m.cfg.RetryMin, m.cfg.RetryMax)
 		e.renewAt = now.Add(e.retry)
 		if e.cert != nil && now.After(e.cert.NotAfter()) {
 			e.cert = nil // expired: no certificate beats a dead one
@@ -214,11 +210,26 @@ func (m *Manager) record(id workloadapi.Identity, e *entry, cert *Cert, err erro
 		m.log.Warn("certificate request failed; keeping the current one", "identity", id.String(), "err", err, "retry_in", e.retry)
 		return
 	}
-	e.cert, e.err, e.retry = cert, nil, 0
-	life := cert.NotAfter().Sub(cert.Chain[0].NotBefore)
-	// Half-life, minus up to a tenth of the lifetime so a node's
-	// identities do not all renew at once.
-	e.renewAt = cert.Chain[0].NotBefore.Add(life/2 - time.Duration(mathrand.Int64N(int64(life/10)+1)))
+	if !cert.NotAfter().After(now) {
+		// An expired leaf (a CA past its own expiry issues those) is no
+		// certificate: keep what we have and retry with backoff rather
+		// than renewing in a loop.
+		m.record(id, e, nil, fmt.Errorf("the CA issued a certificate that expired at %s", cert.NotAfter().UTC().Format(time.RFC3339)))
+		return
+	}
+	e.cert, e.err = cert, nil
+	e.renewAt = renewalAt(cert.Chain[0].NotBefore, cert.NotAfter(), now, mathrand.Int64N)
+	if e.renewAt.Equal(now) {
+		// Valid, but already past its half-life (a CA with little life
+		// left, a clock ahead of the CA's): use it and renew soon, backing
+		// off so a CA that keeps answering this way is not asked in a loop.
+		e.retry = nextRetry(e.retry, m.cfg.RetryMin, m.cfg.RetryMax)
+		e.renewAt = now.Add(e.retry)
+		m.log.Warn("certificate is past its renewal time when issued", "identity", id.String(),
+			"not_after", cert.NotAfter().UTC().Format(time.RFC3339), "retry_in", e.retry)
+	} else {
+		e.retry = 0
+	}
 	m.expiry.WithLabelValues(id.String()).Set(float64(cert.NotAfter().Unix()))
 	if cert.Root != nil && !containsCert(m.roots, cert.Root) {
 		m.roots = append(m.roots, cert.Root)

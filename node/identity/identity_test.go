@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -163,4 +164,35 @@ func rootsOf(c *x509.Certificate) *x509.CertPool {
 	p := x509.NewCertPool()
 	p.AddCert(c)
 	return p
+}
+
+// An expired CA issues leaves that expired before they were valid; the
+// manager must refuse them (no certificate, a clear error), retry with
+// backoff rather than in a loop, and never panic.
+func TestExpiredCAIssuesNothingUsable(t *testing.T) {
+	m, signer, clk, _ := setup(t)
+	expired, err := pki.NewSelfSigned("cluster.local", time.Hour, clk.now().Add(-3*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer.mu.Lock()
+	signer.auth = expired
+	signer.mu.Unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go m.Run(ctx)
+	m.Add(web)
+	_, err = m.Get(ctx, web)
+	if err == nil || !strings.Contains(err.Error(), "expired") {
+		t.Fatalf("Get = %v, want an error about an expired certificate", err)
+	}
+	// RetryMax is 4 ms: in 200 ms a loop would ask thousands of times,
+	// backoff about fifty.
+	time.Sleep(200 * time.Millisecond)
+	signer.mu.Lock()
+	calls := signer.calls
+	signer.mu.Unlock()
+	if calls > 100 {
+		t.Errorf("the CA was asked %d times in 200ms: renewal is looping", calls)
+	}
 }
