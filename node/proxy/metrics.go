@@ -23,8 +23,18 @@ const (
 	flagDenied = "DENY"
 )
 
+// Values of canopy_node_connections_refused_total's reason label.
+const (
+	// reasonSelfCall: the destination was the proxy itself
+	// (route.ErrSelfCall).
+	reasonSelfCall = "self_call"
+)
+
 type metrics struct {
 	opened, closed, sent, received *prometheus.CounterVec
+	// refused counts connections the proxy closed before carrying them,
+	// for reasons other than policy (those are DENY above).
+	refused *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -36,8 +46,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		closed:   mk("istio_tcp_connections_closed_total", "TCP connections closed."),
 		sent:     mk("istio_tcp_sent_bytes_total", "Bytes sent to the destination during TCP connections."),
 		received: mk("istio_tcp_received_bytes_total", "Bytes received from the destination during TCP connections."),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "canopy_node_connections_refused_total",
+			Help: "Connections the node proxy refused before carrying them, by reason."}, []string{"reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.opened, m.closed, m.sent, m.received} {
+	for _, c := range []prometheus.Collector{m.opened, m.closed, m.sent, m.received, m.refused} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -130,6 +130,10 @@ func (p *Proxy) outbound(c net.Conn, pod *inpod.Pod, src *workloadapi.Workload) 
 	}
 	ctx := context.Background()
 	r, err := route.Decide(p.Table, src, dst, mathrand.IntN)
+	if errors.Is(err, route.ErrSelfCall) {
+		p.refuseSelfCall(c.RemoteAddr(), dst.String(), err)
+		return
+	}
 	if err != nil {
 		p.Log.Info("no route", "to", dst.String(), "err", err)
 		return
@@ -282,6 +286,10 @@ func (p *Proxy) admit(ctx context.Context, authority string, pod *inpod.Pod, sel
 	if err != nil || dst.Addr() != firstIP(self) {
 		return 400, nil
 	}
+	if err := route.CheckInbound(dst); err != nil {
+		p.refuseSelfCall(net.TCPAddrFromAddrPort(netip.AddrPortFrom(c.Src, 0)), authority, err)
+		return 400, nil
+	}
 	c.Dst, c.DstPort = dst.Addr(), dst.Port()
 	d := authz.Evaluate(authz.Applicable(p.Table.Policies(), self), c)
 	if !d.Allow {
@@ -313,6 +321,13 @@ func (p *Proxy) deny(self *workloadapi.Workload, c authz.Conn, authority string,
 		"src", c.Src.String(), "src_workload", podName(srcW), "src_identity", conn.srcID,
 		"dst", authority, "dst_workload", podName(self),
 		"policy", d.Policy, "reason", d.Reason)
+}
+
+// refuseSelfCall logs and counts a connection whose destination is the
+// proxy itself.
+func (p *Proxy) refuseSelfCall(from net.Addr, to string, err error) {
+	p.metrics.refused.WithLabelValues(reasonSelfCall).Inc()
+	p.Log.Info("connection to the proxy itself refused", "src", from.String(), "dst", to, "err", err)
 }
 
 // podName is "<namespace>/<name>" of a workload, or "unknown".

@@ -77,17 +77,33 @@ func packets(t *testing.T, ns string, port int) int {
 // sockets, talk through HBONE with mTLS; what crosses the link is TLS to
 // 15008, never the app's plaintext port; policies decide by the client's
 // SPIFFE identity.
-func TestPodToPodThroughHBONE(t *testing.T) {
-	pair := nettest.NewPair(t, netip.MustParsePrefix("10.221.0.0/24"))
-	clientNS, serverNS := pair.A, pair.B
-	for _, ns := range []string{clientNS, serverNS} {
+// mesh is two enrolled pods (client and server) on a veth pair, served
+// by one proxy, with an echo app on the server's 8080.
+type mesh struct {
+	pair               nettest.Pair
+	clientNS, serverNS string
+	clientW, serverW   *workloadapi.Workload
+	table              *workloadtable.Table
+	proxy              *Proxy
+	reg                *prometheus.Registry
+	// pods are the proxy's presence in each namespace, by path.
+	pods map[string]*inpod.Pod
+	// peers receives the address each app connection came from.
+	peers chan string
+}
+
+func newMesh(t *testing.T, subnet string) *mesh {
+	t.Helper()
+	pair := nettest.NewPair(t, netip.MustParsePrefix(subnet))
+	m := &mesh{pair: pair, clientNS: pair.A, serverNS: pair.B, pods: map[string]*inpod.Pod{}, peers: make(chan string, 64)}
+	for _, ns := range []string{m.clientNS, m.serverNS} {
 		if err := (redirect.Nftables{}).Enroll(ns, redirect.DefaultPodConfig()); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// Count what arrives at the server pod, before any capture.
 	script := "table inet canopy-test {\n chain count {\n  type filter hook prerouting priority -400; policy accept;\n  iifname != \"lo\" tcp dport 8080 counter\n  iifname != \"lo\" tcp dport 15008 counter\n }\n}\n"
-	if out := nettest.In(t, serverNS, func() ([]byte, error) {
+	if out := nettest.In(t, m.serverNS, func() ([]byte, error) {
 		cmd := exec.Command("nft", "-f", "-")
 		cmd.Stdin = strings.NewReader(script)
 		return cmd.CombinedOutput()
@@ -104,25 +120,25 @@ func TestPodToPodThroughHBONE(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clientW, serverW := workload("c", "client", pair.AddrA), workload("s", "server", pair.AddrB)
-	table := workloadtable.New()
-	table.Apply(workloadapi.AddressTypeURL, []*discoveryv3.Resource{
-		resource(t, workloadapi.AddressTypeURL, "c", &workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: clientW}}),
-		resource(t, workloadapi.AddressTypeURL, "s", &workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: serverW}}),
+	m.clientW, m.serverW = workload("c", "client", pair.AddrA), workload("s", "server", pair.AddrB)
+	m.table = workloadtable.New()
+	m.table.Apply(workloadapi.AddressTypeURL, []*discoveryv3.Resource{
+		resource(t, workloadapi.AddressTypeURL, "c", &workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: m.clientW}}),
+		resource(t, workloadapi.AddressTypeURL, "s", &workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: m.serverW}}),
 	}, nil)
-	for _, w := range []*workloadapi.Workload{clientW, serverW} {
+	for _, w := range []*workloadapi.Workload{m.clientW, m.serverW} {
 		certs.Add(workloadapi.WorkloadIdentity(w))
 	}
-	reg := prometheus.NewRegistry()
-	p, err := New(table, certs, "Kubernetes", reg, log)
+	m.reg = prometheus.NewRegistry()
+	m.proxy, err = New(m.table, certs, "Kubernetes", m.reg, log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
+	t.Cleanup(m.proxy.Close)
 	for _, x := range []struct {
 		ns string
 		w  *workloadapi.Workload
-	}{{clientNS, clientW}, {serverNS, serverW}} {
+	}{{m.clientNS, m.clientW}, {m.serverNS, m.serverW}} {
 		f, err := os.Open(x.ns)
 		if err != nil {
 			t.Fatal(err)
@@ -131,13 +147,13 @@ func TestPodToPodThroughHBONE(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer pod.Close()
-		p.ServePod(pod, x.w)
+		t.Cleanup(func() { pod.Close() })
+		m.pods[x.ns] = pod
+		m.proxy.ServePod(pod, x.w)
 	}
 	// The server app echoes.
-	app := nettest.In(t, serverNS, func() (net.Listener, error) { return net.Listen("tcp4", ":8080") })
-	defer app.Close()
-	peers := make(chan string, 64)
+	app := nettest.In(t, m.serverNS, func() (net.Listener, error) { return net.Listen("tcp4", ":8080") })
+	t.Cleanup(func() { app.Close() })
 	go func() {
 		for {
 			c, err := app.Accept()
@@ -145,25 +161,51 @@ func TestPodToPodThroughHBONE(t *testing.T) {
 				return
 			}
 			select {
-			case peers <- c.RemoteAddr().(*net.TCPAddr).IP.String():
+			case m.peers <- c.RemoteAddr().(*net.TCPAddr).IP.String():
 			default:
 			}
 			go func() { _, _ = io.Copy(c, c); c.Close() }()
 		}
 	}()
-	call := func() (string, error) {
-		c := nettest.In(t, clientNS, func() (net.Conn, error) {
-			return net.DialTimeout("tcp4", pair.AddrB.String()+":8080", 3*time.Second)
-		})
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		if _, err := c.Write([]byte("hello through the mesh")); err != nil {
-			return "", err
-		}
-		_ = c.(*net.TCPConn).CloseWrite()
-		b, err := io.ReadAll(c)
-		return string(b), err
+	return m
+}
+
+// call sends a message from the client pod to the server's echo app and
+// returns the answer.
+func (m *mesh) call(t *testing.T) (string, error) {
+	return m.send(t, m.clientNS, m.pair.AddrB.String()+":8080", "hello through the mesh")
+}
+
+// send connects from inside ns to addr, writes msg, half-closes and reads
+// the answer to the end.
+func (m *mesh) send(t *testing.T, ns, addr, msg string) (string, error) {
+	t.Helper()
+	type dialed struct {
+		c   net.Conn
+		err error
 	}
+	d := nettest.In(t, ns, func() (dialed, error) {
+		c, err := net.DialTimeout("tcp4", addr, 3*time.Second)
+		return dialed{c, err}, nil
+	})
+	if d.err != nil {
+		return "", d.err
+	}
+	c := d.c
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write([]byte(msg)); err != nil {
+		return "", err
+	}
+	_ = c.(*net.TCPConn).CloseWrite()
+	b, err := io.ReadAll(c)
+	return string(b), err
+}
+
+func TestPodToPodThroughHBONE(t *testing.T) {
+	m := newMesh(t, "10.221.0.0/24")
+	p, table, pair, serverNS, peers := m.proxy, m.table, m.pair, m.serverNS, m.peers
+	call := func() (string, error) { return m.call(t) }
 
 	t.Run("echo crosses as TLS to 15008 only", func(t *testing.T) {
 		got, err := call()

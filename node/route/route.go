@@ -52,8 +52,20 @@ const hbonePort = 15008
 
 // Decide routes a connection from src to dst; pick chooses one of n
 // candidates (random in production, fixed in tests).
+// A destination that is the proxy itself fails with ErrSelfCall.
 func Decide(t Table, src *workloadapi.Workload, dst netip.AddrPort, pick func(n int) int) (Route, error) {
 	w, svc := t.ByAddress(src.GetNetwork(), dst.Addr())
+	r, err := decide(t, src, dst, w, svc, pick)
+	if err != nil {
+		return Route{}, err
+	}
+	if err := checkOutbound(src, dst, w != nil || svc != nil, r); err != nil {
+		return Route{}, err
+	}
+	return r, nil
+}
+
+func decide(t Table, src *workloadapi.Workload, dst netip.AddrPort, w *workloadapi.Workload, svc *workloadapi.Service, pick func(n int) int) (Route, error) {
 	if svc != nil {
 		// 1. A service's waypoint gets the traffic, addressed to the VIP.
 		if wp := svc.GetWaypoint(); wp != nil && !isWaypoint(src, wp, t) {
