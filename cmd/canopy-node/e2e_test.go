@@ -184,7 +184,11 @@ func TestWholeMesh(t *testing.T) {
 	}
 
 	// Per node: its proxy's pod and token, a CNI agent (host rules in a
-	// namespace of their own) and a node proxy.
+	// namespace of their own) and a node proxy. The client's proxy
+	// subscribes on demand: it holds its own node's workloads and must
+	// look the server up before carrying the client's connection over
+	// mTLS; the server's proxy holds the whole table.
+	onDemandNode := nodeA
 	admins := map[string]string{}
 	proxies := map[string]func(int) func(){}
 	stops := map[string]func(){}
@@ -216,17 +220,21 @@ func TestWholeMesh(t *testing.T) {
 			"--system-namespace="+sys, "--reconcile-period=1s")
 		startProxy := func(gen int) func() {
 			admins[node] = freeAddr(t)
-			return process(t, fmt.Sprintf("node-%s-%d", node, gen), bins["canopy-node"], "--xds-address="+secure, "--xds-server-name=canopy-controller."+sys+".svc",
-				"--root-cert="+rootPath, "--token="+tokenPath, "--zds-socket="+zdsSock, "--node-name="+node, "--pod-name="+proxyPod.Name,
-				"--pod-namespace="+sys, "--instance-ip="+proxyIP.String(), "--admin-addr="+admins[node], "--metrics-addr="+freeAddr(t),
-				"--readiness-addr="+freeAddr(t), "--drain-period=1s")
+			args := []string{bins["canopy-node"], "--xds-address=" + secure, "--xds-server-name=canopy-controller." + sys + ".svc",
+				"--root-cert=" + rootPath, "--token=" + tokenPath, "--zds-socket=" + zdsSock, "--node-name=" + node, "--pod-name=" + proxyPod.Name,
+				"--pod-namespace=" + sys, "--instance-ip=" + proxyIP.String(), "--admin-addr=" + admins[node], "--metrics-addr=" + freeAddr(t),
+				"--readiness-addr=" + freeAddr(t), "--drain-period=1s"}
+			if node == onDemandNode {
+				args = append(args, "--on-demand")
+			}
+			return process(t, fmt.Sprintf("node-%s-%d", node, gen), args...)
 		}
 		proxies[node] = startProxy
 		stops[node] = startProxy(0)
 	}
 
 	// Each node proxy serves its pod with the pod's own identity, and sees
-	// both pods as HBONE workloads.
+	// the pods it holds as HBONE workloads: both, or only its own on demand.
 	for node, want := range map[string]string{nodeA: "client", nodeB: "server"} {
 		eventually.Within(t, settle, "node proxy of "+node+" serves its pod over HBONE", func() bool {
 			resp, err := http.Get("http://" + admins[node] + "/config_dump")
@@ -249,7 +257,11 @@ func TestWholeMesh(t *testing.T) {
 					hbone++
 				}
 			}
-			return hbone == 2 && len(d.Certificates) == 1 && d.Certificates[0].Identity == "spiffe://cluster.local/ns/"+apps+"/sa/"+want
+			held := 2
+			if node == onDemandNode {
+				held = 1
+			}
+			return hbone == held && len(d.Certificates) == 1 && d.Certificates[0].Identity == "spiffe://cluster.local/ns/"+apps+"/sa/"+want
 		})
 	}
 

@@ -48,6 +48,7 @@ type config struct {
 	nodeName, podName, podNS    string
 	instanceIP                  netip.Addr
 	onDemand                    bool
+	lookupTimeout               time.Duration
 	adminAddr, metricsAddr      string
 	readyAddr                   string
 	certTTL, drain              time.Duration
@@ -87,6 +88,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.podNS, "pod-namespace", env("POD_NAMESPACE"), "this proxy's namespace ($POD_NAMESPACE)")
 	ip := fs.String("instance-ip", env("INSTANCE_IP"), "this proxy's pod IP ($INSTANCE_IP)")
 	fs.BoolVar(&c.onDemand, "on-demand", env("XDS_ON_DEMAND") == "true", "subscribe to addresses on demand ($XDS_ON_DEMAND)")
+	fs.DurationVar(&c.lookupTimeout, "on-demand-timeout", proxy.DefaultLookupTimeout, "with --on-demand, how long a connection waits for its destination to be looked up before it is refused")
 	fs.StringVar(&c.adminAddr, "admin-addr", "127.0.0.1:15000", "admin port (config_dump, quitquitquit, pprof)")
 	fs.StringVar(&c.metricsAddr, "metrics-addr", ":15020", "Prometheus port")
 	fs.StringVar(&c.readyAddr, "readiness-addr", ":15021", "readiness port (/healthz/ready)")
@@ -126,6 +128,9 @@ func parseFlags(args []string) (config, error) {
 	}
 	if c.certTTL < time.Minute || c.drain < 0 {
 		return c, errors.New("--cert-ttl must be at least a minute and --drain-period not negative")
+	}
+	if c.lookupTimeout <= 0 {
+		return c, errors.New("--on-demand-timeout must be positive")
 	}
 	pemBytes, err := os.ReadFile(c.rootCertPath)
 	if err != nil {
@@ -200,6 +205,9 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	px, err := proxy.New(table, certs, cfg.clusterID, registry, log)
 	if err != nil {
 		return err
+	}
+	if cfg.onDemand {
+		px.OnDemand, px.LookupTimeout = xc, cfg.lookupTimeout
 	}
 	defer px.Close()
 	set := &pods.Set{Node: cfg.nodeName, Workloads: table, Certs: certs, Server: px, Log: log, ClusterID: cfg.clusterID, TrustDomain: cfg.trustDomain}

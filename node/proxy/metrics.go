@@ -28,6 +28,9 @@ const (
 	// reasonSelfCall: the destination was the proxy itself
 	// (route.ErrSelfCall).
 	reasonSelfCall = "self_call"
+	// reasonLookupFailed: in on-demand mode, the destination was not
+	// known in time.
+	reasonLookupFailed = "lookup_failed"
 )
 
 type metrics struct {

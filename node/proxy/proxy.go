@@ -58,12 +58,27 @@ type Certs interface {
 	Roots() *x509.CertPool
 }
 
+// Resolver looks an address up on demand (docs/wire-contract.md §2.3);
+// *xdsclient.Client implements it.
+type Resolver interface {
+	Lookup(ctx context.Context, key string) (found bool, err error)
+}
+
+// DefaultLookupTimeout bounds how long a connection waits for an
+// on-demand lookup before it is refused.
+const DefaultLookupTimeout = 5 * time.Second
+
 // Proxy carries the traffic of the node's pods.
 type Proxy struct {
 	Table     Table
 	Certs     Certs
 	ClusterID string
 	Log       *slog.Logger
+	// OnDemand, when set, is asked for destinations the table does not
+	// hold (the table then holds only what was looked up), for at most
+	// LookupTimeout (DefaultLookupTimeout when zero).
+	OnDemand      Resolver
+	LookupTimeout time.Duration
 	pool      *pool
 	metrics   *metrics
 
@@ -129,6 +144,13 @@ func (p *Proxy) outbound(c net.Conn, pod *inpod.Pod, src *workloadapi.Workload) 
 		return
 	}
 	ctx := context.Background()
+	if err := p.resolve(ctx, src.GetNetwork(), dst.Addr()); err != nil {
+		// Fail closed: an address not known yet may be a mesh pod that
+		// only accepts mTLS, or a PERMISSIVE one that would take plaintext.
+		p.metrics.refused.WithLabelValues(reasonLookupFailed).Inc()
+		p.Log.Warn("destination unknown: connection refused", "src", c.RemoteAddr().String(), "dst", dst.String(), "err", err)
+		return
+	}
 	r, err := route.Decide(p.Table, src, dst, mathrand.IntN)
 	if errors.Is(err, route.ErrSelfCall) {
 		p.refuseSelfCall(c.RemoteAddr(), dst.String(), err)
@@ -188,6 +210,29 @@ func (p *Proxy) outbound(c net.Conn, pod *inpod.Pod, src *workloadapi.Workload) 
 	done := p.metrics.open(connection{reporter: "source", src: src, dst: r.Workload, srcID: principal(srcID), dstID: principal(dstID), securityPolicy: "mutual_tls"})
 	sent, received, _ := hbone.Splice(c, s)
 	done(sent, received)
+}
+
+// resolve makes sure the table knows ip before routing: in on-demand mode
+// an address it does not hold is looked up, and the connection waits for
+// the answer. Not found is an answer (the address is outside the mesh);
+// no answer in time is an error.
+func (p *Proxy) resolve(ctx context.Context, network string, ip netip.Addr) error {
+	if p.OnDemand == nil {
+		return nil
+	}
+	if w, svc := p.Table.ByAddress(network, ip); w != nil || svc != nil {
+		return nil
+	}
+	timeout := p.LookupTimeout
+	if timeout <= 0 {
+		timeout = DefaultLookupTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if _, err := p.OnDemand.Lookup(ctx, workloadapi.IPKey(network, ip)); err != nil {
+		return fmt.Errorf("on-demand lookup of %s: %w", ip, err)
+	}
+	return nil
 }
 
 func firstIP(w *workloadapi.Workload) netip.Addr {
