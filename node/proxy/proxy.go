@@ -79,8 +79,8 @@ type Proxy struct {
 	// LookupTimeout (DefaultLookupTimeout when zero).
 	OnDemand      Resolver
 	LookupTimeout time.Duration
-	pool      *pool
-	metrics   *metrics
+	pool          *pool
+	metrics       *metrics
 
 	mu      sync.Mutex
 	inbound map[*hbone.ServerConn]struct{}
