@@ -49,6 +49,7 @@ type config struct {
 	instanceIP                  netip.Addr
 	onDemand                    bool
 	lookupTimeout               time.Duration
+	limits                      proxy.Limits
 	adminAddr, metricsAddr      string
 	readyAddr                   string
 	certTTL, drain              time.Duration
@@ -89,6 +90,12 @@ func parseFlags(args []string) (config, error) {
 	ip := fs.String("instance-ip", env("INSTANCE_IP"), "this proxy's pod IP ($INSTANCE_IP)")
 	fs.BoolVar(&c.onDemand, "on-demand", env("XDS_ON_DEMAND") == "true", "subscribe to addresses on demand ($XDS_ON_DEMAND)")
 	fs.DurationVar(&c.lookupTimeout, "on-demand-timeout", proxy.DefaultLookupTimeout, "with --on-demand, how long a connection waits for its destination to be looked up before it is refused")
+	def := proxy.DefaultLimits()
+	fs.IntVar(&c.limits.MaxConnections, "max-connections", def.MaxConnections, "accepted connections held open at once, node-wide; more are closed at once")
+	fs.IntVar(&c.limits.MaxConnectionsPerPod, "max-connections-per-pod", def.MaxConnectionsPerPod, "accepted connections held open at once for one pod")
+	fs.DurationVar(&c.limits.HandshakeTimeout, "handshake-timeout", def.HandshakeTimeout, "limit on an inbound mTLS handshake on 15008")
+	fs.DurationVar(&c.limits.DialTimeout, "dial-timeout", def.DialTimeout, "limit on an outbound connection's set-up (TCP, and mTLS for HBONE)")
+	fs.DurationVar(&c.limits.ConnectTimeout, "connect-timeout", def.ConnectTimeout, "limit on the wait for an HBONE CONNECT's answer")
 	fs.StringVar(&c.adminAddr, "admin-addr", "127.0.0.1:15000", "admin port (config_dump, quitquitquit, pprof)")
 	fs.StringVar(&c.metricsAddr, "metrics-addr", ":15020", "Prometheus port")
 	fs.StringVar(&c.readyAddr, "readiness-addr", ":15021", "readiness port (/healthz/ready)")
@@ -129,8 +136,16 @@ func parseFlags(args []string) (config, error) {
 	if c.certTTL < time.Minute || c.drain < 0 {
 		return c, errors.New("--cert-ttl must be at least a minute and --drain-period not negative")
 	}
-	if c.lookupTimeout <= 0 {
-		return c, errors.New("--on-demand-timeout must be positive")
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"--on-demand-timeout", c.lookupTimeout}, {"--handshake-timeout", c.limits.HandshakeTimeout}, {"--dial-timeout", c.limits.DialTimeout}, {"--connect-timeout", c.limits.ConnectTimeout}} {
+		if d.v <= 0 {
+			return c, fmt.Errorf("%s must be positive, got %s", d.flag, d.v)
+		}
+	}
+	if c.limits.MaxConnections <= 0 || c.limits.MaxConnectionsPerPod <= 0 {
+		return c, errors.New("--max-connections and --max-connections-per-pod must be positive")
 	}
 	pemBytes, err := os.ReadFile(c.rootCertPath)
 	if err != nil {
@@ -206,6 +221,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	px.Limits = cfg.limits
 	if cfg.onDemand {
 		px.OnDemand, px.LookupTimeout = xc, cfg.lookupTimeout
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/canopy-mesh/canopy/ca/pki"
+	"github.com/canopy-mesh/canopy/node/proxy"
 )
 
 func TestParseFlags(t *testing.T) {
@@ -29,7 +30,7 @@ func TestParseFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.caAddr != c.xdsAddr || c.serverName != "canopy-controller.istio-system.svc" || len(c.roots) != 1 {
+	if c.caAddr != c.xdsAddr || c.serverName != "canopy-controller.istio-system.svc" || len(c.roots) != 1 || c.limits != proxy.DefaultLimits() {
 		t.Errorf("defaults: %+v", c)
 	}
 	for _, tt := range []struct {
@@ -44,6 +45,9 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--token=" + filepath.Join(dir, "none")}, "--token"},
 		{[]string{"--cert-ttl=1s"}, "--cert-ttl"},
 		{[]string{"--log-level=loud"}, "--log-level"},
+		{[]string{"--handshake-timeout=0s"}, "--handshake-timeout must be positive"},
+		{[]string{"--on-demand-timeout=-1s"}, "--on-demand-timeout must be positive"},
+		{[]string{"--max-connections-per-pod=0"}, "--max-connections-per-pod must be positive"},
 	} {
 		if _, err := parseFlags(append(append([]string{}, base...), tt.extra...)); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("parseFlags(%v) = %v, want an error containing %q", tt.extra, err, tt.want)

@@ -31,6 +31,15 @@ const (
 	// reasonLookupFailed: in on-demand mode, the destination was not
 	// known in time.
 	reasonLookupFailed = "lookup_failed"
+	// reasonPodLimit and reasonNodeLimit: Limits.MaxConnectionsPerPod or
+	// Limits.MaxConnections was reached.
+	reasonPodLimit  = "pod_connection_limit"
+	reasonNodeLimit = "node_connection_limit"
+	// reasonAcceptError: accepting failed (out of descriptors, memory).
+	reasonAcceptError = "accept_error"
+	// reasonTimeout: a handshake, dial or CONNECT took longer than its
+	// limit.
+	reasonTimeout = "timeout"
 )
 
 type metrics struct {

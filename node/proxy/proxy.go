@@ -18,6 +18,7 @@ import (
 	mathrand "math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -79,6 +80,11 @@ type Proxy struct {
 	// LookupTimeout (DefaultLookupTimeout when zero).
 	OnDemand      Resolver
 	LookupTimeout time.Duration
+	// Limits bound connections; zero fields take DefaultLimits. Set
+	// before the first ServePod.
+	Limits Limits
+	// conns counts accepted connections node-wide.
+	conns counter
 	pool          *pool
 	metrics       *metrics
 
@@ -117,20 +123,65 @@ func (p *Proxy) Drain(grace time.Duration) {
 }
 
 // ServePod serves a pod's listeners until they close; self is the pod's
-// workload.
+// workload. Each accepted connection takes a slot of the pod's and of the
+// node's connection limits, or is closed at once.
 func (p *Proxy) ServePod(pod *inpod.Pod, self *workloadapi.Workload) {
+	lim := p.limits()
+	var podConns counter
 	serve := func(l net.Listener, handle func(net.Conn)) {
+		var backoff time.Duration
 		for {
 			c, err := l.Accept()
-			if err != nil {
+			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			go handle(c)
+			if err != nil {
+				// Out of descriptors or memory: wait and go on, as a
+				// listener that stopped would leave the pod unserved for
+				// good once the pressure is gone.
+				p.metrics.refused.WithLabelValues(reasonAcceptError).Inc()
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				p.Log.Warn("accept failed", "listener", l.Addr().String(), "err", err, "retry_in", backoff)
+				time.Sleep(backoff)
+				continue
+			}
+			backoff = 0
+			if !podConns.acquire(lim.MaxConnectionsPerPod) {
+				p.refuse(c, reasonPodLimit)
+				continue
+			}
+			if !p.conns.acquire(lim.MaxConnections) {
+				podConns.release()
+				p.refuse(c, reasonNodeLimit)
+				continue
+			}
+			go func() {
+				defer podConns.release()
+				defer p.conns.release()
+				handle(c)
+			}()
 		}
 	}
 	go serve(pod.Outbound, func(c net.Conn) { p.outbound(c, pod, self) })
 	go serve(pod.Inbound, func(c net.Conn) { p.inboundPlain(c, pod, self) })
 	go serve(pod.HBONE, func(c net.Conn) { p.inboundHBONE(c, pod, self) })
+}
+
+func (p *Proxy) limits() Limits { return p.Limits.withDefaults() }
+
+// countTimeout counts err if a limit's deadline caused it.
+func (p *Proxy) countTimeout(err error) {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
+		p.metrics.refused.WithLabelValues(reasonTimeout).Inc()
+	}
+}
+
+// refuse closes a connection over a limit, counted by reason; the log is
+// at debug level, as a flood would otherwise flood it too.
+func (p *Proxy) refuse(c net.Conn, reason string) {
+	p.metrics.refused.WithLabelValues(reason).Inc()
+	p.Log.Debug("connection refused", "reason", reason, "src", c.RemoteAddr().String(), "dst", c.LocalAddr().String())
+	c.Close()
 }
 
 // outbound sends one captured connection where routing says
@@ -161,9 +212,13 @@ func (p *Proxy) outbound(c net.Conn, pod *inpod.Pod, src *workloadapi.Workload) 
 		return
 	}
 	srcID := workloadapi.WorkloadIdentity(src)
+	lim := p.limits()
 	if r.Kind == route.TCP {
-		up, err := pod.Dial(ctx, "tcp", r.Addr.String())
+		dctx, cancel := context.WithTimeout(ctx, lim.DialTimeout)
+		up, err := pod.Dial(dctx, "tcp", r.Addr.String())
+		cancel()
 		if err != nil {
+			p.countTimeout(err)
 			return
 		}
 		done := p.metrics.open(connection{reporter: "source", src: src, dst: r.Workload, srcID: principal(srcID), securityPolicy: "unknown"})
@@ -188,14 +243,21 @@ func (p *Proxy) outbound(c net.Conn, pod *inpod.Pod, src *workloadapi.Workload) 
 	headers := p.headers(src, c.RemoteAddr())
 	var s *hbone.Stream
 	for attempt := 0; ; attempt++ {
-		cc, err := p.pool.get(ctx, key, dial)
+		dctx, cancel := context.WithTimeout(ctx, lim.DialTimeout)
+		cc, err := p.pool.get(dctx, key, dial)
+		cancel()
 		if err != nil {
+			p.countTimeout(err)
 			p.Log.Warn("HBONE connection failed", "to", addr, "err", err)
 			return
 		}
-		if s, err = cc.Connect(ctx, r.Authority, headers); err == nil {
+		cctx, cancel := context.WithTimeout(ctx, lim.ConnectTimeout)
+		s, err = cc.Connect(cctx, r.Authority, headers)
+		cancel()
+		if err == nil {
 			break
 		}
+		p.countTimeout(err)
 		// A pooled connection the peer is closing (a drain, a restart)
 		// fails before the stream exists: try a fresh one, once. An
 		// answer from the peer (a status) is final.
@@ -269,13 +331,19 @@ func (p *Proxy) headers(src *workloadapi.Workload, from net.Addr) [][2]string {
 func (p *Proxy) inboundHBONE(raw net.Conn, pod *inpod.Pod, self *workloadapi.Workload) {
 	ctx := context.Background()
 	selfID := workloadapi.WorkloadIdentity(self)
-	cert, err := p.Certs.Get(ctx, selfID)
+	// The handshake's deadline covers waiting for the pod's certificate
+	// too: a peer gets no more time because the CA is slow.
+	hctx, cancel := context.WithTimeout(ctx, p.limits().HandshakeTimeout)
+	defer cancel()
+	cert, err := p.Certs.Get(hctx, selfID)
 	if err != nil {
+		p.countTimeout(err)
 		raw.Close()
 		return
 	}
-	tc, err := hbone.ServerTLS(ctx, raw, serverTLS(cert.TLS(), p.Certs.Roots(), selfID.TrustDomain))
+	tc, err := hbone.ServerTLS(hctx, raw, serverTLS(cert.TLS(), p.Certs.Roots(), selfID.TrustDomain))
 	if err != nil {
+		p.countTimeout(err)
 		p.Log.Info("inbound TLS handshake failed", "from", raw.RemoteAddr().String(), "err", err)
 		return
 	}
@@ -343,6 +411,8 @@ func (p *Proxy) admit(ctx context.Context, authority string, pod *inpod.Pod, sel
 	}
 	// The app sees the client's address where the kernel allows it
 	// (wire contract §5.3, best effort), else the pod's own.
+	ctx, cancel := context.WithTimeout(ctx, p.limits().DialTimeout)
+	defer cancel()
 	up, err := pod.DialFrom(ctx, c.Src, "tcp", authority)
 	if err != nil {
 		if up, err = pod.Dial(ctx, "tcp", authority); err != nil {

@@ -92,7 +92,9 @@ type mesh struct {
 	peers chan string
 }
 
-func newMesh(t *testing.T, subnet string) *mesh {
+// newMesh builds the mesh; configure runs on the proxy before it serves
+// the pods.
+func newMesh(t *testing.T, subnet string, configure ...func(*Proxy)) *mesh {
 	t.Helper()
 	pair := nettest.NewPair(t, netip.MustParsePrefix(subnet))
 	m := &mesh{pair: pair, clientNS: pair.A, serverNS: pair.B, pods: map[string]*inpod.Pod{}, peers: make(chan string, 64)}
@@ -135,6 +137,9 @@ func newMesh(t *testing.T, subnet string) *mesh {
 		t.Fatal(err)
 	}
 	t.Cleanup(m.proxy.Close)
+	for _, f := range configure {
+		f(m.proxy)
+	}
 	for _, x := range []struct {
 		ns string
 		w  *workloadapi.Workload
