@@ -84,9 +84,9 @@ type Proxy struct {
 	// before the first ServePod.
 	Limits Limits
 	// conns counts accepted connections node-wide.
-	conns counter
-	pool          *pool
-	metrics       *metrics
+	conns   counter
+	pool    *pool
+	metrics *metrics
 
 	mu      sync.Mutex
 	inbound map[*hbone.ServerConn]struct{}
