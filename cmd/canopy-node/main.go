@@ -241,6 +241,8 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return xc.Run(gctx) })
 	g.Go(func() error { certs.Run(gctx); return nil })
+	// Open inbound connections are re-authorized on each table change.
+	g.Go(func() error { px.Run(gctx); return nil })
 	g.Go(func() error {
 		select { // serve pods only once the tables are in
 		case <-xc.Ready():

@@ -48,6 +48,9 @@ type Table struct {
 	byNode    map[string]map[string]struct{}
 	// byService maps a service key to the UIDs of its workloads.
 	byService map[string]map[string]struct{}
+	// changed is closed, and replaced, by every Apply that held
+	// something to apply.
+	changed chan struct{}
 }
 
 // New returns an empty Table.
@@ -59,7 +62,22 @@ func New() *Table {
 		byAddress: map[string]string{},
 		byNode:    map[string]map[string]struct{}{},
 		byService: map[string]map[string]struct{}{},
+		changed:   make(chan struct{}),
 	}
+}
+
+// Changed returns a channel closed by the next Apply that changes
+// anything: a watcher takes it, waits, and takes it again.
+func (t *Table) Changed() <-chan struct{} {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.changed
+}
+
+// notify wakes the watchers; callers hold t.mu.
+func (t *Table) notify() {
+	close(t.changed)
+	t.changed = make(chan struct{})
 }
 
 // Apply applies one response of typeURL. Resources that do not decode, or
@@ -86,6 +104,9 @@ func (t *Table) Apply(typeURL string, resources []*discoveryv3.Resource, removed
 		for _, name := range removed {
 			t.removeAddress(name)
 		}
+		if len(decoded)+len(removed) > 0 {
+			t.notify()
+		}
 	case workloadapi.AuthorizationTypeURL:
 		decoded := make([]*security.Authorization, 0, len(resources))
 		for _, r := range resources {
@@ -107,6 +128,9 @@ func (t *Table) Apply(typeURL string, resources []*discoveryv3.Resource, removed
 		}
 		for _, name := range removed {
 			delete(t.policies, name)
+		}
+		if len(decoded)+len(removed) > 0 {
+			t.notify()
 		}
 	default:
 		for _, r := range resources {

@@ -121,3 +121,23 @@ func FuzzApply(f *testing.F) {
 		}
 	})
 }
+
+func TestChangedIsClosedByAnApply(t *testing.T) {
+	tbl := New()
+	ch := tbl.Changed()
+	tbl.Apply(workloadapi.AuthorizationTypeURL, nil, nil)
+	select {
+	case <-ch:
+		t.Fatal("an empty Apply closed Changed")
+	default:
+	}
+	tbl.Apply(workloadapi.AuthorizationTypeURL, nil, []string{"apps/gone"})
+	select {
+	case <-ch:
+	default:
+		t.Fatal("a removal did not close Changed")
+	}
+	if next := tbl.Changed(); next == ch {
+		t.Error("Changed returned the closed channel again")
+	}
+}

@@ -85,12 +85,18 @@ func (c connection) labels(flag string) []string {
 }
 
 // open counts a connection and returns the function that records its
-// end with the bytes each way (sent: towards the destination).
-func (m *metrics) open(c connection) func(sent, received int64) {
+// end with the bytes each way (sent: towards the destination); revoked is
+// a connection closed because a policy change no longer allows it, whose
+// close carries the DENY flag.
+func (m *metrics) open(c connection) func(sent, received int64, revoked bool) {
 	l := c.labels(flagNone)
 	m.opened.WithLabelValues(l...).Inc()
-	return func(sent, received int64) {
-		m.closed.WithLabelValues(l...).Inc()
+	return func(sent, received int64, revoked bool) {
+		end := l
+		if revoked {
+			end = c.labels(flagDenied)
+		}
+		m.closed.WithLabelValues(end...).Inc()
 		m.sent.WithLabelValues(l...).Add(float64(sent))
 		m.received.WithLabelValues(l...).Add(float64(received))
 	}

@@ -42,6 +42,8 @@ type Table interface {
 	route.Table
 	Workload(uid string) *workloadapi.Workload
 	Policies() []*security.Authorization
+	// Changed is closed by the next change to the table.
+	Changed() <-chan struct{}
 }
 
 // current is the pod's workload as xDS has it now: its policies, waypoint
@@ -84,7 +86,9 @@ type Proxy struct {
 	// before the first ServePod.
 	Limits Limits
 	// conns counts accepted connections node-wide.
-	conns   counter
+	conns counter
+	// live are the open inbound connections, re-authorized by Run.
+	live    liveSet
 	pool    *pool
 	metrics *metrics
 
@@ -222,7 +226,8 @@ func (p *Proxy) outbound(c net.Conn, pod *inpod.Pod, src *workloadapi.Workload) 
 			return
 		}
 		done := p.metrics.open(connection{reporter: "source", src: src, dst: r.Workload, srcID: principal(srcID), securityPolicy: "unknown"})
-		done(relay(c, up))
+		sent, received := relay(c, up)
+		done(sent, received, false)
 		return
 	}
 	cert, err := p.Certs.Get(ctx, srcID)
@@ -271,7 +276,7 @@ func (p *Proxy) outbound(c net.Conn, pod *inpod.Pod, src *workloadapi.Workload) 
 	}
 	done := p.metrics.open(connection{reporter: "source", src: src, dst: r.Workload, srcID: principal(srcID), dstID: principal(dstID), securityPolicy: "mutual_tls"})
 	sent, received, _ := hbone.Splice(c, s)
-	done(sent, received)
+	done(sent, received, false)
 }
 
 // resolve makes sure the table knows ip before routing: in on-demand mode
@@ -360,7 +365,7 @@ func (p *Proxy) inboundHBONE(raw net.Conn, pod *inpod.Pod, self *workloadapi.Wor
 		// Per stream: a pooled connection outlives changes to the pod's
 		// workload (its policies, a provisional one replaced).
 		cur := p.current(self)
-		code, up := p.admit(ctx, s.Request.Authority, pod, cur, authz.Conn{Src: srcIP, Peer: &peer})
+		code, up, conn := p.admit(ctx, s.Request.Authority, pod, cur, authz.Conn{Src: srcIP, Peer: &peer})
 		if code != 200 {
 			_ = s.Respond(code, nil)
 			return
@@ -369,9 +374,12 @@ func (p *Proxy) inboundHBONE(raw net.Conn, pod *inpod.Pod, self *workloadapi.Wor
 			up.Close()
 			return
 		}
+		l := &live{self: self, conn: conn, authority: s.Request.Authority, close: func() { s.Close(); up.Close() }}
 		done := p.metrics.open(connection{reporter: "destination", src: srcW, dst: cur, srcID: principal(peer), dstID: principal(selfID), securityPolicy: "mutual_tls"})
+		untrack := p.track(l)
 		toApp, fromApp, _ := hbone.Splice(up, s)
-		done(fromApp, toApp)
+		untrack()
+		done(fromApp, toApp, l.revoked.Load())
 	})
 	p.mu.Lock()
 	p.inbound[sc] = struct{}{}
@@ -394,20 +402,22 @@ func addrOf(a net.Addr) netip.Addr {
 
 // admit validates the authority (wire contract §5.3: it must be this pod),
 // applies the policies and dials the app; it returns the status to answer.
-func (p *Proxy) admit(ctx context.Context, authority string, pod *inpod.Pod, self *workloadapi.Workload, c authz.Conn) (int, net.Conn) {
+// The connection as authorized (with its destination) is returned for
+// re-authorization while it stays open.
+func (p *Proxy) admit(ctx context.Context, authority string, pod *inpod.Pod, self *workloadapi.Workload, c authz.Conn) (int, net.Conn, authz.Conn) {
 	dst, err := parseAuthority(authority)
 	if err != nil || dst.Addr() != firstIP(self) {
-		return 400, nil
+		return 400, nil, c
 	}
 	if err := route.CheckInbound(dst); err != nil {
 		p.refuseSelfCall(net.TCPAddrFromAddrPort(netip.AddrPortFrom(c.Src, 0)), authority, err)
-		return 400, nil
+		return 400, nil, c
 	}
 	c.Dst, c.DstPort = dst.Addr(), dst.Port()
 	d := authz.Evaluate(authz.Applicable(p.Table.Policies(), self), c)
 	if !d.Allow {
 		p.deny(self, c, authority, d)
-		return 401, nil
+		return 401, nil, c
 	}
 	// The app sees the client's address where the kernel allows it
 	// (wire contract §5.3, best effort), else the pod's own.
@@ -416,10 +426,10 @@ func (p *Proxy) admit(ctx context.Context, authority string, pod *inpod.Pod, sel
 	up, err := pod.DialFrom(ctx, c.Src, "tcp", authority)
 	if err != nil {
 		if up, err = pod.Dial(ctx, "tcp", authority); err != nil {
-			return 503, nil
+			return 503, nil, c
 		}
 	}
-	return 200, up
+	return 200, up, c
 }
 
 // deny logs and counts a connection the policies refused, with who asked
@@ -485,14 +495,18 @@ func (p *Proxy) inboundPlain(c net.Conn, pod *inpod.Pod, self *workloadapi.Workl
 		return
 	}
 	src := addrOf(c.RemoteAddr())
-	code, up := p.admit(context.Background(), dst.String(), pod, self, authz.Conn{Src: src})
+	code, up, conn := p.admit(context.Background(), dst.String(), pod, self, authz.Conn{Src: src})
 	if code != 200 {
 		c.Close()
 		return
 	}
 	srcW, _ := p.Table.ByAddress(self.GetNetwork(), src)
+	l := &live{self: self, conn: conn, authority: dst.String(), close: func() { c.Close(); up.Close() }}
 	done := p.metrics.open(connection{reporter: "destination", src: srcW, dst: self, dstID: principal(workloadapi.WorkloadIdentity(self)), securityPolicy: "none"})
-	done(relay(c, up))
+	untrack := p.track(l)
+	sent, received := relay(c, up)
+	untrack()
+	done(sent, received, l.revoked.Load())
 }
 
 // relay copies both ways between two TCP connections and reports the

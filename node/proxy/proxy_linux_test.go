@@ -137,6 +137,7 @@ func newMesh(t *testing.T, subnet string, configure ...func(*Proxy)) *mesh {
 		t.Fatal(err)
 	}
 	t.Cleanup(m.proxy.Close)
+	go m.proxy.Run(t.Context())
 	for _, f := range configure {
 		f(m.proxy)
 	}
