@@ -302,12 +302,15 @@ func (p *Proxy) resolve(ctx context.Context, network string, ip netip.Addr) erro
 	return nil
 }
 
-func firstIP(w *workloadapi.Workload) netip.Addr {
-	if len(w.GetAddresses()) == 0 {
-		return netip.Addr{}
+// hasAddr reports whether ip is one of w's addresses (a dual-stack pod
+// has two).
+func hasAddr(w *workloadapi.Workload, ip netip.Addr) bool {
+	for _, b := range w.GetAddresses() {
+		if a, ok := netip.AddrFromSlice(b); ok && a.Unmap() == ip.Unmap() {
+			return true
+		}
 	}
-	a, _ := netip.AddrFromSlice(w.GetAddresses()[0])
-	return a
+	return false
 }
 
 // headers are the request headers of wire contract §5.3.
@@ -406,7 +409,7 @@ func addrOf(a net.Addr) netip.Addr {
 // re-authorization while it stays open.
 func (p *Proxy) admit(ctx context.Context, authority string, pod *inpod.Pod, self *workloadapi.Workload, c authz.Conn) (int, net.Conn, authz.Conn) {
 	dst, err := parseAuthority(authority)
-	if err != nil || dst.Addr() != firstIP(self) {
+	if err != nil || !hasAddr(self, dst.Addr()) {
 		return 400, nil, c
 	}
 	if err := route.CheckInbound(dst); err != nil {

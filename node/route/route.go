@@ -82,7 +82,7 @@ func decide(t Table, src *workloadapi.Workload, dst netip.AddrPort, w *workloada
 		}
 		ep := eps[pick(len(eps))]
 		port := targetPort(svc, ep, key, dst.Port())
-		r := direct(ep, port)
+		r := direct(ep, dst.Addr(), port)
 		for _, san := range svc.GetSubjectAltNames() {
 			if id, err := workloadapi.ParseIdentity(san); err == nil {
 				r.Identities = append(r.Identities, id)
@@ -97,12 +97,14 @@ func decide(t Table, src *workloadapi.Workload, dst netip.AddrPort, w *workloada
 	if wp := w.GetWaypoint(); wp != nil && !isWaypoint(src, wp, t) {
 		return toWaypoint(t, src, wp, dst, pick)
 	}
-	return direct(w, dst.Port()), nil
+	return direct(w, dst.Addr(), dst.Port()), nil
 }
 
-// direct is HBONE to the pod, or plain TCP for a NONE workload.
-func direct(w *workloadapi.Workload, port uint16) Route {
-	ip := firstIP(w)
+// direct is HBONE to the pod, or plain TCP for a NONE workload, at the
+// pod's address of the family of like (a dual-stack pod is reached over
+// the family the client used).
+func direct(w *workloadapi.Workload, like netip.Addr, port uint16) Route {
+	ip := addrLike(w, like)
 	if w.GetTunnelProtocol() != workloadapi.TunnelProtocol_HBONE {
 		return Route{Kind: TCP, Addr: netip.AddrPortFrom(ip, port), Workload: w}
 	}
@@ -135,7 +137,7 @@ func toWaypoint(t Table, src *workloadapi.Workload, wp *workloadapi.GatewayAddre
 	if port == 0 {
 		port = hbonePort
 	}
-	return Route{Kind: HBONE, Addr: netip.AddrPortFrom(firstIP(wpw), port), Authority: dst.String(), Workload: wpw,
+	return Route{Kind: HBONE, Addr: netip.AddrPortFrom(addrLike(wpw, dst.Addr()), port), Authority: dst.String(), Workload: wpw,
 		Identities: []workloadapi.Identity{workloadapi.WorkloadIdentity(wpw)}, Waypoint: true}, nil
 }
 
@@ -236,10 +238,21 @@ func targetPort(svc *workloadapi.Service, w *workloadapi.Workload, key string, p
 	return port
 }
 
-func firstIP(w *workloadapi.Workload) netip.Addr {
-	if w == nil || len(w.GetAddresses()) == 0 {
-		return netip.Addr{}
+// addrLike is w's first address of like's family, else its first.
+func addrLike(w *workloadapi.Workload, like netip.Addr) netip.Addr {
+	var first netip.Addr
+	for _, b := range w.GetAddresses() {
+		a, ok := netip.AddrFromSlice(b)
+		if !ok {
+			continue
+		}
+		a = a.Unmap()
+		if a.Is4() == like.Unmap().Is4() {
+			return a
+		}
+		if !first.IsValid() {
+			first = a
+		}
 	}
-	a, _ := netip.AddrFromSlice(w.GetAddresses()[0])
-	return a
+	return first
 }
