@@ -8,9 +8,9 @@ import (
 
 var configs = map[string]PodConfig{
 	"default":                DefaultPodConfig(),
-	"no-dns":                 {InboundCapture: true, ProbeSNAT: DefaultProbeSNAT},
-	"bypass-inbound-capture": {DNSCapture: true, ProbeSNAT: DefaultProbeSNAT},
-	"reroute-interfaces":     {DNSCapture: true, InboundCapture: true, RerouteInterfaces: []string{"tap0", "k6t-eth0"}, ProbeSNAT: DefaultProbeSNAT},
+	"no-dns":                 {InboundCapture: true, ProbeSNAT: DefaultProbeSNAT, ProbeSNATv6: DefaultProbeSNATv6},
+	"bypass-inbound-capture": {DNSCapture: true, ProbeSNAT: DefaultProbeSNAT, ProbeSNATv6: DefaultProbeSNATv6},
+	"reroute-interfaces":     {DNSCapture: true, InboundCapture: true, RerouteInterfaces: []string{"tap0", "k6t-eth0"}, ProbeSNAT: DefaultProbeSNAT, ProbeSNATv6: DefaultProbeSNATv6},
 }
 
 func golden(t *testing.T, name, got string) { t.Helper(); goldenpkg.Check(t, name, []byte(got)) }
