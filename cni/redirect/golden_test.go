@@ -26,6 +26,7 @@ func TestIptablesGolden(t *testing.T) {
 	t.Parallel()
 	none := func(string, string) bool { return false }
 	for name, cfg := range configs {
-		golden(t, "iptables-"+name+".golden", restoreInput(iptRules(cfg), none))
+		golden(t, "iptables-"+name+".golden", restoreInput(iptRules(cfg, familyV4(cfg)), none))
+		golden(t, "ip6tables-"+name+".golden", restoreInput(iptRules(cfg, familyV6(cfg)), none))
 	}
 }

@@ -18,18 +18,21 @@ type family struct {
 	loopback, probe netip.Prefix
 }
 
+func familyV4(cfg PodConfig) family {
+	return family{loopback: netip.MustParsePrefix("127.0.0.1/32"), probe: netip.PrefixFrom(cfg.ProbeSNAT, 32)}
+}
+
+func familyV6(cfg PodConfig) family {
+	return family{loopback: netip.MustParsePrefix("::1/128"), probe: netip.PrefixFrom(cfg.ProbeSNATv6, 128)}
+}
+
 // families are IPv4 then IPv6. Every rule that matches an address comes
 // in twins, one per family, so IPv6 TCP is captured exactly as IPv4 is
 // (wire contract §4.2: "for IPv6 the same rules are installed with ::1/128
 // and the v6 SNAT address"). They are always both installed: an inet table
 // takes IPv6 rules even where the pod has no IPv6, and a pod that gains an
 // address later is covered without a new enrollment.
-func families(cfg PodConfig) []family {
-	return []family{
-		{loopback: netip.MustParsePrefix("127.0.0.1/32"), probe: netip.PrefixFrom(cfg.ProbeSNAT, 32)},
-		{loopback: netip.MustParsePrefix("::1/128"), probe: netip.PrefixFrom(cfg.ProbeSNATv6, 128)},
-	}
-}
+func families(cfg PodConfig) []family { return []family{familyV4(cfg), familyV6(cfg)} }
 
 // perFamily returns rule's twins.
 func perFamily(cfg PodConfig, rule func(family) nftRule) []nftRule {

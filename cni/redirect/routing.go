@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 
 	"github.com/vishvananda/netlink"
@@ -225,4 +226,26 @@ func routingState(path string) ([]string, error) {
 		return err
 	})
 	return missing, err
+}
+
+// ipv6Addresses lists the IPv6 addresses of the netns at path but ::1;
+// with any of them, link-local included, the pod can send IPv6 past lo.
+func ipv6Addresses(path string) ([]netip.Addr, error) {
+	var out []netip.Addr
+	err := withRouting(path, func(h *netlink.Handle) error {
+		addrs, err := h.AddrList(nil, netlink.FAMILY_V6)
+		if errors.Is(err, unix.EAFNOSUPPORT) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("list IPv6 addresses: %w", err)
+		}
+		for _, a := range addrs {
+			if ip, ok := netip.AddrFromSlice(a.IP); ok && !ip.IsLoopback() {
+				out = append(out, ip)
+			}
+		}
+		return nil
+	})
+	return out, err
 }
