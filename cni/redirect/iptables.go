@@ -17,12 +17,13 @@ import (
 // binaries (default iptables-restore, iptables-save, ip6tables-restore and
 // ip6tables-save, whichever variant the node's alternatives select).
 //
-// IPv6 is captured wherever ip6tables runs in the pod's netns. Where it
-// does not (no binary, no kernel support), a pod without IPv6 addresses is
-// enrolled with IPv4 rules alone, and a pod with any IPv6 address but ::1
-// (link-local included: it reaches the node and, on a bridge, other pods)
-// is refused with ErrIPv6Uncaptured rather than left with IPv6 around the
-// proxy; Verify reports such a pod as drift.
+// IPv6 is captured wherever ip6tables-save runs in the pod's netns; an
+// ip6tables-restore that then fails is an error, as for IPv4. Where
+// ip6tables-save does not run (no binary, no kernel support), a pod
+// without IPv6 addresses is enrolled with IPv4 rules alone, and a pod with
+// any IPv6 address but ::1 (link-local included: it reaches the node and,
+// on a bridge, other pods) is refused with ErrIPv6Uncaptured rather than
+// left with IPv6 around the proxy; Verify reports such a pod as drift.
 type Iptables struct {
 	Restore, Save   string
 	Restore6, Save6 string
