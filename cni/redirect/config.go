@@ -3,7 +3,8 @@
 // network namespace, outbound TCP goes to the node proxy's 15001, inbound TCP
 // (except HBONE on 15008) to 15006, DNS to 15053; the proxy's own marked
 // traffic and kubelet probes pass; replies of the proxy's transparent sockets
-// are routed locally through table 100.
+// are routed locally through table 100. IPv4 and IPv6 alike: a pod's IPv6 is
+// captured, or the pod is refused (cni/README.md, "IPv6 in enrolled pods").
 //
 // Rules are data first (Rules, pure and golden-tested), then a Backend
 // applies them in a netns: nftables over netlink (the default) or
