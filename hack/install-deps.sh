@@ -7,8 +7,10 @@ declare -A pkg_for=(
 	[etcd]=etcd-server
 	# kube-proxy's nftables mode drives the kernel through nft.
 	[nft]=nftables
-	# The CNI agent's iptables backend loads its rules with iptables-restore.
+	# The CNI agent's iptables backend loads its rules with iptables-restore,
+	# and their IPv6 twins with ip6tables-restore (same package).
 	[iptables-restore]=iptables
+	[ip6tables-restore]=iptables
 )
 missing=()
 for cmd in "${!pkg_for[@]}"; do

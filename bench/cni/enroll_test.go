@@ -68,7 +68,7 @@ func setup(b *testing.B) *fixture {
 	for i := range pods {
 		f.pods = append(f.pods, mk(fmt.Sprintf("%s-%d", prefix, i)))
 	}
-	f.host = hostrules.Rules{ProbeSNAT: redirect.DefaultProbeSNAT, Netns: mk(prefix + "-node")}
+	f.host = hostrules.Rules{ProbeSNAT: redirect.DefaultProbeSNAT, ProbeSNATv6: redirect.DefaultProbeSNATv6, Netns: mk(prefix + "-node")}
 	if err := f.host.Sync(nil); err != nil {
 		b.Fatal(err)
 	}

@@ -137,7 +137,8 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 			uid = 0
 		}
 	}
-	host := hostrules.Rules{ProbeUID: uid, ProbeSNAT: cfg.probeSNAT, Netns: cfg.hostNetns}
+	// The in-pod rules accept IPv6 probes from the default address only.
+	host := hostrules.Rules{ProbeUID: uid, ProbeSNAT: cfg.probeSNAT, ProbeSNATv6: redirect.DefaultProbeSNATv6, Netns: cfg.hostNetns}
 	var a *agent.Agent
 	proxy := zds.New(cfg.zdsSocket, zds.Config{OnDelivered: func(uid string) { a.Delivered(uid) }}, log)
 	registry := prometheus.NewRegistry()

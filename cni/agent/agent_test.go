@@ -126,7 +126,7 @@ func startNode(t *testing.T, name, zdsPath, nodeNetns string) *node {
 			n.agent.Delivered(uid)
 		}
 	}}, log)
-	host := hostrules.Rules{ProbeUID: 0, ProbeSNAT: redirect.DefaultProbeSNAT, Netns: nodeNetns}
+	host := hostrules.Rules{ProbeUID: 0, ProbeSNAT: redirect.DefaultProbeSNAT, ProbeSNATv6: redirect.DefaultProbeSNATv6, Netns: nodeNetns}
 	a, err := agent.New(agent.Config{
 		NodeName: name, Enroll: enroll.Config{SystemNamespace: "istio-system", ExcludedNamespaces: []string{"kube-system"}, DNSCapture: true},
 		ReconcilePeriod: 200 * time.Millisecond, StatusRefresh: time.Second, NetnsDirs: []string{netns.Dir}, ProcRoot: t.TempDir(),
@@ -350,7 +350,7 @@ func TestAgentKeepsPodsEnrolled(t *testing.T) {
 		if _, has := getPod(t, ns, "fresh").Annotations[enroll.AnnotationRedirection]; has {
 			t.Error("annotation left after Uninstall")
 		}
-		if problems, _ := (hostrules.Rules{ProbeSNAT: redirect.DefaultProbeSNAT, Netns: running.B}).Verify(nil); len(problems) == 0 {
+		if problems, _ := (hostrules.Rules{ProbeSNAT: redirect.DefaultProbeSNAT, ProbeSNATv6: redirect.DefaultProbeSNATv6, Netns: running.B}).Verify(nil); len(problems) == 0 {
 			t.Error("host rules left after Uninstall")
 		}
 	})

@@ -118,5 +118,5 @@ func dup(f *os.File) *os.File {
 
 func sameConfig(a, b redirect.PodConfig) bool {
 	return a.DNSCapture == b.DNSCapture && a.InboundCapture == b.InboundCapture &&
-		a.ProbeSNAT == b.ProbeSNAT && slices.Equal(a.RerouteInterfaces, b.RerouteInterfaces)
+		a.ProbeSNAT == b.ProbeSNAT && a.ProbeSNATv6 == b.ProbeSNATv6 && slices.Equal(a.RerouteInterfaces, b.RerouteInterfaces)
 }

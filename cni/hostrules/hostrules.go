@@ -1,8 +1,9 @@
 // Package hostrules keeps the node's half of kubelet probe handling
 // (docs/wire-contract.md §4.3) in the host network namespace: a set of
 // ambient pod IPs and one rule that SNATs the kubelet's TCP connections to
-// those IPs to the probe address, which the in-pod rules let through.
-// nftables has no --socket-exists, so the rule matches the kubelet's UID.
+// those IPs to the probe address, which the in-pod rules let through; one
+// set and one rule per family. nftables has no --socket-exists, so the rules
+// match the kubelet's UID.
 package hostrules
 
 import (
@@ -22,19 +23,21 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Names of the host table, chain and set.
+// Names of the host table, chain and sets.
 const (
 	Table = "istio-ambient-nat"
 	Chain = "postrouting"
 	Set   = "istio-inpod-probes-v4"
+	Set6  = "istio-inpod-probes-v6"
 )
 
 // Rules are the host rules of one node.
 type Rules struct {
 	// ProbeUID is the kubelet's user ID.
 	ProbeUID uint32
-	// ProbeSNAT is the address probes are SNATed to.
-	ProbeSNAT netip.Addr
+	// ProbeSNAT and ProbeSNATv6 are the addresses probes of each family
+	// are SNATed to.
+	ProbeSNAT, ProbeSNATv6 netip.Addr
 	// Netns is the host netns path; empty means the caller's.
 	Netns string
 }
@@ -56,84 +59,116 @@ func (r Rules) conn() (*nftables.Conn, func(), error) {
 	return c, func() { f.Close() }, nil
 }
 
-func (r Rules) objects() (*nftables.Table, *nftables.Chain, *nftables.Set) {
+func (r Rules) objects() (*nftables.Table, *nftables.Chain, [2]*nftables.Set) {
 	t := &nftables.Table{Name: Table, Family: nftables.TableFamilyINet}
 	accept := nftables.ChainPolicyAccept
 	c := &nftables.Chain{Name: Chain, Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting,
 		Priority: nftables.ChainPriorityNATSource, Policy: &accept}
-	s := &nftables.Set{Table: t, Name: Set, KeyType: nftables.TypeIPAddr}
-	return t, c, s
+	sets := [2]*nftables.Set{
+		{Table: t, Name: Set, KeyType: nftables.TypeIPAddr},
+		{Table: t, Name: Set6, KeyType: nftables.TypeIP6Addr},
+	}
+	return t, c, sets
+}
+
+// family is what the rule and set of IPv4 (0) and IPv6 (1) differ in.
+type family struct {
+	v6   bool
+	set  string
+	snat netip.Addr
+}
+
+func (r Rules) families() [2]family {
+	return [2]family{{set: Set, snat: r.ProbeSNAT}, {v6: true, set: Set6, snat: r.ProbeSNATv6}}
 }
 
 // ruleText is the rule as nft prints it, stored as user data so Verify
 // can recognise it.
-func (r Rules) ruleText() string {
-	return fmt.Sprintf("meta l4proto tcp meta skuid %d ip daddr @%s snat ip to %s", r.ProbeUID, Set, r.ProbeSNAT)
+func (r Rules) ruleText(f family) string {
+	ip := "ip"
+	if f.v6 {
+		ip = "ip6"
+	}
+	return fmt.Sprintf("meta l4proto tcp meta skuid %d %s daddr @%s snat %s to %s", r.ProbeUID, ip, f.set, ip, f.snat)
 }
 
-func (r Rules) rule(t *nftables.Table, c *nftables.Chain, s *nftables.Set) *nftables.Rule {
+func (r Rules) rule(t *nftables.Table, c *nftables.Chain, s *nftables.Set, f family) *nftables.Rule {
 	uid := binary.NativeEndian.AppendUint32(nil, r.ProbeUID)
-	snat := r.ProbeSNAT.As4()
-	return &nftables.Rule{Table: t, Chain: c, UserData: []byte(r.ruleText()), Exprs: []expr.Any{
+	proto, offset, size := byte(unix.NFPROTO_IPV4), uint32(16), uint32(4)
+	if f.v6 {
+		proto, offset, size = unix.NFPROTO_IPV6, 24, 16
+	}
+	return &nftables.Rule{Table: t, Chain: c, UserData: []byte(r.ruleText(f)), Exprs: []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
 		&expr.Meta{Key: expr.MetaKeySKUID, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: uid},
 		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: size},
 		&expr.Lookup{SourceRegister: 1, SetName: s.Name, SetID: s.ID},
-		&expr.Immediate{Register: 1, Data: snat[:]},
-		&expr.NAT{Type: expr.NATTypeSourceNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1},
+		&expr.Immediate{Register: 1, Data: f.snat.AsSlice()},
+		&expr.NAT{Type: expr.NATTypeSourceNAT, Family: uint32(proto), RegAddrMin: 1},
 	}}
 }
 
-func elements(ips []netip.Addr) []nftables.SetElement {
+// setElements are the ips of one family.
+func setElements(ips []netip.Addr, f family) []nftables.SetElement {
 	var out []nftables.SetElement
 	for _, ip := range ips {
-		if ip.Is4() {
-			b := ip.As4()
-			out = append(out, nftables.SetElement{Key: b[:]})
+		if ip = ip.Unmap(); ip.Is6() == f.v6 {
+			out = append(out, nftables.SetElement{Key: ip.AsSlice()})
 		}
 	}
 	return out
 }
 
-// Sync replaces the host table with the rule and exactly ips, in one
-// transaction.
-func (r Rules) Sync(ips []netip.Addr) error {
+func (r Rules) validate() error {
 	if !r.ProbeSNAT.Is4() {
 		return fmt.Errorf("probe SNAT address %v is not IPv4", r.ProbeSNAT)
+	}
+	if !r.ProbeSNATv6.Is6() || r.ProbeSNATv6.Is4In6() || r.ProbeSNATv6.Zone() != "" {
+		return fmt.Errorf("probe SNAT address %v is not IPv6", r.ProbeSNATv6)
+	}
+	return nil
+}
+
+// Sync replaces the host table with the rules and exactly ips, in one
+// transaction.
+func (r Rules) Sync(ips []netip.Addr) error {
+	if err := r.validate(); err != nil {
+		return err
 	}
 	conn, done, err := r.conn()
 	if err != nil {
 		return err
 	}
 	defer done()
-	t, c, s := r.objects()
+	t, c, sets := r.objects()
 	conn.AddTable(t)
 	conn.DelTable(t)
 	conn.AddTable(t)
 	conn.AddChain(c)
-	if err := conn.AddSet(s, elements(ips)); err != nil {
-		return fmt.Errorf("host probe set: %w", err)
+	for i, f := range r.families() {
+		if err := conn.AddSet(sets[i], setElements(ips, f)); err != nil {
+			return fmt.Errorf("host probe set %s: %w", f.set, err)
+		}
+		conn.AddRule(r.rule(t, c, sets[i], f))
 	}
-	conn.AddRule(r.rule(t, c, s))
 	if err := conn.Flush(); err != nil {
 		return fmt.Errorf("install host probe rules: %w", err)
 	}
 	return nil
 }
 
-// Add puts pod IPs in the set.
+// Add puts pod IPs in the sets.
 func (r Rules) Add(ips ...netip.Addr) error { return r.elements(ips, true) }
 
-// Remove takes pod IPs out of the set; absent ones are fine.
+// Remove takes pod IPs out of the sets; absent ones are fine.
 func (r Rules) Remove(ips ...netip.Addr) error { return r.elements(ips, false) }
 
 func (r Rules) elements(ips []netip.Addr, add bool) error {
-	els := elements(ips)
-	if len(els) == 0 {
+	if len(ips) == 0 {
 		return nil
 	}
 	conn, done, err := r.conn()
@@ -141,26 +176,43 @@ func (r Rules) elements(ips []netip.Addr, add bool) error {
 		return err
 	}
 	defer done()
-	_, _, s := r.objects()
-	if add {
-		err = conn.SetAddElements(s, els)
-	} else {
-		// Deleting an absent element fails the batch: delete one by one.
-		for _, e := range els {
-			_ = conn.SetDeleteElements(s, []nftables.SetElement{e})
-			if ferr := conn.Flush(); ferr != nil && !errors.Is(ferr, unix.ENOENT) {
-				err = errors.Join(err, ferr)
-			}
+	_, _, sets := r.objects()
+	var errs []error
+	for i, f := range r.families() {
+		els := setElements(ips, f)
+		if len(els) == 0 {
+			continue
 		}
-		return err
+		if add {
+			errs = append(errs, addElements(conn, sets[i], els))
+		} else {
+			errs = append(errs, deleteElements(conn, sets[i], els))
+		}
 	}
-	if err != nil {
+	return errors.Join(errs...)
+}
+
+func addElements(conn *nftables.Conn, s *nftables.Set, els []nftables.SetElement) error {
+	if err := conn.SetAddElements(s, els); err != nil {
 		return err
 	}
 	return conn.Flush()
 }
 
-// Verify reports how the host table differs from the rule and ips.
+// deleteElements deletes one by one: deleting an absent element fails the
+// batch.
+func deleteElements(conn *nftables.Conn, s *nftables.Set, els []nftables.SetElement) error {
+	var err error
+	for _, e := range els {
+		_ = conn.SetDeleteElements(s, []nftables.SetElement{e})
+		if ferr := conn.Flush(); ferr != nil && !errors.Is(ferr, unix.ENOENT) {
+			err = errors.Join(err, ferr)
+		}
+	}
+	return err
+}
+
+// Verify reports how the host table differs from the rules and ips.
 func (r Rules) Verify(ips []netip.Addr) ([]string, error) {
 	conn, done, err := r.conn()
 	if err != nil {
@@ -173,16 +225,34 @@ func (r Rules) Verify(ips []netip.Addr) ([]string, error) {
 	if err != nil {
 		return []string{"missing table or chain " + Table + "/" + Chain}, nil
 	}
-	if len(rules) != 1 || string(rules[0].UserData) != r.ruleText() {
-		problems = append(problems, fmt.Sprintf("chain %s/%s does not hold exactly %q", Table, Chain, r.ruleText()))
+	var got, want []string
+	for _, rule := range rules {
+		got = append(got, string(rule.UserData))
 	}
-	set, err := conn.GetSetByName(t, Set)
+	for _, f := range r.families() {
+		want = append(want, r.ruleText(f))
+	}
+	if !slices.Equal(got, want) {
+		problems = append(problems, fmt.Sprintf("chain %s/%s holds %q, want %q", Table, Chain, got, want))
+	}
+	for _, f := range r.families() {
+		p, err := verifySet(conn, t, f, ips)
+		if err != nil {
+			return nil, err
+		}
+		problems = append(problems, p...)
+	}
+	return problems, nil
+}
+
+func verifySet(conn *nftables.Conn, t *nftables.Table, f family, ips []netip.Addr) ([]string, error) {
+	set, err := conn.GetSetByName(t, f.set)
 	if err != nil {
-		return append(problems, "missing set "+Set), nil
+		return []string{"missing set " + f.set}, nil
 	}
 	els, err := conn.GetSetElements(set)
 	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", Set, err)
+		return nil, fmt.Errorf("list %s: %w", f.set, err)
 	}
 	var have, want []string
 	for _, e := range els {
@@ -190,17 +260,16 @@ func (r Rules) Verify(ips []netip.Addr) ([]string, error) {
 			have = append(have, a.String())
 		}
 	}
-	for _, ip := range ips {
-		if ip.Is4() {
-			want = append(want, ip.String())
-		}
+	for _, e := range setElements(ips, f) {
+		a, _ := netip.AddrFromSlice(e.Key)
+		want = append(want, a.String())
 	}
 	slices.Sort(have)
 	slices.Sort(want)
 	if !slices.Equal(have, want) {
-		problems = append(problems, fmt.Sprintf("set %s holds %v, want %v", Set, have, want))
+		return []string{fmt.Sprintf("set %s holds %v, want %v", f.set, have, want)}, nil
 	}
-	return problems, nil
+	return nil, nil
 }
 
 // Delete removes the host table (uninstall).

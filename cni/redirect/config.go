@@ -3,7 +3,8 @@
 // network namespace, outbound TCP goes to the node proxy's 15001, inbound TCP
 // (except HBONE on 15008) to 15006, DNS to 15053; the proxy's own marked
 // traffic and kubelet probes pass; replies of the proxy's transparent sockets
-// are routed locally through table 100.
+// are routed locally through table 100. IPv4 and IPv6 alike: a pod's IPv6 is
+// captured, or the pod is refused (cni/README.md, "IPv6 in enrolled pods").
 //
 // Rules are data first (Rules, pure and golden-tested), then a Backend
 // applies them in a netns: nftables over netlink (the default) or
@@ -34,9 +35,14 @@ const (
 	DNSPort      = 15053
 )
 
-// DefaultProbeSNAT is the address kubelet probes are SNATed to on the
-// host, which the in-pod rules let through.
-var DefaultProbeSNAT = netip.MustParseAddr("169.254.7.127")
+// DefaultProbeSNAT and DefaultProbeSNATv6 are the addresses kubelet probes
+// are SNATed to on the host, which the in-pod rules let through (wire
+// contract §4.1; Istio's HOST_PROBE_SNAT_IP and HOST_PROBE_SNAT_IPV6). The
+// IPv6 one is in a ULA range no cluster is expected to number pods from.
+var (
+	DefaultProbeSNAT   = netip.MustParseAddr("169.254.7.127")
+	DefaultProbeSNATv6 = netip.MustParseAddr("fd16:9254:7127:1337:ffff:ffff:ffff:ffff")
+)
 
 // PodConfig is what varies between pods (wire contract §4.2, per-pod
 // overrides).
@@ -49,19 +55,24 @@ type PodConfig struct {
 	// RerouteInterfaces send all TCP arriving on them to 15001 (the
 	// istio.io/reroute-virtual-interfaces annotation).
 	RerouteInterfaces []string
-	// ProbeSNAT is the kubelet probe source address (IPv4).
-	ProbeSNAT netip.Addr
+	// ProbeSNAT and ProbeSNATv6 are the kubelet probe source addresses of
+	// each family.
+	ProbeSNAT, ProbeSNATv6 netip.Addr
 }
 
 // DefaultPodConfig captures inbound, outbound and DNS.
 func DefaultPodConfig() PodConfig {
-	return PodConfig{DNSCapture: true, InboundCapture: true, ProbeSNAT: DefaultProbeSNAT}
+	return PodConfig{DNSCapture: true, InboundCapture: true, ProbeSNAT: DefaultProbeSNAT, ProbeSNATv6: DefaultProbeSNATv6}
 }
 
 // Validate reports a configuration no backend can apply.
 func (c PodConfig) Validate() error {
 	if !c.ProbeSNAT.Is4() {
 		return fmt.Errorf("probe SNAT address %v is not IPv4", c.ProbeSNAT)
+	}
+	// A v4-mapped address would make an IPv6 rule that no packet matches.
+	if !c.ProbeSNATv6.Is6() || c.ProbeSNATv6.Is4In6() || c.ProbeSNATv6.Zone() != "" {
+		return fmt.Errorf("probe SNAT address %v is not IPv6", c.ProbeSNATv6)
 	}
 	for _, i := range c.RerouteInterfaces {
 		if i == "" || len(i) > 15 {

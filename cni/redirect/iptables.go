@@ -12,17 +12,47 @@ import (
 )
 
 // Iptables loads the rules of wire contract §4.2 with iptables-restore
-// --noflush, for nodes whose other tooling expects iptables. Restore and Save
-// name the binaries (default iptables-restore and iptables-save, whichever
-// variant the node's alternatives select).
+// --noflush, and their IPv6 twins with ip6tables-restore, for nodes whose
+// other tooling expects iptables. Restore, Save, Restore6 and Save6 name the
+// binaries (default iptables-restore, iptables-save, ip6tables-restore and
+// ip6tables-save, whichever variant the node's alternatives select).
+//
+// IPv6 is captured wherever ip6tables-save runs in the pod's netns; an
+// ip6tables-restore that then fails is an error, as for IPv4. Where
+// ip6tables-save does not run (no binary, no kernel support), a pod
+// without IPv6 addresses is enrolled with IPv4 rules alone, and a pod with
+// any IPv6 address but ::1 (link-local included: it reaches the node and,
+// on a bridge, other pods) is refused with ErrIPv6Uncaptured rather than
+// left with IPv6 around the proxy; Verify reports such a pod as drift.
 type Iptables struct {
-	Restore, Save string
+	Restore, Save   string
+	Restore6, Save6 string
 }
+
+// ErrIPv6Uncaptured is a pod with IPv6 addresses in a netns where the
+// backend cannot install IPv6 rules.
+var ErrIPv6Uncaptured = errors.New("pod has IPv6 addresses but no IPv6 rules can be installed")
 
 // Name implements Backend.
 func (Iptables) Name() string { return "iptables" }
 
-func (b Iptables) bin(name, def string) string {
+// ipt is the pair of binaries of one family.
+type ipt struct {
+	name, restore, save string
+	// label prefixes drift reports: "" for IPv4, as before IPv6 was
+	// captured, "ip6tables " for IPv6.
+	label string
+}
+
+func (b Iptables) v4() ipt {
+	return ipt{name: "iptables", restore: or(b.Restore, "iptables-restore"), save: or(b.Save, "iptables-save")}
+}
+
+func (b Iptables) v6() ipt {
+	return ipt{name: "ip6tables", restore: or(b.Restore6, "ip6tables-restore"), save: or(b.Save6, "ip6tables-save"), label: "ip6tables "}
+}
+
+func or(name, def string) string {
 	if name == "" {
 		return def
 	}
@@ -79,38 +109,67 @@ func (s saved) has(table, rule string) bool {
 	return t != nil && slices.Contains(t.rules, rule)
 }
 
-func (b Iptables) save(netnsPath string) (saved, error) {
-	out, err := runIn(netnsPath, "", b.bin(b.Save, "iptables-save"))
+func (t ipt) load(netnsPath string) (saved, error) {
+	out, err := runIn(netnsPath, "", t.save)
 	if err != nil {
 		return nil, err
 	}
 	return parseSave(out), nil
 }
 
-// Enroll implements Backend.
+// Enroll implements Backend. IPv6 goes first, so a pod refused for its
+// IPv6 gets no rules at all.
 func (b Iptables) Enroll(netnsPath string, cfg PodConfig) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	cur, err := b.save(netnsPath)
+	cur6, err := b.v6().load(netnsPath)
+	if err != nil {
+		if err := refuseIPv6(netnsPath, err); err != nil {
+			return err
+		}
+	} else if err := b.v6().apply(netnsPath, cur6, iptRules(cfg, familyV6(cfg))); err != nil {
+		return err
+	}
+	cur, err := b.v4().load(netnsPath)
 	if err != nil {
 		return err
 	}
-	want := iptRules(cfg)
-	// Tables this configuration does not use lose our chains.
-	cleanup := b.removal(cur, func(table string) bool {
-		return !slices.ContainsFunc(want, func(t iptTable) bool { return t.Name == table })
-	})
-	input := cleanup + restoreInput(want, cur.has)
-	if _, err := runIn(netnsPath, input, b.bin(b.Restore, "iptables-restore"), "--noflush"); err != nil {
-		return fmt.Errorf("install iptables rules in %s: %w", netnsPath, err)
+	if err := b.v4().apply(netnsPath, cur, iptRules(cfg, familyV4(cfg))); err != nil {
+		return err
 	}
 	return withRouting(netnsPath, ensureRouting)
 }
 
+// refuseIPv6 decides for a netns where ip6tables failed (unavailable): a
+// pod with IPv6 addresses is refused, one without is fine.
+func refuseIPv6(netnsPath string, unavailable error) error {
+	addrs, err := ipv6Addresses(netnsPath)
+	if err != nil {
+		return err
+	}
+	if len(addrs) > 0 {
+		return fmt.Errorf("%w: %v in %s: %w", ErrIPv6Uncaptured, addrs, netnsPath, unavailable)
+	}
+	return nil
+}
+
+// apply replaces our chains of one family with want.
+func (t ipt) apply(netnsPath string, cur saved, want []iptTable) error {
+	// Tables this configuration does not use lose our chains.
+	cleanup := removal(cur, func(table string) bool {
+		return !slices.ContainsFunc(want, func(t iptTable) bool { return t.Name == table })
+	})
+	input := cleanup + restoreInput(want, cur.has)
+	if _, err := runIn(netnsPath, input, t.restore, "--noflush"); err != nil {
+		return fmt.Errorf("install %s rules in %s: %w", t.name, netnsPath, err)
+	}
+	return nil
+}
+
 // removal renders the deletion of our jumps and chains in the tables
 // selected.
-func (b Iptables) removal(cur saved, selected func(table string) bool) string {
+func removal(cur saved, selected func(table string) bool) string {
 	var sb strings.Builder
 	for _, name := range []string{"mangle", "nat", "raw"} {
 		t := cur[name]
@@ -135,50 +194,48 @@ func (b Iptables) removal(cur saved, selected func(table string) bool) string {
 
 // Unenroll implements Backend.
 func (b Iptables) Unenroll(netnsPath string) error {
-	cur, err := b.save(netnsPath)
-	if err != nil {
-		return err
-	}
 	var errs []error
-	if input := b.removal(cur, func(string) bool { return true }); input != "" {
-		if _, err := runIn(netnsPath, input, b.bin(b.Restore, "iptables-restore"), "--noflush"); err != nil {
-			errs = append(errs, fmt.Errorf("delete iptables rules in %s: %w", netnsPath, err))
-		}
+	if cur, err := b.v4().load(netnsPath); err != nil {
+		errs = append(errs, err)
+	} else {
+		errs = append(errs, b.v4().remove(netnsPath, cur))
+	}
+	// A netns where ip6tables does not run holds no IPv6 rules of ours:
+	// Enroll could not have made any.
+	if cur, err := b.v6().load(netnsPath); err == nil {
+		errs = append(errs, b.v6().remove(netnsPath, cur))
 	}
 	return errors.Join(append(errs, withRouting(netnsPath, removeRouting))...)
 }
 
+// remove deletes our jumps and chains of one family.
+func (t ipt) remove(netnsPath string, cur saved) error {
+	input := removal(cur, func(string) bool { return true })
+	if input == "" {
+		return nil
+	}
+	if _, err := runIn(netnsPath, input, t.restore, "--noflush"); err != nil {
+		return fmt.Errorf("delete %s rules in %s: %w", t.name, netnsPath, err)
+	}
+	return nil
+}
+
 // Verify implements Backend.
 func (b Iptables) Verify(netnsPath string, cfg PodConfig) error {
-	cur, err := b.save(netnsPath)
+	cur, err := b.v4().load(netnsPath)
 	if err != nil {
 		return err
 	}
-	var problems []string
-	want := iptRules(cfg)
-	for _, t := range want {
-		for _, j := range t.Jumps {
-			if !cur.has(t.Name, j) {
-				problems = append(problems, fmt.Sprintf("%s: missing %q", t.Name, j))
+	problems := b.v4().drift(cur, iptRules(cfg, familyV4(cfg)))
+	if cur6, err := b.v6().load(netnsPath); err != nil {
+		if err := refuseIPv6(netnsPath, err); err != nil {
+			if !errors.Is(err, ErrIPv6Uncaptured) {
+				return err
 			}
+			problems = append(problems, err.Error())
 		}
-		// Rules are ordered within a chain; iptables-save orders chains
-		// its own way.
-		var got []string
-		if st := cur[t.Name]; st != nil {
-			got = st.rules
-		}
-		for _, chain := range []string{preChain, outChain} {
-			if g, w := ofChain(got, chain), ofChain(t.Rules, chain); !slices.Equal(g, w) {
-				problems = append(problems, fmt.Sprintf("%s: %s rules %q, want %q", t.Name, chain, g, w))
-			}
-		}
-	}
-	for name, st := range cur {
-		used := slices.ContainsFunc(want, func(t iptTable) bool { return t.Name == name })
-		if !used && (st.chains[preChain] || st.chains[outChain]) {
-			problems = append(problems, fmt.Sprintf("%s: unexpected chains", name))
-		}
+	} else {
+		problems = append(problems, b.v6().drift(cur6, iptRules(cfg, familyV6(cfg)))...)
 	}
 	missing, err := routingState(netnsPath)
 	if err != nil {
@@ -189,6 +246,36 @@ func (b Iptables) Verify(netnsPath string, cfg PodConfig) error {
 		return &DriftError{Problems: problems}
 	}
 	return nil
+}
+
+// drift lists how one family's tables differ from want.
+func (t ipt) drift(cur saved, want []iptTable) []string {
+	var problems []string
+	for _, w := range want {
+		for _, j := range w.Jumps {
+			if !cur.has(w.Name, j) {
+				problems = append(problems, fmt.Sprintf("%s%s: missing %q", t.label, w.Name, j))
+			}
+		}
+		// Rules are ordered within a chain; iptables-save orders chains
+		// its own way.
+		var got []string
+		if st := cur[w.Name]; st != nil {
+			got = st.rules
+		}
+		for _, chain := range []string{preChain, outChain} {
+			if g, r := ofChain(got, chain), ofChain(w.Rules, chain); !slices.Equal(g, r) {
+				problems = append(problems, fmt.Sprintf("%s%s: %s rules %q, want %q", t.label, w.Name, chain, g, r))
+			}
+		}
+	}
+	for name, st := range cur {
+		used := slices.ContainsFunc(want, func(w iptTable) bool { return w.Name == name })
+		if !used && (st.chains[preChain] || st.chains[outChain]) {
+			problems = append(problems, fmt.Sprintf("%s%s: unexpected chains", t.label, name))
+		}
+	}
+	return problems
 }
 
 func ofChain(rules []string, chain string) []string {

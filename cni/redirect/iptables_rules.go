@@ -21,8 +21,11 @@ type iptTable struct {
 	Rules []string
 }
 
-func iptRules(cfg PodConfig) []iptTable {
-	probe := cfg.ProbeSNAT.String() + "/32"
+// iptRules are the tables of one family: iptables takes familyV4,
+// ip6tables familyV6, with the same rules but for the loopback and probe
+// addresses.
+func iptRules(cfg PodConfig, f family) []iptTable {
+	probe, loopback := f.probe.String(), f.loopback.String()
 	notProxy := fmt.Sprintf("-m mark ! --mark 0x%x/0x%x", ProxyMark, MarkMask)
 	jumps := []string{"-A PREROUTING -j " + preChain, "-A OUTPUT -j " + outChain}
 
@@ -35,18 +38,18 @@ func iptRules(cfg PodConfig) []iptTable {
 	if cfg.InboundCapture {
 		nat = append(nat,
 			fmt.Sprintf("-A %s -s %s -p tcp -m tcp -j ACCEPT", preChain, probe),
-			fmt.Sprintf("-A %s ! -d 127.0.0.1/32 -p tcp -m tcp ! --dport %d %s -j REDIRECT --to-ports %d", preChain, HBONEPort, notProxy, InboundPort))
+			fmt.Sprintf("-A %s ! -d %s -p tcp -m tcp ! --dport %d %s -j REDIRECT --to-ports %d", preChain, loopback, HBONEPort, notProxy, InboundPort))
 	}
 	nat = append(nat, fmt.Sprintf("-A %s -d %s -p tcp -m tcp -j ACCEPT", outChain, probe))
 	if cfg.DNSCapture {
 		nat = append(nat,
 			fmt.Sprintf("-A %s ! -o lo -p udp %s -m udp --dport 53 -j REDIRECT --to-ports %d", outChain, notProxy, DNSPort),
-			fmt.Sprintf("-A %s ! -d 127.0.0.1/32 -p tcp -m tcp --dport 53 %s -j REDIRECT --to-ports %d", outChain, notProxy, DNSPort))
+			fmt.Sprintf("-A %s ! -d %s -p tcp -m tcp --dport 53 %s -j REDIRECT --to-ports %d", outChain, loopback, notProxy, DNSPort))
 	}
 	nat = append(nat,
 		fmt.Sprintf("-A %s -p tcp -m mark --mark 0x%x/0x%x -j ACCEPT", outChain, TProxyMark, MarkMask),
-		fmt.Sprintf("-A %s ! -d 127.0.0.1/32 -o lo -j ACCEPT", outChain),
-		fmt.Sprintf("-A %s ! -d 127.0.0.1/32 -p tcp %s -j REDIRECT --to-ports %d", outChain, notProxy, OutboundPort))
+		fmt.Sprintf("-A %s ! -d %s -o lo -j ACCEPT", outChain, loopback),
+		fmt.Sprintf("-A %s ! -d %s -p tcp %s -j REDIRECT --to-ports %d", outChain, loopback, notProxy, OutboundPort))
 
 	tables := []iptTable{
 		{Name: "mangle", Jumps: jumps, Rules: []string{

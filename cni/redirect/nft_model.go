@@ -112,37 +112,47 @@ func (p l4proto) String() string {
 	return "meta l4proto udp"
 }
 
-// ip4addr: ip saddr|daddr [!=] prefix. In an inet table an IPv4 header
-// match needs the family check first.
-type ip4addr struct {
+// ipaddr: ip|ip6 saddr|daddr [!=] prefix, the family taken from the
+// prefix. In an inet table a network header match needs the family check
+// first; the check also keeps each rule to its own family.
+type ipaddr struct {
 	Src    bool
 	Not    bool
 	Prefix netip.Prefix
 }
 
-func (a ip4addr) exprs() []expr.Any {
-	offset := uint32(16)
+func (a ipaddr) exprs() []expr.Any {
+	proto, size, offset := byte(unix.NFPROTO_IPV4), uint32(4), uint32(16)
 	if a.Src {
 		offset = 12
 	}
+	if a.Prefix.Addr().Is6() {
+		proto, size, offset = unix.NFPROTO_IPV6, 16, 24
+		if a.Src {
+			offset = 8
+		}
+	}
 	out := []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: size},
 	}
-	if a.Prefix.Bits() < 32 {
-		var mask [4]byte
+	if a.Prefix.Bits() < int(size)*8 {
+		mask := make([]byte, size)
 		for i := 0; i < a.Prefix.Bits(); i++ {
 			mask[i/8] |= 0x80 >> (i % 8)
 		}
-		out = append(out, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask[:], Xor: []byte{0, 0, 0, 0}})
+		out = append(out, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: size, Mask: mask, Xor: make([]byte, size)})
 	}
-	addr := a.Prefix.Masked().Addr().As4()
-	return append(out, &expr.Cmp{Op: cmpOp(a.Not), Register: 1, Data: addr[:]})
+	addr := a.Prefix.Masked().Addr().AsSlice()
+	return append(out, &expr.Cmp{Op: cmpOp(a.Not), Register: 1, Data: addr})
 }
 
-func (a ip4addr) String() string {
-	dir := "daddr"
+func (a ipaddr) String() string {
+	fam, dir := "ip", "daddr"
+	if a.Prefix.Addr().Is6() {
+		fam = "ip6"
+	}
 	if a.Src {
 		dir = "saddr"
 	}
@@ -150,7 +160,7 @@ func (a ip4addr) String() string {
 	if a.Prefix.IsSingleIP() {
 		p = a.Prefix.Addr().String()
 	}
-	return fmt.Sprintf("ip %s %s%s", dir, neq(a.Not), p)
+	return fmt.Sprintf("%s %s %s%s", fam, dir, neq(a.Not), p)
 }
 
 // port: tcp|udp dport|sport [!=] n. Follows an l4proto term.

@@ -13,7 +13,35 @@ const (
 	RawTable    = "istio-ambient-raw"
 )
 
-var loopback = netip.MustParsePrefix("127.0.0.1/32")
+// family is what an address match differs in between IPv4 and IPv6.
+type family struct {
+	loopback, probe netip.Prefix
+}
+
+func familyV4(cfg PodConfig) family {
+	return family{loopback: netip.MustParsePrefix("127.0.0.1/32"), probe: netip.PrefixFrom(cfg.ProbeSNAT, 32)}
+}
+
+func familyV6(cfg PodConfig) family {
+	return family{loopback: netip.MustParsePrefix("::1/128"), probe: netip.PrefixFrom(cfg.ProbeSNATv6, 128)}
+}
+
+// families are IPv4 then IPv6. Every rule that matches an address comes
+// in twins, one per family, so IPv6 TCP is captured exactly as IPv4 is
+// (wire contract §4.2: "for IPv6 the same rules are installed with ::1/128
+// and the v6 SNAT address"). They are always both installed: an inet table
+// takes IPv6 rules even where the pod has no IPv6, and a pod that gains an
+// address later is covered without a new enrollment.
+func families(cfg PodConfig) []family { return []family{familyV4(cfg), familyV6(cfg)} }
+
+// perFamily returns rule's twins.
+func perFamily(cfg PodConfig, rule func(family) nftRule) []nftRule {
+	var out []nftRule
+	for _, f := range families(cfg) {
+		out = append(out, rule(f))
+	}
+	return out
+}
 
 const (
 	tcp = l4proto(unix.IPPROTO_TCP)
@@ -26,8 +54,6 @@ var notProxy = mark{Not: true, Mask: MarkMask, Value: ProxyMark}
 // nftRules returns the in-pod tables for cfg (wire contract §4.2 in the
 // nftables form of §4.4).
 func nftRules(cfg PodConfig) []nftTable {
-	probe := netip.PrefixFrom(cfg.ProbeSNAT, 32)
-
 	var pre []nftRule
 	for _, i := range cfg.RerouteInterfaces {
 		pre = append(pre,
@@ -35,27 +61,33 @@ func nftRules(cfg PodConfig) []nftTable {
 			nftRule{ifname{Name: i}, tcp, ret})
 	}
 	if cfg.InboundCapture {
-		pre = append(pre,
-			// Kubelet probes, SNATed on the host, skip capture.
-			nftRule{tcp, ip4addr{Src: true, Prefix: probe}, accept},
-			// All inbound TCP but HBONE goes to the plaintext listener.
-			nftRule{tcp, ip4addr{Not: true, Prefix: loopback}, port{Proto: unix.IPPROTO_TCP, Not: true, Port: HBONEPort}, notProxy, redirect(InboundPort)})
+		// Kubelet probes, SNATed on the host, skip capture.
+		pre = append(pre, perFamily(cfg, func(f family) nftRule {
+			return nftRule{tcp, ipaddr{Src: true, Prefix: f.probe}, accept}
+		})...)
+		// All inbound TCP but HBONE goes to the plaintext listener.
+		pre = append(pre, perFamily(cfg, func(f family) nftRule {
+			return nftRule{tcp, ipaddr{Not: true, Prefix: f.loopback}, port{Proto: unix.IPPROTO_TCP, Not: true, Port: HBONEPort}, notProxy, redirect(InboundPort)}
+		})...)
 	}
-	out := []nftRule{
-		nftRule{tcp, ip4addr{Prefix: probe}, accept},
-	}
+	out := perFamily(cfg, func(f family) nftRule { return nftRule{tcp, ipaddr{Prefix: f.probe}, accept} })
 	if cfg.DNSCapture {
-		out = append(out,
-			nftRule{ifname{Out: true, Not: true, Name: "lo"}, udp, notProxy, port{Proto: unix.IPPROTO_UDP, Port: 53}, redirect(DNSPort)},
-			nftRule{tcp, ip4addr{Not: true, Prefix: loopback}, port{Proto: unix.IPPROTO_TCP, Port: 53}, notProxy, redirect(DNSPort)})
+		// UDP DNS matches no address: one rule serves both families.
+		out = append(out, nftRule{ifname{Out: true, Not: true, Name: "lo"}, udp, notProxy, port{Proto: unix.IPPROTO_UDP, Port: 53}, redirect(DNSPort)})
+		out = append(out, perFamily(cfg, func(f family) nftRule {
+			return nftRule{tcp, ipaddr{Not: true, Prefix: f.loopback}, port{Proto: unix.IPPROTO_TCP, Port: 53}, notProxy, redirect(DNSPort)}
+		})...)
 	}
-	out = append(out,
-		// Replies of the proxy's connections are not captured.
-		nftRule{tcp, mark{Mask: MarkMask, Value: TProxyMark}, accept},
-		// The app talking to its own pod IP over lo is not captured.
-		nftRule{ifname{Out: true, Name: "lo"}, ip4addr{Not: true, Prefix: loopback}, accept},
-		// All other outbound TCP goes to the proxy.
-		nftRule{tcp, ip4addr{Not: true, Prefix: loopback}, notProxy, redirect(OutboundPort)})
+	// Replies of the proxy's connections are not captured.
+	out = append(out, nftRule{tcp, mark{Mask: MarkMask, Value: TProxyMark}, accept})
+	// The app talking to its own pod IP over lo is not captured.
+	out = append(out, perFamily(cfg, func(f family) nftRule {
+		return nftRule{ifname{Out: true, Name: "lo"}, ipaddr{Not: true, Prefix: f.loopback}, accept}
+	})...)
+	// All other outbound TCP goes to the proxy.
+	out = append(out, perFamily(cfg, func(f family) nftRule {
+		return nftRule{tcp, ipaddr{Not: true, Prefix: f.loopback}, notProxy, redirect(OutboundPort)}
+	})...)
 
 	tables := []nftTable{
 		{Name: MangleTable, Chains: []nftChain{

@@ -85,9 +85,17 @@ func dialFrom(t *testing.T, ns string, local netip.Addr, mark int, to string) fu
 			}
 		}
 		var c net.Conn
-		err := netns.Do(ns, func() (err error) { c, err = d.Dial("tcp4", to); return err })
+		err := netns.Do(ns, func() (err error) { c, err = d.Dial(networkOf("tcp", to), to); return err })
 		return c, err
 	}
+}
+
+// networkOf is network ("tcp", "udp") with the family of addr's address.
+func networkOf(network, addr string) string {
+	if ap, err := netip.ParseAddrPort(addr); err == nil && ap.Addr().Is6() {
+		return network + "6"
+	}
+	return network + "4"
 }
 
 func nftList(t *testing.T, ns string) string {

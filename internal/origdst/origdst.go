@@ -1,8 +1,10 @@
 // Package origdst reads where a connection redirected by netfilter
-// (REDIRECT to the node proxy's listeners) was originally going.
+// (REDIRECT to the node proxy's listeners) was originally going, for IPv4
+// and IPv6 connections alike.
 package origdst
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
@@ -10,33 +12,70 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Of returns where a redirected connection was going
-// (SO_ORIGINAL_DST; IPv4).
+// ip6tSOOriginalDst is IP6T_SO_ORIGINAL_DST (linux/netfilter_ipv6/ip6_tables.h),
+// which x/sys/unix does not name: the IPv6 twin of SO_ORIGINAL_DST, asked at
+// SOL_IPV6. Both are 80.
+const ip6tSOOriginalDst = 80
+
+// Of returns where a redirected connection was going. The family of the
+// connection, not of the listening socket, picks the question: the node
+// proxy's listeners are dual-stack, so an IPv4 connection arrives with
+// v4-mapped addresses and still has only an IPv4 conntrack entry.
+//
+// Only REDIRECT (a NAT) leaves an original destination behind; a socket
+// that took a connection through TPROXY would find it in its local address
+// instead, and the in-pod rules use REDIRECT for both families.
 func Of(c net.Conn) (netip.AddrPort, error) {
 	tc, ok := c.(*net.TCPConn)
 	if !ok {
 		return netip.AddrPort{}, fmt.Errorf("%T is not TCP", c)
 	}
+	local, ok := tc.LocalAddr().(*net.TCPAddr)
+	if !ok {
+		return netip.AddrPort{}, fmt.Errorf("local address %v is not TCP", tc.LocalAddr())
+	}
+	v4 := local.IP.To4() != nil
 	raw, err := tc.SyscallConn()
 	if err != nil {
-		return netip.AddrPort{}, err
+		return netip.AddrPort{}, fmt.Errorf("original destination: %w", err)
 	}
 	var got netip.AddrPort
 	var serr error
 	if err := raw.Control(func(fd uintptr) {
-		m, err := unix.GetsockoptIPv6Mreq(int(fd), unix.IPPROTO_IP, unix.SO_ORIGINAL_DST)
-		if err != nil {
-			serr = err
-			return
+		if v4 {
+			got, serr = of4(int(fd))
+		} else {
+			got, serr = of6(int(fd))
 		}
-		// A sockaddr_in: family, port (big endian), address.
-		port := uint16(m.Multiaddr[2])<<8 | uint16(m.Multiaddr[3])
-		got = netip.AddrPortFrom(netip.AddrFrom4([4]byte(m.Multiaddr[4:8])), port)
 	}); err != nil {
-		return netip.AddrPort{}, err
+		return netip.AddrPort{}, fmt.Errorf("original destination: %w", err)
 	}
-	if serr != nil {
-		return netip.AddrPort{}, fmt.Errorf("SO_ORIGINAL_DST: %w", serr)
+	return got, serr
+}
+
+// of4 asks SO_ORIGINAL_DST, which answers a sockaddr_in (16 bytes); the
+// 20-byte ipv6_mreq is only the buffer that holds it.
+func of4(fd int) (netip.AddrPort, error) {
+	m, err := unix.GetsockoptIPv6Mreq(fd, unix.IPPROTO_IP, unix.SO_ORIGINAL_DST)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("SO_ORIGINAL_DST: %w", err)
 	}
-	return got, nil
+	// A sockaddr_in: family, port (big endian), address.
+	port := binary.BigEndian.Uint16(m.Multiaddr[2:4])
+	return netip.AddrPortFrom(netip.AddrFrom4([4]byte(m.Multiaddr[4:8])), port), nil
+}
+
+// of6 asks IP6T_SO_ORIGINAL_DST, which answers a sockaddr_in6 (28 bytes)
+// and refuses a shorter buffer; the 32-byte ip6_mtuinfo starts with one.
+func of6(fd int) (netip.AddrPort, error) {
+	m, err := unix.GetsockoptIPv6MTUInfo(fd, unix.IPPROTO_IPV6, ip6tSOOriginalDst)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("IP6T_SO_ORIGINAL_DST: %w", err)
+	}
+	// The port field holds the big-endian bytes as they are in memory.
+	port := binary.BigEndian.Uint16(binary.NativeEndian.AppendUint16(nil, m.Addr.Port))
+	// The scope of a link-local destination is dropped on purpose: the
+	// proxy serves no link-local destination, and an address without its
+	// zone cannot be dialled, so such a connection fails closed.
+	return netip.AddrPortFrom(netip.AddrFrom16(m.Addr.Addr), port), nil
 }

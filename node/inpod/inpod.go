@@ -51,27 +51,13 @@ func mark(_, _ string, c syscall.RawConn) error {
 // Open listens inside the namespace; it takes ownership of ns.
 func Open(ns *os.File) (*Pod, error) {
 	p := &Pod{netns: ns}
-	// SO_REUSEPORT as ztunnel: a restarting proxy's new sockets can bind
-	// while the old ones drain (wire contract §3.4).
-	lc := net.ListenConfig{Control: func(network, address string, c syscall.RawConn) error {
-		if err := mark(network, address, c); err != nil {
-			return err
-		}
-		var serr error
-		if err := c.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
-		}); err != nil {
-			return err
-		}
-		return serr
-	}}
 	err := netns.Do(p.path(), func() error {
 		for _, l := range []struct {
 			dst  *net.Listener
 			port int
 		}{{&p.Outbound, OutboundPort}, {&p.Inbound, InboundPort}, {&p.HBONE, HBONEPort}} {
 			var err error
-			if *l.dst, err = lc.Listen(context.Background(), "tcp", fmt.Sprintf(":%d", l.port)); err != nil {
+			if *l.dst, err = listen(l.port); err != nil {
 				return fmt.Errorf("listen on %d: %w", l.port, err)
 			}
 		}
@@ -82,6 +68,45 @@ func Open(ns *os.File) (*Pod, error) {
 		return nil, fmt.Errorf("in pod netns: %w", err)
 	}
 	return p, nil
+}
+
+// listen opens a wildcard listener on port for both families: one AF_INET6
+// socket with IPV6_V6ONLY off, so IPv4 arrives v4-mapped and IPv6 the pod's
+// rules redirect lands on the same socket. Go's "tcp" on ":port" would pick
+// such a socket only where its process-wide probe found IPv6, and that probe
+// ran in whichever namespace first asked, not in this pod's. A kernel
+// without IPv6 cannot make the socket; its pods have no IPv6 to capture, so
+// IPv4 alone is served.
+func listen(port int) (net.Listener, error) {
+	dual := listenConfig(true)
+	l, err := dual.Listen(context.Background(), "tcp6", fmt.Sprintf("[::]:%d", port))
+	if errors.Is(err, unix.EAFNOSUPPORT) {
+		v4 := listenConfig(false)
+		return v4.Listen(context.Background(), "tcp4", fmt.Sprintf("0.0.0.0:%d", port))
+	}
+	return l, err
+}
+
+// listenConfig marks the proxy's sockets and sets SO_REUSEPORT as ztunnel
+// does: a restarting proxy's new sockets can bind while the old ones drain
+// (wire contract §3.4). A dual socket takes both families: Go has set
+// IPV6_V6ONLY on a "tcp6" socket before Control runs, and this clears it.
+func listenConfig(dual bool) *net.ListenConfig {
+	return &net.ListenConfig{Control: func(network, address string, c syscall.RawConn) error {
+		if err := mark(network, address, c); err != nil {
+			return err
+		}
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+			if serr == nil && dual {
+				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 0)
+			}
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
 }
 
 // Dial connects from inside the pod's namespace with the proxy's mark.
@@ -96,18 +121,16 @@ func (p *Pod) Dial(ctx context.Context, network, addr string) (net.Conn, error) 
 }
 
 // DialFrom connects from inside the pod's namespace with src as the
-// source address (IP_TRANSPARENT), so the app sees the original client;
-// the in-pod rules route the replies back to this socket (connmark 0x111,
-// table 100).
+// source address (IP_TRANSPARENT, IPV6_TRANSPARENT), so the app sees the
+// original client; the in-pod rules route the replies back to this socket
+// (connmark 0x111, table 100 of either family).
 func (p *Pod) DialFrom(ctx context.Context, src netip.Addr, network, addr string) (net.Conn, error) {
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: src.AsSlice()}, Control: func(network, address string, c syscall.RawConn) error {
 		if err := mark(network, address, c); err != nil {
 			return err
 		}
 		var serr error
-		if err := c.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_TRANSPARENT, 1)
-		}); err != nil {
+		if err := c.Control(func(fd uintptr) { serr = setTransparent(int(fd), network) }); err != nil {
 			return err
 		}
 		return serr
@@ -118,6 +141,15 @@ func (p *Pod) DialFrom(ctx context.Context, src netip.Addr, network, addr string
 		return err
 	})
 	return c, err
+}
+
+// setTransparent lets a socket bind a foreign address, with the option of
+// its family: an IPv6 client's address needs IPV6_TRANSPARENT.
+func setTransparent(fd int, network string) error {
+	if network == "tcp6" {
+		return unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_TRANSPARENT, 1)
+	}
+	return unix.SetsockoptInt(fd, unix.SOL_IP, unix.IP_TRANSPARENT, 1)
 }
 
 // Close closes the listeners and the namespace handle.

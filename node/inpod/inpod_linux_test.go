@@ -2,6 +2,7 @@ package inpod
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -83,4 +84,102 @@ func TestListenersInAnEnrolledPod(t *testing.T) {
 		go nettest.In(t, pair.B, func() (net.Conn, error) { return net.DialTimeout("tcp4", pair.AddrA.String()+":15008", 3*time.Second) })
 		accept(t, pod.HBONE)
 	})
+}
+
+// TestListenersTakeIPv6: in a dual-stack pod the same three sockets take
+// the IPv6 the rules redirect, with its original destination, and the
+// proxy reaches the app from a client's IPv6 address with the replies
+// routed back to it (ip -6 rule fwmark 0x111, table 100).
+func TestListenersTakeIPv6(t *testing.T) {
+	pair := nettest.NewDualStackPair(t, netip.MustParsePrefix("10.221.0.0/24"), netip.MustParsePrefix("fd00:221::/64"))
+	if err := (redirect.Nftables{}).Enroll(pair.A, redirect.DefaultPodConfig()); err != nil {
+		t.Fatal(err)
+	}
+	ns, err := os.Open(pair.A)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := Open(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pod.Close()
+	outside6 := netip.AddrPortFrom(pair.AddrB6, 9000).String()
+	outside := nettest.Listen(t, pair.B, outside6)
+
+	for _, tc := range []struct {
+		name     string
+		from     string
+		to       netip.AddrPort
+		listener net.Listener
+	}{
+		{"outbound IPv6 from the app lands on 15001", pair.A, netip.AddrPortFrom(pair.AddrB6, 80), pod.Outbound},
+		{"outbound IPv4 from the app lands on 15001", pair.A, netip.AddrPortFrom(pair.AddrB, 80), pod.Outbound},
+		{"inbound IPv6 plaintext lands on 15006", pair.B, netip.AddrPortFrom(pair.AddrA6, 8080), pod.Inbound},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			go nettest.In(t, tc.from, func() (net.Conn, error) { return net.DialTimeout("tcp", tc.to.String(), 3*time.Second) })
+			c := accept(t, tc.listener)
+			if dst, err := origdst.Of(c); err != nil || dst != tc.to {
+				t.Errorf("original destination %v, %v; want %v", dst, err, tc.to)
+			}
+		})
+	}
+	t.Run("IPv6 HBONE reaches 15008", func(t *testing.T) {
+		go nettest.In(t, pair.B, func() (net.Conn, error) {
+			return net.DialTimeout("tcp", netip.AddrPortFrom(pair.AddrA6, 15008).String(), 3*time.Second)
+		})
+		accept(t, pod.HBONE)
+	})
+	t.Run("the proxy's own IPv6 dial passes", func(t *testing.T) {
+		c, err := pod.Dial(context.Background(), "tcp", outside6)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		select {
+		case got := <-outside:
+			got.Close()
+		case <-time.After(5 * time.Second):
+			t.Fatal("the marked dial was captured")
+		}
+	})
+	for _, tc := range []struct {
+		name      string
+		src, self netip.Addr
+	}{
+		{"DialFrom an IPv6 client reaches the app and hears back", pair.AddrB6, pair.AddrA6},
+		{"DialFrom an IPv4 client reaches the app and hears back", pair.AddrB, pair.AddrA},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			app := nettest.Listen(t, pair.A, netip.AddrPortFrom(tc.self, 8081).String())
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			c, err := pod.DialFrom(ctx, tc.src, "tcp", netip.AddrPortFrom(tc.self, 8081).String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			var got net.Conn
+			select {
+			case got = <-app:
+				defer got.Close()
+			case <-time.After(5 * time.Second):
+				t.Fatal("the app accepted nothing")
+			}
+			if from := got.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap(); from != tc.src {
+				t.Errorf("the app sees %v, want the client %v", from, tc.src)
+			}
+			// The reply goes to a foreign address: only table 100 brings it
+			// back to the proxy's socket.
+			if _, err := got.Write([]byte("pong")); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			buf := make([]byte, 4)
+			if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "pong" {
+				t.Fatalf("the proxy read %q, %v", buf, err)
+			}
+		})
+	}
 }
