@@ -147,7 +147,7 @@ func isWaypoint(src *workloadapi.Workload, wp *workloadapi.GatewayAddress, t Tab
 	if a := wp.GetAddress(); a != nil {
 		ip, _ := netip.AddrFromSlice(a.GetAddress())
 		for _, b := range src.GetAddresses() {
-			if x, _ := netip.AddrFromSlice(b); x == ip {
+			if x, _ := netip.AddrFromSlice(b); x.Unmap() == ip.Unmap() {
 				return true
 			}
 		}
