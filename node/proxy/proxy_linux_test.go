@@ -96,7 +96,13 @@ type mesh struct {
 // the pods.
 func newMesh(t *testing.T, subnet string, configure ...func(*Proxy)) *mesh {
 	t.Helper()
-	pair := nettest.NewPair(t, netip.MustParsePrefix(subnet))
+	return newMeshOn(t, nettest.NewPair(t, netip.MustParsePrefix(subnet)), configure...)
+}
+
+// newMeshOn builds the mesh on a pair; the pods of a dual-stack pair are
+// dual-stack workloads and the app listens on both families.
+func newMeshOn(t *testing.T, pair nettest.Pair, configure ...func(*Proxy)) *mesh {
+	t.Helper()
 	m := &mesh{pair: pair, clientNS: pair.A, serverNS: pair.B, pods: map[string]*inpod.Pod{}, peers: make(chan string, 64)}
 	for _, ns := range []string{m.clientNS, m.serverNS} {
 		if err := (redirect.Nftables{}).Enroll(ns, redirect.DefaultPodConfig()); err != nil {
@@ -123,6 +129,10 @@ func newMesh(t *testing.T, subnet string, configure ...func(*Proxy)) *mesh {
 		t.Fatal(err)
 	}
 	m.clientW, m.serverW = workload("c", "client", pair.AddrA), workload("s", "server", pair.AddrB)
+	if pair.AddrA6.IsValid() {
+		m.clientW.Addresses = append(m.clientW.Addresses, pair.AddrA6.AsSlice())
+		m.serverW.Addresses = append(m.serverW.Addresses, pair.AddrB6.AsSlice())
+	}
 	m.table = workloadtable.New()
 	m.table.Apply(workloadapi.AddressTypeURL, []*discoveryv3.Resource{
 		resource(t, workloadapi.AddressTypeURL, "c", &workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: m.clientW}}),
@@ -157,23 +167,32 @@ func newMesh(t *testing.T, subnet string, configure ...func(*Proxy)) *mesh {
 		m.pods[x.ns] = pod
 		m.proxy.ServePod(pod, x.w)
 	}
-	// The server app echoes.
-	app := nettest.In(t, m.serverNS, func() (net.Listener, error) { return net.Listen("tcp4", ":8080") })
-	t.Cleanup(func() { app.Close() })
-	go func() {
-		for {
-			c, err := app.Accept()
-			if err != nil {
-				return
-			}
-			select {
-			case m.peers <- c.RemoteAddr().(*net.TCPAddr).IP.String():
-			default:
-			}
-			go func() { _, _ = io.Copy(c, c); c.Close() }()
-		}
-	}()
+	// The server app echoes, on each family the pair has.
+	networks := []string{"tcp4"}
+	if pair.AddrB6.IsValid() {
+		networks = append(networks, "tcp6")
+	}
+	for _, network := range networks {
+		app := nettest.In(t, m.serverNS, func() (net.Listener, error) { return net.Listen(network, ":8080") })
+		t.Cleanup(func() { app.Close() })
+		go m.echo(app)
+	}
 	return m
+}
+
+// echo serves an echo app on l, reporting each client's address.
+func (m *mesh) echo(l net.Listener) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		select {
+		case m.peers <- c.RemoteAddr().(*net.TCPAddr).IP.String():
+		default:
+		}
+		go func() { _, _ = io.Copy(c, c); c.Close() }()
+	}
 }
 
 // call sends a message from the client pod to the server's echo app and
@@ -191,7 +210,7 @@ func (m *mesh) send(t *testing.T, ns, addr, msg string) (string, error) {
 		err error
 	}
 	d := nettest.In(t, ns, func() (dialed, error) {
-		c, err := net.DialTimeout("tcp4", addr, 3*time.Second)
+		c, err := net.DialTimeout("tcp", addr, 3*time.Second)
 		return dialed{c, err}, nil
 	})
 	if d.err != nil {
