@@ -73,6 +73,11 @@ func TestBadInput(t *testing.T) {
 	}{
 		{"no token", nil, []*discoveryv3.DeltaDiscoveryRequest{addrReq(m.node(t, "z", ""))}, codes.Unauthenticated, "no bearer token"},
 		{"wrong token", []string{"authorization", "Bearer nonsense"}, []*discoveryv3.DeltaDiscoveryRequest{addrReq(m.node(t, "z", ""))}, codes.Unauthenticated, "authentication failed"},
+		// The token is checked from the stream's headers before any
+		// request is read: a caller without a valid token never gets the
+		// server to buffer a (up to 16 MiB) message.
+		{"wrong token, no request sent", []string{"authorization", "Bearer nonsense"}, nil, codes.Unauthenticated, "authentication failed"},
+		{"no token, no request sent", nil, nil, codes.Unauthenticated, "no bearer token"},
 		{"unknown cluster", append([]string{"clusterid", "elsewhere"}, auth...), []*discoveryv3.DeltaDiscoveryRequest{addrReq(m.node(t, "z", ""))}, codes.Unauthenticated, "unknown cluster"},
 		{"malformed node ID", auth, []*discoveryv3.DeltaDiscoveryRequest{addrReq(&corev3.Node{Id: "ztunnel~nope"})}, codes.InvalidArgument, "want 4 parts"},
 		{"no node", auth, []*discoveryv3.DeltaDiscoveryRequest{{TypeUrl: workloadapi.AddressTypeURL}}, codes.InvalidArgument, "no node ID"},

@@ -133,29 +133,34 @@ func (s *Server) authorize(caller authn.Caller, p Proxy) error {
 	return nil
 }
 
-// open authenticates a stream and parses its first request's node.
-func (s *Server) open(ctx context.Context, node *corev3.Node) (Proxy, authn.Caller, error) {
-	caller, err := s.authenticate(ctx)
-	if err != nil {
-		return Proxy{}, caller, err
-	}
+// open parses a stream's first request's node and checks it against the
+// authenticated caller.
+func (s *Server) open(caller authn.Caller, node *corev3.Node) (Proxy, error) {
 	p, err := ParseNode(node)
 	if err != nil {
-		return Proxy{}, caller, s.streamError("node", codes.InvalidArgument, "%v", err)
+		return Proxy{}, s.streamError("node", codes.InvalidArgument, "%v", err)
 	}
 	if err := s.authorize(caller, p); err != nil {
-		return Proxy{}, caller, err
+		return Proxy{}, err
 	}
-	return p, caller, nil
+	return p, nil
 }
 
 // DeltaAggregatedResources serves one proxy's Delta ADS stream.
 func (s *Server) DeltaAggregatedResources(stream grpc.BidiStreamingServer[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse]) error {
+	// The caller is authenticated from the stream's headers before its
+	// first message is read: a caller without a valid token never makes
+	// the server receive (and hold) a request of up to the transport's
+	// message limit.
+	caller, err := s.authenticate(stream.Context())
+	if err != nil {
+		return err
+	}
 	first, err := stream.Recv()
 	if err != nil {
 		return err
 	}
-	proxy, caller, err := s.open(stream.Context(), first.GetNode())
+	proxy, err := s.open(caller, first.GetNode())
 	if err != nil {
 		return err
 	}

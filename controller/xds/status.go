@@ -201,12 +201,15 @@ func (s *Server) handleDebugDelta(c *conn, req *discoveryv3.DeltaDiscoveryReques
 // ADS, the way istioctl proxy-status asks. Workload types are served over
 // Delta ADS only.
 func (s *Server) StreamAggregatedResources(stream grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse]) error {
+	caller, err := s.authenticate(stream.Context())
+	if err != nil {
+		return err
+	}
 	req, err := stream.Recv()
 	if err != nil {
 		return err
 	}
-	_, caller, err := s.open(stream.Context(), req.GetNode())
-	if err != nil {
+	if _, err := s.open(caller, req.GetNode()); err != nil {
 		return err
 	}
 	var nonce uint64
