@@ -115,6 +115,9 @@ func (s *Server) create(ctx context.Context, req *securityapi.IstioCertificateRe
 		return nil, "no_token", status.Error(codes.Unauthenticated, "missing bearer token in the authorization header")
 	}
 	caller, err := s.authn.Authenticate(ctx, token, first(md.Get("clusterid")))
+	if errors.Is(err, authn.ErrThrottled) {
+		return nil, "authn_throttled", status.Errorf(codes.ResourceExhausted, "authenticate: %v", err)
+	}
 	if err != nil {
 		return nil, authnReason(err), status.Errorf(codes.Unauthenticated, "authenticate: %v", err)
 	}

@@ -109,6 +109,9 @@ func (s *Server) authenticate(ctx context.Context) (authn.Caller, error) {
 		cluster = v[0]
 	}
 	caller, err := s.auth.Authenticate(ctx, token, cluster)
+	if errors.Is(err, authn.ErrThrottled) {
+		return authn.Caller{}, s.streamError("authn_throttled", codes.ResourceExhausted, "authentication: %v", err)
+	}
 	if err != nil {
 		return authn.Caller{}, s.streamError("unauthenticated", codes.Unauthenticated, "authentication failed: %v", err)
 	}

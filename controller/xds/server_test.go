@@ -75,12 +75,19 @@ func startMesh(t *testing.T, cfg xds.Config) *mesh {
 // server, for proxies of a fresh namespace (also the system namespace).
 func newMesh(t *testing.T, cfg xds.Config, source xds.Source) *mesh {
 	t.Helper()
-	m := &mesh{reg: prometheus.NewRegistry(), ns: env.Namespace(t, "proxies", nil)}
 	auth, err := authn.New(authn.Config{LocalCluster: "Kubernetes",
 		Clusters: map[string]authn.TokenReviewer{"Kubernetes": authn.Reviewer{Client: env.Client.AuthenticationV1()}}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return newMeshWithAuth(t, cfg, source, auth)
+}
+
+// newMeshWithAuth is newMesh with the caller's authenticator.
+func newMeshWithAuth(t *testing.T, cfg xds.Config, source xds.Source, auth xds.Authenticator) *mesh {
+	t.Helper()
+	var err error
+	m := &mesh{reg: prometheus.NewRegistry(), ns: env.Namespace(t, "proxies", nil)}
 	cfg.Registerer, cfg.SystemNamespace = m.reg, m.ns
 	if cfg.Quiet == 0 {
 		cfg.Quiet, cfg.MaxDelay = 10*time.Millisecond, 50*time.Millisecond
