@@ -100,7 +100,10 @@ func start(b *testing.B) *bench {
 	b.Helper()
 	src := &source{rounds: map[int]int{}}
 	// A 1ms debounce: the figures are the pipeline's, not the quiet period's.
-	s, err := xds.New(xds.Config{Quiet: time.Millisecond, MaxDelay: time.Millisecond}, src, allowAll{}, slog.New(slog.DiscardHandler))
+	// Every proxy here is one caller (allowAll), and they connect all at
+	// once: no stream limits.
+	s, err := xds.New(xds.Config{Quiet: time.Millisecond, MaxDelay: time.Millisecond, MaxStreamsPerCaller: -1, StreamsPerSecond: -1},
+		src, allowAll{}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		b.Fatal(err)
 	}

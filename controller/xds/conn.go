@@ -159,6 +159,11 @@ func (s *Server) DeltaAggregatedResources(stream grpc.BidiStreamingServer[discov
 	if err != nil {
 		return err
 	}
+	release, err := s.admit(stream.Context(), caller)
+	if err != nil {
+		return err
+	}
+	defer release()
 	first, err := stream.Recv()
 	if err != nil {
 		return err

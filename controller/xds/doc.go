@@ -20,4 +20,8 @@
 //   - Server: the push pipeline (change sets from the index, debounced,
 //     applied to the Table, then marked on every connection) and the gRPC
 //     streams, each with its own sender so a slow proxy delays nobody.
+//   - admission: what a stream must pass once its caller is authenticated
+//     (from its headers, before any message is read): caps on the streams
+//     open in total and per caller, and a budget of new streams per
+//     second. Refusals are ResourceExhausted, counted by reason.
 package xds

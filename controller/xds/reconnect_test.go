@@ -66,7 +66,10 @@ func TestReconnectSkipsUnchanged(t *testing.T) {
 // TestManyClientsConverge: 100 proxies on their own connections end with
 // identical tables through creates, updates and deletes.
 func TestManyClientsConverge(t *testing.T) {
-	m := startMesh(t, xds.Config{})
+	// The proxies share one token that is bound to no pod, so they are one
+	// caller to the per-caller cap; real node proxies' tokens are their
+	// pods'.
+	m := startMesh(t, xds.Config{MaxStreamsPerCaller: -1})
 	ns := env.Namespace(t, "apps", nil)
 	const clients = 100
 	proxies := make([]*proxy, clients)

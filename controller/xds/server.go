@@ -48,6 +48,18 @@ type Config struct {
 	// SendTimeout is how long a proxy may take to read a response before
 	// it is disconnected (default 30s).
 	SendTimeout time.Duration
+	// MaxStreams bounds the streams open at once (default 10,000) and
+	// MaxStreamsPerCaller those of one caller: the pod of a pod-bound
+	// token, else the service account (default 10). Negative: no bound.
+	MaxStreams, MaxStreamsPerCaller int
+	// StreamsPerSecond and StreamBurst budget new streams, each of which
+	// costs a whole table's response (defaults 25 a second, bursts of 100;
+	// negative StreamsPerSecond: no budget). StreamWait is the longest a
+	// new stream waits for the budget before it is refused (default 1s;
+	// negative: never wait). Only authenticated streams count.
+	StreamsPerSecond float64
+	StreamBurst      int
+	StreamWait       time.Duration
 	// SystemNamespace: callers from it may read proxy status over xDS.
 	SystemNamespace string
 	// ID names this controller instance in proxy status (its pod name).
@@ -56,6 +68,14 @@ type Config struct {
 	Registerer prometheus.Registerer
 	Now        func() time.Time
 }
+
+// Defaults of the stream limits.
+const (
+	DefaultMaxStreams          = 10000
+	DefaultMaxStreamsPerCaller = 10
+	DefaultStreamsPerSecond    = 25
+	DefaultStreamBurst         = 100
+)
 
 func (c Config) withDefaults() Config {
 	if c.Quiet <= 0 {
@@ -75,6 +95,21 @@ func (c Config) withDefaults() Config {
 	}
 	if c.SendTimeout <= 0 {
 		c.SendTimeout = 30 * time.Second
+	}
+	if c.MaxStreams == 0 {
+		c.MaxStreams = DefaultMaxStreams
+	}
+	if c.MaxStreamsPerCaller == 0 {
+		c.MaxStreamsPerCaller = DefaultMaxStreamsPerCaller
+	}
+	if c.StreamsPerSecond == 0 {
+		c.StreamsPerSecond = DefaultStreamsPerSecond
+	}
+	if c.StreamBurst <= 0 {
+		c.StreamBurst = DefaultStreamBurst
+	}
+	if c.StreamWait == 0 {
+		c.StreamWait = time.Second
 	}
 	if c.SystemNamespace == "" {
 		c.SystemNamespace = "istio-system"
@@ -98,12 +133,13 @@ var types = []string{workloadapi.AddressTypeURL, workloadapi.AuthorizationTypeUR
 type Server struct {
 	discoveryv3.UnimplementedAggregatedDiscoveryServiceServer
 
-	cfg     Config
-	source  Source
-	auth    Authenticator
-	table   *Table
-	log     *slog.Logger
-	metrics *metrics
+	cfg       Config
+	source    Source
+	auth      Authenticator
+	admission *admission
+	table     *Table
+	log       *slog.Logger
+	metrics   *metrics
 
 	ready    chan struct{}
 	gen      atomic.Uint64
@@ -141,6 +177,7 @@ func New(cfg Config, source Source, auth Authenticator, log *slog.Logger) (*Serv
 		return nil, fmt.Errorf("xds metrics: %w", err)
 	}
 	s.metrics = m
+	s.admission = newAdmission(s.cfg)
 	return s, nil
 }
 

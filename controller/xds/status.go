@@ -205,6 +205,11 @@ func (s *Server) StreamAggregatedResources(stream grpc.BidiStreamingServer[disco
 	if err != nil {
 		return err
 	}
+	release, err := s.admit(stream.Context(), caller)
+	if err != nil {
+		return err
+	}
+	defer release()
 	req, err := stream.Recv()
 	if err != nil {
 		return err
