@@ -31,7 +31,10 @@ var (
 type Account struct{ Namespace, Name string }
 
 // Pods is what the decision reads of the cluster. PodsOnNode lists the pods
-// of a namespace scheduled to a node.
+// of a namespace scheduled to a node. A cache (an informer's view) fits:
+// a pod it has not seen yet is refused, and the node proxy asks again.
+// Implementations must be safe for concurrent use and return pods the
+// caller must not modify.
 type Pods interface {
 	Pod(ctx context.Context, namespace, name string) (*corev1.Pod, error)
 	PodsOnNode(ctx context.Context, namespace, node string) ([]*corev1.Pod, error)

@@ -10,7 +10,10 @@ import (
 )
 
 // APIPods reads pods straight from the API server: one GET and one LIST
-// filtered by node per impersonated request.
+// filtered by node per impersonated request. It suits tests and tools; the
+// controller answers from its informers' view instead
+// (cmd/canopy-controller/pods.go), so that certificates cost the API
+// server nothing.
 type APIPods struct{ Client kubernetes.Interface }
 
 // Pod implements Pods.

@@ -41,7 +41,9 @@ type caParts struct {
 	log           *slog.Logger
 }
 
-func newCA(ctx context.Context, cfg config, kube kubernetes.Interface, reg prometheus.Registerer, log *slog.Logger) (*caParts, error) {
+// newCA loads the CA's key material and builds its service; pods is its
+// view of the cluster's pods for the impersonation checks.
+func newCA(ctx context.Context, cfg config, kube kubernetes.Interface, pods identity.Pods, reg prometheus.Registerer, log *slog.Logger) (*caParts, error) {
 	authority, fromDir, err := rootstore.LoadDir(cfg.caCertsDir, time.Now())
 	source := rootstore.SourcePlugInDir
 	if err != nil {
@@ -61,7 +63,7 @@ func newCA(ctx context.Context, cfg config, kube kubernetes.Interface, reg prome
 	if err != nil {
 		return nil, err
 	}
-	decider := identity.Decider{TrustDomain: cfg.mesh.TrustDomain, TrustedNodeAccounts: cfg.trustedNodeAccounts, Pods: identity.APIPods{Client: kube}}
+	decider := identity.Decider{TrustDomain: cfg.mesh.TrustDomain, TrustedNodeAccounts: cfg.trustedNodeAccounts, Pods: pods}
 	svc, err := server.New(server.Config{Registerer: reg}, authenticator, decider, authority, log)
 	if err != nil {
 		return nil, err

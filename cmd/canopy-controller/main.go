@@ -169,7 +169,16 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	reporter := status.NewReporter(broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "canopy-controller"}))
 
 	tables := index.New(cfg.mesh)
-	var watcher *kubeinput.Watcher
+	// The xDS server is built after the watcher that feeds it, and the CA
+	// reads pods from the watcher's index.
+	var xdsServer *xds.Server
+	watcher := kubeinput.New(clients, tables, func(cs index.ChangeSet) {
+		log.Debug("tables changed",
+			"addresses_added", len(cs.Addresses.Added), "addresses_updated", len(cs.Addresses.Updated),
+			"addresses_removed", len(cs.Addresses.Removed), "authorizations_changed",
+			len(cs.Authorizations.Added)+len(cs.Authorizations.Updated)+len(cs.Authorizations.Removed))
+		xdsServer.Changed(cs)
+	}, log)
 	ready := func() bool {
 		select {
 		case <-watcher.Synced():
@@ -179,23 +188,15 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		}
 	}
 	registry := prometheus.NewRegistry()
-	ca, err := newCA(ctx, cfg, clients.Kube, registry, log)
+	ca, err := newCA(ctx, cfg, clients.Kube, indexPods{tables: tables, synced: watcher.Synced()}, registry, log)
 	if err != nil {
 		return err
 	}
 	cfg.xds.Registerer = registry
-	xdsServer, err := xds.New(cfg.xds, tables, ca.authenticator, log)
-	if err != nil {
+	if xdsServer, err = xds.New(cfg.xds, tables, ca.authenticator, log); err != nil {
 		return err
 	}
 	xdsServer.Register(ca.grpc)
-	watcher = kubeinput.New(clients, tables, func(cs index.ChangeSet) {
-		log.Debug("tables changed",
-			"addresses_added", len(cs.Addresses.Added), "addresses_updated", len(cs.Addresses.Updated),
-			"addresses_removed", len(cs.Addresses.Removed), "authorizations_changed",
-			len(cs.Authorizations.Added)+len(cs.Authorizations.Updated)+len(cs.Authorizations.Removed))
-		xdsServer.Changed(cs)
-	}, log)
 	monitor := http.NewServeMux()
 	monitor.Handle("/", debug.Health(ready))
 	monitor.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))

@@ -155,6 +155,29 @@ func (x *Index) Authorization(name string) *security.Authorization {
 	return x.authorizations[name]
 }
 
+// Pod returns the pod the index holds under namespace/name, or nil. The
+// pod is the informer's: never modify it.
+func (x *Index) Pod(namespace, name string) *corev1.Pod {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.pods[key{namespace, name}]
+}
+
+// PodsOnNode returns the pods of namespace the index holds that are
+// scheduled to node, in no order. The pods are the informer's: never
+// modify them.
+func (x *Index) PodsOnNode(namespace, node string) []*corev1.Pod {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	var out []*corev1.Pod
+	for k := range x.podsByNode[node] {
+		if k.namespace == namespace {
+			out = append(out, x.pods[k])
+		}
+	}
+	return out
+}
+
 // AddressNames returns every published Address name, sorted.
 func (x *Index) AddressNames() []string {
 	x.mu.RLock()

@@ -2,6 +2,7 @@ package index
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -301,4 +302,46 @@ func TestIndexServiceNameOwners(t *testing.T) {
 		t.Errorf("published %q, want the remaining entry", got)
 	}
 	check(t, "last owner gone", x.DeleteServiceEntry("shop", "newer"), addr(nil, nil, []string{svc}))
+}
+
+// TestPodReads: the CA reads pods by name and by node through the index;
+// a pod that moves or goes is followed.
+func TestPodReads(t *testing.T) {
+	x := New(ambient.Config{})
+	x.UpsertPod(pod("a", "n1", nil, ""))
+	x.UpsertPod(pod("b", "n1", nil, ""))
+	x.UpsertPod(pod("c", "n2", nil, ""))
+	other := pod("d", "n1", nil, "")
+	other.Namespace = "elsewhere"
+	x.UpsertPod(other)
+	names := func(ps []*corev1.Pod) []string {
+		var out []string
+		for _, p := range ps {
+			out = append(out, p.Namespace+"/"+p.Name)
+		}
+		slices.Sort(out)
+		return out
+	}
+	for _, tt := range []struct {
+		name   string
+		change func()
+		node   string
+		want   []string
+	}{
+		{"by node and namespace", func() {}, "n1", []string{"shop/a", "shop/b"}},
+		{"a pod moves", func() { x.UpsertPod(pod("b", "n2", nil, "")) }, "n1", []string{"shop/a"}},
+		{"a pod goes", func() { x.DeletePod("shop", "a") }, "n1", nil},
+		{"the other node", func() {}, "n2", []string{"shop/b", "shop/c"}},
+	} {
+		tt.change()
+		if diff := cmp.Diff(tt.want, names(x.PodsOnNode("shop", tt.node))); diff != "" {
+			t.Errorf("%s: PodsOnNode(shop, %s) (-want +got):\n%s", tt.name, tt.node, diff)
+		}
+	}
+	if p := x.Pod("shop", "c"); p == nil || p.Spec.NodeName != "n2" {
+		t.Errorf("Pod(shop/c) = %v", p)
+	}
+	if p := x.Pod("shop", "a"); p != nil {
+		t.Errorf("deleted pod still returned: %v", p.Name)
+	}
 }

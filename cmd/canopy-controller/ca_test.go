@@ -1,0 +1,178 @@
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/structpb"
+	securityapi "istio.io/api/security/v1alpha1"
+	istioclient "istio.io/client-go/pkg/clientset/versioned"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+
+	"github.com/canopy-mesh/canopy/ca/identity"
+	"github.com/canopy-mesh/canopy/ca/rootstore"
+	"github.com/canopy-mesh/canopy/ca/server"
+	"github.com/canopy-mesh/canopy/controller/index"
+	"github.com/canopy-mesh/canopy/controller/kubeinput"
+	"github.com/canopy-mesh/canopy/internal/testing/testenv"
+)
+
+// podReads counts the requests for pods a client sends.
+type podReads struct {
+	mu    sync.Mutex
+	reads []string
+}
+
+func (p *podReads) wrap(rt http.RoundTripper) http.RoundTripper {
+	return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/pods") {
+			p.mu.Lock()
+			p.reads = append(p.reads, r.URL.Path+"?"+r.URL.RawQuery)
+			p.mu.Unlock()
+		}
+		return rt.RoundTrip(r)
+	})
+}
+
+func (p *podReads) since(n int) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.reads[n:]...)
+}
+
+func (p *podReads) len() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.reads)
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+func csr(t *testing.T) string {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))
+}
+
+// TestImpersonationReadsNoPods: the CA as the controller wires it signs a
+// node proxy's impersonated certificates from its informers' view of the
+// pods, without reading pods from the API server per certificate.
+func TestImpersonationReadsNoPods(t *testing.T) {
+	testenv.Need(t, env)
+	ctx := t.Context()
+	sys := env.Namespace(t, "canopy-system", nil)
+	apps := env.Namespace(t, "apps", nil)
+	c := env.Client
+	if _, err := c.CoreV1().ServiceAccounts(sys).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "canopy-node"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	mkPod := func(ns, name, sa string) *corev1.Pod {
+		p, err := c.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: corev1.PodSpec{NodeName: "node-1", ServiceAccountName: sa, Containers: []corev1.Container{{Name: "c", Image: "x"}}}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	proxy := mkPod(sys, "canopy-node-a", "canopy-node")
+	mkPod(apps, "web", "default")
+
+	reads := &podReads{}
+	rc := rest.CopyConfig(env.Config)
+	rc.Wrap(reads.wrap)
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := freeAddr(t)
+	cfg := config{secureAddr: addr, caNamespace: sys, caCertsDir: t.TempDir(), caDNSNames: []string{"canopy-controller." + sys + ".svc"},
+		trustedNodeAccounts: []identity.Account{{Namespace: sys, Name: "canopy-node"}}, tokenAudiences: []string{"istio-ca"}}
+	cfg.mesh.ClusterID, cfg.mesh.TrustDomain = "Kubernetes", "cluster.local"
+	log := slog.New(slog.DiscardHandler)
+	// The pods the CA sees, as run wires them: the informers' index.
+	clients := kubeinput.Clients{Kube: kube}
+	if clients.Istio, err = istioclient.NewForConfig(env.Config); err != nil {
+		t.Fatal(err)
+	}
+	if clients.Gateway, err = gatewayclient.NewForConfig(env.Config); err != nil {
+		t.Fatal(err)
+	}
+	tables := index.New(cfg.mesh)
+	watcher := kubeinput.New(clients, tables, nil, log)
+	ca, err := newCA(ctx, cfg, kube, indexPods{tables: tables, synced: watcher.Synced()}, prometheus.NewRegistry(), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	g, gctx := errgroup.WithContext(runCtx)
+	ca.start(gctx, g)
+	g.Go(func() error { return watcher.Run(gctx) })
+	t.Cleanup(func() { cancel(); _ = g.Wait() })
+
+	secret, err := c.CoreV1().Secrets(sys).Get(ctx, rootstore.SelfSignedSecret, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(secret.Data[rootstore.KeyRootCert])
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
+		RootCAs: pool, ServerName: "canopy-controller." + sys + ".svc", MinVersion: tls.VersionTLS12})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	token, err := env.Token(ctx, sys, "canopy-node", testenv.TokenOptions{Audiences: []string{"istio-ca"}, Pod: proxy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := securityapi.NewIstioCertificateServiceClient(conn)
+	call := func() error {
+		cctx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+		md, _ := structpb.NewStruct(map[string]any{server.MetadataImpersonatedIdentity: "spiffe://cluster.local/ns/" + apps + "/sa/default"})
+		_, err := client.CreateCertificate(cctx, &securityapi.IstioCertificateRequest{Csr: csr(t), ValidityDuration: 3600, Metadata: md})
+		return err
+	}
+	// The informers may still be listing: wait for a first certificate.
+	deadline := time.Now().Add(30 * time.Second)
+	for err := call(); err != nil; err = call() {
+		if time.Now().After(deadline) {
+			t.Fatalf("no impersonated certificate: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	before := reads.len()
+	for range 20 {
+		if err := call(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := reads.since(before); len(got) != 0 {
+		t.Errorf("20 impersonated certificates read pods from the API server %d times, want none:\n%s", len(got), strings.Join(got, "\n"))
+	}
+}
