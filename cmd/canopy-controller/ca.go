@@ -29,6 +29,11 @@ import (
 // service refuses (and counts) requests over its own limit (64 KiB).
 const grpcRecvLimit = 16 << 20
 
+// grpcOptions are the options of both gRPC ports.
+func grpcOptions(cfg config) []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.MaxRecvMsgSize(grpcRecvLimit), grpc.MaxConcurrentStreams(cfg.grpcMaxStreams)}
+}
+
 // caParts is the CA as the controller runs it: the gRPC service on the
 // secure port with a certificate of its own, and the root ConfigMaps.
 type caParts struct {
@@ -43,7 +48,7 @@ type caParts struct {
 
 // newCA loads the CA's key material and builds its service; pods is its
 // view of the cluster's pods for the impersonation checks.
-func newCA(ctx context.Context, cfg config, kube kubernetes.Interface, pods identity.Pods, reg prometheus.Registerer, log *slog.Logger) (*caParts, error) {
+func newCA(ctx context.Context, cfg config, kube kubernetes.Interface, reviewer authn.TokenReviewer, pods identity.Pods, reg prometheus.Registerer, log *slog.Logger) (*caParts, error) {
 	authority, fromDir, err := rootstore.LoadDir(cfg.caCertsDir, time.Now())
 	source := rootstore.SourcePlugInDir
 	if err != nil {
@@ -55,11 +60,11 @@ func newCA(ctx context.Context, cfg config, kube kubernetes.Interface, pods iden
 		}
 	}
 	log.Info("CA loaded", "source", string(source), "namespace", cfg.caNamespace)
-	authenticator, err := authn.New(authn.Config{
-		LocalCluster: cfg.mesh.ClusterID,
-		Clusters:     map[string]authn.TokenReviewer{cfg.mesh.ClusterID: authn.Reviewer{Client: kube.AuthenticationV1()}},
-		Audiences:    cfg.tokenAudiences,
-	})
+	ac := cfg.authn
+	ac.LocalCluster = cfg.mesh.ClusterID
+	ac.Clusters = map[string]authn.TokenReviewer{cfg.mesh.ClusterID: reviewer}
+	ac.Audiences = cfg.tokenAudiences
+	authenticator, err := authn.New(ac)
 	if err != nil {
 		return nil, err
 	}
@@ -73,7 +78,7 @@ func newCA(ctx context.Context, cfg config, kube kubernetes.Interface, pods iden
 		return nil, err
 	}
 	creds := credentials.NewTLS(&tls.Config{GetCertificate: serving.GetCertificate, MinVersion: tls.VersionTLS12})
-	g := grpc.NewServer(grpc.Creds(creds), grpc.MaxRecvMsgSize(grpcRecvLimit))
+	g := grpc.NewServer(append(grpcOptions(cfg), grpc.Creds(creds))...)
 	securityapi.RegisterIstioCertificateServiceServer(g, svc)
 	roots, err := rootcm.New(kube, pki.EncodeCertificates(authority.Roots...), log)
 	if err != nil {

@@ -18,8 +18,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 	securityapi "istio.io/api/security/v1alpha1"
 	istioclient "istio.io/client-go/pkg/clientset/versioned"
@@ -29,7 +33,7 @@ import (
 	"k8s.io/client-go/rest"
 	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
-	"github.com/canopy-mesh/canopy/ca/identity"
+	"github.com/canopy-mesh/canopy/ca/authn"
 	"github.com/canopy-mesh/canopy/ca/rootstore"
 	"github.com/canopy-mesh/canopy/ca/server"
 	"github.com/canopy-mesh/canopy/controller/index"
@@ -80,6 +84,59 @@ func csr(t *testing.T) string {
 	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))
 }
 
+// startCA runs the CA with the default flags (but for its addresses and
+// namespace, and args) as run wires it, pods from the informers' index,
+// with register adding services to its gRPC server; it returns a client
+// connection that trusts the CA's root.
+func startCA(t *testing.T, kube kubernetes.Interface, sys string, register func(*grpc.Server), args ...string) *grpc.ClientConn {
+	t.Helper()
+	ctx := t.Context()
+	addr := freeAddr(t)
+	cfg, err := parseFlags(append([]string{"--secure-addr=" + addr, "--ca-namespace=" + sys, "--cacerts-dir=" + t.TempDir(),
+		"--trusted-node-accounts=" + sys + "/canopy-node"}, args...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	clients := kubeinput.Clients{Kube: kube}
+	if clients.Istio, err = istioclient.NewForConfig(env.Config); err != nil {
+		t.Fatal(err)
+	}
+	if clients.Gateway, err = gatewayclient.NewForConfig(env.Config); err != nil {
+		t.Fatal(err)
+	}
+	tables := index.New(cfg.mesh)
+	watcher := kubeinput.New(clients, tables, nil, log)
+	ca, err := newCA(ctx, cfg, kube, authn.Reviewer{Client: kube.AuthenticationV1()}, indexPods{tables: tables, synced: watcher.Synced()}, prometheus.NewRegistry(), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if register != nil {
+		register(ca.grpc)
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	g, gctx := errgroup.WithContext(runCtx)
+	ca.start(gctx, g)
+	g.Go(func() error { return watcher.Run(gctx) })
+	t.Cleanup(func() { cancel(); _ = g.Wait() })
+
+	return dialCA(t, addr, sys, rootOf(t, sys))
+}
+
+// dialCA opens a connection to the CA at addr, trusting root.
+func dialCA(t *testing.T, addr, sys string, root []byte) *grpc.ClientConn {
+	t.Helper()
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(root)
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
+		RootCAs: pool, ServerName: "canopy-controller." + sys + ".svc", MinVersion: tls.VersionTLS12})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
 // TestImpersonationReadsNoPods: the CA as the controller wires it signs a
 // node proxy's impersonated certificates from its informers' view of the
 // pods, without reading pods from the API server per certificate.
@@ -110,43 +167,7 @@ func TestImpersonationReadsNoPods(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := freeAddr(t)
-	cfg := config{secureAddr: addr, caNamespace: sys, caCertsDir: t.TempDir(), caDNSNames: []string{"canopy-controller." + sys + ".svc"},
-		trustedNodeAccounts: []identity.Account{{Namespace: sys, Name: "canopy-node"}}, tokenAudiences: []string{"istio-ca"}}
-	cfg.mesh.ClusterID, cfg.mesh.TrustDomain = "Kubernetes", "cluster.local"
-	log := slog.New(slog.DiscardHandler)
-	// The pods the CA sees, as run wires them: the informers' index.
-	clients := kubeinput.Clients{Kube: kube}
-	if clients.Istio, err = istioclient.NewForConfig(env.Config); err != nil {
-		t.Fatal(err)
-	}
-	if clients.Gateway, err = gatewayclient.NewForConfig(env.Config); err != nil {
-		t.Fatal(err)
-	}
-	tables := index.New(cfg.mesh)
-	watcher := kubeinput.New(clients, tables, nil, log)
-	ca, err := newCA(ctx, cfg, kube, indexPods{tables: tables, synced: watcher.Synced()}, prometheus.NewRegistry(), log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	g, gctx := errgroup.WithContext(runCtx)
-	ca.start(gctx, g)
-	g.Go(func() error { return watcher.Run(gctx) })
-	t.Cleanup(func() { cancel(); _ = g.Wait() })
-
-	secret, err := c.CoreV1().Secrets(sys).Get(ctx, rootstore.SelfSignedSecret, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(secret.Data[rootstore.KeyRootCert])
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
-		RootCAs: pool, ServerName: "canopy-controller." + sys + ".svc", MinVersion: tls.VersionTLS12})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := startCA(t, kube, sys, nil)
 	token, err := env.Token(ctx, sys, "canopy-node", testenv.TokenOptions{Audiences: []string{"istio-ca"}, Pod: proxy})
 	if err != nil {
 		t.Fatal(err)
@@ -175,4 +196,47 @@ func TestImpersonationReadsNoPods(t *testing.T) {
 	if got := reads.since(before); len(got) != 0 {
 		t.Errorf("20 impersonated certificates read pods from the API server %d times, want none:\n%s", len(got), strings.Join(got, "\n"))
 	}
+}
+
+// TestSecurePortCapsStreamsPerConnection: one connection to the secure
+// port carries at most 100 concurrent streams by default; the next waits
+// for one to end (the transport's flow control, not an error), while a
+// new connection is served.
+func TestSecurePortCapsStreamsPerConnection(t *testing.T) {
+	testenv.Need(t, env)
+	sys := env.Namespace(t, "canopy-system", nil)
+	conn := startCA(t, env.Client, sys, func(g *grpc.Server) { healthpb.RegisterHealthServer(g, health.NewServer()) })
+	watch := func(conn *grpc.ClientConn, timeout time.Duration) error {
+		ctx, cancel := context.WithTimeout(t.Context(), timeout)
+		st, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{})
+		if err == nil {
+			_, err = st.Recv()
+		}
+		if err != nil {
+			cancel()
+			return err
+		}
+		t.Cleanup(cancel) // the stream stays open until the test ends
+		return nil
+	}
+	for i := range 100 {
+		if err := watch(conn, 20*time.Second); err != nil {
+			t.Fatalf("stream %d: %v", i, err)
+		}
+	}
+	if err := watch(conn, 2*time.Second); status.Code(err) != codes.DeadlineExceeded {
+		t.Errorf("101st stream on one connection: %v, want it held back (DeadlineExceeded)", err)
+	}
+	if err := watch(dialCA(t, conn.Target(), sys, rootOf(t, sys)), 20*time.Second); err != nil {
+		t.Errorf("stream on a second connection: %v", err)
+	}
+}
+
+func rootOf(t *testing.T, sys string) []byte {
+	t.Helper()
+	secret, err := env.Client.CoreV1().Secrets(sys).Get(t.Context(), rootstore.SelfSignedSecret, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return secret.Data[rootstore.KeyRootCert]
 }

@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -23,12 +24,14 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
+	"github.com/canopy-mesh/canopy/ca/authn"
 	"github.com/canopy-mesh/canopy/ca/identity"
 	"github.com/canopy-mesh/canopy/controller/ambient"
 	"github.com/canopy-mesh/canopy/controller/debug"
@@ -57,8 +60,21 @@ type config struct {
 	caDNSNames          []string
 	trustedNodeAccounts []identity.Account
 	tokenAudiences      []string
+	// authn holds the token caches and the TokenReview budget; the CA
+	// fills in the clusters and audiences.
+	authn authn.Config
 
-	// Workload xDS.
+	// The API client: requests per second and burst of the main client
+	// (informers, ConfigMaps, Events); TokenReviews have a client of their
+	// own, paced by the review budget.
+	kubeQPS   float32
+	kubeBurst int
+
+	// grpcMaxStreams caps the concurrent streams of one connection to the
+	// gRPC ports.
+	grpcMaxStreams uint32
+
+	// Workload xDS. xdsAddr is the plaintext port, empty for none.
 	xdsAddr string
 	xds     xds.Config
 }
@@ -89,7 +105,21 @@ func parseFlags(args []string) (config, error) {
 	dnsNames := fs.String("ca-dns-names", "", "comma-separated DNS names of the CA's serving certificate (default canopy-controller.<ns>.svc and istiod.<ns>.svc)")
 	trusted := fs.String("trusted-node-accounts", "", "comma-separated namespace/serviceaccount that may impersonate pods of their node (default <ca-namespace>/canopy-node)")
 	audiences := fs.String("token-audiences", "istio-ca", "comma-separated audiences callers' tokens must carry")
-	fs.StringVar(&c.xdsAddr, "xds-addr", ":15010", "address of plaintext workload xDS (empty: TLS on --secure-addr only); callers still present tokens")
+	fs.DurationVar(&c.authn.CacheTTL, "token-cache-ttl", authn.DefaultCacheTTL, "how long a token found valid is trusted without another TokenReview")
+	fs.DurationVar(&c.authn.NegativeTTL, "token-negative-cache-ttl", authn.DefaultNegativeTTL, "how long a rejected token stays rejected without another TokenReview")
+	fs.Float64Var(&c.authn.ReviewQPS, "token-review-qps", authn.DefaultReviewQPS, "TokenReviews per second for tokens not in the cache; beyond it (and the burst) callers are refused with ResourceExhausted and retry; 0: no limit")
+	fs.IntVar(&c.authn.ReviewBurst, "token-review-burst", authn.DefaultReviewBurst, "TokenReviews allowed at once above --token-review-qps")
+	var kubeQPS float64
+	fs.Float64Var(&kubeQPS, "kube-api-qps", 50, "requests per second of the controller's API client (informers, root ConfigMaps, Events); TokenReviews have their own, paced by --token-review-qps")
+	fs.IntVar(&c.kubeBurst, "kube-api-burst", 100, "burst of the controller's API client above --kube-api-qps")
+	var grpcMaxStreams uint
+	fs.UintVar(&grpcMaxStreams, "grpc-max-concurrent-streams", 100, "concurrent streams (RPCs) on one client connection to the gRPC ports; more wait for one to end")
+	fs.StringVar(&c.xdsAddr, "xds-addr", "", "address of plaintext workload xDS, e.g. 127.0.0.1:15010 (default: none; xDS is served over TLS on --secure-addr); bearer tokens cross it in clear text, so an address beyond loopback needs --xds-plaintext-remote")
+	remote := fs.Bool("xds-plaintext-remote", false, "let --xds-addr listen beyond loopback, where bearer tokens cross the network in clear text")
+	fs.IntVar(&c.xds.MaxStreams, "xds-max-streams", xds.DefaultMaxStreams, "xDS streams open at once; more are refused with ResourceExhausted; 0: no limit")
+	fs.IntVar(&c.xds.MaxStreamsPerCaller, "xds-max-streams-per-caller", xds.DefaultMaxStreamsPerCaller, "xDS streams open at once per caller (the pod of a pod-bound token, else the service account); 0: no limit")
+	fs.Float64Var(&c.xds.StreamsPerSecond, "xds-streams-per-second", xds.DefaultStreamsPerSecond, "new xDS streams per second (authenticated ones); beyond it (and the burst) a stream waits up to 1s, then is refused with ResourceExhausted; 0: no limit")
+	fs.IntVar(&c.xds.StreamBurst, "xds-stream-burst", xds.DefaultStreamBurst, "new xDS streams allowed at once above --xds-streams-per-second")
 	fs.DurationVar(&c.xds.Quiet, "push-quiet", 100*time.Millisecond, "how long the tables must be unchanged before a push")
 	fs.DurationVar(&c.xds.MaxDelay, "push-max-delay", time.Second, "longest a change waits for a push")
 	fs.DurationVar(&c.xds.SendTimeout, "xds-send-timeout", 30*time.Second, "how long a proxy may take to read a response before it is disconnected")
@@ -125,6 +155,28 @@ func parseFlags(args []string) (config, error) {
 		c.trustedNodeAccounts = append(c.trustedNodeAccounts, identity.Account{Namespace: ns, Name: name})
 	}
 	c.tokenAudiences = strings.Split(*audiences, ",")
+	if kubeQPS <= 0 || c.kubeBurst <= 0 {
+		return c, fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive")
+	}
+	c.kubeQPS = float32(kubeQPS)
+	if grpcMaxStreams == 0 || grpcMaxStreams > math.MaxUint32 {
+		return c, fmt.Errorf("--grpc-max-concurrent-streams must be between 1 and %d", uint32(math.MaxUint32))
+	}
+	c.grpcMaxStreams = uint32(grpcMaxStreams)
+	// In the libraries zero means "the default" and negative "none".
+	for _, v := range []*int{&c.xds.MaxStreams, &c.xds.MaxStreamsPerCaller} {
+		if *v <= 0 {
+			*v = -1
+		}
+	}
+	for _, v := range []*float64{&c.xds.StreamsPerSecond, &c.authn.ReviewQPS} {
+		if *v <= 0 {
+			*v = -1
+		}
+	}
+	if c.xds.StreamBurst <= 0 || c.authn.ReviewBurst <= 0 || c.authn.CacheTTL <= 0 || c.authn.NegativeTTL <= 0 {
+		return c, fmt.Errorf("--xds-stream-burst, --token-review-burst, --token-cache-ttl and --token-negative-cache-ttl must be positive")
+	}
 	if c.problemInterval <= 0 {
 		return c, fmt.Errorf("--problem-interval must be positive, got %s", c.problemInterval)
 	}
@@ -136,11 +188,27 @@ func parseFlags(args []string) (config, error) {
 			return c, fmt.Errorf("%s %q: %w", a.flag, a.addr, err)
 		}
 	}
+	if c.xdsAddr != "" && !*remote && !loopback(c.xdsAddr) {
+		return c, fmt.Errorf("--xds-addr %q is not a loopback address: plaintext xDS carries bearer tokens in clear text; pass --xds-plaintext-remote to serve it there anyway", c.xdsAddr)
+	}
 	if c.xds.Quiet <= 0 || c.xds.MaxDelay < c.xds.Quiet || c.xds.SendTimeout <= 0 || c.xds.MaxPending <= 0 {
 		return c, fmt.Errorf("--push-quiet and --xds-send-timeout must be positive, --push-max-delay at least --push-quiet, --xds-max-pending positive")
 	}
 	c.xds.SystemNamespace = c.caNamespace
 	return c, nil
+}
+
+// loopback reports whether addr (host:port) listens on loopback only.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func main() {
@@ -152,6 +220,19 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	// TokenReviews get a client of their own, so that a burst of list or
+	// ConfigMap requests never queues a proxy's authentication; the review
+	// budget paces it.
+	reviewConfig := rest.CopyConfig(rc)
+	reviewConfig.QPS, reviewConfig.Burst = -1, 0
+	if q := cfg.authn.ReviewQPS; q > 0 {
+		reviewConfig.QPS, reviewConfig.Burst = float32(q), cfg.authn.ReviewBurst
+	}
+	reviewClient, err := kubernetes.NewForConfig(reviewConfig)
+	if err != nil {
+		return err
+	}
+	rc.QPS, rc.Burst = cfg.kubeQPS, cfg.kubeBurst
 	clients := kubeinput.Clients{}
 	if clients.Kube, err = kubernetes.NewForConfig(rc); err != nil {
 		return err
@@ -188,7 +269,8 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		}
 	}
 	registry := prometheus.NewRegistry()
-	ca, err := newCA(ctx, cfg, clients.Kube, indexPods{tables: tables, synced: watcher.Synced()}, registry, log)
+	ca, err := newCA(ctx, cfg, clients.Kube, authn.Reviewer{Client: reviewClient.AuthenticationV1()},
+		indexPods{tables: tables, synced: watcher.Synced()}, registry, log)
 	if err != nil {
 		return err
 	}
@@ -208,7 +290,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	g.Go(func() error { return watcher.Run(ctx) })
 	g.Go(func() error { return xdsServer.Run(ctx, watcher.Synced()) })
 	if cfg.xdsAddr != "" {
-		plain := grpc.NewServer(grpc.MaxRecvMsgSize(grpcRecvLimit))
+		plain := grpc.NewServer(grpcOptions(cfg)...)
 		xdsServer.Register(plain)
 		serveGRPC(ctx, g, plain, cfg.xdsAddr, "plaintext xDS", log)
 	}

@@ -16,3 +16,35 @@ func TestParseFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestPlaintextXDS: plaintext xDS carries bearer tokens in clear text: off
+// by default, and when on, on loopback unless remote callers are allowed
+// explicitly.
+func TestPlaintextXDS(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		args    []string
+		want    string
+		wantErr string
+	}{
+		{name: "off by default", want: ""},
+		{name: "loopback", args: []string{"--xds-addr=127.0.0.1:15010"}, want: "127.0.0.1:15010"},
+		{name: "IPv6 loopback", args: []string{"--xds-addr=[::1]:15010"}, want: "[::1]:15010"},
+		{name: "every address needs the opt-in", args: []string{"--xds-addr=:15010"}, wantErr: "--xds-plaintext-remote"},
+		{name: "a pod address needs the opt-in", args: []string{"--xds-addr=10.0.0.1:15010"}, wantErr: "--xds-plaintext-remote"},
+		{name: "remote with the opt-in", args: []string{"--xds-addr=:15010", "--xds-plaintext-remote"}, want: ":15010"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := parseFlags(tt.args)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("parseFlags(%v) = %v, want an error naming %s", tt.args, err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || c.xdsAddr != tt.want {
+				t.Errorf("parseFlags(%v): xDS address %q, %v; want %q", tt.args, c.xdsAddr, err, tt.want)
+			}
+		})
+	}
+}
