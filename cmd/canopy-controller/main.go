@@ -1,8 +1,8 @@
 // Command canopy-controller is Canopy's control plane: it watches the
 // cluster, keeps the workload, service and authorization tables current and
-// serves them to node proxies over Delta ADS (plaintext on 15010, TLS on
-// 15012 beside the CA), with health, metrics, proxy status and the tables
-// on its monitoring port.
+// serves them to node proxies over Delta ADS (TLS on 15012 beside the CA;
+// plaintext on 15010 only when asked), with health, metrics, proxy status
+// and the tables on its monitoring port.
 package main
 
 import (

@@ -133,3 +133,64 @@ func TestAcceptedByAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// controllerPorts returns the controller's container args, container
+// ports and Service ports of a render.
+func controllerPorts(t *testing.T, r *chart.Rendered) (args []string, container, service []int64) {
+	t.Helper()
+	for _, o := range r.Objects {
+		switch {
+		case o.GetKind() == "Deployment" && o.GetName() == "canopy-controller":
+			cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+			c := cs[0].(map[string]any)
+			for _, a := range c["args"].([]any) {
+				args = append(args, a.(string))
+			}
+			for _, p := range c["ports"].([]any) {
+				container = append(container, int64(p.(map[string]any)["containerPort"].(float64)))
+			}
+		case o.GetKind() == "Service" && o.GetName() == "canopy-controller":
+			ps, _, _ := unstructured.NestedSlice(o.Object, "spec", "ports")
+			for _, p := range ps {
+				service = append(service, int64(p.(map[string]any)["port"].(float64)))
+			}
+		}
+	}
+	return args, container, service
+}
+
+// TestPlaintextXDS: plaintext xDS (15010) carries bearer tokens in clear
+// text. It is off by default; on, it listens on the pod's loopback and is
+// not exposed; only remote: true exposes it.
+func TestPlaintextXDS(t *testing.T) {
+	for _, tt := range []struct {
+		name               string
+		set                []string
+		wantArgs           []string
+		container, service []int64
+	}{
+		{"off by default", nil, nil, []int64{15012, 15014}, []int64{15012, 15014}},
+		{"on, loopback", []string{"controller.plaintextXDS.enabled=true"}, []string{"--xds-addr=127.0.0.1:15010"}, []int64{15012, 15014}, []int64{15012, 15014}},
+		{"on, remote", []string{"controller.plaintextXDS.enabled=true", "controller.plaintextXDS.remote=true"},
+			[]string{"--xds-addr=:15010", "--xds-plaintext-remote"}, []int64{15010, 15012, 15014}, []int64{15010, 15012, 15014}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			args, container, service := controllerPorts(t, render(t, chart.Options{Namespace: "istio-system", Set: tt.set}))
+			var got []string
+			for _, a := range args {
+				if strings.HasPrefix(a, "--xds-addr") || strings.HasPrefix(a, "--xds-plaintext") {
+					got = append(got, a)
+				}
+			}
+			if diff := cmp.Diff(tt.wantArgs, got); diff != "" {
+				t.Errorf("plaintext xDS args (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tt.container, container); diff != "" {
+				t.Errorf("container ports (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tt.service, service); diff != "" {
+				t.Errorf("Service ports (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
