@@ -17,9 +17,14 @@ import (
 const (
 	// RootTTL is the lifetime of a self-signed root: ten years.
 	RootTTL = 3650 * 24 * time.Hour
-	// DefaultTTL and MaxTTL bound workload certificates.
+	// DefaultTTL, MinTTL and MaxTTL are the default lifetime of workload
+	// certificates and its bounds. Istio's default is 24 hours too, and its
+	// MAX_WORKLOAD_CERT_TTL 90 days with no lower bound; Canopy's node
+	// proxy asks for 24 hours and renews at half of that, so a longer
+	// certificate only outlives a revoked identity.
 	DefaultTTL = 24 * time.Hour
-	MaxTTL     = 90 * 24 * time.Hour
+	MinTTL     = 10 * time.Minute
+	MaxTTL     = 24 * time.Hour
 	// rootKeyBits is the self-signed root's RSA key size.
 	rootKeyBits = 2048
 )

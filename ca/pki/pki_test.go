@@ -194,16 +194,30 @@ func TestSelfSignedRoundTrip(t *testing.T) {
 	}
 }
 
-func TestTTL(t *testing.T) {
+func TestTTLRange(t *testing.T) {
+	r := TTLRange{Default: time.Hour, Min: time.Minute, Max: 2 * time.Hour}
 	for _, tt := range []struct {
 		in   int64
 		want time.Duration
 	}{
-		{0, DefaultTTL}, {-5, DefaultTTL}, {3600, time.Hour},
-		{int64(MaxTTL/time.Second) + 1, MaxTTL}, {1 << 62, MaxTTL},
+		{0, time.Hour}, {-5, time.Hour}, {1800, 30 * time.Minute},
+		{1, time.Minute}, {59, time.Minute}, {60, time.Minute},
+		{7200, 2 * time.Hour}, {7201, 2 * time.Hour}, {1 << 62, 2 * time.Hour},
 	} {
-		if got := TTL(tt.in, DefaultTTL, MaxTTL); got != tt.want {
-			t.Errorf("TTL(%d) = %s, want %s", tt.in, got, tt.want)
+		if got := r.Clamp(tt.in); got != tt.want {
+			t.Errorf("Clamp(%d) = %s, want %s", tt.in, got, tt.want)
+		}
+	}
+	if err := DefaultTTLRange.Validate(); err != nil {
+		t.Errorf("default range: %v", err)
+	}
+	for _, bad := range []TTLRange{
+		{Default: time.Hour, Max: time.Hour},
+		{Default: time.Hour, Min: 2 * time.Hour, Max: 3 * time.Hour},
+		{Default: 3 * time.Hour, Min: time.Hour, Max: 2 * time.Hour},
+	} {
+		if bad.Validate() == nil {
+			t.Errorf("%+v validated", bad)
 		}
 	}
 }

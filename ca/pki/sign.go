@@ -10,14 +10,34 @@ import (
 	"github.com/canopy-mesh/canopy/workloadapi"
 )
 
-// TTL turns a requested validity in seconds into a lifetime: the default for
-// zero or less, capped at maxTTL (docs/wire-contract.md §6.1).
-func TTL(requestedSeconds int64, def, maxTTL time.Duration) time.Duration {
-	if requestedSeconds <= 0 {
-		return def
+// TTLRange is the lifetime of workload certificates: Default when a
+// request names none, requests clamped into [Min, Max].
+type TTLRange struct {
+	Default, Min, Max time.Duration
+}
+
+// DefaultTTLRange is DefaultTTL within [MinTTL, MaxTTL].
+var DefaultTTLRange = TTLRange{Default: DefaultTTL, Min: MinTTL, Max: MaxTTL}
+
+// Validate checks 0 < Min <= Default <= Max.
+func (r TTLRange) Validate() error {
+	if r.Min <= 0 || r.Min > r.Default || r.Default > r.Max {
+		return fmt.Errorf("certificate lifetimes: want 0 < minimum (%s) <= default (%s) <= maximum (%s)", r.Min, r.Default, r.Max)
 	}
-	if requestedSeconds > int64(maxTTL/time.Second) {
-		return maxTTL
+	return nil
+}
+
+// Clamp turns a requested validity in seconds into a lifetime: the default
+// for zero or less, else the request clamped into [Min, Max]
+// (docs/wire-contract.md §6.1).
+func (r TTLRange) Clamp(requestedSeconds int64) time.Duration {
+	switch {
+	case requestedSeconds <= 0:
+		return r.Default
+	case requestedSeconds > int64(r.Max/time.Second):
+		return r.Max
+	case time.Duration(requestedSeconds)*time.Second < r.Min:
+		return r.Min
 	}
 	return time.Duration(requestedSeconds) * time.Second
 }

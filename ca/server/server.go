@@ -42,7 +42,8 @@ type Decider interface {
 
 // Config configures a Server.
 type Config struct {
-	DefaultTTL, MaxTTL time.Duration
+	// TTL is the lifetime of the certificates; zero: pki.DefaultTTLRange.
+	TTL pki.TTLRange
 	// MaxRequestBytes refuses (and counts) larger requests; default 64 KiB.
 	// Set the gRPC server's receive limit above it, so that such requests
 	// reach the counter instead of failing in the transport.
@@ -65,11 +66,11 @@ type Server struct {
 
 // New returns a Server signing with ca.
 func New(cfg Config, a Authenticator, d Decider, ca *pki.Authority, log *slog.Logger) (*Server, error) {
-	if cfg.DefaultTTL == 0 {
-		cfg.DefaultTTL = pki.DefaultTTL
+	if cfg.TTL == (pki.TTLRange{}) {
+		cfg.TTL = pki.DefaultTTLRange
 	}
-	if cfg.MaxTTL == 0 {
-		cfg.MaxTTL = pki.MaxTTL
+	if err := cfg.TTL.Validate(); err != nil {
+		return nil, err
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -130,7 +131,7 @@ func (s *Server) create(ctx context.Context, req *securityapi.IstioCertificateRe
 	if err != nil {
 		return nil, csrReason(err), status.Errorf(codes.InvalidArgument, "csr: %v", err)
 	}
-	chain, err := s.ca.Sign(csr, id, pki.TTL(req.GetValidityDuration(), s.cfg.DefaultTTL, s.cfg.MaxTTL), s.cfg.Now())
+	chain, err := s.ca.Sign(csr, id, s.cfg.TTL.Clamp(req.GetValidityDuration()), s.cfg.Now())
 	if err != nil {
 		return nil, "sign_failed", status.Errorf(codes.Internal, "sign: %v", err)
 	}

@@ -69,7 +69,7 @@ func newCA(ctx context.Context, cfg config, kube kubernetes.Interface, reviewer 
 		return nil, err
 	}
 	decider := identity.Decider{TrustDomain: cfg.mesh.TrustDomain, TrustedNodeAccounts: cfg.trustedNodeAccounts, Pods: pods}
-	svc, err := server.New(server.Config{Registerer: reg}, authenticator, decider, authority, log)
+	svc, err := server.New(server.Config{TTL: cfg.certTTL, Registerer: reg}, authenticator, decider, authority, log)
 	if err != nil {
 		return nil, err
 	}

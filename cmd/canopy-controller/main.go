@@ -33,6 +33,7 @@ import (
 
 	"github.com/canopy-mesh/canopy/ca/authn"
 	"github.com/canopy-mesh/canopy/ca/identity"
+	"github.com/canopy-mesh/canopy/ca/pki"
 	"github.com/canopy-mesh/canopy/controller/ambient"
 	"github.com/canopy-mesh/canopy/controller/debug"
 	"github.com/canopy-mesh/canopy/controller/index"
@@ -63,6 +64,8 @@ type config struct {
 	// authn holds the token caches and the TokenReview budget; the CA
 	// fills in the clusters and audiences.
 	authn authn.Config
+	// certTTL is the lifetime of workload certificates.
+	certTTL pki.TTLRange
 
 	// The API client: requests per second and burst of the main client
 	// (informers, ConfigMaps, Events); TokenReviews have a client of their
@@ -109,6 +112,9 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.authn.NegativeTTL, "token-negative-cache-ttl", authn.DefaultNegativeTTL, "how long a rejected token stays rejected without another TokenReview")
 	fs.Float64Var(&c.authn.ReviewQPS, "token-review-qps", authn.DefaultReviewQPS, "TokenReviews per second for tokens not in the cache; beyond it (and the burst) callers are refused with ResourceExhausted and retry; 0: no limit")
 	fs.IntVar(&c.authn.ReviewBurst, "token-review-burst", authn.DefaultReviewBurst, "TokenReviews allowed at once above --token-review-qps")
+	fs.DurationVar(&c.certTTL.Default, "cert-default-ttl", pki.DefaultTTL, "lifetime of a workload certificate whose request names none")
+	fs.DurationVar(&c.certTTL.Min, "cert-min-ttl", pki.MinTTL, "shortest workload certificate lifetime: shorter requests get it, and the CA refuses to sign once its own certificate has less left")
+	fs.DurationVar(&c.certTTL.Max, "cert-max-ttl", pki.MaxTTL, "longest workload certificate lifetime: longer requests get it (Istio's MAX_WORKLOAD_CERT_TTL is 90 days)")
 	var kubeQPS float64
 	fs.Float64Var(&kubeQPS, "kube-api-qps", 50, "requests per second of the controller's API client (informers, root ConfigMaps, Events); TokenReviews have their own, paced by --token-review-qps")
 	fs.IntVar(&c.kubeBurst, "kube-api-burst", 100, "burst of the controller's API client above --kube-api-qps")
@@ -155,6 +161,9 @@ func parseFlags(args []string) (config, error) {
 		c.trustedNodeAccounts = append(c.trustedNodeAccounts, identity.Account{Namespace: ns, Name: name})
 	}
 	c.tokenAudiences = strings.Split(*audiences, ",")
+	if err := c.certTTL.Validate(); err != nil {
+		return c, fmt.Errorf("--cert-min-ttl, --cert-default-ttl, --cert-max-ttl: %w", err)
+	}
 	if kubeQPS <= 0 || c.kubeBurst <= 0 {
 		return c, fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive")
 	}

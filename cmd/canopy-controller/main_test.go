@@ -3,6 +3,9 @@ package main
 import (
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/canopy-mesh/canopy/ca/pki"
 )
 
 func TestParseFlags(t *testing.T) {
@@ -10,7 +13,11 @@ func TestParseFlags(t *testing.T) {
 	if err != nil || c.mesh.ClusterID != "east" || c.logLevel.String() != "DEBUG" {
 		t.Fatalf("parseFlags = %+v, %v", c, err)
 	}
-	for _, bad := range [][]string{{"--log-level=loud"}, {"--monitoring-addr=15014"}, {"--no-such-flag"}} {
+	if want := (pki.TTLRange{Default: 24 * time.Hour, Min: 10 * time.Minute, Max: 24 * time.Hour}); c.certTTL != want {
+		t.Errorf("certificate lifetimes %+v, want %+v", c.certTTL, want)
+	}
+	for _, bad := range [][]string{{"--log-level=loud"}, {"--monitoring-addr=15014"}, {"--no-such-flag"},
+		{"--cert-min-ttl=0s"}, {"--cert-default-ttl=48h"}, {"--cert-min-ttl=2h", "--cert-default-ttl=1h"}} {
 		if _, err := parseFlags(bad); err == nil || strings.Contains(err.Error(), "panic") {
 			t.Errorf("parseFlags(%v) = %v, want an error", bad, err)
 		}
