@@ -302,3 +302,90 @@ func BenchmarkSign(b *testing.B) {
 		}
 	}
 }
+
+// TestSignRefusedOutsideTheCAsValidity: a CA whose certificate has expired
+// (or is not valid yet) issues nothing, instead of leaves that are
+// already expired.
+func TestSignRefusedOutsideTheCAsValidity(t *testing.T) {
+	ca, err := NewSelfSigned("cluster.local", time.Hour, now) // valid from now-1m to now+1h
+	if err != nil {
+		t.Fatal(err)
+	}
+	csr, _ := ParseCSR(csrPEM(t, p256(t)))
+	id := workloadapi.Identity{TrustDomain: "cluster.local", Namespace: "a", ServiceAccount: "b"}
+	for _, tt := range []struct {
+		name string
+		at   time.Time
+		want error
+	}{
+		{"expired", now.Add(2 * time.Hour), ErrCAExpired},
+		{"at its expiry", now.Add(time.Hour), ErrCAExpired},
+		{"not yet valid", now.Add(-time.Hour), ErrCANotYetValid},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			chain, err := ca.Sign(csr, id, DefaultTTL, tt.at)
+			if err == nil {
+				leaf, _ := ParseCertificates([]byte(chain[0]))
+				t.Errorf("signed a leaf valid %s to %s", leaf[0].NotBefore, leaf[0].NotAfter)
+			} else if !errors.Is(err, tt.want) {
+				t.Errorf("Sign() = %v, want %v", err, tt.want)
+			}
+			if _, err := ca.IssueServing([]string{"ca.example"}, time.Hour, tt.at); !errors.Is(err, tt.want) {
+				t.Errorf("IssueServing() = %v, want %v", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestUsable(t *testing.T) {
+	root, err := NewSelfSigned("cluster.local", 24*time.Hour, now) // now-1m to now+24h
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An intermediate that outlives its root: the root's end is the CA's.
+	interKey := p256(t)
+	serial, _ := randomSerial()
+	interDER, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber: serial, Subject: pkix.Name{CommonName: "intermediate"},
+		NotBefore: now, NotAfter: now.Add(365 * 24 * time.Hour),
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true,
+	}, root.Cert, interKey.Public(), root.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inter, err := Load(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: interDER}), mustKey(t, interKey), nil, EncodeCertificates(root.Cert), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nb, na := inter.Validity(); !nb.Equal(now) || !na.Equal(root.Cert.NotAfter) {
+		t.Errorf("Validity() = %s, %s; want the intermediate's start and the root's end", nb, na)
+	}
+	for _, tt := range []struct {
+		name    string
+		at      time.Time
+		minLeaf time.Duration
+		want    error
+	}{
+		{"valid", now.Add(time.Hour), 10 * time.Minute, nil},
+		{"before the intermediate", now.Add(-30 * time.Second), 0, ErrCANotYetValid},
+		{"less than a leaf's minimum left", now.Add(24*time.Hour - 5*time.Minute), 10 * time.Minute, ErrCAExpiring},
+		{"exactly the minimum left", now.Add(24*time.Hour - 10*time.Minute), 10 * time.Minute, nil},
+		{"after the root", now.Add(25 * time.Hour), 0, ErrCAExpired},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := inter.Usable(tt.at, tt.minLeaf); !errors.Is(err, tt.want) || (tt.want == nil) != (err == nil) {
+				t.Errorf("Usable() = %v, want %v", err, tt.want)
+			}
+		})
+	}
+	// A leaf signed near the end is cut at the root's end.
+	csr, _ := ParseCSR(csrPEM(t, p256(t)))
+	chain, err := inter.Sign(csr, workloadapi.Identity{TrustDomain: "cluster.local", Namespace: "a", ServiceAccount: "b"}, DefaultTTL, now.Add(23*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, _ := ParseCertificates([]byte(chain[0]))
+	if !leaf[0].NotAfter.Equal(root.Cert.NotAfter) {
+		t.Errorf("leaf ends %s, want the root's end %s", leaf[0].NotAfter, root.Cert.NotAfter)
+	}
+}

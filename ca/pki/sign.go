@@ -3,6 +3,7 @@ package pki
 import (
 	"crypto/rand"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"net/url"
 	"time"
@@ -86,16 +87,70 @@ func (a *Authority) Sign(csr *x509.CertificateRequest, id workloadapi.Identity, 
 	return chain, nil
 }
 
+// Reasons the CA cannot sign at a given time.
+var (
+	ErrCANotYetValid = errors.New("CA certificate not yet valid")
+	ErrCAExpired     = errors.New("CA certificate expired")
+	// ErrCAExpiring: the CA is valid, but for less than a certificate's
+	// minimum lifetime; what it issued would be useless.
+	ErrCAExpiring = errors.New("CA certificate expires within a workload certificate's minimum lifetime")
+)
+
+// Validity is when the CA may sign: from the latest NotBefore to the
+// earliest NotAfter of its certificate, the chain above it and the root
+// that chain ends at. Leaves never outlive it.
+func (a *Authority) Validity() (notBefore, notAfter time.Time) {
+	certs := append([]*x509.Certificate{a.Cert}, a.Chain...)
+	if last := certs[len(certs)-1]; !isSelfSigned(last) {
+		for _, r := range a.Roots {
+			if last.CheckSignatureFrom(r) == nil {
+				certs = append(certs, r)
+				break
+			}
+		}
+	}
+	notBefore, notAfter = certs[0].NotBefore, certs[0].NotAfter
+	for _, c := range certs[1:] {
+		if c.NotBefore.After(notBefore) {
+			notBefore = c.NotBefore
+		}
+		if c.NotAfter.Before(notAfter) {
+			notAfter = c.NotAfter
+		}
+	}
+	return notBefore, notAfter
+}
+
+// Usable reports whether the CA may sign at now a certificate that lives
+// at least minLeaf: nil, or ErrCANotYetValid, ErrCAExpired or
+// ErrCAExpiring wrapped with the dates.
+func (a *Authority) Usable(now time.Time, minLeaf time.Duration) error {
+	notBefore, notAfter := a.Validity()
+	switch {
+	case now.Before(notBefore):
+		return fmt.Errorf("%w: valid from %s", ErrCANotYetValid, notBefore.UTC().Format(time.RFC3339))
+	case !now.Before(notAfter):
+		return fmt.Errorf("%w at %s", ErrCAExpired, notAfter.UTC().Format(time.RFC3339))
+	case notAfter.Sub(now) < minLeaf:
+		return fmt.Errorf("%w (%s): it expires at %s", ErrCAExpiring, minLeaf, notAfter.UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
 // leafTemplate starts a leaf certificate: a random serial, valid from a
 // minute ago (clock skew between nodes) for ttl, but never past the CA.
+// A CA outside its validity signs nothing.
 func (a *Authority) leafTemplate(ttl time.Duration, now time.Time) (*x509.Certificate, error) {
+	if err := a.Usable(now, 0); err != nil {
+		return nil, err
+	}
 	serial, err := randomSerial()
 	if err != nil {
 		return nil, err
 	}
 	notAfter := now.Add(ttl)
-	if notAfter.After(a.Cert.NotAfter) {
-		notAfter = a.Cert.NotAfter
+	if _, caNotAfter := a.Validity(); notAfter.After(caNotAfter) {
+		notAfter = caNotAfter
 	}
 	return &x509.Certificate{
 		SerialNumber:          serial,

@@ -40,6 +40,13 @@ type Decider interface {
 	Decide(ctx context.Context, caller authn.Caller, impersonated string) (workloadapi.Identity, error)
 }
 
+// Alarm hears of every request refused because the CA's own certificate
+// cannot sign (expired, not yet valid, or ending within a certificate's
+// minimum lifetime). It must not block.
+type Alarm interface {
+	CAUnusable(err error)
+}
+
 // Config configures a Server.
 type Config struct {
 	// TTL is the lifetime of the certificates; zero: pki.DefaultTTLRange.
@@ -51,6 +58,8 @@ type Config struct {
 	Now             func() time.Time
 	// Registerer receives the request counter; nil registers nowhere.
 	Registerer prometheus.Registerer
+	// Alarm, when set, hears of refusals for the CA's own validity.
+	Alarm Alarm
 }
 
 // Server implements securityapi.IstioCertificateServiceServer.
@@ -131,7 +140,17 @@ func (s *Server) create(ctx context.Context, req *securityapi.IstioCertificateRe
 	if err != nil {
 		return nil, csrReason(err), status.Errorf(codes.InvalidArgument, "csr: %v", err)
 	}
-	chain, err := s.ca.Sign(csr, id, s.cfg.TTL.Clamp(req.GetValidityDuration()), s.cfg.Now())
+	now := s.cfg.Now()
+	// A CA that cannot cover a certificate's minimum lifetime signs
+	// nothing: what it issued would be expired, or expire at once, and
+	// every node proxy would fail on it.
+	if err := s.ca.Usable(now, s.cfg.TTL.Min); err != nil {
+		if s.cfg.Alarm != nil {
+			s.cfg.Alarm.CAUnusable(err)
+		}
+		return nil, caReason(err), status.Errorf(codes.Unavailable, "this CA cannot sign: %v", err)
+	}
+	chain, err := s.ca.Sign(csr, id, s.cfg.TTL.Clamp(req.GetValidityDuration()), now)
 	if err != nil {
 		return nil, "sign_failed", status.Errorf(codes.Internal, "sign: %v", err)
 	}
@@ -179,6 +198,19 @@ func identityReason(err error) string {
 		return "impersonation_bad_identity"
 	default:
 		return "identity_error"
+	}
+}
+
+func caReason(err error) string {
+	switch {
+	case errors.Is(err, pki.ErrCAExpired):
+		return "ca_expired"
+	case errors.Is(err, pki.ErrCAExpiring):
+		return "ca_expiring"
+	case errors.Is(err, pki.ErrCANotYetValid):
+		return "ca_not_yet_valid"
+	default:
+		return "ca_unusable"
 	}
 }
 
