@@ -43,6 +43,15 @@ const (
 	SourceSelfSigned Source = "self-signed (Secret istio-ca-secret)"
 )
 
+// Secret names the Secret the CA came from: cacerts for a plug-in CA
+// (files are normally that Secret mounted), else istio-ca-secret.
+func (s Source) Secret() string {
+	if s == SourceSelfSigned {
+		return SelfSignedSecret
+	}
+	return PlugInSecret
+}
+
 // Load returns the CA of namespace: the plug-in CA of Secret cacerts when
 // it exists, else the self-signed root of Secret istio-ca-secret, created
 // with a new root for trustDomain when missing.

@@ -14,9 +14,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	securityapi "istio.io/api/security/v1alpha1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/canopy-mesh/canopy/ca/authn"
+	"github.com/canopy-mesh/canopy/ca/expiry"
 	"github.com/canopy-mesh/canopy/ca/identity"
 	"github.com/canopy-mesh/canopy/ca/pki"
 	"github.com/canopy-mesh/canopy/ca/rootcm"
@@ -43,12 +45,14 @@ type caParts struct {
 	authenticator *authn.Authenticator
 	serving       *server.ServingCert
 	roots         *rootcm.Publisher
+	expiry        *expiry.Monitor
 	log           *slog.Logger
 }
 
 // newCA loads the CA's key material and builds its service; pods is its
 // view of the cluster's pods for the impersonation checks.
-func newCA(ctx context.Context, cfg config, kube kubernetes.Interface, reviewer authn.TokenReviewer, pods identity.Pods, reg prometheus.Registerer, log *slog.Logger) (*caParts, error) {
+func newCA(ctx context.Context, cfg config, kube kubernetes.Interface, reviewer authn.TokenReviewer, pods identity.Pods, events expiry.Recorder,
+	reg prometheus.Registerer, log *slog.Logger) (*caParts, error) {
 	authority, fromDir, err := rootstore.LoadDir(cfg.caCertsDir, time.Now())
 	source := rootstore.SourcePlugInDir
 	if err != nil {
@@ -59,7 +63,15 @@ func newCA(ctx context.Context, cfg config, kube kubernetes.Interface, reviewer 
 			return nil, fmt.Errorf("load CA: %w", err)
 		}
 	}
-	log.Info("CA loaded", "source", string(source), "namespace", cfg.caNamespace)
+	_, notAfter := authority.Validity()
+	log.Info("CA loaded", "source", string(source), "namespace", cfg.caNamespace, "not_after", notAfter)
+	monitor, err := expiry.New(expiry.Config{
+		Secret:     &corev1.ObjectReference{Kind: "Secret", APIVersion: "v1", Namespace: cfg.caNamespace, Name: source.Secret()},
+		MinLeafTTL: cfg.certTTL.Min, WarnBefore: cfg.caExpiryWarning, Registerer: reg,
+	}, authority, events, log)
+	if err != nil {
+		return nil, err
+	}
 	ac := cfg.authn
 	ac.LocalCluster = cfg.mesh.ClusterID
 	ac.Clusters = map[string]authn.TokenReviewer{cfg.mesh.ClusterID: reviewer}
@@ -69,7 +81,7 @@ func newCA(ctx context.Context, cfg config, kube kubernetes.Interface, reviewer 
 		return nil, err
 	}
 	decider := identity.Decider{TrustDomain: cfg.mesh.TrustDomain, TrustedNodeAccounts: cfg.trustedNodeAccounts, Pods: pods}
-	svc, err := server.New(server.Config{TTL: cfg.certTTL, Registerer: reg}, authenticator, decider, authority, log)
+	svc, err := server.New(server.Config{TTL: cfg.certTTL, Registerer: reg, Alarm: monitor}, authenticator, decider, authority, log)
 	if err != nil {
 		return nil, err
 	}
@@ -84,11 +96,12 @@ func newCA(ctx context.Context, cfg config, kube kubernetes.Interface, reviewer 
 	if err != nil {
 		return nil, err
 	}
-	return &caParts{addr: cfg.secureAddr, grpc: g, authenticator: authenticator, serving: serving, roots: roots, log: log}, nil
+	return &caParts{addr: cfg.secureAddr, grpc: g, authenticator: authenticator, serving: serving, roots: roots, expiry: monitor, log: log}, nil
 }
 
 func (c *caParts) start(ctx context.Context, g *errgroup.Group) {
 	g.Go(func() error { return c.roots.Run(ctx) })
+	g.Go(func() error { return c.expiry.Run(ctx) })
 	g.Go(func() error { c.serving.Run(ctx, time.Minute); return nil })
 	serveGRPC(ctx, g, c.grpc, c.addr, "CA and xDS over TLS", c.log)
 }

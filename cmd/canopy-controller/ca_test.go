@@ -30,14 +30,20 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/record"
 	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/canopy-mesh/canopy/ca/authn"
+	"github.com/canopy-mesh/canopy/ca/expiry"
+	"github.com/canopy-mesh/canopy/ca/pki"
 	"github.com/canopy-mesh/canopy/ca/rootstore"
 	"github.com/canopy-mesh/canopy/ca/server"
 	"github.com/canopy-mesh/canopy/controller/index"
 	"github.com/canopy-mesh/canopy/controller/kubeinput"
+	"github.com/canopy-mesh/canopy/internal/testing/eventually"
 	"github.com/canopy-mesh/canopy/internal/testing/testenv"
 )
 
@@ -84,16 +90,25 @@ func csr(t *testing.T) string {
 	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))
 }
 
+// caOptions vary startCA.
+type caOptions struct {
+	// register adds services to the CA's gRPC server.
+	register func(*grpc.Server)
+	// events receives the CA's Events.
+	events expiry.Recorder
+	// args are more flags.
+	args []string
+}
+
 // startCA runs the CA with the default flags (but for its addresses and
-// namespace, and args) as run wires it, pods from the informers' index,
-// with register adding services to its gRPC server; it returns a client
-// connection that trusts the CA's root.
-func startCA(t *testing.T, kube kubernetes.Interface, sys string, register func(*grpc.Server), args ...string) *grpc.ClientConn {
+// namespace) as run wires it, pods from the informers' index; it returns
+// a client connection that trusts the CA's root.
+func startCA(t *testing.T, kube kubernetes.Interface, sys string, o caOptions) *grpc.ClientConn {
 	t.Helper()
 	ctx := t.Context()
 	addr := freeAddr(t)
 	cfg, err := parseFlags(append([]string{"--secure-addr=" + addr, "--ca-namespace=" + sys, "--cacerts-dir=" + t.TempDir(),
-		"--trusted-node-accounts=" + sys + "/canopy-node"}, args...))
+		"--trusted-node-accounts=" + sys + "/canopy-node"}, o.args...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,12 +122,12 @@ func startCA(t *testing.T, kube kubernetes.Interface, sys string, register func(
 	}
 	tables := index.New(cfg.mesh)
 	watcher := kubeinput.New(clients, tables, nil, log)
-	ca, err := newCA(ctx, cfg, kube, authn.Reviewer{Client: kube.AuthenticationV1()}, indexPods{tables: tables, synced: watcher.Synced()}, prometheus.NewRegistry(), log)
+	ca, err := newCA(ctx, cfg, kube, authn.Reviewer{Client: kube.AuthenticationV1()}, indexPods{tables: tables, synced: watcher.Synced()}, o.events, prometheus.NewRegistry(), log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if register != nil {
-		register(ca.grpc)
+	if o.register != nil {
+		o.register(ca.grpc)
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	g, gctx := errgroup.WithContext(runCtx)
@@ -167,7 +182,7 @@ func TestImpersonationReadsNoPods(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn := startCA(t, kube, sys, nil)
+	conn := startCA(t, kube, sys, caOptions{})
 	token, err := env.Token(ctx, sys, "canopy-node", testenv.TokenOptions{Audiences: []string{"istio-ca"}, Pod: proxy})
 	if err != nil {
 		t.Fatal(err)
@@ -205,7 +220,7 @@ func TestImpersonationReadsNoPods(t *testing.T) {
 func TestSecurePortCapsStreamsPerConnection(t *testing.T) {
 	testenv.Need(t, env)
 	sys := env.Namespace(t, "canopy-system", nil)
-	conn := startCA(t, env.Client, sys, func(g *grpc.Server) { healthpb.RegisterHealthServer(g, health.NewServer()) })
+	conn := startCA(t, env.Client, sys, caOptions{register: func(g *grpc.Server) { healthpb.RegisterHealthServer(g, health.NewServer()) }})
 	watch := func(conn *grpc.ClientConn, timeout time.Duration) error {
 		ctx, cancel := context.WithTimeout(t.Context(), timeout)
 		st, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{})
@@ -239,4 +254,67 @@ func rootOf(t *testing.T, sys string) []byte {
 		t.Fatal(err)
 	}
 	return secret.Data[rootstore.KeyRootCert]
+}
+
+// TestCAExpiryReported: a CA certificate near its end is reported as a
+// Warning Event on its Secret; one with less than a certificate's minimum
+// lifetime left refuses to sign (Unavailable) and says so on the Secret.
+func TestCAExpiryReported(t *testing.T) {
+	testenv.Need(t, env)
+	for _, tt := range []struct {
+		name      string
+		left      time.Duration
+		reason    string
+		wantError bool
+	}{
+		{"ten days left", 10 * 24 * time.Hour, expiry.ReasonExpiringSoon, false},
+		{"five minutes left", 5 * time.Minute, expiry.ReasonUnusable, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := t.Context()
+			sys := env.Namespace(t, "canopy-system", nil)
+			ca, err := pki.NewSelfSigned("cluster.local", tt.left, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			key, err := pki.EncodeKey(ca.Key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cert := pki.EncodeCertificates(ca.Cert)
+			if _, err := env.Client.CoreV1().Secrets(sys).Create(ctx, &corev1.Secret{
+				ObjectMeta: metav1.ObjectMeta{Name: rootstore.SelfSignedSecret}, Type: rootstore.SecretType,
+				Data: map[string][]byte{rootstore.KeyCACert: cert, rootstore.KeyCAKey: key, rootstore.KeyRootCert: cert},
+			}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+			t.Cleanup(broadcaster.Shutdown)
+			broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: env.Client.CoreV1().Events("")})
+			conn := startCA(t, env.Client, sys, caOptions{events: broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "canopy-controller"})})
+
+			token, err := env.Token(ctx, sys, "default", testenv.TokenOptions{Audiences: []string{"istio-ca"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cctx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+			_, err = securityapi.NewIstioCertificateServiceClient(conn).CreateCertificate(cctx, &securityapi.IstioCertificateRequest{Csr: csr(t)})
+			if tt.wantError != (status.Code(err) == codes.Unavailable) || !tt.wantError && err != nil {
+				t.Errorf("CreateCertificate() = %v; want Unavailable: %v", err, tt.wantError)
+			}
+			eventually.Within(t, settle, "a Warning Event "+tt.reason+" on the CA Secret", func() bool {
+				evs, err := env.Client.CoreV1().Events(sys).List(ctx, metav1.ListOptions{})
+				if err != nil {
+					return false
+				}
+				for _, e := range evs.Items {
+					if e.InvolvedObject.Kind == "Secret" && e.InvolvedObject.Name == rootstore.SelfSignedSecret &&
+						e.Type == corev1.EventTypeWarning && e.Reason == tt.reason {
+						return true
+					}
+				}
+				return false
+			})
+		})
+	}
 }

@@ -66,6 +66,9 @@ type config struct {
 	authn authn.Config
 	// certTTL is the lifetime of workload certificates.
 	certTTL pki.TTLRange
+	// caExpiryWarning is how long before the CA certificate's end warnings
+	// start.
+	caExpiryWarning time.Duration
 
 	// The API client: requests per second and burst of the main client
 	// (informers, ConfigMaps, Events); TokenReviews have a client of their
@@ -115,6 +118,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.certTTL.Default, "cert-default-ttl", pki.DefaultTTL, "lifetime of a workload certificate whose request names none")
 	fs.DurationVar(&c.certTTL.Min, "cert-min-ttl", pki.MinTTL, "shortest workload certificate lifetime: shorter requests get it, and the CA refuses to sign once its own certificate has less left")
 	fs.DurationVar(&c.certTTL.Max, "cert-max-ttl", pki.MaxTTL, "longest workload certificate lifetime: longer requests get it (Istio's MAX_WORKLOAD_CERT_TTL is 90 days)")
+	fs.DurationVar(&c.caExpiryWarning, "ca-expiry-warning", 30*24*time.Hour, "how long before the CA certificate expires the controller starts warning (a Warning log and Event on the CA Secret, daily)")
 	var kubeQPS float64
 	fs.Float64Var(&kubeQPS, "kube-api-qps", 50, "requests per second of the controller's API client (informers, root ConfigMaps, Events); TokenReviews have their own, paced by --token-review-qps")
 	fs.IntVar(&c.kubeBurst, "kube-api-burst", 100, "burst of the controller's API client above --kube-api-qps")
@@ -163,6 +167,9 @@ func parseFlags(args []string) (config, error) {
 	c.tokenAudiences = strings.Split(*audiences, ",")
 	if err := c.certTTL.Validate(); err != nil {
 		return c, fmt.Errorf("--cert-min-ttl, --cert-default-ttl, --cert-max-ttl: %w", err)
+	}
+	if c.caExpiryWarning <= 0 {
+		return c, fmt.Errorf("--ca-expiry-warning must be positive")
 	}
 	if kubeQPS <= 0 || c.kubeBurst <= 0 {
 		return c, fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive")
@@ -256,7 +263,8 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	defer broadcaster.Shutdown()
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: clients.Kube.CoreV1().Events("")})
-	reporter := status.NewReporter(broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "canopy-controller"}))
+	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "canopy-controller"})
+	reporter := status.NewReporter(recorder)
 
 	tables := index.New(cfg.mesh)
 	// The xDS server is built after the watcher that feeds it, and the CA
@@ -279,7 +287,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	registry := prometheus.NewRegistry()
 	ca, err := newCA(ctx, cfg, clients.Kube, authn.Reviewer{Client: reviewClient.AuthenticationV1()},
-		indexPods{tables: tables, synced: watcher.Synced()}, registry, log)
+		indexPods{tables: tables, synced: watcher.Synced()}, recorder, registry, log)
 	if err != nil {
 		return err
 	}
