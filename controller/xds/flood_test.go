@@ -51,8 +51,8 @@ func (f *firstResponse) Apply(typeURL string, rs []*discoveryv3.Resource, remove
 	return f.table.Apply(typeURL, rs, removed)
 }
 
-// startProxy runs a node proxy with token and reports how long it took to
-// get its first response, or fails the test after bound.
+// timeToFirstResponse runs a node proxy with token and reports how long it
+// took to get its first response, or fails the test after bound.
 func (m *mesh) timeToFirstResponse(t *testing.T, pod, token string, bound time.Duration) time.Duration {
 	t.Helper()
 	rec := newFirstResponse()
@@ -162,8 +162,11 @@ func TestBogusTokenFlood(t *testing.T) {
 	sustained := reviews.n.Load() - before
 	t.Logf("sustained flood of %d streams for %s: %d TokenReviews; known-token proxy's first response after %s",
 		workers, elapsed.Round(time.Millisecond), sustained, cached.Round(time.Millisecond))
-	// The default review budget is a burst of 50 and 25 a second.
-	if limit := int64(50 + 25*elapsed.Seconds() + 10); sustained > limit {
+	// The default review budget, and some slack.
+	budget := func(d time.Duration) int64 {
+		return int64(authn.DefaultReviewBurst + authn.DefaultReviewQPS*d.Seconds() + 10)
+	}
+	if limit := budget(elapsed); sustained > limit {
 		t.Errorf("%d TokenReviews during the flood, want at most %d", sustained, limit)
 	}
 
@@ -179,7 +182,7 @@ func TestBogusTokenFlood(t *testing.T) {
 	burst := reviews.n.Load() - before
 	t.Logf("burst of %d bogus streams: %d TokenReviews in %s; new-token proxy's first response after %s",
 		workers, burst, elapsed.Round(time.Millisecond), fresh.Round(time.Millisecond))
-	if limit := int64(50 + 25*elapsed.Seconds() + 10); burst > limit {
+	if limit := budget(elapsed); burst > limit {
 		t.Errorf("%d TokenReviews for a burst of %d bogus streams, want at most %d", burst, workers, limit)
 	}
 }
