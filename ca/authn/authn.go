@@ -215,13 +215,13 @@ func (a *Authenticator) lookup(key [32]byte, now time.Time) (Caller, bool, error
 // answer: a caller, or a rejection of the token itself. Failures to ask
 // (the budget, the API server) are not cached.
 func (a *Authenticator) review(ctx context.Context, reviewer TokenReviewer, clusterID, token string, key [32]byte) (Caller, error) {
-	if err := a.budget(ctx, clusterID); err != nil {
-		return Caller{}, err
-	}
 	// The review is shared: it must not end with the first caller's
 	// stream.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.ReviewTimeout)
 	defer cancel()
+	if err := a.budget(rctx, clusterID); err != nil {
+		return Caller{}, err
+	}
 	st, err := reviewer.Review(rctx, token, a.cfg.Audiences)
 	if err != nil {
 		return Caller{}, fmt.Errorf("token review in cluster %s: %w", clusterID, err)
