@@ -104,7 +104,7 @@ func TestMonitor(t *testing.T) {
 		level   string
 	}{
 		{"fresh: silent", 0, false, nil, ""},
-		{"29 days left: warning", end.Add(-29*24*time.Hour).Sub(start), false, []event{{secret, "Warning", ReasonExpiringSoon}}, "WARN"},
+		{"29 days left: warning", end.Add(-29 * 24 * time.Hour).Sub(start), false, []event{{secret, "Warning", ReasonExpiringSoon}}, "WARN"},
 		{"an hour later: not again", time.Hour, false, nil, ""},
 		{"a day later: again", 24 * time.Hour, false, []event{{secret, "Warning", ReasonExpiringSoon}}, "WARN"},
 		{"expired: error", 30 * 24 * time.Hour, false, []event{{secret, "Warning", ReasonUnusable}}, "ERROR"},
