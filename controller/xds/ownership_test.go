@@ -113,3 +113,38 @@ func TestServiceEntryCannotTakeAServiceVIP(t *testing.T) {
 	eventually.Within(t, settle, "the ServiceEntry leaves the proxy", func() bool { return p.table.Service(seKey) == nil })
 	unchanged("ServiceEntry deleted")
 }
+
+// TestServiceEntryExportedToItsNamespace: a ServiceEntry with exportTo "."
+// reaches every proxy (a node proxy serves pods of every namespace) marked
+// NAMESPACE, and only its namespace's clients find it by its address.
+func TestServiceEntryExportedToItsNamespace(t *testing.T) {
+	m := startMesh(t, xds.Config{})
+	p := m.connect(t, "ztunnel-export", "node-1", proxyOptions{})
+	ns, other := env.Namespace(t, "team", nil), env.Namespace(t, "other", nil)
+	istio, err := istioclient.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	se := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Name: "github", Namespace: ns}}
+	se.Spec.Hosts = []string{"github.com"}
+	se.Spec.Addresses = []string{"240.240.0.7"}
+	se.Spec.Ports = []*networkingapi.ServicePort{{Number: 443, Name: "tls", Protocol: "TLS"}}
+	se.Spec.Resolution = networkingapi.ServiceEntry_STATIC
+	se.Spec.Endpoints = []*networkingapi.WorkloadEntry{{Address: "10.244.9.10"}}
+	se.Spec.ExportTo = []string{"."}
+	if _, err := istio.NetworkingV1().ServiceEntries(ns).Create(t.Context(), se, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	key := workloadapi.ServiceKey(ns, "github.com")
+	eventually.Within(t, settle, "the ServiceEntry reaches the proxy", func() bool { return p.table.Service(key) != nil })
+	if v := p.table.Service(key).GetVisibility(); v != workloadapi.Service_NAMESPACE {
+		t.Errorf("visibility = %v, want NAMESPACE", v)
+	}
+	ip := netip.MustParseAddr("240.240.0.7")
+	if _, s := p.table.ByAddressFrom(ns, "", ip); s.GetName() != "github" {
+		t.Errorf("a client of %s finds %v at %s, want the ServiceEntry", ns, s, ip)
+	}
+	if w, s := p.table.ByAddressFrom(other, "", ip); w != nil || s != nil {
+		t.Errorf("a client of %s finds %v %v at %s, want nothing", other, w, s, ip)
+	}
+}
