@@ -10,7 +10,14 @@ func TestParseFlags(t *testing.T) {
 	if err != nil || c.mesh.ClusterID != "east" || c.logLevel.String() != "DEBUG" {
 		t.Fatalf("parseFlags = %+v, %v", c, err)
 	}
-	for _, bad := range [][]string{{"--log-level=loud"}, {"--monitoring-addr=15014"}, {"--no-such-flag"}} {
+	if c.mesh.DefaultExportTo != nil {
+		t.Errorf("DefaultExportTo = %q without the flag, want unset (the builders default it to *)", c.mesh.DefaultExportTo)
+	}
+	c, err = parseFlags([]string{"--default-export-to=., istio-system"})
+	if err != nil || strings.Join(c.mesh.DefaultExportTo, "|") != ".|istio-system" {
+		t.Errorf("--default-export-to: %q, %v", c.mesh.DefaultExportTo, err)
+	}
+	for _, bad := range [][]string{{"--log-level=loud"}, {"--monitoring-addr=15014"}, {"--no-such-flag"}, {"--default-export-to=,"}} {
 		if _, err := parseFlags(bad); err == nil || strings.Contains(err.Error(), "panic") {
 			t.Errorf("parseFlags(%v) = %v, want an error", bad, err)
 		}
