@@ -99,6 +99,18 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.mesh.TrustDomain, "trust-domain", "cluster.local", "trust domain of workload identities")
 	fs.StringVar(&c.mesh.DomainSuffix, "domain-suffix", "cluster.local", "cluster DNS domain")
 	fs.StringVar(&c.mesh.RootNamespace, "root-namespace", "istio-system", "namespace of mesh-wide policies")
+	fs.Func("default-export-to", `comma-separated exportTo of Services and ServiceEntries that set none, as Istio's meshConfig.defaultServiceExportTo: "*" (all namespaces, the default), "." (their own), "~" (none)`, func(v string) error {
+		c.mesh.DefaultExportTo = nil
+		for _, e := range strings.Split(v, ",") {
+			if e = strings.TrimSpace(e); e != "" {
+				c.mesh.DefaultExportTo = append(c.mesh.DefaultExportTo, e)
+			}
+		}
+		if len(c.mesh.DefaultExportTo) == 0 {
+			return fmt.Errorf("empty list")
+		}
+		return nil
+	})
 	fs.DurationVar(&c.problemInterval, "problem-interval", 5*time.Second, "how often unsupported input is checked and reported as Events")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.secureAddr, "secure-addr", ":15012", "address of the CA (TLS gRPC)")

@@ -16,7 +16,14 @@ func TestParseFlags(t *testing.T) {
 	if want := (pki.TTLRange{Default: 24 * time.Hour, Min: 10 * time.Minute, Max: 24 * time.Hour}); c.certTTL != want {
 		t.Errorf("certificate lifetimes %+v, want %+v", c.certTTL, want)
 	}
-	for _, bad := range [][]string{{"--log-level=loud"}, {"--monitoring-addr=15014"}, {"--no-such-flag"},
+	if c.mesh.DefaultExportTo != nil {
+		t.Errorf("DefaultExportTo = %q without the flag, want unset (the builders default it to *)", c.mesh.DefaultExportTo)
+	}
+	c, err = parseFlags([]string{"--default-export-to=., istio-system"})
+	if err != nil || strings.Join(c.mesh.DefaultExportTo, "|") != ".|istio-system" {
+		t.Errorf("--default-export-to: %q, %v", c.mesh.DefaultExportTo, err)
+	}
+	for _, bad := range [][]string{{"--log-level=loud"}, {"--monitoring-addr=15014"}, {"--no-such-flag"}, {"--default-export-to=,"},
 		{"--cert-min-ttl=0s"}, {"--cert-default-ttl=48h"}, {"--cert-min-ttl=2h", "--cert-default-ttl=1h"}} {
 		if _, err := parseFlags(bad); err == nil || strings.Contains(err.Error(), "panic") {
 			t.Errorf("parseFlags(%v) = %v, want an error", bad, err)

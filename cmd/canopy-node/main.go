@@ -37,6 +37,7 @@ import (
 	"github.com/canopy-mesh/canopy/node/identity"
 	"github.com/canopy-mesh/canopy/node/pods"
 	"github.com/canopy-mesh/canopy/node/proxy"
+	"github.com/canopy-mesh/canopy/node/trustbundle"
 	"github.com/canopy-mesh/canopy/node/zdsclient"
 )
 
@@ -50,6 +51,7 @@ type config struct {
 	onDemand                    bool
 	lookupTimeout               time.Duration
 	limits                      proxy.Limits
+	rootReload                  time.Duration
 	adminAddr, metricsAddr      string
 	readyAddr                   string
 	certTTL, drain              time.Duration
@@ -82,7 +84,8 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.clusterID, "cluster-id", or(env("ISTIO_META_CLUSTER_ID", "CLUSTER_ID"), "Kubernetes"), "cluster ID ($CLUSTER_ID)")
 	fs.StringVar(&c.trustDomain, "trust-domain", or(env("TRUST_DOMAIN"), "cluster.local"), "trust domain")
 	fs.StringVar(&c.tokenPath, "token", "./var/run/secrets/tokens/istio-token", "projected service-account token (audience istio-ca)")
-	fs.StringVar(&c.rootCertPath, "root-cert", or(env("XDS_ROOT_CA"), "./var/run/secrets/istio/root-cert.pem"), "trusted roots (PEM)")
+	fs.StringVar(&c.rootCertPath, "root-cert", or(env("XDS_ROOT_CA"), "./var/run/secrets/istio/root-cert.pem"), "trusted roots (PEM), re-read while running")
+	fs.DurationVar(&c.rootReload, "root-cert-reload", 10*time.Second, "how often --root-cert is checked for changes")
 	fs.StringVar(&c.zdsSocket, "zds-socket", or(env("INPOD_UDS"), "/var/run/ztunnel/ztunnel.sock"), "the CNI agent's ZDS socket ($INPOD_UDS)")
 	fs.StringVar(&c.nodeName, "node-name", env("NODE_NAME"), "this node ($NODE_NAME)")
 	fs.StringVar(&c.podName, "pod-name", env("POD_NAME"), "this proxy's pod ($POD_NAME)")
@@ -139,7 +142,7 @@ func parseFlags(args []string) (config, error) {
 	for _, d := range []struct {
 		flag string
 		v    time.Duration
-	}{{"--on-demand-timeout", c.lookupTimeout}, {"--handshake-timeout", c.limits.HandshakeTimeout}, {"--dial-timeout", c.limits.DialTimeout}, {"--connect-timeout", c.limits.ConnectTimeout}} {
+	}{{"--on-demand-timeout", c.lookupTimeout}, {"--root-cert-reload", c.rootReload}, {"--handshake-timeout", c.limits.HandshakeTimeout}, {"--dial-timeout", c.limits.DialTimeout}, {"--connect-timeout", c.limits.ConnectTimeout}} {
 		if d.v <= 0 {
 			return c, fmt.Errorf("%s must be positive, got %s", d.flag, d.v)
 		}
@@ -151,20 +154,8 @@ func parseFlags(args []string) (config, error) {
 	if err != nil {
 		return c, fmt.Errorf("--root-cert: %w", err)
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pemBytes) {
-		return c, fmt.Errorf("--root-cert %s holds no PEM certificate", c.rootCertPath)
-	}
-	for rest := pemBytes; ; {
-		var certs []*x509.Certificate
-		certs, rest, err = parsePEM(rest)
-		if err != nil {
-			return c, fmt.Errorf("--root-cert: %w", err)
-		}
-		c.roots = append(c.roots, certs...)
-		if len(certs) == 0 {
-			break
-		}
+	if c.roots, err = trustbundle.Parse(pemBytes); err != nil {
+		return c, fmt.Errorf("--root-cert %s: %w", c.rootCertPath, err)
 	}
 	if _, err := os.Stat(c.tokenPath); err != nil {
 		return c, fmt.Errorf("--token: %w", err)
@@ -177,11 +168,21 @@ func main() {
 }
 
 func run(ctx context.Context, cfg config, log *slog.Logger) error {
-	roots := x509.NewCertPool()
-	for _, r := range cfg.roots {
-		roots.AddCert(r)
+	// The root bundle is re-read while the proxy runs: a rotated root is
+	// trusted, and a removed one dropped, without a restart, both for the
+	// control plane's certificate and for peers'.
+	var certs *identity.Manager
+	bundle, err := trustbundle.Load(cfg.rootCertPath, func(roots []*x509.Certificate) {
+		if certs != nil {
+			certs.SetRoots(roots)
+		}
+	}, log)
+	if err != nil {
+		return err
 	}
-	creds := credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: cfg.serverName, MinVersion: tls.VersionTLS12})
+	creds := credentials.NewTLS(&tls.Config{ServerName: cfg.serverName, MinVersion: tls.VersionTLS12,
+		InsecureSkipVerify:    true, // replaced by VerifyPeerCertificate, which reads the current bundle
+		VerifyPeerCertificate: bundle.VerifyServer(cfg.serverName)})
 	xdsConn, err := grpc.NewClient(cfg.xdsAddr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return err
@@ -212,7 +213,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	certs, err := identity.New(identity.Config{TTL: cfg.certTTL, Roots: cfg.roots, Registerer: registry},
+	certs, err = identity.New(identity.Config{TTL: cfg.certTTL, Roots: bundle.Roots(), Registerer: registry},
 		caclient.Client{Conn: caConn, Token: token, ClusterID: cfg.clusterID, Impersonate: true}, log)
 	if err != nil {
 		return err
@@ -241,6 +242,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return xc.Run(gctx) })
 	g.Go(func() error { certs.Run(gctx); return nil })
+	g.Go(func() error { bundle.Run(gctx, cfg.rootReload); return nil })
 	// Open inbound connections are re-authorized on each table change.
 	g.Go(func() error { px.Run(gctx); return nil })
 	g.Go(func() error {

@@ -20,6 +20,9 @@ type Config struct {
 	// topology.istio.io/network label, when set, is the network (the index
 	// applies it). Default "istio-system".
 	SystemNamespace string
+	// DefaultExportTo is the exportTo of Services and ServiceEntries that
+	// set none (Istio's MeshConfig.defaultServiceExportTo); default "*".
+	DefaultExportTo []string
 }
 
 // WithDefaults returns c with its empty fields defaulted.
@@ -38,6 +41,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.SystemNamespace == "" {
 		c.SystemNamespace = "istio-system"
+	}
+	if len(c.DefaultExportTo) == 0 {
+		c.DefaultExportTo = []string{exportAll}
 	}
 	return c
 }

@@ -63,6 +63,11 @@ func TestBuildServiceEntry(t *testing.T) {
 				{Address: "10.10.0.6", Network: "vm-net"},
 			}
 		})},
+		{"exported to its own namespace", serviceEntry(func(se *networkingv1.ServiceEntry) { se.Spec.ExportTo = []string{"."} })},
+		{"exported to no namespace keeps its endpoints", serviceEntry(func(se *networkingv1.ServiceEntry) {
+			se.Spec.ExportTo = []string{"~"}
+			se.Spec.Endpoints = []*networkingapi.WorkloadEntry{{Address: "10.10.0.5"}}
+		})},
 		{"dns endpoint uses hostname", serviceEntry(func(se *networkingv1.ServiceEntry) {
 			se.Spec.Resolution = networkingapi.ServiceEntry_DNS
 			se.Spec.Endpoints = []*networkingapi.WorkloadEntry{{Address: "pay-1.example.com"}}

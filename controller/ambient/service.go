@@ -27,11 +27,16 @@ type ServiceInput struct {
 }
 
 // BuildService returns the table entry of a Kubernetes Service, or nil for an
-// ExternalName Service, which is not sent (wire contract §7.2).
+// ExternalName Service or one exported to no namespace, which are not sent
+// (wire contract §7.2).
 func BuildService(in ServiceInput, cfg Config) *workloadapi.Service {
 	cfg = cfg.WithDefaults()
 	svc := in.Service
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		return nil
+	}
+	export := ServiceExport(svc, cfg)
+	if !export.Published {
 		return nil
 	}
 	out := &workloadapi.Service{
@@ -42,6 +47,7 @@ func BuildService(in ServiceInput, cfg Config) *workloadapi.Service {
 		LoadBalancing: loadBalancing(svc),
 		IpFamilies:    ipFamilies(svc.Spec.IPFamilies),
 		Canonical:     true,
+		Visibility:    export.Visibility,
 	}
 	if !isWaypoint(svc.Labels) {
 		out.Waypoint = in.Waypoint

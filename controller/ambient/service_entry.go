@@ -18,12 +18,14 @@ type ServiceEntryInput struct {
 	Waypoint *workloadapi.GatewayAddress
 }
 
-// BuildServiceEntry returns a Service per host of a ServiceEntry, and a
-// Workload per inline endpoint, backing every host.
+// BuildServiceEntry returns a Service per host of a ServiceEntry (none when
+// it is exported to no namespace), and a Workload per inline endpoint,
+// backing every host.
 func BuildServiceEntry(in ServiceEntryInput, cfg Config) ([]*workloadapi.Service, []*workloadapi.Workload) {
 	cfg = cfg.WithDefaults()
 	se := in.ServiceEntry
 	spec := &se.Spec
+	export := ServiceEntryExport(se, cfg)
 	var vips []*workloadapi.NetworkAddress
 	for _, a := range spec.GetAddresses() {
 		if na := vip(a, cfg.Network); na != nil {
@@ -40,6 +42,9 @@ func BuildServiceEntry(in ServiceEntryInput, cfg Config) ([]*workloadapi.Service
 	}
 	var services []*workloadapi.Service
 	for _, host := range spec.GetHosts() {
+		if !export.Published {
+			break
+		}
 		services = append(services, &workloadapi.Service{
 			Name:            se.Name,
 			Namespace:       se.Namespace,
@@ -47,6 +52,7 @@ func BuildServiceEntry(in ServiceEntryInput, cfg Config) ([]*workloadapi.Service
 			Addresses:       vips,
 			Ports:           ports,
 			SubjectAltNames: spec.GetSubjectAltNames(),
+			Visibility:      export.Visibility,
 		})
 		if !isWaypoint(se.Labels) {
 			services[len(services)-1].Waypoint = in.Waypoint

@@ -75,6 +75,13 @@ func TestBuildService(t *testing.T) {
 		{name: "the service of a waypoint gets no waypoint", in: ServiceInput{Service: testService("waypoint", func(s *corev1.Service) {
 			s.Labels = map[string]string{LabelManagedGateway: ManagedByMesh}
 		}), Waypoint: waypoint}},
+		{name: "exported to its own namespace", in: ServiceInput{Service: testService("echo", func(s *corev1.Service) {
+			s.Annotations = map[string]string{AnnotationExportTo: "."}
+		})}},
+		{name: "exported to no namespace is not sent", in: ServiceInput{Service: testService("echo", func(s *corev1.Service) {
+			s.Annotations = map[string]string{AnnotationExportTo: "~"}
+		})}},
+		{name: "mesh default export", in: ServiceInput{Service: testService("echo")}, cfg: Config{DefaultExportTo: []string{"."}}},
 		{name: "network and domain", in: ServiceInput{Service: testService("echo")}, cfg: Config{Network: "net-1", DomainSuffix: "corp.local"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

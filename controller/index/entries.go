@@ -88,17 +88,20 @@ func entrySelects(se *networkingv1.ServiceEntry, lbls map[string]string) bool {
 // endpoint workloads, removing names it no longer produces.
 func (x *Index) recomputeServiceEntry(c *change, k key) {
 	var names []string
-	owner := "ServiceEntry " + k.String()
+	claim := ambient.Claim{Kind: ambient.KindServiceEntry, Namespace: k.namespace, Name: k.name}
+	owner := claim.Owner()
 	delete(x.problems, owner)
 	se := x.serviceEntries[k]
 	if se != nil {
 		in := ambient.ServiceEntryInput{ServiceEntry: se,
 			Waypoint: x.waypoint(owner, k.namespace, se.Labels, false)}
+		x.addProblem(owner, ambient.ServiceEntryExport(se, x.cfg).Warning)
 		svcs, wls := ambient.BuildServiceEntry(in, x.cfg)
+		claim.Created = se.CreationTimestamp.Time
 		for _, s := range svcs {
 			name := workloadapi.ServiceKey(s.Namespace, s.Hostname)
 			names = append(names, name)
-			x.publishService(c, name, serviceSource{service: s, created: se.CreationTimestamp.Time, owner: owner})
+			x.publishService(c, name, serviceSource{service: s, claim: claim})
 		}
 		for _, w := range wls {
 			names = append(names, w.Uid)
@@ -110,7 +113,7 @@ func (x *Index) recomputeServiceEntry(c *change, k key) {
 			continue
 		}
 		if _, isService := x.serviceSources[old][owner]; isService {
-			x.publishService(c, old, serviceSource{owner: owner})
+			x.publishService(c, old, serviceSource{claim: claim})
 		} else {
 			x.setAddress(c, old, nil)
 		}

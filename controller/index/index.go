@@ -93,12 +93,19 @@ type Index struct {
 
 	addresses map[string]*workloadapi.Address
 	// serviceSources are the objects that want to publish each Service
-	// name; publishService picks one.
+	// name, by owner; serviceWinners the one publishService picked.
+	// vipClaims are the names claiming each VIP key, with their winners'
+	// claims (owners.go).
 	serviceSources       map[string]map[string]serviceSource
+	serviceWinners       map[string]serviceSource
+	vipClaims            map[string]map[string]ambient.Claim
 	authorizations       map[string]*security.Authorization
 	peerAuthsByNamespace map[string]map[key]bool
-	// problems records why an object produced nothing, or less.
-	problems map[string]string
+	// problems records why an object produced nothing, or less;
+	// conflicts, by object, the names and addresses it lost to another
+	// object, by what was lost.
+	problems  map[string]string
+	conflicts map[string]map[string]string
 	// portProblems caches the unresolved named ports of Services;
 	// dirtyPorts lists the Services to check again.
 	portProblems map[key]string
@@ -133,6 +140,9 @@ func New(cfg ambient.Config) *Index {
 		policiesByNamespace:        map[string]map[key]bool{},
 		addresses:                  map[string]*workloadapi.Address{},
 		serviceSources:             map[string]map[string]serviceSource{},
+		serviceWinners:             map[string]serviceSource{},
+		vipClaims:                  map[string]map[string]ambient.Claim{},
+		conflicts:                  map[string]map[string]string{},
 		authorizations:             map[string]*security.Authorization{},
 		peerAuthsByNamespace:       map[string]map[key]bool{},
 		problems:                   map[string]string{},
@@ -212,9 +222,15 @@ func (x *Index) Problems() map[string]string {
 		}
 	}
 	clear(x.dirtyPorts)
-	out := make(map[string]string, len(x.problems)+len(x.portProblems))
+	out := make(map[string]string, len(x.problems)+len(x.portProblems)+len(x.conflicts))
 	for k, v := range x.problems {
 		out[k] = v
+	}
+	for k, msg := range x.conflictProblems() {
+		if prev := out[k]; prev != "" {
+			msg = prev + "; " + msg
+		}
+		out[k] = msg
 	}
 	for k, msg := range x.portProblems {
 		name := "Service " + k.String()

@@ -514,19 +514,33 @@ func (x *Index) recomputePod(c *change, k key) {
 // recomputeService rebuilds one Service's entry.
 func (x *Index) recomputeService(c *change, k key) {
 	name := workloadapi.ServiceKey(k.namespace, ambient.ServiceHostname(k.name, k.namespace, x.cfg))
-	owner := "Service " + k.String()
+	claim := ambient.Claim{Kind: ambient.KindService, Namespace: k.namespace, Name: k.name}
+	owner := claim.Owner()
 	x.dirtyPorts[k] = true
 	svc, ok := x.services[k]
 	if !ok {
 		delete(x.problems, owner)
-		x.publishService(c, name, serviceSource{owner: owner})
+		x.publishService(c, name, serviceSource{claim: claim})
 		return
 	}
-	in := ambient.ServiceInput{Service: svc, Waypoint: x.waypoint("Service "+k.String(), k.namespace, svc.Labels, false)}
+	in := ambient.ServiceInput{Service: svc, Waypoint: x.waypoint(owner, k.namespace, svc.Labels, false)}
+	x.addProblem(owner, ambient.ServiceExport(svc, x.cfg).Warning)
 	if ns := x.namespaces[k.namespace]; ns != nil {
 		in.NamespaceLabels = ns.Labels
 	}
-	x.publishService(c, name, serviceSource{service: ambient.BuildService(in, x.cfg), kube: true, created: svc.CreationTimestamp.Time, owner: owner})
+	claim.Created = svc.CreationTimestamp.Time
+	x.publishService(c, name, serviceSource{service: ambient.BuildService(in, x.cfg), claim: claim})
+}
+
+// addProblem adds msg, when not empty, to what is recorded of object.
+func (x *Index) addProblem(object, msg string) {
+	switch {
+	case msg == "":
+	case x.problems[object] == "":
+		x.problems[object] = msg
+	default:
+		x.problems[object] += "; " + msg
+	}
 }
 
 // waypoint resolves an object's waypoint binding, recording why a binding

@@ -49,6 +49,8 @@ type mesh struct {
 	addr   string
 	server *xds.Server
 	reg    *prometheus.Registry
+	// index is the tables the server serves (nil for a fake source).
+	index *index.Index
 	// ns is the proxies' namespace, also the system namespace.
 	ns string
 }
@@ -66,6 +68,7 @@ func startMesh(t *testing.T, cfg xds.Config) *mesh {
 	}
 	x := index.New(ambient.Config{})
 	m := newMesh(t, cfg, x)
+	m.index = x
 	w := kubeinput.New(kubeinput.Clients{Kube: env.Client, Istio: istio, Gateway: gw}, x, m.server.Changed, slog.New(slog.DiscardHandler))
 	m.run(t, w.Synced(), func(ctx context.Context) { _ = w.Run(ctx) })
 	return m

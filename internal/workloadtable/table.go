@@ -10,6 +10,13 @@
 // UID; a removed name is a workload UID, else a service key. A Table is safe
 // for concurrent use and its getters return shared protos that callers must
 // not modify.
+//
+// Unlike ztunnel, whose VIP index keeps the last service written, a VIP
+// stays with the service that holds it (vip.go): a later service that
+// claims it too is kept but rejected, and takes the VIP over when the
+// holder goes. An address is looked up as a workload first, then as a
+// VIP, as ztunnel does, and a service whose visibility is NAMESPACE is
+// found only by clients of its namespace.
 package workloadtable
 
 import (
@@ -42,9 +49,12 @@ type Table struct {
 	workloads map[string]*workloadapi.Workload
 	services  map[string]*workloadapi.Service
 	policies  map[string]*security.Authorization
-	// byAddress maps "<network>/<ip>" (or a CIDR key) to a workload UID
-	// or service key; byNode maps a node to workload UIDs.
+	// byAddress maps a workload's "<network>/<ip>" to its UID; byVIP
+	// maps a service VIP key ("<network>/<ip>" or a CIDR key) to the keys
+	// of the services claiming it, in the order they claimed it; byNode
+	// maps a node to workload UIDs.
 	byAddress map[string]string
+	byVIP     map[string][]string
 	byNode    map[string]map[string]struct{}
 	// byService maps a service key to the UIDs of its workloads.
 	byService map[string]map[string]struct{}
@@ -60,6 +70,7 @@ func New() *Table {
 		services:  map[string]*workloadapi.Service{},
 		policies:  map[string]*security.Authorization{},
 		byAddress: map[string]string{},
+		byVIP:     map[string][]string{},
 		byNode:    map[string]map[string]struct{}{},
 		byService: map[string]map[string]struct{}{},
 		changed:   make(chan struct{}),
@@ -82,7 +93,9 @@ func (t *Table) notify() {
 
 // Apply applies one response of typeURL. Resources that do not decode, or
 // whose name does not match their content, are rejected and the rest
-// applied, as ztunnel does; the client NACKs with the rejections.
+// applied, as ztunnel does; the client NACKs with the rejections. A
+// service that claims a VIP another service still holds once the whole
+// response is applied is kept, without that VIP, and rejected too.
 func (t *Table) Apply(typeURL string, resources []*discoveryv3.Resource, removed []string) []Rejection {
 	var rejected []Rejection
 	switch typeURL {
@@ -103,6 +116,16 @@ func (t *Table) Apply(typeURL string, resources []*discoveryv3.Resource, removed
 		}
 		for _, name := range removed {
 			t.removeAddress(name)
+		}
+		// VIPs are checked once the whole response is in: a control plane
+		// hands a VIP over by removing (or updating) its holder in the
+		// same response that gives it to the next service.
+		for _, a := range decoded {
+			if a.GetService() != nil {
+				if err := t.checkVIPs(workloadapi.ResourceName(a)); err != nil {
+					rejected = append(rejected, Rejection{Name: workloadapi.ResourceName(a), Err: err})
+				}
+			}
 		}
 		if len(decoded)+len(removed) > 0 {
 			t.notify()
@@ -203,11 +226,7 @@ func (t *Table) putAddress(a *workloadapi.Address) {
 		}
 		return
 	}
-	t.removeService(name)
-	t.services[name] = a.GetService()
-	for _, alias := range workloadapi.Aliases(a) {
-		t.byAddress[alias] = name
-	}
+	t.putService(name, a.GetService())
 }
 
 func (t *Table) removeAddress(name string) {
@@ -251,10 +270,8 @@ func (t *Table) removeService(key string) {
 		return
 	}
 	delete(t.services, key)
-	for _, alias := range workloadapi.Aliases(&workloadapi.Address{Type: &workloadapi.Address_Service{Service: old}}) {
-		if t.byAddress[alias] == key {
-			delete(t.byAddress, alias)
-		}
+	for _, vip := range vipKeys(old) {
+		t.unclaim(vip, key)
 	}
 }
 
@@ -279,19 +296,28 @@ func (t *Table) Policy(name string) *security.Authorization {
 	return t.policies[name]
 }
 
-// ByAddress returns the workload or service at a network address: exactly
-// one is non-nil when found.
+// ByAddress returns the workload or service at a network address as a
+// client of no particular namespace sees it: a workload, else the service
+// holding the VIP if its visibility is PUBLIC. Exactly one is non-nil when
+// found.
 func (t *Table) ByAddress(network string, ip netip.Addr) (*workloadapi.Workload, *workloadapi.Service) {
+	return t.ByAddressFrom("", network, ip)
+}
+
+// ByAddressFrom returns the workload or service at a network address as a
+// client in namespace ns sees it: a workload, else the service holding
+// the VIP that ns may see. Exactly one is non-nil when found.
+func (t *Table) ByAddressFrom(ns, network string, ip netip.Addr) (*workloadapi.Workload, *workloadapi.Service) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	name, ok := t.byAddress[workloadapi.IPKey(network, ip)]
-	if !ok {
-		return nil, nil
+	key := workloadapi.IPKey(network, ip)
+	if uid, ok := t.byAddress[key]; ok {
+		return t.workloads[uid], nil
 	}
-	if w := t.workloads[name]; w != nil {
-		return w, nil
+	if svc := t.vipService(key, ns); svc != nil {
+		return nil, svc
 	}
-	return nil, t.services[name]
+	return nil, nil
 }
 
 // NodeWorkloads returns the workloads on a node, sorted by UID.
@@ -339,6 +365,9 @@ func (t *Table) Has(key string) bool {
 		return true
 	}
 	if _, ok := t.byAddress[key]; ok {
+		return true
+	}
+	if _, ok := t.byVIP[key]; ok {
 		return true
 	}
 	_, ok := t.policies[key]

@@ -79,7 +79,9 @@ type Manager struct {
 
 	mu      sync.Mutex
 	entries map[workloadapi.Identity]*entry
-	roots   []*x509.Certificate
+	// configured are the roots of the bundle file (SetRoots replaces
+	// them); the roots of the certificates held are trusted beside them.
+	configured []*x509.Certificate
 }
 
 type entry struct {
@@ -117,7 +119,7 @@ func New(cfg Config, signer Signer, log *slog.Logger) (*Manager, error) {
 		return nil, err
 	}
 	return &Manager{cfg: cfg, signer: signer, log: log.With("component", "identity"), expiry: expiry,
-		wake: make(chan struct{}, 1), entries: map[workloadapi.Identity]*entry{}, roots: cfg.Roots}, nil
+		wake: make(chan struct{}, 1), entries: map[workloadapi.Identity]*entry{}, configured: cfg.Roots}, nil
 }
 
 // Add keeps id's certificate current until a matching Remove; the first
@@ -167,15 +169,37 @@ func (m *Manager) Get(ctx context.Context, id workloadapi.Identity) (*Cert, erro
 	return e.cert, nil
 }
 
-// Roots returns a pool of every trusted root.
+// Roots returns a pool of every trusted root: the bundle's, and the root
+// each held certificate chains to (during a rotation the CA may sign with
+// a root the bundle file has not shown yet).
 func (m *Manager) Roots() *x509.CertPool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	pool := x509.NewCertPool()
-	for _, r := range m.roots {
+	for _, r := range m.TrustedRoots() {
 		pool.AddCert(r)
 	}
 	return pool
+}
+
+// TrustedRoots lists the roots Roots holds, without duplicates.
+func (m *Manager) TrustedRoots() []*x509.Certificate {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := append([]*x509.Certificate(nil), m.configured...)
+	for _, e := range m.entries {
+		if e.cert != nil && e.cert.Root != nil && !containsCert(out, e.cert.Root) {
+			out = append(out, e.cert.Root)
+		}
+	}
+	return out
+}
+
+// SetRoots replaces the bundle's roots (the file changed): new roots are
+// trusted from the next handshake, removed ones no longer are, unless a
+// held certificate still chains to one.
+func (m *Manager) SetRoots(roots []*x509.Certificate) {
+	m.mu.Lock()
+	m.configured = append([]*x509.Certificate(nil), roots...)
+	m.mu.Unlock()
 }
 
 // fetch gets a certificate for a new entry.
@@ -231,9 +255,6 @@ func (m *Manager) record(id workloadapi.Identity, e *entry, cert *Cert, err erro
 		e.retry = 0
 	}
 	m.expiry.WithLabelValues(id.String()).Set(float64(cert.NotAfter().Unix()))
-	if cert.Root != nil && !containsCert(m.roots, cert.Root) {
-		m.roots = append(m.roots, cert.Root)
-	}
 }
 
 func containsCert(list []*x509.Certificate, c *x509.Certificate) bool {

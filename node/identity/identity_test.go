@@ -196,3 +196,34 @@ func TestExpiredCAIssuesNothingUsable(t *testing.T) {
 		t.Errorf("the CA was asked %d times in 200ms: renewal is looping", calls)
 	}
 }
+
+// TestSetRoots: the bundle's roots are replaced, not added to; the root a
+// held certificate chains to stays trusted beside them.
+func TestSetRoots(t *testing.T) {
+	m, signer, clk, _ := setup(t)
+	other, err := pki.NewSelfSigned("cluster.local", 0, clk.now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.SetRoots([]*x509.Certificate{other.Cert})
+	if got := m.TrustedRoots(); len(got) != 1 || !got[0].Equal(other.Cert) {
+		t.Fatalf("trusted after SetRoots: %d roots", len(got))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go m.Run(ctx)
+	m.Add(web)
+	if _, err := m.Get(ctx, web); err != nil {
+		t.Fatal(err)
+	}
+	signer.mu.Lock()
+	caRoot := signer.auth.Cert
+	signer.mu.Unlock()
+	if got := m.TrustedRoots(); len(got) != 2 || !got[1].Equal(caRoot) {
+		t.Fatalf("with a certificate held: %d roots, want the bundle's and the CA's", len(got))
+	}
+	m.SetRoots(nil)
+	if got := m.TrustedRoots(); len(got) != 1 || !got[0].Equal(caRoot) {
+		t.Errorf("after the bundle dropped its root: %d roots, want only the held certificate's", len(got))
+	}
+}

@@ -199,7 +199,7 @@ func (p *Proxy) outbound(c net.Conn, pod *inpod.Pod, src *workloadapi.Workload) 
 		return
 	}
 	ctx := context.Background()
-	if err := p.resolve(ctx, src.GetNetwork(), dst.Addr()); err != nil {
+	if err := p.resolve(ctx, src, dst.Addr()); err != nil {
 		// Fail closed: an address not known yet may be a mesh pod that
 		// only accepts mTLS, or a PERMISSIVE one that would take plaintext.
 		p.metrics.refused.WithLabelValues(reasonLookupFailed).Inc()
@@ -279,15 +279,17 @@ func (p *Proxy) outbound(c net.Conn, pod *inpod.Pod, src *workloadapi.Workload) 
 	done(sent, received, false)
 }
 
-// resolve makes sure the table knows ip before routing: in on-demand mode
-// an address it does not hold is looked up, and the connection waits for
-// the answer. Not found is an answer (the address is outside the mesh);
-// no answer in time is an error.
-func (p *Proxy) resolve(ctx context.Context, network string, ip netip.Addr) error {
+// resolve makes sure the table knows ip before src's connection is
+// routed: in on-demand mode an address it does not hold (for src's
+// namespace) is looked up, and the connection waits for the answer. Not
+// found is an answer (the address is outside the mesh); no answer in time
+// is an error.
+func (p *Proxy) resolve(ctx context.Context, src *workloadapi.Workload, ip netip.Addr) error {
 	if p.OnDemand == nil {
 		return nil
 	}
-	if w, svc := p.Table.ByAddress(network, ip); w != nil || svc != nil {
+	network := src.GetNetwork()
+	if w, svc := p.Table.ByAddressFrom(src.GetNamespace(), network, ip); w != nil || svc != nil {
 		return nil
 	}
 	timeout := p.LookupTimeout

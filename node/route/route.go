@@ -40,7 +40,11 @@ type Route struct {
 
 // Table is what routing reads; *workloadtable.Table implements it.
 type Table interface {
+	// ByAddress finds a workload, or a service every namespace may see.
 	ByAddress(network string, ip netip.Addr) (*workloadapi.Workload, *workloadapi.Service)
+	// ByAddressFrom finds a workload, or a service the clients of
+	// namespace ns may see (Service.visibility).
+	ByAddressFrom(ns, network string, ip netip.Addr) (*workloadapi.Workload, *workloadapi.Service)
 	ServiceWorkloads(key string) []*workloadapi.Workload
 	Service(key string) *workloadapi.Service
 }
@@ -51,10 +55,13 @@ var ErrNoEndpoint = errors.New("no healthy endpoint")
 const hbonePort = 15008
 
 // Decide routes a connection from src to dst; pick chooses one of n
-// candidates (random in production, fixed in tests).
+// candidates (random in production, fixed in tests). The destination is
+// looked up as src's namespace sees it: a service src may not see is as
+// good as absent, so its VIP goes out as plain TCP like any address
+// outside the mesh, as ztunnel does.
 // A destination that is the proxy itself fails with ErrSelfCall.
 func Decide(t Table, src *workloadapi.Workload, dst netip.AddrPort, pick func(n int) int) (Route, error) {
-	w, svc := t.ByAddress(src.GetNetwork(), dst.Addr())
+	w, svc := t.ByAddressFrom(src.GetNamespace(), src.GetNetwork(), dst.Addr())
 	r, err := decide(t, src, dst, w, svc, pick)
 	if err != nil {
 		return Route{}, err

@@ -88,6 +88,10 @@ func TestDecide(t *testing.T) {
 		services: map[string]*workloadapi.PortList{"apps/waypoint.apps.svc.cluster.local": {}}}.build()
 	wpAddr := &workloadapi.GatewayAddress{Destination: &workloadapi.GatewayAddress_Address{Address: &workloadapi.NetworkAddress{Address: netip.MustParseAddr("10.244.4.5").AsSlice()}}, HboneMtlsPort: 15008}
 	behindWP := wl{name: "behind", ip: "10.244.5.5", node: "n5", proto: hbone, healthy: true, waypoint: wpAddr}.build()
+	private := service("10.96.0.10", 80, 8080, nil, nil)
+	private.Visibility = workloadapi.Service_NAMESPACE
+	outsider := wl{name: "outsider", ip: "10.244.1.3", node: "n1", zone: "a", proto: hbone, healthy: true}.build()
+	outsider.Namespace = "other"
 
 	for _, tt := range []struct {
 		name    string
@@ -133,6 +137,10 @@ func TestDecide(t *testing.T) {
 			want: Route{Kind: HBONE, Addr: ap("10.244.1.5:15008"), Authority: "10.244.1.5:8080", Workload: near, Identities: []workloadapi.Identity{id("near")}}},
 		{name: "workload waypoint for direct traffic", ws: []*workloadapi.Workload{behindWP, waypoint}, dst: "10.244.5.5:80",
 			want: Route{Kind: HBONE, Addr: ap("10.244.4.5:15008"), Authority: "10.244.5.5:80", Workload: waypoint, Identities: []workloadapi.Identity{id("waypoint")}, Waypoint: true}},
+		{name: "a namespace-visible service serves its namespace", svc: private, ws: []*workloadapi.Workload{near}, dst: "10.96.0.10:80",
+			want: Route{Kind: HBONE, Addr: ap("10.244.1.5:15008"), Authority: "10.244.1.5:8080", Workload: near, Identities: []workloadapi.Identity{id("near")}}},
+		{name: "a namespace-visible service is absent for other namespaces", svc: private, ws: []*workloadapi.Workload{near}, src: outsider, dst: "10.96.0.10:80",
+			want: Route{Kind: TCP, Addr: ap("10.96.0.10:80")}},
 		{name: "service waypoint without endpoints", svc: service("10.96.0.10", 80, 8080, nil, wpHost), ws: []*workloadapi.Workload{near}, dst: "10.96.0.10:80", wantErr: ErrNoEndpoint},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
