@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -102,7 +103,7 @@ type Config struct {
 // Monitor watches one CA.
 type Monitor struct {
 	cfg Config
-	ca  *pki.Authority
+	ca  atomic.Pointer[pki.Authority]
 	rec Recorder
 	log *slog.Logger
 
@@ -131,13 +132,16 @@ func New(cfg Config, ca *pki.Authority, rec Recorder, log *slog.Logger) (*Monito
 	if rec != nil && cfg.Secret == nil {
 		return nil, errors.New("expiry: Events need the CA Secret's reference")
 	}
-	m := &Monitor{cfg: cfg, ca: ca, rec: rec, log: log.With("component", "ca-expiry"), last: map[string]time.Time{}}
+	m := &Monitor{cfg: cfg, rec: rec, log: log.With("component", "ca-expiry"), last: map[string]time.Time{}}
+	m.ca.Store(ca)
 	if cfg.Registerer != nil {
-		_, notAfter := ca.Validity()
 		g := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "canopy_ca_certificate_expiry_timestamp_seconds",
 			Help: "When the CA's certificate (or the chain above it) expires, in seconds since the epoch.",
-		}, func() float64 { return float64(notAfter.Unix()) })
+		}, func() float64 {
+			_, notAfter := m.ca.Load().Validity()
+			return float64(notAfter.Unix())
+		})
 		if err := cfg.Registerer.Register(g); err != nil {
 			return nil, fmt.Errorf("register CA expiry gauge: %w", err)
 		}
@@ -148,7 +152,13 @@ func New(cfg Config, ca *pki.Authority, rec Recorder, log *slog.Logger) (*Monito
 // Check assesses the CA now and reports what it finds, unless reported
 // recently.
 func (m *Monitor) Check() {
-	m.report(Assess(m.ca, m.cfg.Now(), m.cfg.MinLeafTTL, m.cfg.WarnBefore))
+	m.report(Assess(m.ca.Load(), m.cfg.Now(), m.cfg.MinLeafTTL, m.cfg.WarnBefore))
+}
+
+// SetAuthority watches a from now on (the CA rotated) and checks it.
+func (m *Monitor) SetAuthority(a *pki.Authority) {
+	m.ca.Store(a)
+	m.Check()
 }
 
 // CAUnusable implements server.Alarm: a request was refused because the CA

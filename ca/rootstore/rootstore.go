@@ -54,7 +54,9 @@ func (s Source) Secret() string {
 
 // Load returns the CA of namespace: the plug-in CA of Secret cacerts when
 // it exists, else the self-signed root of Secret istio-ca-secret, created
-// with a new root for trustDomain when missing.
+// with a new root for trustDomain when missing. An empty trustDomain
+// creates nothing (a reload: a Secret deleted while the controller runs
+// must not become a new root that no proxy trusts).
 func Load(ctx context.Context, client kubernetes.Interface, namespace, trustDomain string, now time.Time) (*pki.Authority, Source, error) {
 	secrets := client.CoreV1().Secrets(namespace)
 	plug, err := secrets.Get(ctx, PlugInSecret, metav1.GetOptions{})
@@ -70,11 +72,11 @@ func Load(ctx context.Context, client kubernetes.Interface, namespace, trustDoma
 	}
 
 	existing, err := secrets.Get(ctx, SelfSignedSecret, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
+	if apierrors.IsNotFound(err) && trustDomain != "" {
 		existing, err = create(ctx, client, namespace, trustDomain, now)
 	}
 	if err != nil {
-		return nil, "", err
+		return nil, "", fmt.Errorf("read Secret %s/%s: %w", namespace, SelfSignedSecret, err)
 	}
 	a, err := fromSelfSigned(existing, now)
 	if err != nil {

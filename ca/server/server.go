@@ -11,6 +11,7 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -68,7 +69,7 @@ type Server struct {
 	cfg      Config
 	authn    Authenticator
 	decider  Decider
-	ca       *pki.Authority
+	ca       atomic.Pointer[pki.Authority]
 	log      *slog.Logger
 	requests *prometheus.CounterVec
 }
@@ -87,7 +88,7 @@ func New(cfg Config, a Authenticator, d Decider, ca *pki.Authority, log *slog.Lo
 	if cfg.MaxRequestBytes == 0 {
 		cfg.MaxRequestBytes = 64 << 10
 	}
-	s := &Server{cfg: cfg, authn: a, decider: d, ca: ca, log: log.With("component", "ca"),
+	s := &Server{cfg: cfg, authn: a, decider: d, log: log.With("component", "ca"),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "canopy_ca_requests_total",
 			Help: "Certificate requests by result: ok, or the reason they were refused.",
@@ -98,8 +99,13 @@ func New(cfg Config, a Authenticator, d Decider, ca *pki.Authority, log *slog.Lo
 			return nil, err
 		}
 	}
+	s.ca.Store(ca)
 	return s, nil
 }
+
+// SetAuthority switches signing to a (a rotation step, the CA's Secret
+// changed); requests in flight finish with the one they started with.
+func (s *Server) SetAuthority(a *pki.Authority) { s.ca.Store(a) }
 
 // Requests returns the request counter (for tests and debug views).
 func (s *Server) Requests() *prometheus.CounterVec { return s.requests }
@@ -144,13 +150,14 @@ func (s *Server) create(ctx context.Context, req *securityapi.IstioCertificateRe
 	// A CA that cannot cover a certificate's minimum lifetime signs
 	// nothing: what it issued would be expired, or expire at once, and
 	// every node proxy would fail on it.
-	if err := s.ca.Usable(now, s.cfg.TTL.Min); err != nil {
+	ca := s.ca.Load()
+	if err := ca.Usable(now, s.cfg.TTL.Min); err != nil {
 		if s.cfg.Alarm != nil {
 			s.cfg.Alarm.CAUnusable(err)
 		}
 		return nil, caReason(err), status.Errorf(codes.Unavailable, "this CA cannot sign: %v", err)
 	}
-	chain, err := s.ca.Sign(csr, id, s.cfg.TTL.Clamp(req.GetValidityDuration()), now)
+	chain, err := ca.Sign(csr, id, s.cfg.TTL.Clamp(req.GetValidityDuration()), now)
 	if err != nil {
 		return nil, "sign_failed", status.Errorf(codes.Internal, "sign: %v", err)
 	}

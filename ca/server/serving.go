@@ -14,13 +14,13 @@ import (
 // for its Service names and renewed at half its lifetime. It is safe for
 // concurrent use; GetCertificate plugs into tls.Config.
 type ServingCert struct {
-	ca       *pki.Authority
 	dnsNames []string
 	ttl      time.Duration
 	now      func() time.Time
 	log      *slog.Logger
 
 	mu   sync.RWMutex
+	ca   *pki.Authority
 	cert *tls.Certificate
 }
 
@@ -34,7 +34,10 @@ func NewServingCert(ca *pki.Authority, dnsNames []string, ttl time.Duration, now
 }
 
 func (s *ServingCert) renew() error {
-	c, err := s.ca.IssueServing(s.dnsNames, s.ttl, s.now())
+	s.mu.RLock()
+	ca := s.ca
+	s.mu.RUnlock()
+	c, err := ca.IssueServing(s.dnsNames, s.ttl, s.now())
 	if err != nil {
 		return err
 	}
@@ -42,6 +45,16 @@ func (s *ServingCert) renew() error {
 	s.cert = c
 	s.mu.Unlock()
 	return nil
+}
+
+// SetAuthority re-issues the certificate from a (the CA rotated); on
+// failure the current certificate is kept and a is still used for the
+// next renewal.
+func (s *ServingCert) SetAuthority(a *pki.Authority) error {
+	s.mu.Lock()
+	s.ca = a
+	s.mu.Unlock()
+	return s.renew()
 }
 
 // GetCertificate returns the current certificate.

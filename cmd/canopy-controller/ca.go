@@ -21,6 +21,7 @@ import (
 	"github.com/canopy-mesh/canopy/ca/expiry"
 	"github.com/canopy-mesh/canopy/ca/identity"
 	"github.com/canopy-mesh/canopy/ca/pki"
+	"github.com/canopy-mesh/canopy/ca/reload"
 	"github.com/canopy-mesh/canopy/ca/rootcm"
 	"github.com/canopy-mesh/canopy/ca/rootstore"
 	"github.com/canopy-mesh/canopy/ca/server"
@@ -46,6 +47,7 @@ type caParts struct {
 	serving       *server.ServingCert
 	roots         *rootcm.Publisher
 	expiry        *expiry.Monitor
+	reload        *reload.Watcher
 	log           *slog.Logger
 }
 
@@ -62,6 +64,22 @@ func newCA(ctx context.Context, cfg config, kube kubernetes.Interface, reviewer 
 		if authority, source, err = rootstore.Load(ctx, kube, cfg.caNamespace, cfg.mesh.TrustDomain, time.Now()); err != nil {
 			return nil, fmt.Errorf("load CA: %w", err)
 		}
+	}
+	// Later reads come from the same place: a rotation edits the material
+	// where it is, it does not move it.
+	load := func(ctx context.Context, now time.Time) (*pki.Authority, error) {
+		if fromDir {
+			a, ok, err := rootstore.LoadDir(cfg.caCertsDir, now)
+			if err == nil && !ok {
+				err = fmt.Errorf("%s holds no %s any more", cfg.caCertsDir, rootstore.KeyCACert)
+			}
+			return a, err
+		}
+		a, src, err := rootstore.Load(ctx, kube, cfg.caNamespace, "", now)
+		if err == nil && src != source {
+			err = fmt.Errorf("the CA moved from %s to %s: restart the controller to switch", source, src)
+		}
+		return a, err
 	}
 	_, notAfter := authority.Validity()
 	log.Info("CA loaded", "source", string(source), "namespace", cfg.caNamespace, "not_after", notAfter)
@@ -96,12 +114,25 @@ func newCA(ctx context.Context, cfg config, kube kubernetes.Interface, reviewer 
 	if err != nil {
 		return nil, err
 	}
-	return &caParts{addr: cfg.secureAddr, grpc: g, authenticator: authenticator, serving: serving, roots: roots, expiry: monitor, log: log}, nil
+	watcher := reload.New(authority, load, cfg.caReload, log)
+	// The bundle first: proxies must trust a new root before anything
+	// they are shown is signed under it.
+	watcher.OnChange(func(a *pki.Authority) { roots.SetBundle(pki.EncodeCertificates(a.Roots...)) })
+	watcher.OnChange(func(a *pki.Authority) {
+		if err := serving.SetAuthority(a); err != nil {
+			log.Error("serving certificate from the new CA failed; keeping the current one", "err", err)
+		}
+	})
+	watcher.OnChange(monitor.SetAuthority)
+	watcher.OnChange(svc.SetAuthority)
+	return &caParts{addr: cfg.secureAddr, grpc: g, authenticator: authenticator, serving: serving, roots: roots, expiry: monitor,
+		reload: watcher, log: log}, nil
 }
 
 func (c *caParts) start(ctx context.Context, g *errgroup.Group) {
 	g.Go(func() error { return c.roots.Run(ctx) })
 	g.Go(func() error { return c.expiry.Run(ctx) })
+	g.Go(func() error { return c.reload.Run(ctx) })
 	g.Go(func() error { c.serving.Run(ctx, time.Minute); return nil })
 	serveGRPC(ctx, g, c.grpc, c.addr, "CA and xDS over TLS", c.log)
 }

@@ -69,6 +69,8 @@ type config struct {
 	// caExpiryWarning is how long before the CA certificate's end warnings
 	// start.
 	caExpiryWarning time.Duration
+	// caReload is how often the CA's Secret or directory is re-read.
+	caReload time.Duration
 
 	// The API client: requests per second and burst of the main client
 	// (informers, ConfigMaps, Events); TokenReviews have a client of their
@@ -130,6 +132,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.certTTL.Default, "cert-default-ttl", pki.DefaultTTL, "lifetime of a workload certificate whose request names none")
 	fs.DurationVar(&c.certTTL.Min, "cert-min-ttl", pki.MinTTL, "shortest workload certificate lifetime: shorter requests get it, and the CA refuses to sign once its own certificate has less left")
 	fs.DurationVar(&c.certTTL.Max, "cert-max-ttl", pki.MaxTTL, "longest workload certificate lifetime: longer requests get it (Istio's MAX_WORKLOAD_CERT_TTL is 90 days)")
+	fs.DurationVar(&c.caReload, "ca-reload-period", 10*time.Second, "how often the CA's Secret (or --cacerts-dir) is re-read; a change is used without a restart")
 	fs.DurationVar(&c.caExpiryWarning, "ca-expiry-warning", 30*24*time.Hour, "how long before the CA certificate expires the controller starts warning (a Warning log and Event on the CA Secret, daily)")
 	var kubeQPS float64
 	fs.Float64Var(&kubeQPS, "kube-api-qps", 50, "requests per second of the controller's API client (informers, root ConfigMaps, Events); TokenReviews have their own, paced by --token-review-qps")
@@ -180,8 +183,8 @@ func parseFlags(args []string) (config, error) {
 	if err := c.certTTL.Validate(); err != nil {
 		return c, fmt.Errorf("--cert-min-ttl, --cert-default-ttl, --cert-max-ttl: %w", err)
 	}
-	if c.caExpiryWarning <= 0 {
-		return c, fmt.Errorf("--ca-expiry-warning must be positive")
+	if c.caExpiryWarning <= 0 || c.caReload <= 0 {
+		return c, fmt.Errorf("--ca-expiry-warning and --ca-reload-period must be positive")
 	}
 	if kubeQPS <= 0 || c.kubeBurst <= 0 {
 		return c, fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive")
