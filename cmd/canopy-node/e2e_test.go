@@ -140,7 +140,10 @@ func TestWholeMesh(t *testing.T) {
 	monitor, secure, plain := freeAddr(t), freeAddr(t), freeAddr(t)
 	process(t, "controller", bins["canopy-controller"], "--kubeconfig="+env.KubeconfigPath, "--monitoring-addr="+monitor,
 		"--secure-addr="+secure, "--xds-addr="+plain, "--ca-namespace="+sys, "--cacerts-dir="+filepath.Join(dir, "none"),
-		"--trusted-node-accounts="+sys+"/canopy-node", "--push-quiet=20ms")
+		"--trusted-node-accounts="+sys+"/canopy-node", "--push-quiet=20ms",
+		// Short certificates and quick reloads, so the root rotation below
+		// completes (leaves re-issued under the new root) within the test.
+		"--cert-min-ttl=1m", "--ca-reload-period=200ms")
 
 	if _, err := c.CoreV1().ServiceAccounts(sys).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "canopy-node"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -182,6 +185,9 @@ func TestWholeMesh(t *testing.T) {
 	if err := os.WriteFile(rootPath, []byte(root.Data[rootcm.Key]), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// The root file follows the ConfigMap, as a mounted ConfigMap volume
+	// does (a new file renamed into place).
+	go mirrorConfigMap(ctx, t, sys, rootcm.ConfigMapName, rootcm.Key, rootPath)
 
 	// Per node: its proxy's pod and token, a CNI agent (host rules in a
 	// namespace of their own) and a node proxy. The client's proxy
@@ -223,7 +229,7 @@ func TestWholeMesh(t *testing.T) {
 			args := []string{bins["canopy-node"], "--xds-address=" + secure, "--xds-server-name=canopy-controller." + sys + ".svc",
 				"--root-cert=" + rootPath, "--token=" + tokenPath, "--zds-socket=" + zdsSock, "--node-name=" + node, "--pod-name=" + proxyPod.Name,
 				"--pod-namespace=" + sys, "--instance-ip=" + proxyIP.String(), "--admin-addr=" + admins[node], "--metrics-addr=" + freeAddr(t),
-				"--readiness-addr=" + freeAddr(t), "--drain-period=1s"}
+				"--readiness-addr=" + freeAddr(t), "--drain-period=1s", "--cert-ttl=2m", "--root-cert-reload=200ms"}
 			if node == onDemandNode {
 				args = append(args, "--on-demand")
 			}
@@ -347,6 +353,8 @@ func TestWholeMesh(t *testing.T) {
 	}
 	stops[nodeB] = proxies[nodeB](1)
 	eventually.Within(t, settle, "the restarted node proxy serves the server again", func() bool { return call() == "across the mesh" })
+
+	rotateRoot(t, sys, secure, admins, call)
 
 	// Opting the server out: it leaves the mesh, and the client's traffic
 	// reaches it as plain TCP on the app port.

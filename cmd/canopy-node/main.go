@@ -253,7 +253,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		}
 		return zdsclient.Client{Path: cfg.zdsSocket, Handler: set, Log: log}.Run(gctx)
 	})
-	sources := admin.Sources{Table: table, Certs: certs.Current, Pods: set.Pods, Version: version.Get(), Quit: quit,
+	sources := admin.Sources{Table: table, Certs: certs.Current, Roots: certs.TrustedRoots, Pods: set.Pods, Version: version.Get(), Quit: quit,
 		Config: map[string]any{"xdsAddress": cfg.xdsAddr, "caAddress": cfg.caAddr, "clusterId": cfg.clusterID, "nodeName": cfg.nodeName}}
 	httpserve.Run(gctx, g, "admin", "tcp", cfg.adminAddr, admin.Handler(sources), log)
 	httpserve.Run(gctx, g, "metrics", "tcp", cfg.metricsAddr, promhttp.HandlerFor(registry, promhttp.HandlerOpts{}), log)

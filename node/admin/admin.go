@@ -4,6 +4,7 @@
 package admin
 
 import (
+	"crypto/x509"
 	"encoding/json"
 	"net/http"
 	"net/http/pprof"
@@ -18,8 +19,10 @@ import (
 
 // Sources are what the admin port shows.
 type Sources struct {
-	Table   *workloadtable.Table
-	Certs   func() []*identity.Cert
+	Table *workloadtable.Table
+	Certs func() []*identity.Cert
+	// Roots are the trusted roots.
+	Roots   func() []*x509.Certificate
 	Pods    func() []pods.Pod
 	Version string
 	Config  map[string]any
@@ -44,6 +47,11 @@ func (s Sources) Dump() configdump.Dump {
 			d.Certificates = append(d.Certificates, st)
 		}
 		slices.SortFunc(d.Certificates, func(a, b configdump.CertState) int { return strings.Compare(a.Identity, b.Identity) })
+	}
+	if s.Roots != nil {
+		for _, r := range s.Roots() {
+			d.TrustedRoots = append(d.TrustedRoots, configdump.Cert(r))
+		}
 	}
 	if s.Pods != nil {
 		for _, p := range s.Pods() {

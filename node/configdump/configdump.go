@@ -99,10 +99,14 @@ type PodState struct {
 
 // Dump is the whole /config_dump.
 type Dump struct {
-	Workloads     []Workload          `json:"workloads"`
-	Services      []Service           `json:"services"`
-	Policies      []Policy            `json:"policies"`
-	Certificates  []CertState         `json:"certificates"`
+	Workloads    []Workload  `json:"workloads"`
+	Services     []Service   `json:"services"`
+	Policies     []Policy    `json:"policies"`
+	Certificates []CertState `json:"certificates"`
+	// TrustedRoots are the roots peers' chains are checked against now
+	// (the bundle file's and those the held certificates chain to); a
+	// Canopy addition, absent when unknown.
+	TrustedRoots  []Certificate       `json:"trustedRoots,omitempty"`
 	WorkloadState map[string]PodState `json:"workloadState"`
 	Version       string              `json:"version"`
 	Config        map[string]any      `json:"config"`
