@@ -69,10 +69,24 @@ func (s *Stream) deliver(data []byte, end bool) bool {
 		s.c.consumed(int64(len(data)))
 		return false
 	}
+	// Small frames fill the tail chunk's spare room before a new chunk is
+	// taken, so what the stream holds follows the bytes it was sent, not
+	// the number of frames that carried them.
+	if n := len(s.rq); n > 0 && len(data) > 0 {
+		m := s.rq[n-1].fill(data)
+		s.rlen += m
+		data = data[m:]
+	}
 	for len(data) > 0 {
+		if len(s.rq) >= maxChunks {
+			// Unreachable within the window (every chunk but the first
+			// and last is full); a bound all the same.
+			s.rmu.Unlock()
+			s.c.consumed(int64(len(data)))
+			return false
+		}
 		ch := newChunk(len(data))
-		n := copy(ch.b[:cap(ch.b)], data)
-		ch.b = ch.b[:n]
+		n := ch.fill(data)
 		s.rq = append(s.rq, ch)
 		s.rlen += n
 		data = data[n:]
@@ -380,29 +394,3 @@ func (s *Stream) awaitResponse(ctx context.Context) error {
 	}
 	return nil
 }
-
-// chunk is a pooled receive buffer.
-type chunk struct {
-	b    []byte
-	off  int
-	pool *sync.Pool
-}
-
-var (
-	readBuffers = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
-	smallChunks = sync.Pool{New: func() any { return &chunk{b: make([]byte, 0, 16<<10)} }}
-	largeChunks = sync.Pool{New: func() any { return &chunk{b: make([]byte, 0, MaxFrame)} }}
-)
-
-// newChunk returns a chunk for up to n bytes (at most a frame).
-func newChunk(n int) *chunk {
-	pool := &smallChunks
-	if n > 16<<10 {
-		pool = &largeChunks
-	}
-	ch := pool.Get().(*chunk)
-	ch.pool, ch.off, ch.b = pool, 0, ch.b[:0]
-	return ch
-}
-
-func (c *chunk) release() { c.pool.Put(c) }

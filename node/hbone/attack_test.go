@@ -1,0 +1,222 @@
+package hbone
+
+// The tests here are attacks, written as the attacker would: a bare
+// http2.Framer on one end of a pipe, the HBONE server (or client) on the
+// other. They assert bounds (heap, goroutines, concurrent handlers) and
+// the error the connection ends with, never how long something took.
+
+import (
+	"bytes"
+	"net"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+
+	"github.com/canopy-mesh/canopy/internal/testing/eventually"
+)
+
+// seen is what the raw peer read: a copy, since a Framer's frames are
+// only valid until its next read.
+type seen struct {
+	typ    http2.FrameType
+	stream uint32
+	ack    bool
+	end    bool
+	code   http2.ErrCode // RST_STREAM, GOAWAY
+	status string        // HEADERS
+	n      int           // DATA payload
+}
+
+// rawPeer is one end of an HBONE connection driven frame by frame.
+type rawPeer struct {
+	t    *testing.T
+	nc   net.Conn
+	fr   *http2.Framer
+	hbuf bytes.Buffer
+	henc *hpack.Encoder
+
+	mu     sync.Mutex
+	frames []seen
+	ended  bool // the read side ended: the connection is closed
+}
+
+func newRawPeer(t *testing.T, nc net.Conn) *rawPeer {
+	p := &rawPeer{t: t, nc: nc, fr: http2.NewFramer(nc, nc)}
+	p.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	p.henc = hpack.NewEncoder(&p.hbuf)
+	t.Cleanup(func() { nc.Close() })
+	return p
+}
+
+// attackServer serves one connection over a pipe with handler and
+// returns the attacker's end, its preface and SETTINGS sent, and the
+// server's end-of-connection channel.
+func attackServer(t *testing.T, handler func(*Stream)) (*rawPeer, <-chan error) {
+	t.Helper()
+	a, b := net.Pipe()
+	_, done := Serve(b, handler)
+	p := newRawPeer(t, a)
+	p.read()
+	p.write([]byte(http2.ClientPreface))
+	p.check(p.fr.WriteSettings())
+	return p, done
+}
+
+// read records every frame the peer receives, until the connection
+// ends.
+func (p *rawPeer) read() {
+	go func() {
+		for {
+			f, err := p.fr.ReadFrame()
+			if err != nil {
+				p.mu.Lock()
+				p.ended = true
+				p.mu.Unlock()
+				return
+			}
+			s := seen{typ: f.Header().Type, stream: f.Header().StreamID}
+			switch f := f.(type) {
+			case *http2.SettingsFrame:
+				s.ack = f.IsAck()
+			case *http2.PingFrame:
+				s.ack = f.IsAck()
+			case *http2.RSTStreamFrame:
+				s.code = f.ErrCode
+			case *http2.GoAwayFrame:
+				s.code = f.ErrCode
+			case *http2.MetaHeadersFrame:
+				s.status, s.end = f.PseudoValue("status"), f.StreamEnded()
+			case *http2.DataFrame:
+				s.n, s.end = len(f.Data()), f.StreamEnded()
+			}
+			p.mu.Lock()
+			p.frames = append(p.frames, s)
+			p.mu.Unlock()
+		}
+	}()
+}
+
+func (p *rawPeer) write(b []byte) {
+	_, _ = p.nc.Write(b)
+}
+
+// check ignores write errors: the server closing mid-attack is a
+// legitimate outcome that the assertions look at.
+func (p *rawPeer) check(error) {}
+
+// headers opens stream id with a CONNECT.
+func (p *rawPeer) headers(id uint32) error {
+	p.hbuf.Reset()
+	_ = p.henc.WriteField(hpack.HeaderField{Name: ":method", Value: "CONNECT"})
+	_ = p.henc.WriteField(hpack.HeaderField{Name: ":authority", Value: "10.0.0.1:80"})
+	return p.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: p.hbuf.Bytes(), EndHeaders: true})
+}
+
+// count is how many received frames match f.
+func (p *rawPeer) count(f func(seen) bool) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, s := range p.frames {
+		if f(s) {
+			n++
+		}
+	}
+	return n
+}
+
+// waitFor waits until a received frame matches f and returns it.
+func (p *rawPeer) waitFor(what string, f func(seen) bool) seen {
+	p.t.Helper()
+	var got seen
+	eventually.True(p.t, what, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, s := range p.frames {
+			if f(s) {
+				got = s
+				return true
+			}
+		}
+		return false
+	})
+	return got
+}
+
+// sync sends a PING and waits for its ACK: the server has handled every
+// frame sent before.
+func (p *rawPeer) sync() {
+	p.t.Helper()
+	before := p.count(isPingAck)
+	p.check(p.fr.WritePing(false, [8]byte{1}))
+	eventually.True(p.t, "PING answered", func() bool { return p.count(isPingAck) > before })
+}
+
+// closed waits until the server has closed the connection.
+func (p *rawPeer) closed() {
+	p.t.Helper()
+	eventually.True(p.t, "connection closed", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.ended
+	})
+}
+
+func isPingAck(s seen) bool { return s.typ == http2.FramePing && s.ack }
+
+// heapInUse is the live heap after the garbage collector has run twice
+// (the second run empties the sync.Pools' victim caches).
+func heapInUse() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// block is a handler that answers 200 and then holds its stream, never
+// reading, until the test ends.
+func block(t *testing.T) func(*Stream) {
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	return func(s *Stream) {
+		_ = s.Respond(200, nil)
+		<-release
+	}
+}
+
+// TestTinyDataFramesHoldWhatTheyCarry: DATA frames on a stream nobody
+// reads cost the server about the bytes they carry, not a buffer each.
+func TestTinyDataFramesHoldWhatTheyCarry(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		frames int
+		size   int
+	}{
+		{"1-byte frames", 20000, 1},
+		{"frames just over a small buffer", 100, 16<<10 + 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p, _ := attackServer(t, block(t))
+			p.check(p.headers(1))
+			p.waitFor("CONNECT answered", func(s seen) bool { return s.typ == http2.FrameHeaders })
+			before := heapInUse()
+			payload := make([]byte, tt.size)
+			for range tt.frames {
+				p.check(p.fr.WriteData(1, false, payload))
+			}
+			p.sync()
+			grew := int64(heapInUse()) - int64(before)
+			sent := int64(tt.frames * tt.size)
+			if limit := 2*sent + 1<<20; grew > limit {
+				t.Errorf("%d bytes in %d DATA frames grew the heap by %d bytes, want at most %d", sent, tt.frames, grew, limit)
+			}
+		})
+	}
+}
+
+var _ = time.Second
