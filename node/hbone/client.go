@@ -15,7 +15,13 @@ type ClientConn struct{ c *conn }
 // NewClientConn starts HTTP/2 on nc, an established mTLS connection
 // (ALPN h2).
 func NewClientConn(nc net.Conn) (*ClientConn, error) {
-	c := newConn(nc, true)
+	return NewClientConnWith(nc, DefaultLimits())
+}
+
+// NewClientConnWith is NewClientConn with limits other than
+// DefaultLimits.
+func NewClientConnWith(nc net.Conn, lim Limits) (*ClientConn, error) {
+	c := newConn(nc, true, lim)
 	if err := c.handshake(); err != nil {
 		nc.Close()
 		return nil, err

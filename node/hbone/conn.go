@@ -22,7 +22,7 @@ const (
 	ConnWindow    = 16 << 20
 	MaxFrame      = 1 << 20
 	MaxHeaderList = 16 << 10
-	// MaxStreams is how many streams a peer may open at once.
+	// MaxStreams is the default of Limits.MaxStreams.
 	MaxStreams = 1000
 	// defaultWindow is HTTP/2's initial window before SETTINGS.
 	defaultWindow = 65535
@@ -41,6 +41,7 @@ type conn struct {
 	fr       *http2.Framer
 	bw       *bufio.Writer
 	isClient bool
+	lim      Limits
 
 	// wmu serializes frame writes; writers counts those waiting, so the
 	// last one flushes.
@@ -69,9 +70,9 @@ type conn struct {
 	done           chan struct{}
 }
 
-func newConn(nc net.Conn, isClient bool) *conn {
+func newConn(nc net.Conn, isClient bool, lim Limits) *conn {
 	c := &conn{
-		nc: nc, isClient: isClient, bw: bufio.NewWriterSize(nc, 64<<10),
+		nc: nc, isClient: isClient, lim: lim.withDefaults(), bw: bufio.NewWriterSize(nc, 64<<10),
 		streams: map[uint32]*Stream{}, peerMaxFrame: 16384, peerInitialWindow: defaultWindow,
 		sendWindow: defaultWindow, recvWindow: ConnWindow, idleSince: time.Now(), done: make(chan struct{}),
 	}
@@ -132,7 +133,7 @@ func (c *conn) handshake() error {
 		settings := []http2.Setting{
 			{ID: http2.SettingInitialWindowSize, Val: StreamWindow},
 			{ID: http2.SettingMaxFrameSize, Val: MaxFrame},
-			{ID: http2.SettingMaxConcurrentStreams, Val: MaxStreams},
+			{ID: http2.SettingMaxConcurrentStreams, Val: uint32(c.lim.MaxStreams)},
 			{ID: http2.SettingMaxHeaderListSize, Val: MaxHeaderList},
 		}
 		if c.isClient {
@@ -327,7 +328,7 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	}
 	c.mu.Lock()
 	c.lastPeerStream = f.StreamID
-	tooMany := len(c.streams) >= MaxStreams
+	tooMany := len(c.streams) >= c.lim.MaxStreams
 	refused := c.goAway
 	c.mu.Unlock()
 	if tooMany || refused {

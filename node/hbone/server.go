@@ -16,9 +16,15 @@ type ServerConn struct{ c *conn }
 // Serve runs HTTP/2 on nc, an established mTLS connection, calling
 // handler in its own goroutine for each valid CONNECT; the handler must
 // Respond and, after a 200, carry the stream. Malformed requests are
-// answered 400 here. Serve returns when the connection ends.
+// answered 400 here. Serve returns at once; the channel receives the
+// connection's error (nil for a normal end) when it ends.
 func Serve(nc net.Conn, handler func(*Stream)) (*ServerConn, <-chan error) {
-	c := newConn(nc, false)
+	return ServeWith(nc, DefaultLimits(), handler)
+}
+
+// ServeWith is Serve with limits other than DefaultLimits.
+func ServeWith(nc net.Conn, lim Limits, handler func(*Stream)) (*ServerConn, <-chan error) {
+	c := newConn(nc, false, lim)
 	c.onStream = handler
 	sc := &ServerConn{c: c}
 	done := make(chan error, 1)
