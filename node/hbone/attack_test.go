@@ -7,6 +7,7 @@ package hbone
 
 import (
 	"bytes"
+	"errors"
 	"net"
 	"runtime"
 	"sync"
@@ -219,4 +220,51 @@ func TestTinyDataFramesHoldWhatTheyCarry(t *testing.T) {
 	}
 }
 
-var _ = time.Second
+// readHandshake reads the server's SETTINGS and connection
+// WINDOW_UPDATE, synchronously: for attackers that then never read.
+func (p *rawPeer) readHandshake() {
+	p.t.Helper()
+	for {
+		f, err := p.fr.ReadFrame()
+		if err != nil {
+			p.t.Fatalf("read the server's handshake: %v", err)
+		}
+		if f.Header().Type == http2.FrameWindowUpdate {
+			return
+		}
+	}
+}
+
+// ended waits for the connection's error.
+func ended(t *testing.T, done <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(eventually.DefaultTimeout):
+		t.Fatal("the connection did not end")
+		return nil
+	}
+}
+
+// TestControlFramesForAPeerThatDoesNotRead: PINGs from a peer that never
+// reads queue at most MaxControlQueue answers, then the connection ends
+// with ENHANCE_YOUR_CALM; the read loop never blocks on the peer.
+func TestControlFramesForAPeerThatDoesNotRead(t *testing.T) {
+	a, b := net.Pipe()
+	_, done := ServeWith(b, Limits{MaxControlQueue: 100}, block(t))
+	p := newRawPeer(t, a)
+	p.write([]byte(http2.ClientPreface))
+	p.readHandshake()
+	go func() {
+		_ = p.fr.WriteSettings()
+		for range 1_000_000 {
+			if p.fr.WritePing(false, [8]byte{}) != nil {
+				return
+			}
+		}
+	}()
+	if err := ended(t, done); !errors.Is(err, ErrEnhanceYourCalm) {
+		t.Errorf("connection ended with %v, want ErrEnhanceYourCalm", err)
+	}
+}

@@ -28,13 +28,6 @@ const (
 	defaultWindow = 65535
 )
 
-// Errors of a stream.
-var (
-	ErrReset      = errors.New("hbone: stream reset by peer")
-	ErrConnClosed = errors.New("hbone: connection closed")
-	ErrGoAway     = errors.New("hbone: connection going away")
-)
-
 // conn is one HTTP/2 connection, either side.
 type conn struct {
 	nc       net.Conn
@@ -49,6 +42,16 @@ type conn struct {
 	writers atomic.Int32
 	henc    *hpack.Encoder
 	hbuf    bytes.Buffer
+	// ctrlSpare is the control queue's other buffer (control.go).
+	ctrlSpare []ctrlFrame
+
+	// The control queue (control.go). ctrlPending is set while ctrl is
+	// not empty, for writers to check without the lock.
+	cmu            sync.Mutex
+	ctrl           []ctrlFrame
+	ctrlConnUpdate int // index of the queued connection WINDOW_UPDATE, or -1
+	ctrlFlushing   bool
+	ctrlPending    atomic.Bool
 
 	mu      sync.Mutex
 	cond    *sync.Cond // send windows opened, streams changed, closed
@@ -68,6 +71,7 @@ type conn struct {
 	idleSince      time.Time
 	onStream       func(*Stream) // server: a new CONNECT
 	done           chan struct{}
+	closeOnce      sync.Once
 }
 
 func newConn(nc net.Conn, isClient bool, lim Limits) *conn {
@@ -75,6 +79,7 @@ func newConn(nc net.Conn, isClient bool, lim Limits) *conn {
 		nc: nc, isClient: isClient, lim: lim.withDefaults(), bw: bufio.NewWriterSize(nc, 64<<10),
 		streams: map[uint32]*Stream{}, peerMaxFrame: 16384, peerInitialWindow: defaultWindow,
 		sendWindow: defaultWindow, recvWindow: ConnWindow, idleSince: time.Now(), done: make(chan struct{}),
+		ctrlConnUpdate: -1,
 	}
 	c.cond = sync.NewCond(&c.mu)
 	c.fr = http2.NewFramer(c.bw, bufio.NewReaderSize(nc, 64<<10))
@@ -94,12 +99,16 @@ type refused struct{ error }
 
 func (r refused) Unwrap() error { return r.error }
 
-// writeFrames runs f under the write lock and flushes when no other
-// writer is waiting. A write error ends the connection.
+// writeFrames runs f under the write lock, after the queued control
+// frames, and flushes when no other writer is waiting. A write error
+// ends the connection.
 func (c *conn) writeFrames(f func() error) error {
 	c.writers.Add(1)
 	c.wmu.Lock()
-	err := f()
+	err := c.writeControlLocked()
+	if err == nil {
+		err = f()
+	}
 	var r refused
 	if errors.As(err, &r) {
 		err = nil
@@ -148,10 +157,18 @@ func (c *conn) handshake() error {
 
 // fail closes the connection and every stream with err.
 func (c *conn) fail(err error) {
+	if c.setErr(err) {
+		c.closeConn()
+	}
+}
+
+// setErr records why the connection ends and fails its streams; it
+// reports whether err is the first such error.
+func (c *conn) setErr(err error) bool {
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()
-		return
+		return false
 	}
 	c.err = err
 	streams := c.streams
@@ -161,30 +178,60 @@ func (c *conn) fail(err error) {
 	for _, s := range streams {
 		s.abort(err)
 	}
-	c.nc.Close()
-	close(c.done)
+	return true
 }
 
-// readLoop reads frames until the connection ends.
+// closeConn closes the socket, once.
+func (c *conn) closeConn() {
+	c.closeOnce.Do(func() {
+		c.nc.Close()
+		close(c.done)
+	})
+}
+
+// goAwayTimeout bounds the write of a closing GOAWAY: a peer that does
+// not read is not told why.
+const goAwayTimeout = time.Second
+
+// closeWith ends the connection for err after telling the peer why
+// (GOAWAY with goAwayCode(err)).
+func (c *conn) closeWith(err error) {
+	if !c.setErr(err) {
+		return
+	}
+	c.dropControl()
+	_ = c.nc.SetWriteDeadline(time.Now().Add(goAwayTimeout))
+	code := goAwayCode(err)
+	_ = c.writeFrames(func() error { return c.fr.WriteGoAway(c.lastPeer(), code, []byte(err.Error())) })
+	c.closeConn()
+}
+
+// readLoop reads frames until the connection ends. It never writes to
+// the socket (control.go).
 func (c *conn) readLoop() {
 	for {
 		f, err := c.fr.ReadFrame()
 		if err != nil {
 			var se http2.StreamError
-			if errors.As(err, &se) {
-				_ = c.writeFrames(func() error { return c.fr.WriteRSTStream(se.StreamID, se.Code) })
+			var ce http2.ConnectionError
+			switch {
+			case errors.As(err, &se):
 				c.removeStream(se.StreamID, ErrReset)
-				continue
+				err = c.queueControl(ctrlFrame{kind: ctrlReset, stream: se.StreamID, val: uint32(se.Code)})
+			case errors.As(err, &ce):
+				err = fmt.Errorf("%w: %w", ErrProtocol, err)
+			case errors.Is(err, io.EOF):
+				c.fail(ErrConnClosed)
+				return
+			default:
+				c.fail(fmt.Errorf("hbone read: %w", err))
+				return
 			}
-			if errors.Is(err, io.EOF) {
-				err = ErrConnClosed
-			}
-			c.fail(err)
-			return
+		} else {
+			err = c.handle(f)
 		}
-		if err := c.handle(f); err != nil {
-			_ = c.writeFrames(func() error { return c.fr.WriteGoAway(c.lastPeer(), http2.ErrCodeProtocol, []byte(err.Error())) })
-			c.fail(err)
+		if err != nil {
+			c.closeWith(err)
 			return
 		}
 	}
@@ -205,12 +252,12 @@ func (c *conn) handle(f http2.Frame) error {
 		if err := c.applySettings(f); err != nil {
 			return err
 		}
-		return c.writeFrames(c.fr.WriteSettingsAck)
+		return c.queueControl(ctrlFrame{kind: ctrlSettingsAck})
 	case *http2.PingFrame:
 		if f.IsAck() {
 			return nil
 		}
-		return c.writeFrames(func() error { return c.fr.WritePing(true, f.Data) })
+		return c.queueControl(ctrlFrame{kind: ctrlPingAck, ping: f.Data})
 	case *http2.WindowUpdateFrame:
 		c.mu.Lock()
 		if f.StreamID == 0 {
@@ -242,7 +289,7 @@ func (c *conn) handle(f http2.Frame) error {
 			s.abort(ErrGoAway)
 		}
 	case *http2.PushPromiseFrame:
-		return errors.New("push promise received; push is disabled")
+		return fmt.Errorf("%w: PUSH_PROMISE received; push is disabled", ErrProtocol)
 	}
 	return nil
 }
@@ -252,7 +299,7 @@ func (c *conn) applySettings(f *http2.SettingsFrame) error {
 	defer c.mu.Unlock()
 	return f.ForeachSetting(func(s http2.Setting) error {
 		if err := s.Valid(); err != nil {
-			return err
+			return fmt.Errorf("%w: %w", ErrProtocol, err)
 		}
 		switch s.ID {
 		case http2.SettingMaxFrameSize:
@@ -277,40 +324,61 @@ func (c *conn) onData(f *http2.DataFrame) error {
 	over := c.recvWindow < 0
 	c.mu.Unlock()
 	if over {
-		return errors.New("peer exceeded the connection flow-control window")
+		return fmt.Errorf("%w: the connection's", errFlowControl)
 	}
 	if s == nil {
 		// A stream we reset or finished: its bytes still count against the
 		// connection window.
-		c.consumed(n)
-		return nil
+		return c.discard(n)
 	}
 	if pad := n - int64(len(f.Data())); pad > 0 {
-		c.consumed(pad)
+		if err := c.discard(pad); err != nil {
+			return err
+		}
 	}
-	if !s.deliver(f.Data(), f.StreamEnded()) {
+	switch s.deliver(f.Data(), f.StreamEnded()) {
+	case discarded:
+		return c.discard(int64(len(f.Data())))
+	case overrun:
 		// The peer ignored the stream's window.
-		_ = c.writeFrames(func() error { return c.fr.WriteRSTStream(f.StreamID, http2.ErrCodeFlowControl) })
 		c.removeStream(f.StreamID, ErrReset)
+		if err := c.discard(int64(len(f.Data()))); err != nil {
+			return err
+		}
+		return c.queueControl(ctrlFrame{kind: ctrlReset, stream: f.StreamID, val: uint32(http2.ErrCodeFlowControl)})
 	}
 	return nil
 }
 
-// consumed returns n connection-window bytes to the peer, in batches.
-func (c *conn) consumed(n int64) {
+// creditConn returns n consumed bytes to the connection window and the
+// WINDOW_UPDATE increment now due, if any: updates go in batches.
+func (c *conn) creditConn(n int64) uint32 {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.recvUnacked += n
-	var inc int64
-	if c.recvUnacked >= ConnWindow/4 {
-		inc, c.recvUnacked = c.recvUnacked, 0
+	if c.recvUnacked < ConnWindow/4 {
+		return 0
 	}
-	c.mu.Unlock()
-	if inc > 0 {
-		c.mu.Lock()
-		c.recvWindow += inc
-		c.mu.Unlock()
-		_ = c.writeFrames(func() error { return c.fr.WriteWindowUpdate(0, uint32(inc)) })
+	inc := c.recvUnacked
+	c.recvUnacked = 0
+	c.recvWindow += inc
+	return uint32(inc)
+}
+
+// consumed returns n connection-window bytes to the peer; stream users
+// call it and write the update themselves.
+func (c *conn) consumed(n int64) {
+	if inc := c.creditConn(n); inc > 0 {
+		_ = c.writeFrames(func() error { return c.fr.WriteWindowUpdate(0, inc) })
 	}
+}
+
+// discard is consumed for the read loop: the update is queued.
+func (c *conn) discard(n int64) error {
+	if inc := c.creditConn(n); inc > 0 {
+		return c.queueControl(ctrlFrame{kind: ctrlWindowUpdate, val: inc})
+	}
+	return nil
 }
 
 func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
@@ -324,7 +392,7 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 		return nil
 	}
 	if f.StreamID%2 == 0 || f.StreamID <= c.lastPeer() {
-		return fmt.Errorf("bad client stream id %d", f.StreamID)
+		return fmt.Errorf("%w: bad client stream id %d", ErrProtocol, f.StreamID)
 	}
 	c.mu.Lock()
 	c.lastPeerStream = f.StreamID
@@ -332,16 +400,20 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	refused := c.goAway
 	c.mu.Unlock()
 	if tooMany || refused {
-		return c.writeFrames(func() error { return c.fr.WriteRSTStream(f.StreamID, http2.ErrCodeRefusedStream) })
+		return c.queueControl(ctrlFrame{kind: ctrlReset, stream: f.StreamID, val: uint32(http2.ErrCodeRefusedStream)})
 	}
 	req, err := parseRequest(f)
+	if err != nil {
+		// Answered here, the stream never opens: its DATA, if any, is
+		// discarded as a finished stream's, and NO_ERROR asks the peer
+		// to stop sending (RFC 9113 §8.1).
+		if err := c.queueControl(ctrlFrame{kind: ctrlStatus, stream: f.StreamID, val: 400}); err != nil || f.StreamEnded() {
+			return err
+		}
+		return c.queueControl(ctrlFrame{kind: ctrlReset, stream: f.StreamID, val: uint32(http2.ErrCodeNo)})
+	}
 	s := c.newStream(f.StreamID)
 	s.Request = req
-	if err != nil {
-		_ = s.Respond(400, nil)
-		s.Close()
-		return nil
-	}
 	if f.StreamEnded() {
 		_ = s.deliver(nil, true)
 	}

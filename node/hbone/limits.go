@@ -8,12 +8,17 @@ type Limits struct {
 	// MaxStreams is how many streams the peer may have open at once
 	// (advertised as SETTINGS_MAX_CONCURRENT_STREAMS).
 	MaxStreams int
+	// MaxControlQueue is how many control frames (PING and SETTINGS
+	// acknowledgements, RST_STREAM, WINDOW_UPDATE) may wait to be
+	// written. Only a peer that sends without reading fills it.
+	MaxControlQueue int
 }
 
 // DefaultLimits are the limits of Serve and NewClientConn.
 func DefaultLimits() Limits {
 	return Limits{
-		MaxStreams: MaxStreams,
+		MaxStreams:      MaxStreams,
+		MaxControlQueue: 1000,
 	}
 }
 
@@ -22,6 +27,9 @@ func (l Limits) withDefaults() Limits {
 	d := DefaultLimits()
 	if l.MaxStreams <= 0 {
 		l.MaxStreams = d.MaxStreams
+	}
+	if l.MaxControlQueue <= 0 {
+		l.MaxControlQueue = d.MaxControlQueue
 	}
 	return l
 }

@@ -54,20 +54,30 @@ func (s *Stream) ID() uint32 { return s.id }
 // ResponseHeader is the server's response headers (client side).
 func (s *Stream) ResponseHeader() map[string]string { return s.respHeader }
 
-// deliver queues received bytes; it reports false when the peer
-// overran the stream's window.
-func (s *Stream) deliver(data []byte, end bool) bool {
+// delivery is what became of received bytes.
+type delivery int
+
+const (
+	delivered delivery = iota
+	discarded          // the stream is closed: the bytes go nowhere
+	overrun            // past the stream's window: the peer broke flow control
+)
+
+// deliver queues received bytes (read loop only); the caller returns
+// the connection window of bytes not delivered.
+func (s *Stream) deliver(data []byte, end bool) delivery {
 	s.rmu.Lock()
 	if s.closed {
 		s.rmu.Unlock()
-		s.c.consumed(int64(len(data)))
-		return true
+		return discarded
 	}
 	s.recvWindow -= int64(len(data))
-	if s.recvWindow < 0 {
+	// maxChunks is unreachable within the window (every chunk but the
+	// first and last is full, and a frame takes at most one new chunk);
+	// a bound all the same.
+	if s.recvWindow < 0 || len(s.rq) >= maxChunks {
 		s.rmu.Unlock()
-		s.c.consumed(int64(len(data)))
-		return false
+		return overrun
 	}
 	// Small frames fill the tail chunk's spare room before a new chunk is
 	// taken, so what the stream holds follows the bytes it was sent, not
@@ -78,13 +88,6 @@ func (s *Stream) deliver(data []byte, end bool) bool {
 		data = data[m:]
 	}
 	for len(data) > 0 {
-		if len(s.rq) >= maxChunks {
-			// Unreachable within the window (every chunk but the first
-			// and last is full); a bound all the same.
-			s.rmu.Unlock()
-			s.c.consumed(int64(len(data)))
-			return false
-		}
 		ch := newChunk(len(data))
 		n := ch.fill(data)
 		s.rq = append(s.rq, ch)
@@ -97,10 +100,10 @@ func (s *Stream) deliver(data []byte, end bool) bool {
 	s.rcond.Broadcast()
 	done := s.rEOF && s.sentEnd
 	s.rmu.Unlock()
-	if done && len(data) == 0 {
+	if done {
 		s.c.removeStream(s.id, nil)
 	}
-	return true
+	return delivered
 }
 
 func (s *Stream) abort(err error) {
