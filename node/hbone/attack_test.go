@@ -58,8 +58,14 @@ func newRawPeer(t *testing.T, nc net.Conn) *rawPeer {
 // server's end-of-connection channel.
 func attackServer(t *testing.T, handler func(*Stream)) (*rawPeer, <-chan error) {
 	t.Helper()
+	return attackServerWith(t, Limits{}, handler)
+}
+
+// attackServerWith is attackServer with limits.
+func attackServerWith(t *testing.T, lim Limits, handler func(*Stream)) (*rawPeer, <-chan error) {
+	t.Helper()
 	a, b := net.Pipe()
-	_, done := Serve(b, handler)
+	_, done := ServeWith(b, lim, handler)
 	p := newRawPeer(t, a)
 	p.read()
 	p.write([]byte(http2.ClientPreface))
@@ -252,7 +258,8 @@ func ended(t *testing.T, done <-chan error) error {
 // with ENHANCE_YOUR_CALM; the read loop never blocks on the peer.
 func TestControlFramesForAPeerThatDoesNotRead(t *testing.T) {
 	a, b := net.Pipe()
-	_, done := ServeWith(b, Limits{MaxControlQueue: 100}, block(t))
+	// PINGs at any rate: the queue is what must stop them.
+	_, done := ServeWith(b, Limits{MaxControlQueue: 100, Pings: Rate{Burst: 1 << 30, PerSecond: 1 << 30}}, block(t))
 	p := newRawPeer(t, a)
 	p.write([]byte(http2.ClientPreface))
 	p.readHandshake()
@@ -266,5 +273,55 @@ func TestControlFramesForAPeerThatDoesNotRead(t *testing.T) {
 	}()
 	if err := ended(t, done); !errors.Is(err, ErrEnhanceYourCalm) {
 		t.Errorf("connection ended with %v, want ErrEnhanceYourCalm", err)
+	}
+}
+
+// TestFloodsAreCut: control frames past their Limits end the connection
+// with GOAWAY ENHANCE_YOUR_CALM (ErrFlood).
+func TestFloodsAreCut(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		attack func(p *rawPeer) error
+	}{
+		{"PING", func(p *rawPeer) error {
+			for range 10000 {
+				if err := p.fr.WritePing(false, [8]byte{}); err != nil {
+					return err
+				}
+			}
+			return nil
+		}},
+		{"SETTINGS", func(p *rawPeer) error {
+			for range 10000 {
+				if err := p.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 20}); err != nil {
+					return err
+				}
+			}
+			return nil
+		}},
+		{"empty DATA", func(p *rawPeer) error {
+			if err := p.headers(1); err != nil {
+				return err
+			}
+			for range 10000 {
+				if err := p.fr.WriteData(1, false, nil); err != nil {
+					return err
+				}
+			}
+			return nil
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			// A queue long enough for the whole attack: the rate is
+			// what must stop it.
+			p, done := attackServerWith(t, Limits{MaxControlQueue: 1 << 20}, block(t))
+			go func() { _ = tt.attack(p) }()
+			if err := ended(t, done); !errors.Is(err, ErrFlood) {
+				t.Errorf("connection ended with %v, want ErrFlood", err)
+			}
+			p.waitFor("GOAWAY ENHANCE_YOUR_CALM", func(s seen) bool {
+				return s.typ == http2.FrameGoAway && s.code == http2.ErrCodeEnhanceYourCalm
+			})
+		})
 	}
 }

@@ -72,6 +72,10 @@ type conn struct {
 	onStream       func(*Stream) // server: a new CONNECT
 	done           chan struct{}
 	closeOnce      sync.Once
+
+	// Owned by the read loop: what the peer has spent of its Limits.
+	pings, settings bucket
+	emptyFrames     int // frames without payload in a row
 }
 
 func newConn(nc net.Conn, isClient bool, lim Limits) *conn {
@@ -249,6 +253,9 @@ func (c *conn) handle(f http2.Frame) error {
 		if f.IsAck() {
 			return nil
 		}
+		if !c.settings.take(c.lim.Settings, time.Now()) {
+			return fmt.Errorf("%w: SETTINGS faster than %v", ErrFlood, c.lim.Settings)
+		}
 		if err := c.applySettings(f); err != nil {
 			return err
 		}
@@ -256,6 +263,9 @@ func (c *conn) handle(f http2.Frame) error {
 	case *http2.PingFrame:
 		if f.IsAck() {
 			return nil
+		}
+		if !c.pings.take(c.lim.Pings, time.Now()) {
+			return fmt.Errorf("%w: PING faster than %v", ErrFlood, c.lim.Pings)
 		}
 		return c.queueControl(ctrlFrame{kind: ctrlPingAck, ping: f.Data})
 	case *http2.WindowUpdateFrame:
@@ -317,6 +327,9 @@ func (c *conn) applySettings(f *http2.SettingsFrame) error {
 }
 
 func (c *conn) onData(f *http2.DataFrame) error {
+	if err := c.countEmpty(len(f.Data()) == 0 && !f.StreamEnded()); err != nil {
+		return err
+	}
 	n := int64(f.Length)
 	c.mu.Lock()
 	s := c.streams[f.StreamID]
@@ -346,6 +359,23 @@ func (c *conn) onData(f *http2.DataFrame) error {
 			return err
 		}
 		return c.queueControl(ctrlFrame{kind: ctrlReset, stream: f.StreamID, val: uint32(http2.ErrCodeFlowControl)})
+	}
+	return nil
+}
+
+// countEmpty counts a frame that may carry payload (DATA, HEADERS,
+// CONTINUATION) toward Limits.MaxEmptyFrames: empty ones in a row are a
+// flood, one with payload starts the count again. Padding is not
+// payload: a peer could pad empty frames for free (the connection
+// window returns padding at once).
+func (c *conn) countEmpty(empty bool) error {
+	if !empty {
+		c.emptyFrames = 0
+		return nil
+	}
+	c.emptyFrames++
+	if c.emptyFrames > c.lim.MaxEmptyFrames {
+		return fmt.Errorf("%w: %d frames without payload in a row", ErrFlood, c.emptyFrames)
 	}
 	return nil
 }
@@ -382,6 +412,7 @@ func (c *conn) discard(n int64) error {
 }
 
 func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
+	_ = c.countEmpty(false)
 	if c.isClient {
 		c.mu.Lock()
 		s := c.streams[f.StreamID]

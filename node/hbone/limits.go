@@ -1,5 +1,7 @@
 package hbone
 
+import "time"
+
 // Limits bound what the peer of one connection can make it hold or do;
 // Serve and NewClientConn use DefaultLimits, ServeWith and
 // NewClientConnWith take them. A zero field means its default, so a
@@ -12,6 +14,21 @@ type Limits struct {
 	// acknowledgements, RST_STREAM, WINDOW_UPDATE) may wait to be
 	// written. Only a peer that sends without reading fills it.
 	MaxControlQueue int
+	// Pings and Settings bound the PING and SETTINGS frames the peer
+	// sends: each costs an acknowledgement, and a SETTINGS frame can
+	// touch every stream. A legitimate peer sends a few.
+	Pings    Rate
+	Settings Rate
+	// MaxEmptyFrames is how many frames without payload (DATA without
+	// END_STREAM) the peer may send in a row: they cost it nothing,
+	// neither window nor progress.
+	MaxEmptyFrames int
+}
+
+// Rate is a token bucket: Burst events at once, then PerSecond.
+type Rate struct {
+	Burst     int
+	PerSecond float64
 }
 
 // DefaultLimits are the limits of Serve and NewClientConn.
@@ -19,6 +36,10 @@ func DefaultLimits() Limits {
 	return Limits{
 		MaxStreams:      MaxStreams,
 		MaxControlQueue: 1000,
+		Pings:           Rate{Burst: 100, PerSecond: 10},
+		Settings:        Rate{Burst: 100, PerSecond: 10},
+		// As Envoy's max_consecutive_inbound_frames_with_empty_payload.
+		MaxEmptyFrames: 1,
 	}
 }
 
@@ -31,5 +52,43 @@ func (l Limits) withDefaults() Limits {
 	if l.MaxControlQueue <= 0 {
 		l.MaxControlQueue = d.MaxControlQueue
 	}
+	l.Pings = l.Pings.or(d.Pings)
+	l.Settings = l.Settings.or(d.Settings)
+	if l.MaxEmptyFrames <= 0 {
+		l.MaxEmptyFrames = d.MaxEmptyFrames
+	}
 	return l
+}
+
+// or is r, or d where r is not set.
+func (r Rate) or(d Rate) Rate {
+	if r.Burst <= 0 {
+		r.Burst = d.Burst
+	}
+	if r.PerSecond <= 0 {
+		r.PerSecond = d.PerSecond
+	}
+	return r
+}
+
+// bucket counts events against a Rate. It is not safe for concurrent
+// use: the read loop owns a connection's buckets.
+type bucket struct {
+	tokens float64
+	last   time.Time
+}
+
+// take spends a token at now; it reports false when none is left.
+func (b *bucket) take(r Rate, now time.Time) bool {
+	if b.last.IsZero() {
+		b.tokens = float64(r.Burst)
+	} else if now.After(b.last) {
+		b.tokens = min(float64(r.Burst), b.tokens+now.Sub(b.last).Seconds()*r.PerSecond)
+	}
+	b.last = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
 }
