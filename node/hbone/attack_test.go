@@ -8,9 +8,11 @@ package hbone
 import (
 	"bytes"
 	"errors"
+	"io"
 	"net"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -64,13 +66,21 @@ func attackServer(t *testing.T, handler func(*Stream)) (*rawPeer, <-chan error) 
 // attackServerWith is attackServer with limits.
 func attackServerWith(t *testing.T, lim Limits, handler func(*Stream)) (*rawPeer, <-chan error) {
 	t.Helper()
+	p, _, done := attackServerConn(t, lim, handler)
+	return p, done
+}
+
+// attackServerConn is attackServerWith that also returns the server's
+// connection.
+func attackServerConn(t *testing.T, lim Limits, handler func(*Stream)) (*rawPeer, *ServerConn, <-chan error) {
+	t.Helper()
 	a, b := net.Pipe()
-	_, done := ServeWith(b, lim, handler)
+	sc, done := ServeWith(b, lim, handler)
 	p := newRawPeer(t, a)
 	p.read()
 	p.write([]byte(http2.ClientPreface))
 	p.check(p.fr.WriteSettings())
-	return p, done
+	return p, sc, done
 }
 
 // read records every frame the peer receives, until the connection
@@ -323,5 +333,90 @@ func TestFloodsAreCut(t *testing.T) {
 				return s.typ == http2.FrameGoAway && s.code == http2.ErrCodeEnhanceYourCalm
 			})
 		})
+	}
+}
+
+// settle waits until the goroutines started since base have ended.
+func settle(t *testing.T, base int) {
+	t.Helper()
+	eventually.True(t, "goroutines back to their number before the test", func() bool { return runtime.NumGoroutine() <= base })
+}
+
+// TestRapidReset: HEADERS each followed by RST_STREAM (CVE-2023-44487)
+// never run more handlers at once than MaxStreams, and the connection
+// ends with GOAWAY ENHANCE_YOUR_CALM (ErrTooManyResets).
+func TestRapidReset(t *testing.T) {
+	base := runtime.NumGoroutine()
+	var running, most atomic.Int64
+	release := make(chan struct{})
+	handler := func(*Stream) {
+		n := running.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		<-release
+		running.Add(-1)
+	}
+	p, done := attackServer(t, handler)
+	attacked := make(chan struct{})
+	go func() {
+		defer close(attacked)
+		for id := uint32(1); id < 10000; id += 2 {
+			if p.headers(id) != nil || p.fr.WriteRSTStream(id, http2.ErrCodeCancel) != nil {
+				return
+			}
+		}
+	}()
+	select {
+	case <-attacked:
+	case <-time.After(eventually.DefaultTimeout):
+		t.Fatal("the attack did not end")
+	}
+	t.Logf("%d handlers at most ran at once", most.Load())
+	if n := most.Load(); n > MaxStreams {
+		t.Errorf("%d handlers ran at once, want at most MaxStreams (%d)", n, MaxStreams)
+	}
+	if err := ended(t, done); !errors.Is(err, ErrTooManyResets) {
+		t.Errorf("connection ended with %v, want ErrTooManyResets", err)
+	}
+	p.waitFor("GOAWAY ENHANCE_YOUR_CALM", func(s seen) bool {
+		return s.typ == http2.FrameGoAway && s.code == http2.ErrCodeEnhanceYourCalm
+	})
+	close(release)
+	p.nc.Close()
+	settle(t, base)
+}
+
+// TestStreamsPastMaxStreamsAreRefused: the stream after MaxStreams is
+// refused (REFUSED_STREAM, safe to retry) and the connection serves new
+// streams once one has ended.
+func TestStreamsPastMaxStreamsAreRefused(t *testing.T) {
+	const max = 10
+	p, sc, _ := attackServerConn(t, Limits{MaxStreams: max}, func(s *Stream) {
+		_ = s.Respond(200, nil)
+		_, _ = io.Copy(io.Discard, s)
+		_ = s.CloseWrite()
+	})
+	answered := func(id uint32) func(seen) bool {
+		return func(s seen) bool {
+			return s.stream == id && (s.typ == http2.FrameHeaders || s.typ == http2.FrameRSTStream)
+		}
+	}
+	for i := range uint32(max) {
+		p.check(p.headers(2*i + 1))
+		if got := p.waitFor("CONNECT answered", answered(2*i+1)); got.status != "200" {
+			t.Fatalf("stream %d of %d answered %+v, want 200", i+1, max, got)
+		}
+	}
+	p.check(p.headers(2*max + 1))
+	if got := p.waitFor("stream past MaxStreams answered", answered(2*max+1)); got.typ != http2.FrameRSTStream || got.code != http2.ErrCodeRefusedStream {
+		t.Errorf("stream past MaxStreams answered %+v, want RST_STREAM REFUSED_STREAM", got)
+	}
+	// The first stream ends both ways; its handler returns.
+	p.check(p.fr.WriteData(1, true, nil))
+	p.waitFor("first stream ended", func(s seen) bool { return s.stream == 1 && s.end })
+	eventually.True(t, "first handler returned", func() bool { return sc.running() < max })
+	p.check(p.headers(2*max + 3))
+	if got := p.waitFor("stream after one ended answered", answered(2*max+3)); got.status != "200" {
+		t.Errorf("stream after one ended answered %+v, want 200", got)
 	}
 }

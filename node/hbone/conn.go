@@ -73,9 +73,13 @@ type conn struct {
 	done           chan struct{}
 	closeOnce      sync.Once
 
+	// handlers is the number of handlers running (server); with the
+	// streams, it counts against Limits.MaxStreams.
+	handlers int
+
 	// Owned by the read loop: what the peer has spent of its Limits.
-	pings, settings bucket
-	emptyFrames     int // frames without payload in a row
+	pings, settings, resets bucket
+	emptyFrames             int // frames without payload in a row
 }
 
 func newConn(nc net.Conn, isClient bool, lim Limits) *conn {
@@ -220,8 +224,7 @@ func (c *conn) readLoop() {
 			var ce http2.ConnectionError
 			switch {
 			case errors.As(err, &se):
-				c.removeStream(se.StreamID, ErrReset)
-				err = c.queueControl(ctrlFrame{kind: ctrlReset, stream: se.StreamID, val: uint32(se.Code)})
+				err = c.resetStream(se.StreamID, se.Code)
 			case errors.As(err, &ce):
 				err = fmt.Errorf("%w: %w", ErrProtocol, err)
 			case errors.Is(err, io.EOF):
@@ -282,6 +285,12 @@ func (c *conn) handle(f http2.Frame) error {
 	case *http2.MetaHeadersFrame:
 		return c.onHeaders(f)
 	case *http2.RSTStreamFrame:
+		if c.idleStream(f.StreamID) {
+			return fmt.Errorf("%w: RST_STREAM for stream %d, never opened", ErrProtocol, f.StreamID)
+		}
+		if err := c.countReset(); err != nil {
+			return err
+		}
 		c.removeStream(f.StreamID, ErrReset)
 	case *http2.GoAwayFrame:
 		c.mu.Lock()
@@ -354,11 +363,10 @@ func (c *conn) onData(f *http2.DataFrame) error {
 		return c.discard(int64(len(f.Data())))
 	case overrun:
 		// The peer ignored the stream's window.
-		c.removeStream(f.StreamID, ErrReset)
 		if err := c.discard(int64(len(f.Data()))); err != nil {
 			return err
 		}
-		return c.queueControl(ctrlFrame{kind: ctrlReset, stream: f.StreamID, val: uint32(http2.ErrCodeFlowControl)})
+		return c.resetStream(f.StreamID, http2.ErrCodeFlowControl)
 	}
 	return nil
 }
@@ -427,38 +435,86 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	}
 	c.mu.Lock()
 	c.lastPeerStream = f.StreamID
-	tooMany := len(c.streams) >= c.lim.MaxStreams
+	// A stream's slot frees when its handler returns, not when the peer
+	// resets it: otherwise each HEADERS + RST_STREAM pair would start a
+	// handler (the rapid reset attack). A peer at the limit may then be
+	// refused a stream it counts as free; REFUSED_STREAM is safe to
+	// retry.
+	full := len(c.streams) >= c.lim.MaxStreams || c.handlers >= c.lim.MaxStreams
 	refused := c.goAway
 	c.mu.Unlock()
-	if tooMany || refused {
-		return c.queueControl(ctrlFrame{kind: ctrlReset, stream: f.StreamID, val: uint32(http2.ErrCodeRefusedStream)})
+	if full || refused {
+		return c.resetStream(f.StreamID, http2.ErrCodeRefusedStream)
 	}
 	req, err := parseRequest(f)
 	if err != nil {
 		// Answered here, the stream never opens: its DATA, if any, is
 		// discarded as a finished stream's, and NO_ERROR asks the peer
-		// to stop sending (RFC 9113 §8.1).
+		// to stop sending (RFC 9113 §8.1). It counts as a reset.
+		if err := c.countReset(); err != nil {
+			return err
+		}
 		if err := c.queueControl(ctrlFrame{kind: ctrlStatus, stream: f.StreamID, val: 400}); err != nil || f.StreamEnded() {
 			return err
 		}
 		return c.queueControl(ctrlFrame{kind: ctrlReset, stream: f.StreamID, val: uint32(http2.ErrCodeNo)})
 	}
-	s := c.newStream(f.StreamID)
+	c.mu.Lock()
+	s := c.newStreamLocked(f.StreamID)
+	c.handlers++
+	c.mu.Unlock()
 	s.Request = req
 	if f.StreamEnded() {
 		_ = s.deliver(nil, true)
 	}
-	go c.onStream(s)
+	go c.runHandler(s)
 	return nil
 }
 
-// newStream registers a stream.
-func (c *conn) newStream(id uint32) *Stream {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.newStreamLocked(id)
+// runHandler runs the server's handler for s, counting it against
+// Limits.MaxStreams until it returns.
+func (c *conn) runHandler(s *Stream) {
+	defer func() {
+		c.mu.Lock()
+		c.handlers--
+		if c.handlers == 0 && len(c.streams) == 0 {
+			c.idleSince = time.Now()
+		}
+		c.mu.Unlock()
+	}()
+	c.onStream(s)
 }
 
+// resetStream resets stream id for the peer's doing (a refusal, a
+// broken window, a malformed frame), which counts against
+// Limits.Resets as the peer's own resets do.
+func (c *conn) resetStream(id uint32, code http2.ErrCode) error {
+	if err := c.countReset(); err != nil {
+		return err
+	}
+	c.removeStream(id, ErrReset)
+	return c.queueControl(ctrlFrame{kind: ctrlReset, stream: id, val: uint32(code)})
+}
+
+// countReset spends one of Limits.Resets.
+func (c *conn) countReset() error {
+	if !c.resets.take(c.lim.Resets, time.Now()) {
+		return fmt.Errorf("%w: more than %v", ErrTooManyResets, c.lim.Resets)
+	}
+	return nil
+}
+
+// idleStream reports whether stream id was never opened, by either side.
+func (c *conn) idleStream(id uint32) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.isClient {
+		return id%2 == 0 || id >= c.nextID
+	}
+	return id%2 == 0 || id > c.lastPeerStream
+}
+
+// newStreamLocked registers a stream; callers hold mu.
 func (c *conn) newStreamLocked(id uint32) *Stream {
 	s := &Stream{c: c, id: id, response: make(chan struct{}), sendWindow: int64(c.peerInitialWindow), recvWindow: StreamWindow}
 	s.rcond = sync.NewCond(&s.rmu)
@@ -471,7 +527,7 @@ func (c *conn) removeStream(id uint32, err error) {
 	c.mu.Lock()
 	s := c.streams[id]
 	delete(c.streams, id)
-	if len(c.streams) == 0 {
+	if len(c.streams) == 0 && c.handlers == 0 {
 		c.idleSince = time.Now()
 	}
 	c.cond.Broadcast()

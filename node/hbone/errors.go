@@ -19,6 +19,10 @@ var (
 	// ErrFlood is a peer sending control frames faster than Limits allow
 	// or than it reads their answers.
 	ErrFlood = fmt.Errorf("%w: frame flood", ErrEnhanceYourCalm)
+	// ErrTooManyResets is a peer resetting streams (or having them
+	// refused or reset) faster than Limits.Resets allow, the rapid reset
+	// attack (CVE-2023-44487).
+	ErrTooManyResets = fmt.Errorf("%w: too many stream resets", ErrEnhanceYourCalm)
 	// ErrProtocol ends a connection whose peer broke HTTP/2; the peer
 	// was sent GOAWAY with PROTOCOL_ERROR (or the error's own code).
 	ErrProtocol = errors.New("hbone: HTTP/2 protocol error")

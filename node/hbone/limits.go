@@ -1,6 +1,9 @@
 package hbone
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // Limits bound what the peer of one connection can make it hold or do;
 // Serve and NewClientConn use DefaultLimits, ServeWith and
@@ -19,6 +22,12 @@ type Limits struct {
 	// touch every stream. A legitimate peer sends a few.
 	Pings    Rate
 	Settings Rate
+	// Resets bounds stream resets: RST_STREAM frames from the peer, and
+	// streams refused or reset for its errors (past MaxStreams, past a
+	// window, malformed). A peer resetting streams as fast as it opens
+	// them makes the server start work it never finishes (the rapid
+	// reset attack, CVE-2023-44487).
+	Resets Rate
 	// MaxEmptyFrames is how many frames without payload (DATA without
 	// END_STREAM) the peer may send in a row: they cost it nothing,
 	// neither window nor progress.
@@ -38,6 +47,9 @@ func DefaultLimits() Limits {
 		MaxControlQueue: 1000,
 		Pings:           Rate{Burst: 100, PerSecond: 10},
 		Settings:        Rate{Burst: 100, PerSecond: 10},
+		// A burst of every stream at once (the peer's side of them
+		// failing together), then 100 a second.
+		Resets: Rate{Burst: MaxStreams, PerSecond: 100},
 		// As Envoy's max_consecutive_inbound_frames_with_empty_payload.
 		MaxEmptyFrames: 1,
 	}
@@ -54,10 +66,15 @@ func (l Limits) withDefaults() Limits {
 	}
 	l.Pings = l.Pings.or(d.Pings)
 	l.Settings = l.Settings.or(d.Settings)
+	l.Resets = l.Resets.or(d.Resets)
 	if l.MaxEmptyFrames <= 0 {
 		l.MaxEmptyFrames = d.MaxEmptyFrames
 	}
 	return l
+}
+
+func (r Rate) String() string {
+	return fmt.Sprintf("%d at once, then %g a second", r.Burst, r.PerSecond)
 }
 
 // or is r, or d where r is not set.
