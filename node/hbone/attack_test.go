@@ -420,3 +420,68 @@ func TestStreamsPastMaxStreamsAreRefused(t *testing.T) {
 		t.Errorf("stream after one ended answered %+v, want 200", got)
 	}
 }
+
+// TestBrokenSettingsAndWindowsEndTheConnection: frames that break
+// SETTINGS or window rules end the connection with a GOAWAY that says
+// which rule.
+func TestBrokenSettingsAndWindowsEndTheConnection(t *testing.T) {
+	many := func(n int) []http2.Setting {
+		s := make([]http2.Setting, n)
+		for i := range s {
+			s[i] = http2.Setting{ID: http2.SettingInitialWindowSize, Val: uint32(i)}
+		}
+		return s
+	}
+	for _, tt := range []struct {
+		name   string
+		attack func(p *rawPeer) error
+		code   http2.ErrCode
+	}{
+		{"101 settings in one frame", func(p *rawPeer) error {
+			return p.fr.WriteSettings(many(101)...)
+		}, http2.ErrCodeProtocol},
+		{"connection window past 2^31-1", func(p *rawPeer) error {
+			_ = p.fr.WriteWindowUpdate(0, 1<<31-1)
+			return p.fr.WriteWindowUpdate(0, 1<<31-1)
+		}, http2.ErrCodeFlowControl},
+		{"stream window past 2^31-1 by SETTINGS", func(p *rawPeer) error {
+			_ = p.headers(1)
+			_ = p.fr.WriteWindowUpdate(1, 1<<31-1-defaultWindow)
+			return p.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: defaultWindow + 1})
+		}, http2.ErrCodeFlowControl},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p, done := attackServer(t, block(t))
+			p.check(tt.attack(p))
+			err := ended(t, done)
+			if !errors.Is(err, ErrProtocol) && !errors.Is(err, errFlowControl) {
+				t.Errorf("connection ended with %v, want a protocol or flow-control error", err)
+			}
+			got := p.waitFor("GOAWAY", func(s seen) bool { return s.typ == http2.FrameGoAway })
+			if got.code != tt.code {
+				t.Errorf("GOAWAY %v, want %v", got.code, tt.code)
+			}
+		})
+	}
+}
+
+// TestSettingsApplyTheLastValue: a parameter repeated in one SETTINGS
+// frame takes its last value (RFC 9113 §6.5.3), applied once.
+func TestSettingsApplyTheLastValue(t *testing.T) {
+	p, sc, _ := attackServerConn(t, Limits{}, block(t))
+	p.check(p.headers(1))
+	p.waitFor("CONNECT answered", func(s seen) bool { return s.typ == http2.FrameHeaders })
+	p.check(p.fr.WriteSettings(
+		http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1000},
+		http2.Setting{ID: http2.SettingMaxFrameSize, Val: 1 << 20},
+		http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 20},
+		http2.Setting{ID: http2.SettingMaxFrameSize, Val: 1 << 15},
+	))
+	p.sync()
+	sc.c.mu.Lock()
+	got := [3]int64{int64(sc.c.peerInitialWindow), int64(sc.c.peerMaxFrame), sc.c.streams[1].sendWindow}
+	sc.c.mu.Unlock()
+	if want := [3]int64{1 << 20, 1 << 15, 1 << 20}; got != want {
+		t.Errorf("initial window, max frame, stream window = %v, want %v", got, want)
+	}
+}

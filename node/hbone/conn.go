@@ -272,14 +272,7 @@ func (c *conn) handle(f http2.Frame) error {
 		}
 		return c.queueControl(ctrlFrame{kind: ctrlPingAck, ping: f.Data})
 	case *http2.WindowUpdateFrame:
-		c.mu.Lock()
-		if f.StreamID == 0 {
-			c.sendWindow += int64(f.Increment)
-		} else if s := c.streams[f.StreamID]; s != nil {
-			s.sendWindow += int64(f.Increment)
-		}
-		c.cond.Broadcast()
-		c.mu.Unlock()
+		return c.onWindowUpdate(f)
 	case *http2.DataFrame:
 		return c.onData(f)
 	case *http2.MetaHeadersFrame:
@@ -313,26 +306,77 @@ func (c *conn) handle(f http2.Frame) error {
 	return nil
 }
 
+// maxWindow is the largest flow-control window (RFC 9113 §6.9.1).
+const maxWindow = 1<<31 - 1
+
+// maxSettingsPerFrame bounds the parameters of one SETTINGS frame; HTTP/2
+// defines seven, so more is an attack: each could touch every stream.
+const maxSettingsPerFrame = 100
+
 func (c *conn) applySettings(f *http2.SettingsFrame) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return f.ForeachSetting(func(s http2.Setting) error {
+	if n := f.NumSettings(); n > maxSettingsPerFrame {
+		return fmt.Errorf("%w: SETTINGS with %d parameters, more than %d", ErrProtocol, n, maxSettingsPerFrame)
+	}
+	// A repeated parameter takes its last value (RFC 9113 §6.5.3): apply
+	// each once.
+	var maxFrame, window uint32
+	var setMaxFrame, setWindow bool
+	err := f.ForeachSetting(func(s http2.Setting) error {
 		if err := s.Valid(); err != nil {
 			return fmt.Errorf("%w: %w", ErrProtocol, err)
 		}
 		switch s.ID {
 		case http2.SettingMaxFrameSize:
-			c.peerMaxFrame = s.Val
+			maxFrame, setMaxFrame = s.Val, true
 		case http2.SettingInitialWindowSize:
-			delta := int64(s.Val) - int64(c.peerInitialWindow)
-			c.peerInitialWindow = int32(s.Val)
-			for _, st := range c.streams {
-				st.sendWindow += delta
-			}
-			c.cond.Broadcast()
+			window, setWindow = s.Val, true
 		}
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if setMaxFrame {
+		c.peerMaxFrame = maxFrame
+	}
+	if setWindow {
+		delta := int64(window) - int64(c.peerInitialWindow)
+		c.peerInitialWindow = int32(window)
+		for id, st := range c.streams {
+			if st.sendWindow+delta > maxWindow {
+				return fmt.Errorf("%w: SETTINGS_INITIAL_WINDOW_SIZE takes stream %d past %d", errFlowControl, id, maxWindow)
+			}
+			st.sendWindow += delta
+		}
+		c.cond.Broadcast()
+	}
+	return nil
+}
+
+func (c *conn) onWindowUpdate(f *http2.WindowUpdateFrame) error {
+	inc := int64(f.Increment)
+	over := false
+	c.mu.Lock()
+	if f.StreamID == 0 {
+		if over = c.sendWindow+inc > maxWindow; !over {
+			c.sendWindow += inc
+		}
+	} else if s := c.streams[f.StreamID]; s != nil {
+		if over = s.sendWindow+inc > maxWindow; !over {
+			s.sendWindow += inc
+		}
+	}
+	c.cond.Broadcast()
+	c.mu.Unlock()
+	switch {
+	case over && f.StreamID == 0:
+		return fmt.Errorf("%w: WINDOW_UPDATE takes the connection past %d", errFlowControl, maxWindow)
+	case over:
+		return c.resetStream(f.StreamID, http2.ErrCodeFlowControl) // a stream error (RFC 9113 §6.9.1)
+	}
+	return nil
 }
 
 func (c *conn) onData(f *http2.DataFrame) error {
