@@ -485,3 +485,73 @@ func TestSettingsApplyTheLastValue(t *testing.T) {
 		t.Errorf("initial window, max frame, stream window = %v, want %v", got, want)
 	}
 }
+
+// TestOversizedHeaderBlocks: a header block past MaxHeaderList, whether
+// in one frame or in CONTINUATIONs without end, ends the connection with
+// GOAWAY; so do CONTINUATIONs without payload, which never grow the
+// block. The server holds about one frame meanwhile.
+func TestOversizedHeaderBlocks(t *testing.T) {
+	// literal is an HPACK literal field (never indexed), name "x-pad"
+	// and a value of n bytes (n < 127), without Huffman coding.
+	literal := func(n int) []byte {
+		b := []byte{0x10, 5, 'x', '-', 'p', 'a', 'd', byte(n)}
+		return append(b, bytes.Repeat([]byte{'a'}, n)...)
+	}
+	for _, tt := range []struct {
+		name   string
+		attack func(p *rawPeer) error
+		want   error
+		code   http2.ErrCode
+	}{
+		{"one HEADERS frame past the limit", func(p *rawPeer) error {
+			p.hbuf.Reset()
+			_ = p.henc.WriteField(hpack.HeaderField{Name: ":method", Value: "CONNECT"})
+			_ = p.henc.WriteField(hpack.HeaderField{Name: ":authority", Value: "10.0.0.1:80"})
+			_ = p.henc.WriteField(hpack.HeaderField{Name: "x-pad", Value: string(bytes.Repeat([]byte{'a'}, MaxHeaderList)), Sensitive: true})
+			return p.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: p.hbuf.Bytes(), EndHeaders: true})
+		}, ErrProtocol, http2.ErrCodeProtocol},
+		{"CONTINUATIONs without end", func(p *rawPeer) error {
+			if err := p.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: literal(100)}); err != nil {
+				return err
+			}
+			for range 100000 {
+				if err := p.fr.WriteContinuation(1, false, bytes.Repeat(literal(100), 10)); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, ErrProtocol, http2.ErrCodeProtocol},
+		{"empty CONTINUATIONs without end", func(p *rawPeer) error {
+			if err := p.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: literal(100)}); err != nil {
+				return err
+			}
+			for range 100000 {
+				if err := p.fr.WriteContinuation(1, false, nil); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, ErrFlood, http2.ErrCodeEnhanceYourCalm},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			base := runtime.NumGoroutine()
+			handled := make(chan struct{}, 1)
+			p, done := attackServer(t, func(*Stream) { handled <- struct{}{} })
+			go func() { _ = tt.attack(p) }()
+			if err := ended(t, done); !errors.Is(err, tt.want) {
+				t.Errorf("connection ended with %v, want %v", err, tt.want)
+			}
+			got := p.waitFor("GOAWAY", func(s seen) bool { return s.typ == http2.FrameGoAway })
+			if got.code != tt.code {
+				t.Errorf("GOAWAY %v, want %v", got.code, tt.code)
+			}
+			select {
+			case <-handled:
+				t.Error("the oversized request reached the handler")
+			default:
+			}
+			p.nc.Close()
+			settle(t, base)
+		})
+	}
+}

@@ -77,6 +77,8 @@ type conn struct {
 	// streams, it counts against Limits.MaxStreams.
 	handlers int
 
+	hr *headerReader // owned by the read loop
+
 	// Owned by the read loop: what the peer has spent of its Limits.
 	pings, settings, resets bucket
 	emptyFrames             int // frames without payload in a row
@@ -92,8 +94,7 @@ func newConn(nc net.Conn, isClient bool, lim Limits) *conn {
 	c.cond = sync.NewCond(&c.mu)
 	c.fr = http2.NewFramer(c.bw, bufio.NewReaderSize(nc, 64<<10))
 	c.fr.SetMaxReadFrameSize(MaxFrame)
-	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	c.fr.MaxHeaderListSize = MaxHeaderList
+	c.hr = newHeaderReader()
 	c.henc = hpack.NewEncoder(&c.hbuf)
 	if isClient {
 		c.nextID = 1
@@ -275,8 +276,24 @@ func (c *conn) handle(f http2.Frame) error {
 		return c.onWindowUpdate(f)
 	case *http2.DataFrame:
 		return c.onData(f)
-	case *http2.MetaHeadersFrame:
-		return c.onHeaders(f)
+	case *http2.HeadersFrame:
+		if err := c.countEmpty(len(f.HeaderBlockFragment()) == 0 && !f.StreamEnded()); err != nil {
+			return err
+		}
+		b, err := c.hr.headers(f)
+		if b == nil || err != nil {
+			return err
+		}
+		return c.onHeaders(b)
+	case *http2.ContinuationFrame:
+		if err := c.countEmpty(len(f.HeaderBlockFragment()) == 0); err != nil {
+			return err
+		}
+		b, err := c.hr.continuation(f)
+		if b == nil || err != nil {
+			return err
+		}
+		return c.onHeaders(b)
 	case *http2.RSTStreamFrame:
 		if c.idleStream(f.StreamID) {
 			return fmt.Errorf("%w: RST_STREAM for stream %d, never opened", ErrProtocol, f.StreamID)
@@ -463,22 +480,25 @@ func (c *conn) discard(n int64) error {
 	return nil
 }
 
-func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
-	_ = c.countEmpty(false)
+func (c *conn) onHeaders(f *headerBlock) error {
 	if c.isClient {
 		c.mu.Lock()
-		s := c.streams[f.StreamID]
+		s := c.streams[f.stream]
 		c.mu.Unlock()
-		if s != nil {
+		switch {
+		case s == nil:
+		case f.malformed != nil:
+			return c.resetStream(f.stream, http2.ErrCodeProtocol)
+		default:
 			s.onResponse(f)
 		}
 		return nil
 	}
-	if f.StreamID%2 == 0 || f.StreamID <= c.lastPeer() {
-		return fmt.Errorf("%w: bad client stream id %d", ErrProtocol, f.StreamID)
+	if f.stream%2 == 0 || f.stream <= c.lastPeer() {
+		return fmt.Errorf("%w: bad client stream id %d", ErrProtocol, f.stream)
 	}
 	c.mu.Lock()
-	c.lastPeerStream = f.StreamID
+	c.lastPeerStream = f.stream
 	// A stream's slot frees when its handler returns, not when the peer
 	// resets it: otherwise each HEADERS + RST_STREAM pair would start a
 	// handler (the rapid reset attack). A peer at the limit may then be
@@ -487,8 +507,11 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	full := len(c.streams) >= c.lim.MaxStreams || c.handlers >= c.lim.MaxStreams
 	refused := c.goAway
 	c.mu.Unlock()
-	if full || refused {
-		return c.resetStream(f.StreamID, http2.ErrCodeRefusedStream)
+	switch {
+	case f.malformed != nil:
+		return c.resetStream(f.stream, http2.ErrCodeProtocol)
+	case full || refused:
+		return c.resetStream(f.stream, http2.ErrCodeRefusedStream)
 	}
 	req, err := parseRequest(f)
 	if err != nil {
@@ -498,17 +521,17 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 		if err := c.countReset(); err != nil {
 			return err
 		}
-		if err := c.queueControl(ctrlFrame{kind: ctrlStatus, stream: f.StreamID, val: 400}); err != nil || f.StreamEnded() {
+		if err := c.queueControl(ctrlFrame{kind: ctrlStatus, stream: f.stream, val: 400}); err != nil || f.endStream {
 			return err
 		}
-		return c.queueControl(ctrlFrame{kind: ctrlReset, stream: f.StreamID, val: uint32(http2.ErrCodeNo)})
+		return c.queueControl(ctrlFrame{kind: ctrlReset, stream: f.stream, val: uint32(http2.ErrCodeNo)})
 	}
 	c.mu.Lock()
-	s := c.newStreamLocked(f.StreamID)
+	s := c.newStreamLocked(f.stream)
 	c.handlers++
 	c.mu.Unlock()
 	s.Request = req
-	if f.StreamEnded() {
+	if f.endStream {
 		_ = s.deliver(nil, true)
 	}
 	go c.runHandler(s)
@@ -618,10 +641,10 @@ type Request struct {
 
 // parseRequest validates a CONNECT (wire contract §5.3): classic CONNECT, no
 // :scheme or :path, an authority.
-func parseRequest(f *http2.MetaHeadersFrame) (Request, error) {
+func parseRequest(f *headerBlock) (Request, error) {
 	r := Request{Header: map[string]string{}}
 	method := ""
-	for _, hf := range f.Fields {
+	for _, hf := range f.fields {
 		switch hf.Name {
 		case ":method":
 			method = hf.Value
@@ -644,10 +667,10 @@ func parseRequest(f *http2.MetaHeadersFrame) (Request, error) {
 	return r, nil
 }
 
-func statusOf(f *http2.MetaHeadersFrame) (int, map[string]string) {
+func statusOf(f *headerBlock) (int, map[string]string) {
 	hdr := map[string]string{}
 	code := 0
-	for _, hf := range f.Fields {
+	for _, hf := range f.fields {
 		if hf.Name == ":status" {
 			code, _ = strconv.Atoi(hf.Value)
 		} else if !hf.IsPseudo() {

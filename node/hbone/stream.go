@@ -367,9 +367,9 @@ func (s *Stream) Respond(code int, header map[string]string) error {
 	return nil
 }
 
-func (s *Stream) onResponse(f *http2.MetaHeadersFrame) {
+func (s *Stream) onResponse(f *headerBlock) {
 	s.answered(statusOf(f)) // later HEADERS are trailers
-	if f.StreamEnded() {
+	if f.endStream {
 		_ = s.deliver(nil, true)
 	}
 }
