@@ -44,6 +44,10 @@ type conn struct {
 	hbuf    bytes.Buffer
 	// ctrlSpare is the control queue's other buffer (control.go).
 	ctrlSpare []ctrlFrame
+	// writeDeadline is the socket's write deadline (extendWriteDeadline);
+	// closing stops its updates while the last GOAWAY is written.
+	writeDeadline time.Time
+	closing       atomic.Bool
 
 	// The control queue (control.go). ctrlPending is set while ctrl is
 	// not empty, for writers to check without the lock.
@@ -78,6 +82,12 @@ type conn struct {
 	handlers int
 
 	hr *headerReader // owned by the read loop
+	// started is set by the peer's first SETTINGS frame (read loop).
+	started bool
+	// idleTimer runs checkIdle (idle.go); guarded by mu.
+	idleTimer *time.Timer
+	// idleChecks counts the idle timer's runs (tests).
+	idleChecks atomic.Int32
 
 	// Owned by the read loop: what the peer has spent of its Limits.
 	pings, settings, resets bucket
@@ -114,6 +124,7 @@ func (r refused) Unwrap() error { return r.error }
 func (c *conn) writeFrames(f func() error) error {
 	c.writers.Add(1)
 	c.wmu.Lock()
+	c.extendWriteDeadline()
 	err := c.writeControlLocked()
 	if err == nil {
 		err = f()
@@ -137,6 +148,23 @@ func (c *conn) writeFrames(f func() error) error {
 		return r.error
 	}
 	return nil
+}
+
+// extendWriteDeadline keeps the socket's write deadline at least half of
+// WriteTimeout ahead of a write starting, so that a write making no
+// progress for WriteTimeout fails (and ends the connection). It moves
+// the deadline only once half of it has passed, not on every write.
+// Callers hold wmu.
+func (c *conn) extendWriteDeadline() {
+	if c.lim.WriteTimeout < 0 || c.closing.Load() {
+		return
+	}
+	now := time.Now()
+	if c.writeDeadline.Sub(now) > c.lim.WriteTimeout/2 {
+		return
+	}
+	c.writeDeadline = now.Add(c.lim.WriteTimeout)
+	_ = c.nc.SetWriteDeadline(c.writeDeadline)
 }
 
 // handshake sends our preface (client) and settings, and the extra
@@ -194,6 +222,7 @@ func (c *conn) setErr(err error) bool {
 func (c *conn) closeConn() {
 	c.closeOnce.Do(func() {
 		c.nc.Close()
+		c.stopIdle()
 		close(c.done)
 	})
 }
@@ -205,13 +234,20 @@ const goAwayTimeout = time.Second
 // closeWith ends the connection for err after telling the peer why
 // (GOAWAY with goAwayCode(err)).
 func (c *conn) closeWith(err error) {
+	c.closeGoAway(err, c.lastPeer())
+}
+
+// closeGoAway is closeWith with the last stream the GOAWAY reports as
+// processed.
+func (c *conn) closeGoAway(err error, last uint32) {
 	if !c.setErr(err) {
 		return
 	}
 	c.dropControl()
+	c.closing.Store(true)
 	_ = c.nc.SetWriteDeadline(time.Now().Add(goAwayTimeout))
 	code := goAwayCode(err)
-	_ = c.writeFrames(func() error { return c.fr.WriteGoAway(c.lastPeer(), code, []byte(err.Error())) })
+	_ = c.writeFrames(func() error { return c.fr.WriteGoAway(last, code, []byte(err.Error())) })
 	c.closeConn()
 }
 
@@ -220,6 +256,9 @@ func (c *conn) closeWith(err error) {
 func (c *conn) readLoop() {
 	for {
 		f, err := c.fr.ReadFrame()
+		if err == nil && !c.started {
+			err = c.start(f)
+		}
 		if err != nil {
 			var se http2.StreamError
 			var ce http2.ConnectionError
@@ -230,6 +269,11 @@ func (c *conn) readLoop() {
 				err = fmt.Errorf("%w: %w", ErrProtocol, err)
 			case errors.Is(err, io.EOF):
 				c.fail(ErrConnClosed)
+				return
+			case errors.Is(err, ErrProtocol):
+				// From start.
+			case !c.started && isTimeout(err):
+				c.fail(fmt.Errorf("%w: %w", ErrHandshakeTimeout, err))
 				return
 			default:
 				c.fail(fmt.Errorf("hbone read: %w", err))
@@ -243,6 +287,24 @@ func (c *conn) readLoop() {
 			return
 		}
 	}
+}
+
+// start checks the peer's first frame, which must be SETTINGS (RFC 9113
+// §3.4), and ends the handshake.
+func (c *conn) start(f http2.Frame) error {
+	if sf, ok := f.(*http2.SettingsFrame); !ok || sf.IsAck() {
+		return fmt.Errorf("%w: first frame %v, want SETTINGS", ErrProtocol, f.Header().Type)
+	}
+	c.started = true
+	_ = c.nc.SetReadDeadline(time.Time{})
+	c.startIdle()
+	return nil
+}
+
+// isTimeout reports whether err is a deadline passing.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 func (c *conn) lastPeer() uint32 {

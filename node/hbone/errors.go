@@ -26,6 +26,9 @@ var (
 	// ErrProtocol ends a connection whose peer broke HTTP/2; the peer
 	// was sent GOAWAY with PROTOCOL_ERROR (or the error's own code).
 	ErrProtocol = errors.New("hbone: HTTP/2 protocol error")
+	// ErrHandshakeTimeout is a peer that did not start HTTP/2 (preface,
+	// SETTINGS) within Limits.HandshakeTimeout.
+	ErrHandshakeTimeout = errors.New("hbone: no HTTP/2 preface and SETTINGS in time")
 )
 
 // errFlowControl is a peer sending past a window we gave it.

@@ -32,6 +32,20 @@ type Limits struct {
 	// END_STREAM) the peer may send in a row: they cost it nothing,
 	// neither window nor progress.
 	MaxEmptyFrames int
+
+	// HandshakeTimeout bounds the wait for the peer's first SETTINGS
+	// frame and, on the server, the client preface before it.
+	HandshakeTimeout time.Duration
+	// IdleTimeout ends a connection (GOAWAY NO_ERROR) that has had no
+	// stream for this long. A negative value disables it.
+	IdleTimeout time.Duration
+	// ConnectTimeout bounds Connect's wait for the answer to a CONNECT,
+	// whatever the deadline of the caller's context.
+	ConnectTimeout time.Duration
+	// WriteTimeout ends a connection whose writes have made no progress
+	// for this long: a peer that stops reading. A negative value
+	// disables it.
+	WriteTimeout time.Duration
 }
 
 // Rate is a token bucket: Burst events at once, then PerSecond.
@@ -51,7 +65,16 @@ func DefaultLimits() Limits {
 		// failing together), then 100 a second.
 		Resets: Rate{Burst: MaxStreams, PerSecond: 100},
 		// As Envoy's max_consecutive_inbound_frames_with_empty_payload.
-		MaxEmptyFrames: 1,
+		MaxEmptyFrames:   1,
+		HandshakeTimeout: 10 * time.Second,
+		// Longer than the node proxy's pool keeps an idle connection
+		// (5 minutes), so that the client, which knows when it will
+		// need the connection again, is the one to close it.
+		IdleTimeout:    10 * time.Minute,
+		ConnectTimeout: 30 * time.Second,
+		// Long enough for a peer busy elsewhere; a peer that has not
+		// read for a minute has gone.
+		WriteTimeout: time.Minute,
 	}
 }
 
@@ -69,6 +92,18 @@ func (l Limits) withDefaults() Limits {
 	l.Resets = l.Resets.or(d.Resets)
 	if l.MaxEmptyFrames <= 0 {
 		l.MaxEmptyFrames = d.MaxEmptyFrames
+	}
+	if l.HandshakeTimeout <= 0 {
+		l.HandshakeTimeout = d.HandshakeTimeout
+	}
+	if l.IdleTimeout == 0 {
+		l.IdleTimeout = d.IdleTimeout
+	}
+	if l.ConnectTimeout <= 0 {
+		l.ConnectTimeout = d.ConnectTimeout
+	}
+	if l.WriteTimeout == 0 {
+		l.WriteTimeout = d.WriteTimeout
 	}
 	return l
 }

@@ -380,7 +380,7 @@ func (s *Stream) awaitResponse(ctx context.Context) error {
 	case <-s.response:
 	case <-ctx.Done():
 		s.Close()
-		return ctx.Err()
+		return fmt.Errorf("hbone: no answer to CONNECT: %w", ctx.Err())
 	}
 	s.rmu.Lock()
 	rerr, status := s.rerr, s.status
