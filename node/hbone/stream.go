@@ -6,7 +6,6 @@ import (
 	"io"
 	"strconv"
 	"sync"
-	"time"
 
 	"golang.org/x/net/http2"
 )
@@ -25,12 +24,14 @@ type Stream struct {
 	respHeader map[string]string
 	gotResp    bool
 
-	// sendWindow is guarded by c.mu.
+	// sendWindow and wdl are guarded by c.mu.
 	sendWindow int64
 	werr       error
+	wdl        deadline
 
 	rmu   sync.Mutex
 	rcond *sync.Cond
+	rdl   deadline
 	// rq holds received bytes in pooled chunks; an idle stream holds none.
 	rq      []*chunk
 	rlen    int
@@ -139,8 +140,12 @@ func (s *Stream) answered(status int, header map[string]string) bool {
 // Read implements io.Reader.
 func (s *Stream) Read(p []byte) (int, error) {
 	s.rmu.Lock()
-	for s.rlen == 0 && !s.rEOF && s.rerr == nil {
+	for s.rlen == 0 && !s.rEOF && s.rerr == nil && !s.rdl.expired {
 		s.rcond.Wait()
+	}
+	if s.rdl.expired {
+		s.rmu.Unlock()
+		return 0, &timeoutError{op: "read", stream: s.id}
 	}
 	if s.rlen == 0 {
 		err := s.rerr
@@ -177,8 +182,12 @@ func (s *Stream) WriteTo(w io.Writer) (int64, error) {
 	var total int64
 	for {
 		s.rmu.Lock()
-		for s.rlen == 0 && !s.rEOF && s.rerr == nil {
+		for s.rlen == 0 && !s.rEOF && s.rerr == nil && !s.rdl.expired {
 			s.rcond.Wait()
+		}
+		if s.rdl.expired {
+			s.rmu.Unlock()
+			return total, &timeoutError{op: "read", stream: s.id}
 		}
 		if s.rlen == 0 {
 			err := s.rerr
@@ -226,12 +235,16 @@ func (s *Stream) Write(p []byte) (int, error) {
 	c := s.c
 	for len(p) > 0 {
 		c.mu.Lock()
-		for (s.sendWindow <= 0 || c.sendWindow <= 0) && s.werr == nil && c.err == nil {
+		for (s.sendWindow <= 0 || c.sendWindow <= 0) && s.werr == nil && c.err == nil && !s.wdl.expired {
 			c.cond.Wait()
 		}
 		if err := firstErr(s.werr, c.err); err != nil {
 			c.mu.Unlock()
 			return written, err
+		}
+		if s.wdl.expired {
+			c.mu.Unlock()
+			return written, &timeoutError{op: "write", stream: s.id}
 		}
 		n := int64(len(p))
 		n = min(n, int64(c.peerMaxFrame), s.sendWindow, c.sendWindow)
@@ -328,7 +341,11 @@ func (s *Stream) Close() error {
 		ch.release()
 	}
 	s.rq, s.rlen = nil, 0
+	s.rdl.stop()
 	s.rmu.Unlock()
+	s.c.mu.Lock()
+	s.wdl.stop()
+	s.c.mu.Unlock()
 	if pending > 0 {
 		s.c.consumed(pending)
 	}
@@ -340,12 +357,6 @@ func (s *Stream) Close() error {
 	s.abort(ErrConnClosed)
 	return err
 }
-
-// SetDeadline and friends let a Stream stand in for a net.Conn; HBONE
-// streams are bounded by their connection, not by deadlines.
-func (s *Stream) SetDeadline(time.Time) error      { return nil }
-func (s *Stream) SetReadDeadline(time.Time) error  { return nil }
-func (s *Stream) SetWriteDeadline(time.Time) error { return nil }
 
 // Respond answers a CONNECT (server side): 200 opens the tunnel, any
 // other status ends the stream.
