@@ -133,6 +133,13 @@ func (p *rawPeer) headers(id uint32) error {
 	return p.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: p.hbuf.Bytes(), EndHeaders: true})
 }
 
+// respond answers stream id with status (a server).
+func (p *rawPeer) respond(id uint32, status string) error {
+	p.hbuf.Reset()
+	_ = p.henc.WriteField(hpack.HeaderField{Name: ":status", Value: status})
+	return p.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: p.hbuf.Bytes(), EndHeaders: true})
+}
+
 // count is how many received frames match f.
 func (p *rawPeer) count(f func(seen) bool) int {
 	p.mu.Lock()
@@ -171,16 +178,6 @@ func (p *rawPeer) sync() {
 	before := p.count(isPingAck)
 	p.check(p.fr.WritePing(false, [8]byte{1}))
 	eventually.True(p.t, "PING answered", func() bool { return p.count(isPingAck) > before })
-}
-
-// closed waits until the server has closed the connection.
-func (p *rawPeer) closed() {
-	p.t.Helper()
-	eventually.True(p.t, "connection closed", func() bool {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return p.ended
-	})
 }
 
 func isPingAck(s seen) bool { return s.typ == http2.FramePing && s.ack }
@@ -554,4 +551,120 @@ func TestOversizedHeaderBlocks(t *testing.T) {
 			settle(t, base)
 		})
 	}
+}
+
+// hostileServer returns a client stream (ID 1) to a raw server, and the
+// server.
+func hostileServer(t *testing.T, lim Limits) (*ClientConn, *Stream, *rawPeer) {
+	t.Helper()
+	cc, p := rawServer(t, lim)
+	sc := make(chan *Stream, 1)
+	go func() {
+		s, err := cc.Connect(t.Context(), "10.0.0.1:80", nil)
+		if err != nil {
+			t.Error(err)
+		}
+		sc <- s
+	}()
+	p.waitFor("CONNECT", func(s seen) bool { return s.typ == http2.FrameHeaders && s.stream == 1 })
+	p.check(p.respond(1, "200"))
+	s := <-sc
+	if s == nil {
+		t.FailNow()
+	}
+	return cc, s, p
+}
+
+// TestHostileServer: the client's connection is held to the same limits
+// as the server's.
+func TestHostileServer(t *testing.T) {
+	t.Run("tiny DATA frames", func(t *testing.T) {
+		_, _, p := hostileServer(t, Limits{})
+		before := heapInUse()
+		for range 20000 {
+			p.check(p.fr.WriteData(1, false, []byte{0}))
+		}
+		p.sync()
+		if grew := int64(heapInUse()) - int64(before); grew > 2<<20 {
+			t.Errorf("20,000 1-byte DATA frames grew the client's heap by %d bytes", grew)
+		}
+	})
+	for _, tt := range []struct {
+		name   string
+		lim    Limits
+		attack func(p *rawPeer) error
+		want   error
+		code   http2.ErrCode
+	}{
+		{"PING flood", Limits{}, func(p *rawPeer) error {
+			for range 10000 {
+				if err := p.fr.WritePing(false, [8]byte{}); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, ErrFlood, http2.ErrCodeEnhanceYourCalm},
+		{"RST_STREAM for streams never opened", Limits{}, func(p *rawPeer) error {
+			return p.fr.WriteRSTStream(99, http2.ErrCodeCancel)
+		}, ErrProtocol, http2.ErrCodeProtocol},
+		{"oversized response headers", Limits{}, func(p *rawPeer) error {
+			p.hbuf.Reset()
+			_ = p.henc.WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
+			_ = p.henc.WriteField(hpack.HeaderField{Name: "x-pad", Value: string(make([]byte, MaxHeaderList)), Sensitive: true})
+			return p.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: p.hbuf.Bytes(), EndHeaders: true})
+		}, ErrProtocol, http2.ErrCodeProtocol},
+		{"empty DATA", Limits{}, func(p *rawPeer) error {
+			for range 10000 {
+				if err := p.fr.WriteData(1, false, nil); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, ErrFlood, http2.ErrCodeEnhanceYourCalm},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cc, s, p := hostileServer(t, tt.lim)
+			go func() { _ = tt.attack(p) }()
+			select {
+			case <-cc.Done():
+			case <-time.After(eventually.DefaultTimeout):
+				t.Fatal("the client's connection did not end")
+			}
+			if _, err := s.Read(make([]byte, 1)); !errors.Is(err, tt.want) {
+				t.Errorf("stream read = %v, want %v", err, tt.want)
+			}
+			got := p.waitFor("GOAWAY", func(s seen) bool { return s.typ == http2.FrameGoAway })
+			if got.code != tt.code {
+				t.Errorf("GOAWAY %v, want %v", got.code, tt.code)
+			}
+		})
+	}
+	t.Run("PING flood, never reading", func(t *testing.T) {
+		a, b := net.Pipe()
+		p := newRawPeer(t, b)
+		go func() {
+			// The client's preface and SETTINGS, then nothing.
+			_, _ = io.ReadFull(b, make([]byte, len(http2.ClientPreface)))
+			for f, err := p.fr.ReadFrame(); err == nil && f.Header().Type != http2.FrameWindowUpdate; f, err = p.fr.ReadFrame() {
+			}
+			_ = p.fr.WriteSettings()
+			for range 1_000_000 {
+				if p.fr.WritePing(false, [8]byte{}) != nil {
+					return
+				}
+			}
+		}()
+		cc, err := NewClientConnWith(a, Limits{MaxControlQueue: 100, Pings: Rate{Burst: 1 << 30, PerSecond: 1 << 30}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-cc.Done():
+		case <-time.After(eventually.DefaultTimeout):
+			t.Fatal("the client's connection did not end")
+		}
+		if _, err := cc.Connect(t.Context(), "10.0.0.1:80", nil); !errors.Is(err, ErrFlood) {
+			t.Errorf("Connect = %v, want ErrFlood", err)
+		}
+	})
 }

@@ -142,12 +142,13 @@ func (c *conn) writeFrames(f func() error) error {
 	c.wmu.Unlock()
 	if err != nil {
 		c.fail(fmt.Errorf("hbone write: %w", err))
-		return err
 	}
 	if r.error != nil {
+		// Why the caller was refused (the connection's error, say)
+		// tells it more than a flush failing for the same reason.
 		return r.error
 	}
-	return nil
+	return err
 }
 
 // extendWriteDeadline keeps the socket's write deadline at least half of

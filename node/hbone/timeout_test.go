@@ -3,6 +3,7 @@ package hbone
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"testing"
@@ -49,7 +50,12 @@ func TestServerHandshakeTimeout(t *testing.T) {
 func TestClientHandshakeTimeout(t *testing.T) {
 	a, b := net.Pipe()
 	p := newRawPeer(t, b)
-	p.read() // the client's preface and SETTINGS; no SETTINGS back
+	go func() {
+		// The client's preface and SETTINGS; no SETTINGS back.
+		if _, err := io.ReadFull(b, make([]byte, len(http2.ClientPreface))); err == nil {
+			p.read()
+		}
+	}()
 	cc, err := NewClientConnWith(a, Limits{HandshakeTimeout: short})
 	if err != nil {
 		t.Fatal(err)
@@ -86,24 +92,28 @@ func TestIdleTimeout(t *testing.T) {
 	})
 }
 
-// rawServer answers a client's handshake and then nothing: for clients
-// waiting on a server.
-func rawServer(t *testing.T, lim Limits) *ClientConn {
+// rawServer answers a client's handshake with SETTINGS and then does
+// what the test says: for clients facing a hostile server.
+func rawServer(t *testing.T, lim Limits) (*ClientConn, *rawPeer) {
 	t.Helper()
 	a, b := net.Pipe()
 	p := newRawPeer(t, b)
-	p.read()
+	go func() {
+		if _, err := io.ReadFull(b, make([]byte, len(http2.ClientPreface))); err == nil {
+			p.read()
+		}
+	}()
 	cc, err := NewClientConnWith(a, lim)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cc.Close() })
 	p.check(p.fr.WriteSettings())
-	return cc
+	return cc, p
 }
 
 func TestConnectTimeout(t *testing.T) {
-	cc := rawServer(t, Limits{ConnectTimeout: short})
+	cc, _ := rawServer(t, Limits{ConnectTimeout: short})
 	errc := make(chan error, 1)
 	go func() {
 		_, err := cc.Connect(context.Background(), "10.0.0.1:80", nil)
