@@ -257,9 +257,6 @@ func (c *conn) closeGoAway(err error, last uint32) {
 func (c *conn) readLoop() {
 	for {
 		f, err := c.fr.ReadFrame()
-		if err == nil && !c.started {
-			err = c.start(f)
-		}
 		if err != nil {
 			var se http2.StreamError
 			var ce http2.ConnectionError
@@ -271,8 +268,6 @@ func (c *conn) readLoop() {
 			case errors.Is(err, io.EOF):
 				c.fail(ErrConnClosed)
 				return
-			case errors.Is(err, ErrProtocol):
-				// From start.
 			case !c.started && isTimeout(err):
 				c.fail(fmt.Errorf("%w: %w", ErrHandshakeTimeout, err))
 				return
@@ -315,6 +310,11 @@ func (c *conn) lastPeer() uint32 {
 }
 
 func (c *conn) handle(f http2.Frame) error {
+	if !c.started {
+		if err := c.start(f); err != nil {
+			return err
+		}
+	}
 	switch f := f.(type) {
 	case *http2.SettingsFrame:
 		if f.IsAck() {
