@@ -333,6 +333,13 @@ func TestFloodsAreCut(t *testing.T) {
 	}
 }
 
+// running is the number of handlers running.
+func (sc *ServerConn) running() int {
+	sc.c.mu.Lock()
+	defer sc.c.mu.Unlock()
+	return sc.c.handlers
+}
+
 // settle waits until the goroutines started since base have ended.
 func settle(t *testing.T, base int) {
 	t.Helper()

@@ -89,10 +89,3 @@ func (sc *ServerConn) Streams() int {
 	defer sc.c.mu.Unlock()
 	return len(sc.c.streams)
 }
-
-// running is the number of handlers running (tests).
-func (sc *ServerConn) running() int {
-	sc.c.mu.Lock()
-	defer sc.c.mu.Unlock()
-	return sc.c.handlers
-}
