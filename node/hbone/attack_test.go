@@ -203,6 +203,13 @@ func block(t *testing.T) func(*Stream) {
 	}
 }
 
+// drain is a handler that answers 200 and reads its stream until it
+// ends.
+func drain(s *Stream) {
+	_ = s.Respond(200, nil)
+	_, _ = io.Copy(io.Discard, s)
+}
+
 // TestTinyDataFramesHoldWhatTheyCarry: DATA frames on a stream nobody
 // reads cost the server about the bytes they carry, not a buffer each.
 func TestTinyDataFramesHoldWhatTheyCarry(t *testing.T) {
@@ -264,9 +271,10 @@ func ended(t *testing.T, done <-chan error) error {
 // reads queue at most MaxControlQueue answers, then the connection ends
 // with ENHANCE_YOUR_CALM; the read loop never blocks on the peer.
 func TestControlFramesForAPeerThatDoesNotRead(t *testing.T) {
+	base := runtime.NumGoroutine()
 	a, b := net.Pipe()
 	// PINGs at any rate: the queue is what must stop them.
-	_, done := ServeWith(b, Limits{MaxControlQueue: 100, Pings: Rate{Burst: 1 << 30, PerSecond: 1 << 30}}, block(t))
+	_, done := ServeWith(b, Limits{MaxControlQueue: 100, Pings: Rate{Burst: 1 << 30, PerSecond: 1 << 30}}, drain)
 	p := newRawPeer(t, a)
 	p.write([]byte(http2.ClientPreface))
 	p.readHandshake()
@@ -281,6 +289,8 @@ func TestControlFramesForAPeerThatDoesNotRead(t *testing.T) {
 	if err := ended(t, done); !errors.Is(err, ErrEnhanceYourCalm) {
 		t.Errorf("connection ended with %v, want ErrEnhanceYourCalm", err)
 	}
+	a.Close()
+	settle(t, base)
 }
 
 // TestFloodsAreCut: control frames past their Limits end the connection
@@ -319,9 +329,10 @@ func TestFloodsAreCut(t *testing.T) {
 		}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			base := runtime.NumGoroutine()
 			// A queue long enough for the whole attack: the rate is
 			// what must stop it.
-			p, done := attackServerWith(t, Limits{MaxControlQueue: 1 << 20}, block(t))
+			p, done := attackServerWith(t, Limits{MaxControlQueue: 1 << 20}, drain)
 			go func() { _ = tt.attack(p) }()
 			if err := ended(t, done); !errors.Is(err, ErrFlood) {
 				t.Errorf("connection ended with %v, want ErrFlood", err)
@@ -329,6 +340,8 @@ func TestFloodsAreCut(t *testing.T) {
 			p.waitFor("GOAWAY ENHANCE_YOUR_CALM", func(s seen) bool {
 				return s.typ == http2.FrameGoAway && s.code == http2.ErrCodeEnhanceYourCalm
 			})
+			p.nc.Close()
+			settle(t, base)
 		})
 	}
 }
@@ -455,7 +468,8 @@ func TestBrokenSettingsAndWindowsEndTheConnection(t *testing.T) {
 		}, http2.ErrCodeFlowControl},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			p, done := attackServer(t, block(t))
+			base := runtime.NumGoroutine()
+			p, done := attackServer(t, drain)
 			p.check(tt.attack(p))
 			err := ended(t, done)
 			if !errors.Is(err, ErrProtocol) && !errors.Is(err, errFlowControl) {
@@ -465,6 +479,8 @@ func TestBrokenSettingsAndWindowsEndTheConnection(t *testing.T) {
 			if got.code != tt.code {
 				t.Errorf("GOAWAY %v, want %v", got.code, tt.code)
 			}
+			p.nc.Close()
+			settle(t, base)
 		})
 	}
 }

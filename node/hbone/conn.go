@@ -134,10 +134,7 @@ func (c *conn) writeFrames(f func() error) error {
 		err = nil
 	}
 	if c.writers.Add(-1) == 0 && err == nil {
-		err = c.bw.Flush()
-		if f, ok := c.nc.(flusher); ok && err == nil {
-			err = f.Flush()
-		}
+		err = c.flushLocked()
 	}
 	c.wmu.Unlock()
 	if err != nil {
@@ -149,6 +146,17 @@ func (c *conn) writeFrames(f func() error) error {
 		return r.error
 	}
 	return err
+}
+
+// flushLocked pushes buffered frames to the socket; callers hold wmu.
+func (c *conn) flushLocked() error {
+	if err := c.bw.Flush(); err != nil {
+		return err
+	}
+	if f, ok := c.nc.(flusher); ok {
+		return f.Flush()
+	}
+	return nil
 }
 
 // extendWriteDeadline keeps the socket's write deadline at least half of
@@ -248,7 +256,13 @@ func (c *conn) closeGoAway(err error, last uint32) {
 	c.closing.Store(true)
 	_ = c.nc.SetWriteDeadline(time.Now().Add(goAwayTimeout))
 	code := goAwayCode(err)
-	_ = c.writeFrames(func() error { return c.fr.WriteGoAway(last, code, []byte(err.Error())) })
+	_ = c.writeFrames(func() error {
+		if err := c.fr.WriteGoAway(last, code, []byte(err.Error())); err != nil {
+			return err
+		}
+		// Now, not by a writer waiting behind us: the socket closes next.
+		return c.flushLocked()
+	})
 	c.closeConn()
 }
 
