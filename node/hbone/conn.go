@@ -255,15 +255,19 @@ func (c *conn) closeGoAway(err error, last uint32) {
 	c.dropControl()
 	c.closing.Store(true)
 	_ = c.nc.SetWriteDeadline(time.Now().Add(goAwayTimeout))
-	code := goAwayCode(err)
-	_ = c.writeFrames(func() error {
-		if err := c.fr.WriteGoAway(last, code, []byte(err.Error())); err != nil {
+	_ = c.writeGoAway(last, goAwayCode(err), []byte(err.Error()))
+	c.closeConn()
+}
+
+// writeGoAway writes a GOAWAY and flushes it now, not when a writer
+// waiting behind it is done: the socket may close next.
+func (c *conn) writeGoAway(last uint32, code http2.ErrCode, debug []byte) error {
+	return c.writeFrames(func() error {
+		if err := c.fr.WriteGoAway(last, code, debug); err != nil {
 			return err
 		}
-		// Now, not by a writer waiting behind us: the socket closes next.
 		return c.flushLocked()
 	})
-	c.closeConn()
 }
 
 // readLoop reads frames until the connection ends. It never writes to

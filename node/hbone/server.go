@@ -69,7 +69,7 @@ func (sc *ServerConn) Shutdown(grace time.Duration) {
 	c.mu.Lock()
 	c.goAway = true
 	c.mu.Unlock()
-	_ = c.writeFrames(func() error { return c.fr.WriteGoAway(c.lastPeer(), http2.ErrCodeNo, nil) })
+	_ = c.writeGoAway(c.lastPeer(), http2.ErrCodeNo, nil)
 	deadline := time.Now().Add(grace)
 	for time.Now().Before(deadline) {
 		c.mu.Lock()
