@@ -11,7 +11,9 @@ import (
 // caller sets only what it changes.
 type Limits struct {
 	// MaxStreams is how many streams the peer may have open at once
-	// (advertised as SETTINGS_MAX_CONCURRENT_STREAMS).
+	// (advertised as SETTINGS_MAX_CONCURRENT_STREAMS) and, on the
+	// server, how many handlers may run at once: a handler holds its
+	// slot until it returns, even when its stream was reset.
 	MaxStreams int
 	// MaxControlQueue is how many control frames (PING and SETTINGS
 	// acknowledgements, RST_STREAM, WINDOW_UPDATE) may wait to be
@@ -29,15 +31,17 @@ type Limits struct {
 	// reset attack, CVE-2023-44487).
 	Resets Rate
 	// MaxEmptyFrames is how many frames without payload (DATA without
-	// END_STREAM) the peer may send in a row: they cost it nothing,
-	// neither window nor progress.
+	// END_STREAM, HEADERS or CONTINUATION without a header fragment) the
+	// peer may send in a row: they cost it nothing, neither window nor
+	// progress. A frame with payload starts the count again.
 	MaxEmptyFrames int
 
 	// HandshakeTimeout bounds the wait for the peer's first SETTINGS
 	// frame and, on the server, the client preface before it.
 	HandshakeTimeout time.Duration
 	// IdleTimeout ends a connection (GOAWAY NO_ERROR) that has had no
-	// stream for this long. A negative value disables it.
+	// stream (nor, on the server, running handler) for this long. A
+	// negative value disables it.
 	IdleTimeout time.Duration
 	// ConnectTimeout bounds Connect's wait for the answer to a CONNECT,
 	// whatever the deadline of the caller's context.
