@@ -15,7 +15,16 @@ type ClientConn struct{ c *conn }
 // NewClientConn starts HTTP/2 on nc, an established mTLS connection
 // (ALPN h2).
 func NewClientConn(nc net.Conn) (*ClientConn, error) {
-	c := newConn(nc, true)
+	return NewClientConnWith(nc, DefaultLimits())
+}
+
+// NewClientConnWith is NewClientConn with limits other than
+// DefaultLimits.
+func NewClientConnWith(nc net.Conn, lim Limits) (*ClientConn, error) {
+	c := newConn(nc, true, lim)
+	// The server's SETTINGS (the read loop checks for them) have
+	// HandshakeTimeout.
+	_ = nc.SetReadDeadline(time.Now().Add(c.lim.HandshakeTimeout))
 	if err := c.handshake(); err != nil {
 		nc.Close()
 		return nil, err
@@ -26,9 +35,12 @@ func NewClientConn(nc net.Conn) (*ClientConn, error) {
 
 // Connect opens a tunnel to authority ("<ip>:<port>") with the extra headers
 // (wire contract §5.3: baggage, forwarded, traceparent) and waits for the
-// answer: a *StatusError for anything but 200.
+// answer: a *StatusError for anything but 200. The wait ends with ctx
+// or after Limits.ConnectTimeout, whichever comes first.
 func (cc *ClientConn) Connect(ctx context.Context, authority string, header [][2]string) (*Stream, error) {
 	c := cc.c
+	ctx, cancel := context.WithTimeout(ctx, c.lim.ConnectTimeout)
+	defer cancel()
 	fields := append([][2]string{{":method", "CONNECT"}, {":authority", authority}}, header...)
 	var s *Stream
 	// Stream IDs must reach the peer in increasing order: allocate the ID

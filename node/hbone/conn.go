@@ -22,17 +22,10 @@ const (
 	ConnWindow    = 16 << 20
 	MaxFrame      = 1 << 20
 	MaxHeaderList = 16 << 10
-	// MaxStreams is how many streams a peer may open at once.
+	// MaxStreams is the default of Limits.MaxStreams.
 	MaxStreams = 1000
 	// defaultWindow is HTTP/2's initial window before SETTINGS.
 	defaultWindow = 65535
-)
-
-// Errors of a stream.
-var (
-	ErrReset      = errors.New("hbone: stream reset by peer")
-	ErrConnClosed = errors.New("hbone: connection closed")
-	ErrGoAway     = errors.New("hbone: connection going away")
 )
 
 // conn is one HTTP/2 connection, either side.
@@ -41,6 +34,7 @@ type conn struct {
 	fr       *http2.Framer
 	bw       *bufio.Writer
 	isClient bool
+	lim      Limits
 
 	// wmu serializes frame writes; writers counts those waiting, so the
 	// last one flushes.
@@ -48,6 +42,20 @@ type conn struct {
 	writers atomic.Int32
 	henc    *hpack.Encoder
 	hbuf    bytes.Buffer
+	// ctrlSpare is the control queue's other buffer (control.go).
+	ctrlSpare []ctrlFrame
+	// writeDeadline is the socket's write deadline (extendWriteDeadline);
+	// closing stops its updates while the last GOAWAY is written.
+	writeDeadline time.Time
+	closing       atomic.Bool
+
+	// The control queue (control.go). ctrlPending is set while ctrl is
+	// not empty, for writers to check without the lock.
+	cmu            sync.Mutex
+	ctrl           []ctrlFrame
+	ctrlConnUpdate int // index of the queued connection WINDOW_UPDATE, or -1
+	ctrlFlushing   bool
+	ctrlPending    atomic.Bool
 
 	mu      sync.Mutex
 	cond    *sync.Cond // send windows opened, streams changed, closed
@@ -67,19 +75,36 @@ type conn struct {
 	idleSince      time.Time
 	onStream       func(*Stream) // server: a new CONNECT
 	done           chan struct{}
+	closeOnce      sync.Once
+
+	// handlers is the number of handlers running (server); with the
+	// streams, it counts against Limits.MaxStreams.
+	handlers int
+
+	hr *headerReader // owned by the read loop
+	// started is set by the peer's first SETTINGS frame (read loop).
+	started bool
+	// idleTimer runs checkIdle (idle.go); guarded by mu.
+	idleTimer *time.Timer
+	// idleChecks counts the idle timer's runs (tests).
+	idleChecks atomic.Int32
+
+	// Owned by the read loop: what the peer has spent of its Limits.
+	pings, settings, resets bucket
+	emptyFrames             int // frames without payload in a row
 }
 
-func newConn(nc net.Conn, isClient bool) *conn {
+func newConn(nc net.Conn, isClient bool, lim Limits) *conn {
 	c := &conn{
-		nc: nc, isClient: isClient, bw: bufio.NewWriterSize(nc, 64<<10),
+		nc: nc, isClient: isClient, lim: lim.withDefaults(), bw: bufio.NewWriterSize(nc, 64<<10),
 		streams: map[uint32]*Stream{}, peerMaxFrame: 16384, peerInitialWindow: defaultWindow,
 		sendWindow: defaultWindow, recvWindow: ConnWindow, idleSince: time.Now(), done: make(chan struct{}),
+		ctrlConnUpdate: -1,
 	}
 	c.cond = sync.NewCond(&c.mu)
 	c.fr = http2.NewFramer(c.bw, bufio.NewReaderSize(nc, 64<<10))
 	c.fr.SetMaxReadFrameSize(MaxFrame)
-	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	c.fr.MaxHeaderListSize = MaxHeaderList
+	c.hr = newHeaderReader()
 	c.henc = hpack.NewEncoder(&c.hbuf)
 	if isClient {
 		c.nextID = 1
@@ -93,31 +118,62 @@ type refused struct{ error }
 
 func (r refused) Unwrap() error { return r.error }
 
-// writeFrames runs f under the write lock and flushes when no other
-// writer is waiting. A write error ends the connection.
+// writeFrames runs f under the write lock, after the queued control
+// frames, and flushes when no other writer is waiting. A write error
+// ends the connection.
 func (c *conn) writeFrames(f func() error) error {
 	c.writers.Add(1)
 	c.wmu.Lock()
-	err := f()
+	c.extendWriteDeadline()
+	err := c.writeControlLocked()
+	if err == nil {
+		err = f()
+	}
 	var r refused
 	if errors.As(err, &r) {
 		err = nil
 	}
 	if c.writers.Add(-1) == 0 && err == nil {
-		err = c.bw.Flush()
-		if f, ok := c.nc.(flusher); ok && err == nil {
-			err = f.Flush()
-		}
+		err = c.flushLocked()
 	}
 	c.wmu.Unlock()
 	if err != nil {
 		c.fail(fmt.Errorf("hbone write: %w", err))
-		return err
 	}
 	if r.error != nil {
+		// Why the caller was refused (the connection's error, say)
+		// tells it more than a flush failing for the same reason.
 		return r.error
 	}
+	return err
+}
+
+// flushLocked pushes buffered frames to the socket; callers hold wmu.
+func (c *conn) flushLocked() error {
+	if err := c.bw.Flush(); err != nil {
+		return err
+	}
+	if f, ok := c.nc.(flusher); ok {
+		return f.Flush()
+	}
 	return nil
+}
+
+// extendWriteDeadline keeps the socket's write deadline at least half of
+// WriteTimeout ahead of a write starting, so that a write making no
+// progress for WriteTimeout fails (and ends the connection). It moves
+// the deadline only once half of it has passed, not on every write.
+// Callers hold wmu.
+func (c *conn) extendWriteDeadline() {
+	if c.lim.WriteTimeout < 0 || c.closing.Load() {
+		return
+	}
+	now := time.Now()
+	if c.writeDeadline.Sub(now) > c.lim.WriteTimeout/2 {
+		return
+	}
+	c.writeDeadline = now.Add(c.lim.WriteTimeout)
+	_ = c.nc.SetWriteDeadline(c.writeDeadline)
 }
 
 // handshake sends our preface (client) and settings, and the extra
@@ -132,7 +188,7 @@ func (c *conn) handshake() error {
 		settings := []http2.Setting{
 			{ID: http2.SettingInitialWindowSize, Val: StreamWindow},
 			{ID: http2.SettingMaxFrameSize, Val: MaxFrame},
-			{ID: http2.SettingMaxConcurrentStreams, Val: MaxStreams},
+			{ID: http2.SettingMaxConcurrentStreams, Val: uint32(c.lim.MaxStreams)},
 			{ID: http2.SettingMaxHeaderListSize, Val: MaxHeaderList},
 		}
 		if c.isClient {
@@ -147,10 +203,18 @@ func (c *conn) handshake() error {
 
 // fail closes the connection and every stream with err.
 func (c *conn) fail(err error) {
+	if c.setErr(err) {
+		c.closeConn()
+	}
+}
+
+// setErr records why the connection ends and fails its streams; it
+// reports whether err is the first such error.
+func (c *conn) setErr(err error) bool {
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()
-		return
+		return false
 	}
 	c.err = err
 	streams := c.streams
@@ -160,33 +224,101 @@ func (c *conn) fail(err error) {
 	for _, s := range streams {
 		s.abort(err)
 	}
-	c.nc.Close()
-	close(c.done)
+	return true
 }
 
-// readLoop reads frames until the connection ends.
+// closeConn closes the socket, once.
+func (c *conn) closeConn() {
+	c.closeOnce.Do(func() {
+		c.nc.Close()
+		c.stopIdle()
+		close(c.done)
+	})
+}
+
+// goAwayTimeout bounds the write of a closing GOAWAY: a peer that does
+// not read is not told why.
+const goAwayTimeout = time.Second
+
+// closeWith ends the connection for err after telling the peer why
+// (GOAWAY with goAwayCode(err)).
+func (c *conn) closeWith(err error) {
+	c.closeGoAway(err, c.lastPeer())
+}
+
+// closeGoAway is closeWith with the last stream the GOAWAY reports as
+// processed.
+func (c *conn) closeGoAway(err error, last uint32) {
+	if !c.setErr(err) {
+		return
+	}
+	c.dropControl()
+	c.closing.Store(true)
+	_ = c.nc.SetWriteDeadline(time.Now().Add(goAwayTimeout))
+	_ = c.writeGoAway(last, goAwayCode(err), []byte(err.Error()))
+	c.closeConn()
+}
+
+// writeGoAway writes a GOAWAY and flushes it now, not when a writer
+// waiting behind it is done: the socket may close next.
+func (c *conn) writeGoAway(last uint32, code http2.ErrCode, debug []byte) error {
+	return c.writeFrames(func() error {
+		if err := c.fr.WriteGoAway(last, code, debug); err != nil {
+			return err
+		}
+		return c.flushLocked()
+	})
+}
+
+// readLoop reads frames until the connection ends. It never writes to
+// the socket (control.go).
 func (c *conn) readLoop() {
 	for {
 		f, err := c.fr.ReadFrame()
 		if err != nil {
 			var se http2.StreamError
-			if errors.As(err, &se) {
-				_ = c.writeFrames(func() error { return c.fr.WriteRSTStream(se.StreamID, se.Code) })
-				c.removeStream(se.StreamID, ErrReset)
-				continue
+			var ce http2.ConnectionError
+			switch {
+			case errors.As(err, &se):
+				err = c.resetStream(se.StreamID, se.Code)
+			case errors.As(err, &ce):
+				err = fmt.Errorf("%w: %w", ErrProtocol, err)
+			case errors.Is(err, io.EOF):
+				c.fail(ErrConnClosed)
+				return
+			case !c.started && isTimeout(err):
+				c.fail(fmt.Errorf("%w: %w", ErrHandshakeTimeout, err))
+				return
+			default:
+				c.fail(fmt.Errorf("hbone read: %w", err))
+				return
 			}
-			if errors.Is(err, io.EOF) {
-				err = ErrConnClosed
-			}
-			c.fail(err)
-			return
+		} else {
+			err = c.handle(f)
 		}
-		if err := c.handle(f); err != nil {
-			_ = c.writeFrames(func() error { return c.fr.WriteGoAway(c.lastPeer(), http2.ErrCodeProtocol, []byte(err.Error())) })
-			c.fail(err)
+		if err != nil {
+			c.closeWith(err)
 			return
 		}
 	}
+}
+
+// start checks the peer's first frame, which must be SETTINGS (RFC 9113
+// §3.4), and ends the handshake.
+func (c *conn) start(f http2.Frame) error {
+	if sf, ok := f.(*http2.SettingsFrame); !ok || sf.IsAck() {
+		return fmt.Errorf("%w: first frame %v, want SETTINGS", ErrProtocol, f.Header().Type)
+	}
+	c.started = true
+	_ = c.nc.SetReadDeadline(time.Time{})
+	c.startIdle()
+	return nil
+}
+
+// isTimeout reports whether err is a deadline passing.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 func (c *conn) lastPeer() uint32 {
@@ -196,34 +328,60 @@ func (c *conn) lastPeer() uint32 {
 }
 
 func (c *conn) handle(f http2.Frame) error {
+	if !c.started {
+		if err := c.start(f); err != nil {
+			return err
+		}
+	}
 	switch f := f.(type) {
 	case *http2.SettingsFrame:
 		if f.IsAck() {
 			return nil
 		}
+		if !c.settings.take(c.lim.Settings, time.Now()) {
+			return fmt.Errorf("%w: SETTINGS faster than %v", ErrFlood, c.lim.Settings)
+		}
 		if err := c.applySettings(f); err != nil {
 			return err
 		}
-		return c.writeFrames(c.fr.WriteSettingsAck)
+		return c.queueControl(ctrlFrame{kind: ctrlSettingsAck})
 	case *http2.PingFrame:
 		if f.IsAck() {
 			return nil
 		}
-		return c.writeFrames(func() error { return c.fr.WritePing(true, f.Data) })
-	case *http2.WindowUpdateFrame:
-		c.mu.Lock()
-		if f.StreamID == 0 {
-			c.sendWindow += int64(f.Increment)
-		} else if s := c.streams[f.StreamID]; s != nil {
-			s.sendWindow += int64(f.Increment)
+		if !c.pings.take(c.lim.Pings, time.Now()) {
+			return fmt.Errorf("%w: PING faster than %v", ErrFlood, c.lim.Pings)
 		}
-		c.cond.Broadcast()
-		c.mu.Unlock()
+		return c.queueControl(ctrlFrame{kind: ctrlPingAck, ping: f.Data})
+	case *http2.WindowUpdateFrame:
+		return c.onWindowUpdate(f)
 	case *http2.DataFrame:
 		return c.onData(f)
-	case *http2.MetaHeadersFrame:
-		return c.onHeaders(f)
+	case *http2.HeadersFrame:
+		if err := c.countEmpty(len(f.HeaderBlockFragment()) == 0 && !f.StreamEnded()); err != nil {
+			return err
+		}
+		b, err := c.hr.headers(f)
+		if b == nil || err != nil {
+			return err
+		}
+		return c.onHeaders(b)
+	case *http2.ContinuationFrame:
+		if err := c.countEmpty(len(f.HeaderBlockFragment()) == 0); err != nil {
+			return err
+		}
+		b, err := c.hr.continuation(f)
+		if b == nil || err != nil {
+			return err
+		}
+		return c.onHeaders(b)
 	case *http2.RSTStreamFrame:
+		if c.idleStream(f.StreamID) {
+			return fmt.Errorf("%w: RST_STREAM for stream %d, never opened", ErrProtocol, f.StreamID)
+		}
+		if err := c.countReset(); err != nil {
+			return err
+		}
 		c.removeStream(f.StreamID, ErrReset)
 	case *http2.GoAwayFrame:
 		c.mu.Lock()
@@ -241,34 +399,88 @@ func (c *conn) handle(f http2.Frame) error {
 			s.abort(ErrGoAway)
 		}
 	case *http2.PushPromiseFrame:
-		return errors.New("push promise received; push is disabled")
+		return fmt.Errorf("%w: PUSH_PROMISE received; push is disabled", ErrProtocol)
 	}
 	return nil
 }
 
+// maxWindow is the largest flow-control window (RFC 9113 §6.9.1).
+const maxWindow = 1<<31 - 1
+
+// maxSettingsPerFrame bounds the parameters of one SETTINGS frame; HTTP/2
+// defines seven, so more is an attack: each could touch every stream.
+const maxSettingsPerFrame = 100
+
 func (c *conn) applySettings(f *http2.SettingsFrame) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return f.ForeachSetting(func(s http2.Setting) error {
+	if n := f.NumSettings(); n > maxSettingsPerFrame {
+		return fmt.Errorf("%w: SETTINGS with %d parameters, more than %d", ErrProtocol, n, maxSettingsPerFrame)
+	}
+	// A repeated parameter takes its last value (RFC 9113 §6.5.3): apply
+	// each once.
+	var maxFrame, window uint32
+	var setMaxFrame, setWindow bool
+	err := f.ForeachSetting(func(s http2.Setting) error {
 		if err := s.Valid(); err != nil {
-			return err
+			return fmt.Errorf("%w: %w", ErrProtocol, err)
 		}
 		switch s.ID {
 		case http2.SettingMaxFrameSize:
-			c.peerMaxFrame = s.Val
+			maxFrame, setMaxFrame = s.Val, true
 		case http2.SettingInitialWindowSize:
-			delta := int64(s.Val) - int64(c.peerInitialWindow)
-			c.peerInitialWindow = int32(s.Val)
-			for _, st := range c.streams {
-				st.sendWindow += delta
-			}
-			c.cond.Broadcast()
+			window, setWindow = s.Val, true
 		}
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if setMaxFrame {
+		c.peerMaxFrame = maxFrame
+	}
+	if setWindow {
+		delta := int64(window) - int64(c.peerInitialWindow)
+		c.peerInitialWindow = int32(window)
+		for id, st := range c.streams {
+			if st.sendWindow+delta > maxWindow {
+				return fmt.Errorf("%w: SETTINGS_INITIAL_WINDOW_SIZE takes stream %d past %d", errFlowControl, id, maxWindow)
+			}
+			st.sendWindow += delta
+		}
+		c.cond.Broadcast()
+	}
+	return nil
+}
+
+func (c *conn) onWindowUpdate(f *http2.WindowUpdateFrame) error {
+	inc := int64(f.Increment)
+	over := false
+	c.mu.Lock()
+	if f.StreamID == 0 {
+		if over = c.sendWindow+inc > maxWindow; !over {
+			c.sendWindow += inc
+		}
+	} else if s := c.streams[f.StreamID]; s != nil {
+		if over = s.sendWindow+inc > maxWindow; !over {
+			s.sendWindow += inc
+		}
+	}
+	c.cond.Broadcast()
+	c.mu.Unlock()
+	switch {
+	case over && f.StreamID == 0:
+		return fmt.Errorf("%w: WINDOW_UPDATE takes the connection past %d", errFlowControl, maxWindow)
+	case over:
+		return c.resetStream(f.StreamID, http2.ErrCodeFlowControl) // a stream error (RFC 9113 §6.9.1)
+	}
+	return nil
 }
 
 func (c *conn) onData(f *http2.DataFrame) error {
+	if err := c.countEmpty(len(f.Data()) == 0 && !f.StreamEnded()); err != nil {
+		return err
+	}
 	n := int64(f.Length)
 	c.mu.Lock()
 	s := c.streams[f.StreamID]
@@ -276,85 +488,181 @@ func (c *conn) onData(f *http2.DataFrame) error {
 	over := c.recvWindow < 0
 	c.mu.Unlock()
 	if over {
-		return errors.New("peer exceeded the connection flow-control window")
+		return fmt.Errorf("%w: the connection's", errFlowControl)
 	}
 	if s == nil {
 		// A stream we reset or finished: its bytes still count against the
 		// connection window.
-		c.consumed(n)
-		return nil
+		return c.discard(n)
 	}
 	if pad := n - int64(len(f.Data())); pad > 0 {
-		c.consumed(pad)
+		if err := c.discard(pad); err != nil {
+			return err
+		}
 	}
-	if !s.deliver(f.Data(), f.StreamEnded()) {
+	switch s.deliver(f.Data(), f.StreamEnded()) {
+	case discarded:
+		return c.discard(int64(len(f.Data())))
+	case overrun:
 		// The peer ignored the stream's window.
-		_ = c.writeFrames(func() error { return c.fr.WriteRSTStream(f.StreamID, http2.ErrCodeFlowControl) })
-		c.removeStream(f.StreamID, ErrReset)
+		if err := c.discard(int64(len(f.Data()))); err != nil {
+			return err
+		}
+		return c.resetStream(f.StreamID, http2.ErrCodeFlowControl)
 	}
 	return nil
 }
 
-// consumed returns n connection-window bytes to the peer, in batches.
-func (c *conn) consumed(n int64) {
-	c.mu.Lock()
-	c.recvUnacked += n
-	var inc int64
-	if c.recvUnacked >= ConnWindow/4 {
-		inc, c.recvUnacked = c.recvUnacked, 0
+// countEmpty counts a frame that may carry payload (DATA, HEADERS,
+// CONTINUATION) toward Limits.MaxEmptyFrames: empty ones in a row are a
+// flood, one with payload starts the count again. Padding is not
+// payload: a peer could pad empty frames for free (the connection
+// window returns padding at once).
+func (c *conn) countEmpty(empty bool) error {
+	if !empty {
+		c.emptyFrames = 0
+		return nil
 	}
-	c.mu.Unlock()
-	if inc > 0 {
-		c.mu.Lock()
-		c.recvWindow += inc
-		c.mu.Unlock()
-		_ = c.writeFrames(func() error { return c.fr.WriteWindowUpdate(0, uint32(inc)) })
+	c.emptyFrames++
+	if c.emptyFrames > c.lim.MaxEmptyFrames {
+		return fmt.Errorf("%w: %d frames without payload in a row", ErrFlood, c.emptyFrames)
+	}
+	return nil
+}
+
+// creditConn returns n consumed bytes to the connection window and the
+// WINDOW_UPDATE increment now due, if any: updates go in batches.
+func (c *conn) creditConn(n int64) uint32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.recvUnacked += n
+	if c.recvUnacked < ConnWindow/4 {
+		return 0
+	}
+	inc := c.recvUnacked
+	c.recvUnacked = 0
+	c.recvWindow += inc
+	return uint32(inc)
+}
+
+// consumed returns n connection-window bytes to the peer; stream users
+// call it and write the update themselves.
+func (c *conn) consumed(n int64) {
+	if inc := c.creditConn(n); inc > 0 {
+		_ = c.writeFrames(func() error { return c.fr.WriteWindowUpdate(0, inc) })
 	}
 }
 
-func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
+// discard is consumed for the read loop: the update is queued.
+func (c *conn) discard(n int64) error {
+	if inc := c.creditConn(n); inc > 0 {
+		return c.queueControl(ctrlFrame{kind: ctrlWindowUpdate, val: inc})
+	}
+	return nil
+}
+
+func (c *conn) onHeaders(f *headerBlock) error {
 	if c.isClient {
 		c.mu.Lock()
-		s := c.streams[f.StreamID]
+		s := c.streams[f.stream]
 		c.mu.Unlock()
-		if s != nil {
+		switch {
+		case s == nil:
+		case f.malformed != nil:
+			return c.resetStream(f.stream, http2.ErrCodeProtocol)
+		default:
 			s.onResponse(f)
 		}
 		return nil
 	}
-	if f.StreamID%2 == 0 || f.StreamID <= c.lastPeer() {
-		return fmt.Errorf("bad client stream id %d", f.StreamID)
+	if f.stream%2 == 0 || f.stream <= c.lastPeer() {
+		return fmt.Errorf("%w: bad client stream id %d", ErrProtocol, f.stream)
 	}
 	c.mu.Lock()
-	c.lastPeerStream = f.StreamID
-	tooMany := len(c.streams) >= MaxStreams
+	c.lastPeerStream = f.stream
+	// A stream's slot frees when its handler returns, not when the peer
+	// resets it: otherwise each HEADERS + RST_STREAM pair would start a
+	// handler (the rapid reset attack). A peer at the limit may then be
+	// refused a stream it counts as free; REFUSED_STREAM is safe to
+	// retry.
+	full := len(c.streams) >= c.lim.MaxStreams || c.handlers >= c.lim.MaxStreams
 	refused := c.goAway
 	c.mu.Unlock()
-	if tooMany || refused {
-		return c.writeFrames(func() error { return c.fr.WriteRSTStream(f.StreamID, http2.ErrCodeRefusedStream) })
+	switch {
+	case f.malformed != nil:
+		return c.resetStream(f.stream, http2.ErrCodeProtocol)
+	case full || refused:
+		return c.resetStream(f.stream, http2.ErrCodeRefusedStream)
 	}
 	req, err := parseRequest(f)
-	s := c.newStream(f.StreamID)
-	s.Request = req
 	if err != nil {
-		_ = s.Respond(400, nil)
-		s.Close()
-		return nil
+		// Answered here, the stream never opens: its DATA, if any, is
+		// discarded as a finished stream's, and NO_ERROR asks the peer
+		// to stop sending (RFC 9113 §8.1). It counts as a reset.
+		if err := c.countReset(); err != nil {
+			return err
+		}
+		if err := c.queueControl(ctrlFrame{kind: ctrlStatus, stream: f.stream, val: 400}); err != nil || f.endStream {
+			return err
+		}
+		return c.queueControl(ctrlFrame{kind: ctrlReset, stream: f.stream, val: uint32(http2.ErrCodeNo)})
 	}
-	if f.StreamEnded() {
+	c.mu.Lock()
+	s := c.newStreamLocked(f.stream)
+	c.handlers++
+	c.mu.Unlock()
+	s.Request = req
+	if f.endStream {
 		_ = s.deliver(nil, true)
 	}
-	go c.onStream(s)
+	go c.runHandler(s)
 	return nil
 }
 
-// newStream registers a stream.
-func (c *conn) newStream(id uint32) *Stream {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.newStreamLocked(id)
+// runHandler runs the server's handler for s, counting it against
+// Limits.MaxStreams until it returns.
+func (c *conn) runHandler(s *Stream) {
+	defer func() {
+		c.mu.Lock()
+		c.handlers--
+		if c.handlers == 0 && len(c.streams) == 0 {
+			c.idleSince = time.Now()
+		}
+		c.mu.Unlock()
+	}()
+	c.onStream(s)
 }
 
+// resetStream resets stream id for the peer's doing (a refusal, a
+// broken window, a malformed frame), which counts against
+// Limits.Resets as the peer's own resets do.
+func (c *conn) resetStream(id uint32, code http2.ErrCode) error {
+	if err := c.countReset(); err != nil {
+		return err
+	}
+	c.removeStream(id, ErrReset)
+	return c.queueControl(ctrlFrame{kind: ctrlReset, stream: id, val: uint32(code)})
+}
+
+// countReset spends one of Limits.Resets.
+func (c *conn) countReset() error {
+	if !c.resets.take(c.lim.Resets, time.Now()) {
+		return fmt.Errorf("%w: more than %v", ErrTooManyResets, c.lim.Resets)
+	}
+	return nil
+}
+
+// idleStream reports whether stream id was never opened, by either side.
+func (c *conn) idleStream(id uint32) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.isClient {
+		return id%2 == 0 || id >= c.nextID
+	}
+	return id%2 == 0 || id > c.lastPeerStream
+}
+
+// newStreamLocked registers a stream; callers hold mu.
 func (c *conn) newStreamLocked(id uint32) *Stream {
 	s := &Stream{c: c, id: id, response: make(chan struct{}), sendWindow: int64(c.peerInitialWindow), recvWindow: StreamWindow}
 	s.rcond = sync.NewCond(&s.rmu)
@@ -367,7 +675,7 @@ func (c *conn) removeStream(id uint32, err error) {
 	c.mu.Lock()
 	s := c.streams[id]
 	delete(c.streams, id)
-	if len(c.streams) == 0 {
+	if len(c.streams) == 0 && c.handlers == 0 {
 		c.idleSince = time.Now()
 	}
 	c.cond.Broadcast()
@@ -414,10 +722,10 @@ type Request struct {
 
 // parseRequest validates a CONNECT (wire contract §5.3): classic CONNECT, no
 // :scheme or :path, an authority.
-func parseRequest(f *http2.MetaHeadersFrame) (Request, error) {
+func parseRequest(f *headerBlock) (Request, error) {
 	r := Request{Header: map[string]string{}}
 	method := ""
-	for _, hf := range f.Fields {
+	for _, hf := range f.fields {
 		switch hf.Name {
 		case ":method":
 			method = hf.Value
@@ -440,10 +748,10 @@ func parseRequest(f *http2.MetaHeadersFrame) (Request, error) {
 	return r, nil
 }
 
-func statusOf(f *http2.MetaHeadersFrame) (int, map[string]string) {
+func statusOf(f *headerBlock) (int, map[string]string) {
 	hdr := map[string]string{}
 	code := 0
-	for _, hf := range f.Fields {
+	for _, hf := range f.fields {
 		if hf.Name == ":status" {
 			code, _ = strconv.Atoi(hf.Value)
 		} else if !hf.IsPseudo() {

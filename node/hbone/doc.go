@@ -11,4 +11,48 @@
 // ztunnel), window updates are batched, and writers share one buffered
 // writer that the last writer in flushes, so concurrent streams coalesce
 // into large TLS records.
+//
+// # Hostile peers
+//
+// Either end may be an attacker with a valid certificate, so a
+// connection holds its peer to Limits (DefaultLimits unless ServeWith or
+// NewClientConnWith say otherwise), on the client as on the server:
+//
+//   - Memory follows bytes, not frames: DATA fills the tail of a stream's
+//     buffer before a new one is taken, buffers come in power-of-two
+//     sizes (16 KiB to 1 MiB), and what a stream holds is bounded by its
+//     window. Header blocks stop at MaxHeaderList (16 KiB), encoded or
+//     decoded (PROTOCOL_ERROR); a SETTINGS frame at 100 parameters
+//     (PROTOCOL_ERROR), each applied once.
+//   - Streams: at most Limits.MaxStreams open and, on the server, at
+//     most that many handlers running; a handler holds its slot until it
+//     returns, so resetting a stream does not free it. Past the limit a
+//     stream is refused (REFUSED_STREAM).
+//   - Rates: stream resets (the peer's RST_STREAM, and streams refused or
+//     reset for its errors), PING and SETTINGS frames are token buckets
+//     (Limits.Resets, Pings, Settings); frames without payload may not
+//     follow one another (Limits.MaxEmptyFrames).
+//   - The read loop never writes to the socket: its answers (PING and
+//     SETTINGS acknowledgements, resets, window updates) wait in a queue
+//     of at most Limits.MaxControlQueue frames, which only a peer that
+//     does not read fills.
+//   - Time: the preface and first SETTINGS (Limits.HandshakeTimeout), a
+//     connection without streams (IdleTimeout, GOAWAY NO_ERROR), a
+//     CONNECT's answer (ConnectTimeout), a write making no progress
+//     (WriteTimeout), the TLS handshake when the caller's context has no
+//     deadline (TLSHandshakeTimeout), and a Stream's own deadlines
+//     (SetDeadline).
+//
+// A peer past a limit gets GOAWAY with ENHANCE_YOUR_CALM and the
+// connection ends with an error wrapping ErrEnhanceYourCalm (ErrFlood,
+// ErrTooManyResets); a peer breaking HTTP/2 gets PROTOCOL_ERROR (or
+// FLOW_CONTROL_ERROR) and ErrProtocol. The GOAWAY write is bounded, so a
+// peer that does not read is not waited for.
+//
+// # Concurrency
+//
+// ClientConn, ServerConn and Stream are safe for concurrent use; as with
+// a net.Conn, a Stream is read in one goroutine (Read, WriteTo) while
+// written in another (Write, ReadFrom). A server handler runs in its own
+// goroutine per stream.
 package hbone

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
+	"github.com/canopy-mesh/canopy/internal/testing/eventually"
 	"github.com/canopy-mesh/canopy/internal/testing/testcerts"
 )
 
@@ -276,15 +278,35 @@ func TestInterop(t *testing.T) {
 }
 
 // FuzzServerFrames feeds arbitrary bytes after a valid preface: the
-// server never panics and ends the connection or keeps serving.
+// server never panics, ends the connection once the input does, and
+// leaves no goroutine behind.
 func FuzzServerFrames(f *testing.F) {
 	f.Add([]byte{0, 0, 0, 4, 0, 0, 0, 0, 0})
 	f.Add([]byte{0, 0, 5, 1, 5, 0, 0, 0, 1, 0x82, 0x84, 0x86, 0x41, 0x8a})
+	// A well-formed session to mutate: SETTINGS, a CONNECT with a
+	// CONTINUATION, DATA, PING, WINDOW_UPDATE, RST_STREAM.
+	var session bytes.Buffer
+	fr := http2.NewFramer(&session, nil)
+	var hbuf bytes.Buffer
+	enc := hpack.NewEncoder(&hbuf)
+	_ = enc.WriteField(hpack.HeaderField{Name: ":method", Value: "CONNECT"})
+	_ = enc.WriteField(hpack.HeaderField{Name: ":authority", Value: "10.0.0.1:80"})
+	_ = enc.WriteField(hpack.HeaderField{Name: "baggage", Value: "k=v"})
+	block := hbuf.Bytes()
+	_ = fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 20})
+	_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block[:4]})
+	_ = fr.WriteContinuation(1, true, block[4:])
+	_ = fr.WriteData(1, false, []byte("hello"))
+	_ = fr.WritePing(false, [8]byte{1})
+	_ = fr.WriteWindowUpdate(0, 1000)
+	_ = fr.WriteRSTStream(1, http2.ErrCodeCancel)
+	f.Add(session.Bytes())
 	f.Fuzz(func(t *testing.T, data []byte) {
+		base := runtime.NumGoroutine()
 		a, b := net.Pipe()
-		defer a.Close()
-		_, done := Serve(b, func(s *Stream) { s.Close() })
-		go func() { _, _ = io.Copy(io.Discard, a) }()
+		_, done := ServeWith(b, Limits{HandshakeTimeout: time.Second}, func(s *Stream) { s.Close() })
+		drained := make(chan struct{})
+		go func() { _, _ = io.Copy(io.Discard, a); close(drained) }()
 		_, _ = a.Write([]byte(http2.ClientPreface))
 		_, _ = a.Write(data)
 		a.Close()
@@ -293,6 +315,8 @@ func FuzzServerFrames(f *testing.F) {
 		case <-time.After(5 * time.Second):
 			t.Fatal("server did not end")
 		}
+		<-drained
+		eventually.True(t, "goroutines back to their number before", func() bool { return runtime.NumGoroutine() <= base })
 	})
 }
 

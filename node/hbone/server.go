@@ -16,34 +16,50 @@ type ServerConn struct{ c *conn }
 // Serve runs HTTP/2 on nc, an established mTLS connection, calling
 // handler in its own goroutine for each valid CONNECT; the handler must
 // Respond and, after a 200, carry the stream. Malformed requests are
-// answered 400 here. Serve returns when the connection ends.
+// answered 400 here. Serve returns at once; the channel receives the
+// connection's error (nil for a normal end) when it ends.
 func Serve(nc net.Conn, handler func(*Stream)) (*ServerConn, <-chan error) {
-	c := newConn(nc, false)
+	return ServeWith(nc, DefaultLimits(), handler)
+}
+
+// ServeWith is Serve with limits other than DefaultLimits.
+func ServeWith(nc net.Conn, lim Limits, handler func(*Stream)) (*ServerConn, <-chan error) {
+	c := newConn(nc, false, lim)
 	c.onStream = handler
 	sc := &ServerConn{c: c}
 	done := make(chan error, 1)
-	go func() {
-		preface := make([]byte, len(http2.ClientPreface))
-		if _, err := io.ReadFull(nc, preface); err != nil || string(preface) != http2.ClientPreface {
-			nc.Close()
-			done <- fmt.Errorf("hbone: no HTTP/2 client preface: %w", errors.Join(err, errors.New("bad preface")))
-			return
-		}
-		if err := c.handshake(); err != nil {
-			nc.Close()
-			done <- err
-			return
-		}
-		c.readLoop()
-		c.mu.Lock()
-		err := c.err
-		c.mu.Unlock()
-		if errors.Is(err, ErrConnClosed) {
-			err = nil
-		}
-		done <- err
-	}()
+	go func() { done <- c.serve() }()
 	return sc, done
+}
+
+// serve runs the server side: the client preface, our SETTINGS, then
+// frames until the connection ends, whose error it returns (nil for a
+// normal end).
+func (c *conn) serve() error {
+	// The preface and the first SETTINGS frame after it (the read loop
+	// checks that one) have HandshakeTimeout.
+	_ = c.nc.SetReadDeadline(time.Now().Add(c.lim.HandshakeTimeout))
+	preface := make([]byte, len(http2.ClientPreface))
+	_, err := io.ReadFull(c.nc, preface)
+	switch {
+	case isTimeout(err):
+		c.fail(fmt.Errorf("%w: %w", ErrHandshakeTimeout, err))
+	case err != nil:
+		c.fail(fmt.Errorf("hbone: read the client preface: %w", err))
+	case string(preface) != http2.ClientPreface:
+		c.fail(fmt.Errorf("%w: no HTTP/2 client preface", ErrProtocol))
+	default:
+		if err := c.handshake(); err == nil {
+			c.readLoop()
+		}
+	}
+	c.mu.Lock()
+	err = c.err
+	c.mu.Unlock()
+	if errors.Is(err, ErrConnClosed) {
+		return nil
+	}
+	return err
 }
 
 // Shutdown sends GOAWAY (no new streams) and closes the connection once
@@ -53,7 +69,7 @@ func (sc *ServerConn) Shutdown(grace time.Duration) {
 	c.mu.Lock()
 	c.goAway = true
 	c.mu.Unlock()
-	_ = c.writeFrames(func() error { return c.fr.WriteGoAway(c.lastPeer(), http2.ErrCodeNo, nil) })
+	_ = c.writeGoAway(c.lastPeer(), http2.ErrCodeNo, nil)
 	deadline := time.Now().Add(grace)
 	for time.Now().Before(deadline) {
 		c.mu.Lock()

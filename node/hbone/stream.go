@@ -6,7 +6,6 @@ import (
 	"io"
 	"strconv"
 	"sync"
-	"time"
 
 	"golang.org/x/net/http2"
 )
@@ -25,12 +24,14 @@ type Stream struct {
 	respHeader map[string]string
 	gotResp    bool
 
-	// sendWindow is guarded by c.mu.
+	// sendWindow and wdl are guarded by c.mu.
 	sendWindow int64
 	werr       error
+	wdl        deadline
 
 	rmu   sync.Mutex
 	rcond *sync.Cond
+	rdl   deadline
 	// rq holds received bytes in pooled chunks; an idle stream holds none.
 	rq      []*chunk
 	rlen    int
@@ -54,25 +55,42 @@ func (s *Stream) ID() uint32 { return s.id }
 // ResponseHeader is the server's response headers (client side).
 func (s *Stream) ResponseHeader() map[string]string { return s.respHeader }
 
-// deliver queues received bytes; it reports false when the peer
-// overran the stream's window.
-func (s *Stream) deliver(data []byte, end bool) bool {
+// delivery is what became of received bytes.
+type delivery int
+
+const (
+	delivered delivery = iota
+	discarded          // the stream is closed: the bytes go nowhere
+	overrun            // past the stream's window: the peer broke flow control
+)
+
+// deliver queues received bytes (read loop only); the caller returns
+// the connection window of bytes not delivered.
+func (s *Stream) deliver(data []byte, end bool) delivery {
 	s.rmu.Lock()
 	if s.closed {
 		s.rmu.Unlock()
-		s.c.consumed(int64(len(data)))
-		return true
+		return discarded
 	}
 	s.recvWindow -= int64(len(data))
-	if s.recvWindow < 0 {
+	// maxChunks is unreachable within the window (every chunk but the
+	// first and last is full, and a frame takes at most one new chunk);
+	// a bound all the same.
+	if s.recvWindow < 0 || len(s.rq) >= maxChunks {
 		s.rmu.Unlock()
-		s.c.consumed(int64(len(data)))
-		return false
+		return overrun
+	}
+	// Small frames fill the tail chunk's spare room before a new chunk is
+	// taken, so what the stream holds follows the bytes it was sent, not
+	// the number of frames that carried them.
+	if n := len(s.rq); n > 0 && len(data) > 0 {
+		m := s.rq[n-1].fill(data)
+		s.rlen += m
+		data = data[m:]
 	}
 	for len(data) > 0 {
 		ch := newChunk(len(data))
-		n := copy(ch.b[:cap(ch.b)], data)
-		ch.b = ch.b[:n]
+		n := ch.fill(data)
 		s.rq = append(s.rq, ch)
 		s.rlen += n
 		data = data[n:]
@@ -83,10 +101,10 @@ func (s *Stream) deliver(data []byte, end bool) bool {
 	s.rcond.Broadcast()
 	done := s.rEOF && s.sentEnd
 	s.rmu.Unlock()
-	if done && len(data) == 0 {
+	if done {
 		s.c.removeStream(s.id, nil)
 	}
-	return true
+	return delivered
 }
 
 func (s *Stream) abort(err error) {
@@ -122,8 +140,12 @@ func (s *Stream) answered(status int, header map[string]string) bool {
 // Read implements io.Reader.
 func (s *Stream) Read(p []byte) (int, error) {
 	s.rmu.Lock()
-	for s.rlen == 0 && !s.rEOF && s.rerr == nil {
+	for s.rlen == 0 && !s.rEOF && s.rerr == nil && !s.rdl.expired {
 		s.rcond.Wait()
+	}
+	if s.rdl.expired {
+		s.rmu.Unlock()
+		return 0, &timeoutError{op: "read", stream: s.id}
 	}
 	if s.rlen == 0 {
 		err := s.rerr
@@ -160,8 +182,12 @@ func (s *Stream) WriteTo(w io.Writer) (int64, error) {
 	var total int64
 	for {
 		s.rmu.Lock()
-		for s.rlen == 0 && !s.rEOF && s.rerr == nil {
+		for s.rlen == 0 && !s.rEOF && s.rerr == nil && !s.rdl.expired {
 			s.rcond.Wait()
+		}
+		if s.rdl.expired {
+			s.rmu.Unlock()
+			return total, &timeoutError{op: "read", stream: s.id}
 		}
 		if s.rlen == 0 {
 			err := s.rerr
@@ -209,12 +235,16 @@ func (s *Stream) Write(p []byte) (int, error) {
 	c := s.c
 	for len(p) > 0 {
 		c.mu.Lock()
-		for (s.sendWindow <= 0 || c.sendWindow <= 0) && s.werr == nil && c.err == nil {
+		for (s.sendWindow <= 0 || c.sendWindow <= 0) && s.werr == nil && c.err == nil && !s.wdl.expired {
 			c.cond.Wait()
 		}
 		if err := firstErr(s.werr, c.err); err != nil {
 			c.mu.Unlock()
 			return written, err
+		}
+		if s.wdl.expired {
+			c.mu.Unlock()
+			return written, &timeoutError{op: "write", stream: s.id}
 		}
 		n := int64(len(p))
 		n = min(n, int64(c.peerMaxFrame), s.sendWindow, c.sendWindow)
@@ -311,7 +341,11 @@ func (s *Stream) Close() error {
 		ch.release()
 	}
 	s.rq, s.rlen = nil, 0
+	s.rdl.stop()
 	s.rmu.Unlock()
+	s.c.mu.Lock()
+	s.wdl.stop()
+	s.c.mu.Unlock()
 	if pending > 0 {
 		s.c.consumed(pending)
 	}
@@ -323,12 +357,6 @@ func (s *Stream) Close() error {
 	s.abort(ErrConnClosed)
 	return err
 }
-
-// SetDeadline and friends let a Stream stand in for a net.Conn; HBONE
-// streams are bounded by their connection, not by deadlines.
-func (s *Stream) SetDeadline(time.Time) error      { return nil }
-func (s *Stream) SetReadDeadline(time.Time) error  { return nil }
-func (s *Stream) SetWriteDeadline(time.Time) error { return nil }
 
 // Respond answers a CONNECT (server side): 200 opens the tunnel, any
 // other status ends the stream.
@@ -350,9 +378,9 @@ func (s *Stream) Respond(code int, header map[string]string) error {
 	return nil
 }
 
-func (s *Stream) onResponse(f *http2.MetaHeadersFrame) {
+func (s *Stream) onResponse(f *headerBlock) {
 	s.answered(statusOf(f)) // later HEADERS are trailers
-	if f.StreamEnded() {
+	if f.endStream {
 		_ = s.deliver(nil, true)
 	}
 }
@@ -363,7 +391,7 @@ func (s *Stream) awaitResponse(ctx context.Context) error {
 	case <-s.response:
 	case <-ctx.Done():
 		s.Close()
-		return ctx.Err()
+		return fmt.Errorf("hbone: no answer to CONNECT: %w", ctx.Err())
 	}
 	s.rmu.Lock()
 	rerr, status := s.rerr, s.status
@@ -380,29 +408,3 @@ func (s *Stream) awaitResponse(ctx context.Context) error {
 	}
 	return nil
 }
-
-// chunk is a pooled receive buffer.
-type chunk struct {
-	b    []byte
-	off  int
-	pool *sync.Pool
-}
-
-var (
-	readBuffers = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
-	smallChunks = sync.Pool{New: func() any { return &chunk{b: make([]byte, 0, 16<<10)} }}
-	largeChunks = sync.Pool{New: func() any { return &chunk{b: make([]byte, 0, MaxFrame)} }}
-)
-
-// newChunk returns a chunk for up to n bytes (at most a frame).
-func newChunk(n int) *chunk {
-	pool := &smallChunks
-	if n > 16<<10 {
-		pool = &largeChunks
-	}
-	ch := pool.Get().(*chunk)
-	ch.pool, ch.off, ch.b = pool, 0, ch.b[:0]
-	return ch
-}
-
-func (c *chunk) release() { c.pool.Put(c) }

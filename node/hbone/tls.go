@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // batchConn buffers writes below TLS once the handshake is done: a 1 MiB
@@ -46,24 +47,40 @@ func (t *tlsConn) Flush() error { return t.raw.flush() }
 // flusher is a connection with batched writes below it.
 type flusher interface{ Flush() error }
 
+// TLSHandshakeTimeout bounds ClientTLS's and ServerTLS's handshake when
+// their context has no deadline: a peer that connects and says nothing
+// must not hold a connection (and its goroutine) forever.
+const TLSHandshakeTimeout = 10 * time.Second
+
 // ClientTLS runs the client handshake on raw and returns the connection to
 // give NewClientConn. cfg should require TLS 1.3 and ALPN h2
-// (wire contract §5.2).
+// (wire contract §5.2). Without a deadline in ctx, the handshake has
+// TLSHandshakeTimeout.
 func ClientTLS(ctx context.Context, raw net.Conn, cfg *tls.Config) (net.Conn, error) {
-	b := &batchConn{Conn: raw, w: bufio.NewWriterSize(raw, 256<<10)}
-	c := tls.Client(b, cfg)
-	if err := c.HandshakeContext(ctx); err != nil {
-		raw.Close()
-		return nil, err
-	}
-	b.on.Store(true)
-	return &tlsConn{Conn: c, raw: b}, nil
+	return handshakeTLS(ctx, raw, cfg, false, TLSHandshakeTimeout)
 }
 
-// ServerTLS runs the server handshake on raw.
+// ServerTLS runs the server handshake on raw. Without a deadline in ctx,
+// the handshake has TLSHandshakeTimeout.
 func ServerTLS(ctx context.Context, raw net.Conn, cfg *tls.Config) (net.Conn, error) {
+	return handshakeTLS(ctx, raw, cfg, true, TLSHandshakeTimeout)
+}
+
+// handshakeTLS runs either side's handshake, within timeout if ctx has
+// no deadline; raw is closed when it fails.
+func handshakeTLS(ctx context.Context, raw net.Conn, cfg *tls.Config, server bool, timeout time.Duration) (net.Conn, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
 	b := &batchConn{Conn: raw, w: bufio.NewWriterSize(raw, 256<<10)}
-	c := tls.Server(b, cfg)
+	var c *tls.Conn
+	if server {
+		c = tls.Server(b, cfg)
+	} else {
+		c = tls.Client(b, cfg)
+	}
 	if err := c.HandshakeContext(ctx); err != nil {
 		raw.Close()
 		return nil, err
