@@ -94,11 +94,16 @@ func parseFlags(args []string) (config, error) {
 	fs.BoolVar(&c.onDemand, "on-demand", env("XDS_ON_DEMAND") == "true", "subscribe to addresses on demand ($XDS_ON_DEMAND)")
 	fs.DurationVar(&c.lookupTimeout, "on-demand-timeout", proxy.DefaultLookupTimeout, "with --on-demand, how long a connection waits for its destination to be looked up before it is refused")
 	def := proxy.DefaultLimits()
+	c.limits = def // fields without a flag keep their defaults
 	fs.IntVar(&c.limits.MaxConnections, "max-connections", def.MaxConnections, "accepted connections held open at once, node-wide; more are closed at once")
 	fs.IntVar(&c.limits.MaxConnectionsPerPod, "max-connections-per-pod", def.MaxConnectionsPerPod, "accepted connections held open at once for one pod")
 	fs.DurationVar(&c.limits.HandshakeTimeout, "handshake-timeout", def.HandshakeTimeout, "limit on an inbound mTLS handshake on 15008")
 	fs.DurationVar(&c.limits.DialTimeout, "dial-timeout", def.DialTimeout, "limit on an outbound connection's set-up (TCP, and mTLS for HBONE)")
 	fs.DurationVar(&c.limits.ConnectTimeout, "connect-timeout", def.ConnectTimeout, "limit on the wait for an HBONE CONNECT's answer")
+	fs.IntVar(&c.limits.HBONE.MaxStreams, "hbone-max-streams", def.HBONE.MaxStreams, "streams (and running handlers) one HBONE connection's peer may have at once")
+	fs.DurationVar(&c.limits.HBONE.IdleTimeout, "hbone-idle-timeout", def.HBONE.IdleTimeout, "an HBONE connection without a stream this long is closed (GOAWAY)")
+	fs.DurationVar(&c.limits.HBONE.WriteTimeout, "hbone-write-timeout", def.HBONE.WriteTimeout, "an HBONE connection whose writes make no progress this long (a peer that stopped reading) is closed")
+	fs.DurationVar(&c.limits.HBONE.HandshakeTimeout, "hbone-handshake-timeout", def.HBONE.HandshakeTimeout, "limit on the HTTP/2 preface and first SETTINGS of an HBONE connection")
 	fs.StringVar(&c.adminAddr, "admin-addr", "127.0.0.1:15000", "admin port (config_dump, quitquitquit, pprof)")
 	fs.StringVar(&c.metricsAddr, "metrics-addr", ":15020", "Prometheus port")
 	fs.StringVar(&c.readyAddr, "readiness-addr", ":15021", "readiness port (/healthz/ready)")
@@ -142,13 +147,14 @@ func parseFlags(args []string) (config, error) {
 	for _, d := range []struct {
 		flag string
 		v    time.Duration
-	}{{"--on-demand-timeout", c.lookupTimeout}, {"--root-cert-reload", c.rootReload}, {"--handshake-timeout", c.limits.HandshakeTimeout}, {"--dial-timeout", c.limits.DialTimeout}, {"--connect-timeout", c.limits.ConnectTimeout}} {
+	}{{"--on-demand-timeout", c.lookupTimeout}, {"--root-cert-reload", c.rootReload}, {"--handshake-timeout", c.limits.HandshakeTimeout}, {"--dial-timeout", c.limits.DialTimeout}, {"--connect-timeout", c.limits.ConnectTimeout},
+		{"--hbone-idle-timeout", c.limits.HBONE.IdleTimeout}, {"--hbone-write-timeout", c.limits.HBONE.WriteTimeout}, {"--hbone-handshake-timeout", c.limits.HBONE.HandshakeTimeout}} {
 		if d.v <= 0 {
 			return c, fmt.Errorf("%s must be positive, got %s", d.flag, d.v)
 		}
 	}
-	if c.limits.MaxConnections <= 0 || c.limits.MaxConnectionsPerPod <= 0 {
-		return c, errors.New("--max-connections and --max-connections-per-pod must be positive")
+	if c.limits.MaxConnections <= 0 || c.limits.MaxConnectionsPerPod <= 0 || c.limits.HBONE.MaxStreams <= 0 {
+		return c, errors.New("--max-connections, --max-connections-per-pod and --hbone-max-streams must be positive")
 	}
 	pemBytes, err := os.ReadFile(c.rootCertPath)
 	if err != nil {

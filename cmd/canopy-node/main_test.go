@@ -47,7 +47,8 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--log-level=loud"}, "--log-level"},
 		{[]string{"--handshake-timeout=0s"}, "--handshake-timeout must be positive"},
 		{[]string{"--on-demand-timeout=-1s"}, "--on-demand-timeout must be positive"},
-		{[]string{"--max-connections-per-pod=0"}, "--max-connections-per-pod must be positive"},
+		{[]string{"--max-connections-per-pod=0"}, "--max-connections-per-pod"},
+		{[]string{"--hbone-idle-timeout=0s"}, "--hbone-idle-timeout must be positive"},
 	} {
 		if _, err := parseFlags(append(append([]string{}, base...), tt.extra...)); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("parseFlags(%v) = %v, want an error containing %q", tt.extra, err, tt.want)

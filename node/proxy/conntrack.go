@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/canopy-mesh/canopy/node/authz"
 	"github.com/canopy-mesh/canopy/workloadapi"
@@ -93,16 +94,20 @@ func (p *Proxy) revokeUnless(l *live, self *workloadapi.Workload, applicable []*
 	return true
 }
 
-// Run re-authorizes open connections each time the table changes, until
-// ctx ends.
+// Run re-authorizes open connections each time the table changes, and
+// sweeps the connection pool every minute, until ctx ends.
 func (p *Proxy) Run(ctx context.Context) {
+	sweep := time.NewTicker(time.Minute)
+	defer sweep.Stop()
 	for {
 		changed := p.Table.Changed()
 		select {
 		case <-ctx.Done():
 			return
 		case <-changed:
+			p.Reauthorize()
+		case <-sweep.C:
+			p.pool.sweep()
 		}
-		p.Reauthorize()
 	}
 }

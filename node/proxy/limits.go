@@ -3,6 +3,8 @@ package proxy
 import (
 	"sync"
 	"time"
+
+	"github.com/canopy-mesh/canopy/node/hbone"
 )
 
 // Limits bound what the proxy spends on connections, so that no pod and no
@@ -21,6 +23,10 @@ type Limits struct {
 	DialTimeout time.Duration
 	// ConnectTimeout bounds the wait for a CONNECT's answer.
 	ConnectTimeout time.Duration
+	// HBONE bounds each HBONE connection, either side (streams, control
+	// frames, idle and write timeouts); zero fields take
+	// hbone.DefaultLimits.
+	HBONE hbone.Limits
 }
 
 // DefaultLimits are the limits a Proxy has unless told otherwise. Each
@@ -33,6 +39,7 @@ func DefaultLimits() Limits {
 		HandshakeTimeout:     10 * time.Second,
 		DialTimeout:          10 * time.Second,
 		ConnectTimeout:       10 * time.Second,
+		HBONE:                hbone.DefaultLimits(),
 	}
 }
 

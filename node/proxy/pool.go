@@ -31,7 +31,8 @@ func newPool() *pool {
 }
 
 // get returns a usable connection for k, dialing one with dial if none.
-func (p *pool) get(ctx context.Context, k poolKey, dial func(context.Context) (net.Conn, error)) (*hbone.ClientConn, error) {
+// A new connection runs under lim.
+func (p *pool) get(ctx context.Context, k poolKey, lim hbone.Limits, dial func(context.Context) (net.Conn, error)) (*hbone.ClientConn, error) {
 	p.mu.Lock()
 	kept := p.conns[k][:0]
 	var found *hbone.ClientConn
@@ -54,7 +55,7 @@ func (p *pool) get(ctx context.Context, k poolKey, dial func(context.Context) (n
 	if err != nil {
 		return nil, err
 	}
-	c, err := hbone.NewClientConn(nc)
+	c, err := hbone.NewClientConnWith(nc, lim)
 	if err != nil {
 		return nil, err
 	}
@@ -62,6 +63,29 @@ func (p *pool) get(ctx context.Context, k poolKey, dial func(context.Context) (n
 	p.conns[k] = append(p.conns[k], c)
 	p.mu.Unlock()
 	return c, nil
+}
+
+// sweep drops the connections that ended or idled out under every key:
+// get only tidies the key it is asked for, and a destination never
+// called again would keep its entries.
+func (p *pool) sweep() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for k, cs := range p.conns {
+		kept := cs[:0]
+		for _, c := range cs {
+			if !c.Usable() || c.IdleFor() > p.idleTimeout {
+				_ = c.Close()
+				continue
+			}
+			kept = append(kept, c)
+		}
+		if len(kept) == 0 {
+			delete(p.conns, k)
+		} else {
+			p.conns[k] = kept
+		}
+	}
 }
 
 func (p *pool) close() {

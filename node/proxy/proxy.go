@@ -249,7 +249,7 @@ func (p *Proxy) outbound(c net.Conn, pod *inpod.Pod, src *workloadapi.Workload) 
 	var s *hbone.Stream
 	for attempt := 0; ; attempt++ {
 		dctx, cancel := context.WithTimeout(ctx, lim.DialTimeout)
-		cc, err := p.pool.get(dctx, key, dial)
+		cc, err := p.pool.get(dctx, key, lim.HBONE, dial)
 		cancel()
 		if err != nil {
 			p.countTimeout(err)
@@ -366,7 +366,7 @@ func (p *Proxy) inboundHBONE(raw net.Conn, pod *inpod.Pod, self *workloadapi.Wor
 	}
 	srcIP := addrOf(raw.RemoteAddr())
 	srcW, _ := p.Table.ByAddress(self.GetNetwork(), srcIP)
-	sc, done := hbone.Serve(tc, func(s *hbone.Stream) {
+	sc, done := hbone.ServeWith(tc, p.limits().HBONE, func(s *hbone.Stream) {
 		// Per stream: a pooled connection outlives changes to the pod's
 		// workload (its policies, a provisional one replaced).
 		cur := p.current(self)
