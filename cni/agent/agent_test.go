@@ -45,6 +45,10 @@ func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
 // nodeProxy is a test node proxy on the ZDS socket: it reconnects when the
 // agent goes away and records every request.
 type nodeProxy struct {
+	// refuse, if set, names pods whose AddWorkload is refused (an Ack
+	// with an error).
+	refuse string
+
 	mu  sync.Mutex
 	got []string
 }
@@ -68,12 +72,15 @@ func (p *nodeProxy) run(ctx context.Context, path string) {
 			if err != nil {
 				break
 			}
-			entry := ""
+			entry, ackErr := "", ""
 			switch r := req.GetPayload().(type) {
 			case *zdspb.WorkloadRequest_Add:
 				entry = "add " + r.Add.GetUid()
 				if len(fds) != 1 || !zdsconn.IsNetns(fds[0]) {
 					entry += " without a netns"
+				}
+				if p.refuse != "" && r.Add.GetWorkloadInfo().GetName() == p.refuse {
+					entry, ackErr = "refused "+r.Add.GetUid(), "no workload for this pod"
 				}
 			case *zdspb.WorkloadRequest_Keep:
 				entry = "keep " + r.Keep.GetUid()
@@ -88,7 +95,7 @@ func (p *nodeProxy) run(ctx context.Context, path string) {
 			p.mu.Lock()
 			p.got = append(p.got, entry)
 			p.mu.Unlock()
-			if err := c.Send(&zdspb.WorkloadResponse{Payload: &zdspb.WorkloadResponse_Ack{Ack: &zdspb.Ack{}}}, nil, time.Now().Add(time.Second)); err != nil {
+			if err := c.Send(&zdspb.WorkloadResponse{Payload: &zdspb.WorkloadResponse_Ack{Ack: &zdspb.Ack{Error: ackErr}}}, nil, time.Now().Add(time.Second)); err != nil {
 				break
 			}
 		}
@@ -112,6 +119,7 @@ func (p *nodeProxy) reset() {
 // stopped as one (an agent process).
 type node struct {
 	agent  *agent.Agent
+	zds    *zds.Server
 	reg    *prometheus.Registry
 	plugin pluginevent.Client
 	stop   func()
@@ -135,7 +143,7 @@ func startNode(t *testing.T, name, zdsPath, nodeNetns string) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.agent = a
+	n.agent, n.zds = a, server
 	sock := filepath.Join(t.TempDir(), "cni.sock")
 	l, err := net.Listen("unix", sock)
 	if err != nil {

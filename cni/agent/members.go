@@ -20,31 +20,46 @@ import (
 // enrollPod puts a pod in the mesh (docs/wire-contract.md §3.5): rules in its
 // netns, its IPs in the host probe set, the pod to the node proxy, the
 // annotation. Callers hold a.mu.
+//
+// A failed enrollment leaves nothing of the pod in ZDS: a node proxy must
+// never serve a pod the agent could not enroll, so the ZDS server forgets
+// it (closing its handle on the netns) and every node proxy is told.
 func (a *Agent) enrollPod(ctx context.Context, pod *corev1.Pod, netnsPath string, ips []netip.Addr, cfg redirect.PodConfig) error {
 	f, err := os.Open(netnsPath)
 	if err != nil {
 		return a.failed(ctx, pod, fmt.Errorf("open netns %s: %w", netnsPath, err))
 	}
+	// inZDS: the ZDS server may hold the pod, from an earlier enrollment
+	// or from this one.
+	inZDS := false
 	if old := a.enrolled[pod.UID]; old != nil {
 		old.netns.Close()
 		_ = a.host.Remove(old.ips...)
 		delete(a.enrolled, pod.UID)
+		inZDS = true
+	}
+	fail := func(err error) error {
+		f.Close()
+		if inZDS {
+			if derr := a.proxy.Delete(string(pod.UID)); derr != nil {
+				err = errors.Join(err, fmt.Errorf("withdraw from the node proxy: %w", derr))
+			}
+		}
+		return a.failed(ctx, pod, err)
 	}
 	m := &member{namespace: pod.Namespace, name: pod.Name, uid: pod.UID, netns: f, inode: inode(f), ips: ips, cfg: cfg}
 	if err := a.backend.Enroll(m.path(), cfg); err != nil {
-		f.Close()
-		return a.failed(ctx, pod, err)
+		return fail(err)
 	}
 	if err := a.host.Add(ips...); err != nil {
-		f.Close()
-		return a.failed(ctx, pod, fmt.Errorf("host probe set: %w", err))
+		return fail(fmt.Errorf("host probe set: %w", err))
 	}
 	state, reason := enroll.RedirectionEnabled, ReasonVerified
+	inZDS = true
 	if err := a.proxy.Add(zds.Pod{UID: string(pod.UID), Info: workloadInfo(pod), Netns: dup(f)}); err != nil {
 		if !errors.Is(err, zds.ErrNoProxy) {
-			// Rules stay: traffic fails closed until the proxy takes the pod.
-			f.Close()
-			return a.failed(ctx, pod, fmt.Errorf("node proxy: %w", err))
+			// Rules stay: traffic fails closed inside the pod.
+			return fail(fmt.Errorf("node proxy: %w", err))
 		}
 		state, reason = enroll.RedirectionPending, ReasonPending
 	}
