@@ -130,13 +130,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if cfg.backend == "iptables" {
 		backend = redirect.Iptables{}
 	}
-	uid := uint32(cfg.probeUID)
-	if cfg.probeUID < 0 {
-		if uid, err = hostrules.FindKubeletUID("/proc"); err != nil {
-			log.Warn("no kubelet process found; SNATing probes from root (set --probe-uid)", "err", err)
-			uid = 0
-		}
-	}
+	uid := probeUID(cfg, log)
 	// The in-pod rules accept IPv6 probes from the default address only.
 	host := hostrules.Rules{ProbeUID: uid, ProbeSNAT: cfg.probeSNAT, ProbeSNATv6: redirect.DefaultProbeSNATv6, Netns: cfg.hostNetns}
 	var a *agent.Agent
@@ -164,6 +158,20 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		Proxy:   proxy,
 		Metrics: registry,
 	}, log)
+}
+
+// probeUID is the user ID whose connections to enrolled pods are SNATed as
+// kubelet probes.
+func probeUID(cfg config, log *slog.Logger) uint32 {
+	if cfg.probeUID >= 0 {
+		return uint32(cfg.probeUID)
+	}
+	uid, err := hostrules.FindKubeletUID("/proc")
+	if err != nil {
+		log.Warn("no kubelet process found; SNATing probes from root (set --probe-uid)", "err", err)
+		return 0
+	}
+	return uid
 }
 
 // What the lifecycle drives, from the packages that implement it.
