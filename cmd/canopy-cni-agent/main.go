@@ -65,7 +65,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.pluginSocket, "plugin-socket", "/var/run/canopy/cni.sock", "where the plugin reaches the agent")
 	fs.StringVar(&c.zdsSocket, "zds-socket", "/var/run/ztunnel/ztunnel.sock", "where the node proxy connects (ZDS)")
 	fs.StringVar(&c.backend, "backend", "nftables", "redirection backend: nftables (over netlink) or iptables (iptables-restore)")
-	fs.Int64Var(&c.probeUID, "probe-uid", -1, "user ID of the kubelet, whose probes are SNATed (default: found in /proc)")
+	fs.Int64Var(&c.probeUID, "probe-uid", 0, "user ID of the kubelet: the node's TCP connections to enrolled pods from this user are SNATed as probes")
 	snat := fs.String("probe-snat", redirect.DefaultProbeSNAT.String(), "address kubelet probes are SNATed to")
 	fs.DurationVar(&c.reconcile, "reconcile-period", 30*time.Second, "how often every pod's rules are verified in its netns")
 	fs.StringVar(&c.monitorAddr, "monitoring-addr", ":15024", "address of /metrics, /healthz and /readyz")
@@ -102,8 +102,8 @@ func parseFlags(args []string) (config, error) {
 	if c.reconcile <= 0 {
 		return c, fmt.Errorf("--reconcile-period must be positive, got %s", c.reconcile)
 	}
-	if c.probeUID < -1 || c.probeUID > 1<<32-1 {
-		return c, fmt.Errorf("--probe-uid %d is not a user ID", c.probeUID)
+	if c.probeUID < 0 || c.probeUID > 1<<32-1 {
+		return c, fmt.Errorf("--probe-uid %d is not a user ID (the kubelet is not looked up among the node's processes: give its user ID)", c.probeUID)
 	}
 	for _, ns := range strings.Split(*excluded, ",") {
 		if ns = strings.TrimSpace(ns); ns != "" {
@@ -130,7 +130,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if cfg.backend == "iptables" {
 		backend = redirect.Iptables{}
 	}
-	uid := probeUID(cfg, log)
+	uid := probeUID(cfg)
 	// The in-pod rules accept IPv6 probes from the default address only.
 	host := hostrules.Rules{ProbeUID: uid, ProbeSNAT: cfg.probeSNAT, ProbeSNATv6: redirect.DefaultProbeSNATv6, Netns: cfg.hostNetns}
 	var a *agent.Agent
@@ -161,18 +161,9 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 }
 
 // probeUID is the user ID whose connections to enrolled pods are SNATed as
-// kubelet probes.
-func probeUID(cfg config, log *slog.Logger) uint32 {
-	if cfg.probeUID >= 0 {
-		return uint32(cfg.probeUID)
-	}
-	uid, err := hostrules.FindKubeletUID("/proc")
-	if err != nil {
-		log.Warn("no kubelet process found; SNATing probes from root (set --probe-uid)", "err", err)
-		return 0
-	}
-	return uid
-}
+// kubelet probes. It comes from configuration only: anything read from the
+// node's processes (a process name, say) a pod can fake.
+func probeUID(cfg config) uint32 { return uint32(cfg.probeUID) }
 
 // What the lifecycle drives, from the packages that implement it.
 var (

@@ -19,6 +19,8 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--node-name=n", "--probe-snat=fd00::1"}, "IPv4"},
 		{[]string{"--node-name=n", "--reconcile-period=0s"}, "positive"},
 		{[]string{"--node-name=n", "--probe-uid=-5"}, "user ID"},
+		{[]string{"--node-name=n", "--probe-uid=-1"}, "not looked up"},
+		{[]string{"--node-name=n", "--probe-uid=4294967296"}, "user ID"},
 		{[]string{"--node-name=n", "--log-level=loud"}, "log-level"},
 	} {
 		if _, err := parseFlags(tt.args); err == nil || !strings.Contains(err.Error(), tt.want) {
