@@ -47,6 +47,7 @@ type config struct {
 	reconcile       time.Duration
 	monitorAddr     string
 	hostNetns       string
+	stateDir        string
 	uninstall       bool
 	podName, podNS  string
 	logLevel        slog.Level
@@ -70,6 +71,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.reconcile, "reconcile-period", 30*time.Second, "how often every pod's rules are verified in its netns")
 	fs.StringVar(&c.monitorAddr, "monitoring-addr", ":15024", "address of /metrics, /healthz and /readyz")
 	fs.StringVar(&c.hostNetns, "host-netns", "", "netns path of the node's host rules (default: the agent's own)")
+	fs.StringVar(&c.stateDir, "state-dir", "/var/run/canopy", "the agent's directory on the node: what it keeps there (each pod's network namespace, as its CNI ADD gave it) outlives an agent restart; a tmpfs, since a reboot ends every namespace")
 	fs.BoolVar(&c.uninstall, "uninstall", false, "take every pod of the node out of the mesh, remove the plugin and the host rules, and exit")
 	fs.StringVar(&c.podName, "pod-name", os.Getenv("POD_NAME"), "this agent's pod: when its DaemonSet is being deleted, stopping uninstalls (default $POD_NAME)")
 	fs.StringVar(&c.podNS, "pod-namespace", os.Getenv("POD_NAMESPACE"), "this agent's namespace (default $POD_NAMESPACE)")
@@ -136,7 +138,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	var a *agent.Agent
 	proxy := zds.New(cfg.zdsSocket, zds.Config{OnDelivered: func(uid string) { a.Delivered(uid) }}, log)
 	registry := prometheus.NewRegistry()
-	a, err = agent.New(agent.Config{NodeName: cfg.nodeName, Enroll: cfg.enroll, ReconcilePeriod: cfg.reconcile, Registerer: registry},
+	a, err = agent.New(agent.Config{NodeName: cfg.nodeName, Enroll: cfg.enroll, ReconcilePeriod: cfg.reconcile, StateDir: cfg.stateDir, Registerer: registry},
 		kube, backend, host, proxy, log)
 	if err != nil {
 		return err

@@ -22,6 +22,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -66,10 +67,14 @@ type Config struct {
 	// to the pod (default 5m): the condition's lastProbeTime says when the
 	// agent last saw the rules in place.
 	StatusRefresh time.Duration
-	// ProcRoot and NetnsDirs are where running pods' namespaces are found
-	// (default /proc, and /run/netns and /var/run/netns).
-	ProcRoot  string
-	NetnsDirs []string
+	// ProcRoot is where the node's processes are seen (default /proc): a
+	// pod whose CNI ADD the agent did not record is found by the cgroup
+	// of its processes, which carries the pod's UID.
+	ProcRoot string
+	// StateDir is the agent's directory on the node; what it keeps there
+	// outlives an agent restart: the network namespace each pod's CNI ADD
+	// gave (pods/<uid>.json). Empty keeps nothing.
+	StateDir string
 	// Registerer receives the metrics; nil registers nowhere.
 	Registerer prometheus.Registerer
 	Now        func() time.Time
@@ -84,9 +89,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ProcRoot == "" {
 		c.ProcRoot = "/proc"
-	}
-	if c.NetnsDirs == nil {
-		c.NetnsDirs = []string{"/run/netns", "/var/run/netns"}
 	}
 	if c.Registerer == nil {
 		c.Registerer = prometheus.NewRegistry()
@@ -107,6 +109,7 @@ type Agent struct {
 	log     *slog.Logger
 	metrics *metrics
 	finder  netnsFinder
+	records records
 
 	pods       listerscorev1.PodLister
 	namespaces listerscorev1.NamespaceLister
@@ -124,7 +127,6 @@ type member struct {
 	// netns is the agent's handle on the pod's namespace: the rules are
 	// checked through it, whatever happens to the path it came from.
 	netns *os.File
-	inode uint64
 	ips   []netip.Addr
 	cfg   redirect.PodConfig
 	// state is the redirection annotation's value.
@@ -149,11 +151,19 @@ func New(cfg Config, kube kubernetes.Interface, backend redirect.Backend, host H
 	return &Agent{
 		cfg: cfg, kube: kube, backend: backend, host: host, proxy: proxy, metrics: m,
 		log:      log.With("component", "cni-agent", "backend", backend.Name()),
-		finder:   netnsFinder{procRoot: cfg.ProcRoot, pinDirs: cfg.NetnsDirs},
+		finder:   netnsFinder{procRoot: cfg.ProcRoot},
+		records:  records{dir: stateSubdir(cfg.StateDir, recordsDir)},
 		synced:   make(chan struct{}),
 		wake:     make(chan struct{}, 1),
 		enrolled: map[types.UID]*member{},
 	}, nil
+}
+
+func stateSubdir(dir, sub string) string {
+	if dir == "" {
+		return ""
+	}
+	return filepath.Join(dir, sub)
 }
 
 // Synced is closed once the agent has listed the node's pods and made its

@@ -2,6 +2,8 @@ package agent_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -13,6 +15,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -27,6 +30,7 @@ import (
 	"github.com/canopy-mesh/canopy/cni/pluginevent"
 	"github.com/canopy-mesh/canopy/cni/redirect"
 	"github.com/canopy-mesh/canopy/cni/zds"
+	"github.com/canopy-mesh/canopy/internal/cgroup"
 	"github.com/canopy-mesh/canopy/internal/netns"
 	"github.com/canopy-mesh/canopy/internal/testing/eventually"
 	"github.com/canopy-mesh/canopy/internal/testing/nettest"
@@ -51,6 +55,8 @@ type nodeProxy struct {
 
 	mu  sync.Mutex
 	got []string
+	// netns is the inode of the namespace each pod's last Add carried.
+	netns map[string]uint64
 }
 
 func (p *nodeProxy) run(ctx context.Context, path string) {
@@ -78,6 +84,17 @@ func (p *nodeProxy) run(ctx context.Context, path string) {
 				entry = "add " + r.Add.GetUid()
 				if len(fds) != 1 || !zdsconn.IsNetns(fds[0]) {
 					entry += " without a netns"
+				}
+				if len(fds) == 1 {
+					var st syscall.Stat_t
+					if syscall.Fstat(int(fds[0].Fd()), &st) == nil {
+						p.mu.Lock()
+						if p.netns == nil {
+							p.netns = map[string]uint64{}
+						}
+						p.netns[r.Add.GetUid()] = st.Ino
+						p.mu.Unlock()
+					}
 				}
 				if p.refuse != "" && r.Add.GetWorkloadInfo().GetName() == p.refuse {
 					entry, ackErr = "refused "+r.Add.GetUid(), "no workload for this pod"
@@ -109,6 +126,13 @@ func (p *nodeProxy) saw(entry string) bool {
 	return slices.Contains(p.got, entry)
 }
 
+// netnsOf returns the inode of the namespace the pod's last Add carried.
+func (p *nodeProxy) netnsOf(uid types.UID) uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.netns[string(uid)]
+}
+
 func (p *nodeProxy) reset() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -125,7 +149,9 @@ type node struct {
 	stop   func()
 }
 
-func startNode(t *testing.T, name, zdsPath, nodeNetns string) *node {
+// startNode starts an agent for node name; stateDir is its directory on
+// the node, which a restarted agent is given again.
+func startNode(t *testing.T, name, zdsPath, nodeNetns, stateDir string) *node {
 	t.Helper()
 	log := slog.New(slog.DiscardHandler)
 	n := &node{reg: prometheus.NewRegistry()}
@@ -137,7 +163,7 @@ func startNode(t *testing.T, name, zdsPath, nodeNetns string) *node {
 	host := hostrules.Rules{ProbeUID: 0, ProbeSNAT: redirect.DefaultProbeSNAT, ProbeSNATv6: redirect.DefaultProbeSNATv6, Netns: nodeNetns}
 	a, err := agent.New(agent.Config{
 		NodeName: name, Enroll: enroll.Config{SystemNamespace: "istio-system", ExcludedNamespaces: []string{"kube-system"}, DNSCapture: true},
-		ReconcilePeriod: 200 * time.Millisecond, StatusRefresh: time.Second, NetnsDirs: []string{netns.Dir}, ProcRoot: t.TempDir(),
+		ReconcilePeriod: 200 * time.Millisecond, StatusRefresh: time.Second, StateDir: stateDir,
 		Registerer: n.reg,
 	}, env.Client, redirect.Nftables{}, host, server, log)
 	if err != nil {
@@ -174,6 +200,30 @@ func startNode(t *testing.T, name, zdsPath, nodeNetns string) *node {
 		t.Fatal("agent did not sync")
 	}
 	return n
+}
+
+// podProcess runs a process of the pod with uid in the namespace at
+// netnsPath, in a cgroup named as a kubelet names the pod's, until the test
+// ends.
+func podProcess(t *testing.T, netnsPath string, uid types.UID) {
+	t.Helper()
+	root, err := cgroup.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	top := filepath.Join(root, "canopy-test-"+hex.EncodeToString(b))
+	t.Cleanup(func() {
+		if err := cgroup.Remove(top); err != nil {
+			t.Errorf("remove test cgroup: %v", err)
+		}
+	})
+	cmd := exec.Command("sleep", "3600")
+	if err := netns.Do(netnsPath, func() error { return cgroup.Start(cmd, filepath.Join(top, "kubepods", "pod"+string(uid))) }); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = cmd.Wait() }()
 }
 
 func createPod(t *testing.T, ns, name, node string, ip netip.Addr, labels map[string]string) *corev1.Pod {
@@ -250,10 +300,13 @@ func TestAgentKeepsPodsEnrolled(t *testing.T) {
 	defer pcancel()
 	go proxy.run(pctx, zdsPath)
 
-	// A pod that runs before the agent starts (after a reboot, say).
+	// A pod that runs before the agent starts (after a reboot, say): the
+	// agent never saw its ADD, and finds it by its process.
 	pod := createPod(t, ns, "running", nodeName, running.AddrA, nil)
+	podProcess(t, running.A, pod.UID)
 	stray := createPod(t, ns, "no-netns", nodeName, netip.MustParseAddr("10.217.9.9"), nil)
-	n := startNode(t, nodeName, zdsPath, running.B)
+	stateDir := t.TempDir()
+	n := startNode(t, nodeName, zdsPath, running.B, stateDir)
 
 	t.Run("a running pod is found and enrolled at start", func(t *testing.T) {
 		if err := (redirect.Nftables{}).Verify(running.A, redirect.DefaultPodConfig()); err != nil {
@@ -318,7 +371,7 @@ func TestAgentKeepsPodsEnrolled(t *testing.T) {
 	t.Run("an agent restart gives the node proxy a full snapshot", func(t *testing.T) {
 		n.stop()
 		proxy.reset()
-		n2 = startNode(outer, nodeName, zdsPath, running.B)
+		n2 = startNode(outer, nodeName, zdsPath, running.B, stateDir)
 		eventually.Within(t, settle, "a snapshot", func() bool { return proxy.saw("snapshot") })
 		proxy.mu.Lock()
 		got := slices.Clone(proxy.got[:3])

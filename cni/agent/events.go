@@ -3,13 +3,16 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
+	"os"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/canopy-mesh/canopy/cni/pluginevent"
 )
@@ -75,9 +78,24 @@ func (a *Agent) cmdAdd(ctx context.Context, req pluginevent.Request) (plugineven
 	if err != nil {
 		return pluginevent.Response{}, err
 	}
+	// Whatever the pod's mode, its namespace is recorded: a pod whose
+	// namespace joins the mesh later is found by it, not by its IP.
+	f, openErr := os.Open(req.Netns)
+	if openErr == nil {
+		dev, ino := identity(f)
+		if err := a.records.save(netnsRecord{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID, Netns: req.Netns, Dev: dev, Ino: ino}); err != nil {
+			a.log.Warn("cannot record the pod's network namespace", "pod", pod.Namespace+"/"+pod.Name, "err", err)
+		}
+	}
 	d := a.decide(pod)
 	if !d.Enroll {
+		if f != nil {
+			f.Close()
+		}
 		return pluginevent.Response{Reason: d.Reason}, nil
+	}
+	if openErr != nil {
+		return pluginevent.Response{}, a.failed(ctx, pod, fmt.Errorf("open netns %s: %w", req.Netns, openErr))
 	}
 	var ips []netip.Addr
 	for _, s := range req.IPs {
@@ -89,11 +107,12 @@ func (a *Agent) cmdAdd(ctx context.Context, req pluginevent.Request) (plugineven
 		ips = podIPs(pod)
 	}
 	if len(ips) == 0 {
+		f.Close()
 		return pluginevent.Response{}, fmt.Errorf("pod %s/%s: no IP in the previous plugin's result", pod.Namespace, pod.Name)
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if err := a.enrollPod(ctx, pod, req.Netns, ips, d.Pod); err != nil {
+	if err := a.enrollPod(ctx, pod, f, req.Netns, ips, d.Pod); err != nil {
 		return pluginevent.Response{}, err
 	}
 	return pluginevent.Response{Enrolled: true, Reason: d.Reason}, nil
@@ -111,6 +130,11 @@ func (a *Agent) member(req pluginevent.Request) *member {
 func (a *Agent) cmdDel(ctx context.Context, req pluginevent.Request) (pluginevent.Response, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if isUID(req.PodUID) {
+		if err := a.records.remove(types.UID(req.PodUID)); err != nil {
+			a.log.Warn("cannot forget the pod's network namespace", "pod", req.PodNamespace+"/"+req.PodName, "err", err)
+		}
+	}
 	if m := a.member(req); m != nil {
 		pod, err := a.kube.CoreV1().Pods(req.PodNamespace).Get(ctx, req.PodName, metav1.GetOptions{})
 		if err != nil { // gone, or unreadable: un-enroll without touching it
@@ -156,5 +180,5 @@ func (a *Agent) Uninstall(ctx context.Context) error {
 		}
 		a.unenrollPod(ctx, m, pod)
 	}
-	return a.host.Delete()
+	return errors.Join(a.host.Delete(), a.records.clear())
 }

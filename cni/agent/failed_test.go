@@ -36,7 +36,7 @@ func TestFailedEnrollmentLeavesNothingInZDS(t *testing.T) {
 	pctx, pcancel := context.WithCancel(context.Background())
 	defer pcancel()
 	go proxy.run(pctx, zdsPath)
-	n := startNode(t, nodeName, zdsPath, p.B)
+	n := startNode(t, nodeName, zdsPath, p.B, t.TempDir())
 	eventually.Within(t, settle, "node proxy connected", func() bool { return n.zds.Connected() == 1 })
 
 	// The pod has no IP in its status yet, as during a real ADD, so only

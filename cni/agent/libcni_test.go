@@ -78,7 +78,7 @@ func TestPluginThroughLibcni(t *testing.T) {
 	pctx, pcancel := context.WithCancel(context.Background())
 	defer pcancel()
 	go proxy.run(pctx, zdsPath)
-	n := startNode(t, nodeName, zdsPath, node)
+	n := startNode(t, nodeName, zdsPath, node, t.TempDir())
 
 	installer := install.Installer{ConfDir: confDir, BinDir: binDir, PluginBinary: plugin,
 		Entry: map[string]any{"agentSocket": n.plugin.Socket}, Log: slog.New(slog.DiscardHandler)}

@@ -19,16 +19,14 @@ import (
 
 // enrollPod puts a pod in the mesh (docs/wire-contract.md §3.5): rules in its
 // netns, its IPs in the host probe set, the pod to the node proxy, the
-// annotation. Callers hold a.mu.
+// annotation. f is a handle on the pod's network namespace, which
+// enrollPod owns from then on; source says where it came from, for the
+// log. Callers hold a.mu.
 //
 // A failed enrollment leaves nothing of the pod in ZDS: a node proxy must
 // never serve a pod the agent could not enroll, so the ZDS server forgets
 // it (closing its handle on the netns) and every node proxy is told.
-func (a *Agent) enrollPod(ctx context.Context, pod *corev1.Pod, netnsPath string, ips []netip.Addr, cfg redirect.PodConfig) error {
-	f, err := os.Open(netnsPath)
-	if err != nil {
-		return a.failed(ctx, pod, fmt.Errorf("open netns %s: %w", netnsPath, err))
-	}
+func (a *Agent) enrollPod(ctx context.Context, pod *corev1.Pod, f *os.File, source string, ips []netip.Addr, cfg redirect.PodConfig) error {
 	// inZDS: the ZDS server may hold the pod, from an earlier enrollment
 	// or from this one.
 	inZDS := false
@@ -47,7 +45,7 @@ func (a *Agent) enrollPod(ctx context.Context, pod *corev1.Pod, netnsPath string
 		}
 		return a.failed(ctx, pod, err)
 	}
-	m := &member{namespace: pod.Namespace, name: pod.Name, uid: pod.UID, netns: f, inode: inode(f), ips: ips, cfg: cfg}
+	m := &member{namespace: pod.Namespace, name: pod.Name, uid: pod.UID, netns: f, ips: ips, cfg: cfg}
 	if err := a.backend.Enroll(m.path(), cfg); err != nil {
 		return fail(err)
 	}
@@ -68,7 +66,7 @@ func (a *Agent) enrollPod(ctx context.Context, pod *corev1.Pod, netnsPath string
 	a.enrolled[pod.UID] = m
 	a.metrics.enrollments.WithLabelValues(state).Inc()
 	a.metrics.enrolled.Set(float64(len(a.enrolled)))
-	a.log.Info("pod enrolled", "pod", pod.Namespace+"/"+pod.Name, "state", state, "netns", netnsPath)
+	a.log.Info("pod enrolled", "pod", pod.Namespace+"/"+pod.Name, "state", state, "netns", source)
 	msg := "redirection verified in the pod's network namespace"
 	if state == enroll.RedirectionPending {
 		msg = "redirection in place; no node proxy has taken the pod yet"

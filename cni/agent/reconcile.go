@@ -3,8 +3,8 @@ package agent
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/netip"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -21,6 +21,7 @@ func running(pod *corev1.Pod) bool {
 
 // reconcile makes the kernel match the cluster for every pod of the node.
 func (a *Agent) reconcile(ctx context.Context) {
+	start := a.cfg.Now()
 	pods, err := a.pods.List(labels.Everything())
 	if err != nil {
 		a.log.Error("list pods", "err", err)
@@ -29,8 +30,21 @@ func (a *Agent) reconcile(ctx context.Context) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	seen := map[types.UID]bool{}
+	exists := map[types.UID]bool{}
+	// The node's processes are read once per pass, when a pod needs them.
+	var procs podNamespaces
+	scan := func() podNamespaces {
+		if procs == nil {
+			if procs, err = a.finder.scan(); err != nil {
+				a.log.Warn("cannot read the node's processes", "err", err)
+				procs = podNamespaces{}
+			}
+		}
+		return procs
+	}
 	unenrollable := 0
 	for _, pod := range pods {
+		exists[pod.UID] = true
 		m := a.enrolled[pod.UID]
 		d := a.decide(pod)
 		if !d.Enroll || !running(pod) {
@@ -45,12 +59,12 @@ func (a *Agent) reconcile(ctx context.Context) {
 			continue // not networked yet: the plugin's ADD comes first
 		}
 		if m == nil {
-			if !a.enrollRunning(ctx, pod, ips, d.Pod) {
+			if !a.enrollRunning(ctx, pod, ips, d.Pod, scan) {
 				unenrollable++
 			}
 			continue
 		}
-		a.verify(ctx, pod, m, ips, d.Pod)
+		a.verify(ctx, pod, m, ips, d.Pod, scan)
 	}
 	for uid, m := range a.enrolled {
 		if !seen[uid] {
@@ -59,36 +73,70 @@ func (a *Agent) reconcile(ctx context.Context) {
 	}
 	a.metrics.unenrollable.Set(float64(unenrollable))
 	a.verifyHost()
+	a.forgetGone(exists, start)
+}
+
+// forgetGone removes the records of pods that no longer exist. A record
+// written since the pass began may be a pod the informer has not shown
+// yet, and stays.
+func (a *Agent) forgetGone(exists map[types.UID]bool, start time.Time) {
+	uids, err := a.records.older(start)
+	if err != nil {
+		a.log.Warn("cannot list the pods' records", "err", err)
+		return
+	}
+	for _, uid := range uids {
+		if !exists[uid] {
+			if err := a.records.remove(uid); err != nil {
+				a.log.Warn("cannot forget a pod's network namespace", "uid", uid, "err", err)
+			}
+		}
+	}
 }
 
 // enrollRunning enrolls a pod that runs without the agent having seen its
-// ADD: started before the agent, or while the plugin was missing from the
-// CNI configuration. Its netns is found by its IP.
-func (a *Agent) enrollRunning(ctx context.Context, pod *corev1.Pod, ips []netip.Addr, cfg redirect.PodConfig) bool {
-	path, err := a.finder.find(ips[0])
-	if err != nil || path == "" {
-		msg := fmt.Sprintf("no network namespace on this node holds the pod's IP %s", ips[0])
-		if err != nil {
-			msg = err.Error()
+// ADD in this run: started before the agent, or while the plugin was
+// missing from the CNI configuration. Its netns is found by the pod's
+// identity (netns.go): the one its ADD recorded, else the one its
+// processes live in. Its IP only checks what was found.
+func (a *Agent) enrollRunning(ctx context.Context, pod *corev1.Pod, ips []netip.Addr, cfg redirect.PodConfig, scan func() podNamespaces) bool {
+	key := pod.Namespace + "/" + pod.Name
+	rec, ok, err := a.records.load(pod.UID)
+	if err != nil {
+		a.log.Warn("cannot read the pod's record", "pod", key, "err", err)
+	}
+	if ok {
+		f, err := openRecorded(rec, ips[0])
+		if err == nil {
+			return a.enrollPod(ctx, pod, f, rec.Netns, ips, cfg) == nil
 		}
-		a.log.Warn("cannot enroll running pod", "pod", pod.Namespace+"/"+pod.Name, "reason", msg)
+		// The sandbox was replaced behind the agent's back.
+		a.log.Info("the pod's recorded network namespace is gone; looking for its processes", "pod", key, "err", err)
+		if err := a.records.remove(pod.UID); err != nil {
+			a.log.Warn("cannot forget the pod's network namespace", "pod", key, "err", err)
+		}
+	}
+	f, err := open(scan()[pod.UID], ips[0])
+	if err != nil {
+		msg := err.Error()
+		a.log.Warn("cannot enroll running pod", "pod", key, "reason", msg)
 		if perr := a.publish(ctx, pod, "", false, ReasonNoNetns, msg, a.cfg.Now()); perr != nil {
 			a.log.Warn("cannot publish", "err", perr)
 		}
 		return false
 	}
-	return a.enrollPod(ctx, pod, path, ips, cfg) == nil
+	return a.enrollPod(ctx, pod, f, "the network namespace of the pod's processes", ips, cfg) == nil
 }
 
 // verify checks an enrolled pod against the kernel and repairs it.
-func (a *Agent) verify(ctx context.Context, pod *corev1.Pod, m *member, ips []netip.Addr, cfg redirect.PodConfig) {
+func (a *Agent) verify(ctx context.Context, pod *corev1.Pod, m *member, ips []netip.Addr, cfg redirect.PodConfig, scan func() podNamespaces) {
 	key := pod.Namespace + "/" + pod.Name
 	// A pod whose sandbox was recreated has a new netns: the old handle
 	// no longer holds its IP.
-	if !holds(m.path(), ips[0]) {
+	if !holdsFd(m.netns, ips[0]) {
 		a.metrics.verifications.WithLabelValues("netns_replaced").Inc()
 		a.log.Warn("pod's network namespace was replaced; enrolling the new one", "pod", key)
-		a.enrollRunning(ctx, pod, ips, cfg)
+		a.enrollRunning(ctx, pod, ips, cfg, scan)
 		return
 	}
 	outcome, reason := "verified", ReasonVerified
