@@ -133,7 +133,7 @@ func (f *fixture) agent(b *testing.B, period time.Duration) *benchAgent {
 	}
 	kube := fake.NewClientset(objs...)
 	reg := prometheus.NewRegistry()
-	a, err := agent.New(agent.Config{NodeName: "bench-node", ReconcilePeriod: period, ProcRoot: b.TempDir(), NetnsDirs: []string{}, Registerer: reg},
+	a, err := agent.New(agent.Config{NodeName: "bench-node", ReconcilePeriod: period, ProcRoot: b.TempDir(), Registerer: reg},
 		kube, redirect.Nftables{}, f.host, f.server, slog.New(slog.DiscardHandler))
 	if err != nil {
 		b.Fatal(err)

@@ -116,11 +116,20 @@ type Agent struct {
 	synced     chan struct{}
 	wake       chan struct{}
 
-	mu       sync.Mutex
+	// locks serializes the work on each pod; mu guards the tables below
+	// and is never held across I/O (locks.go).
+	locks podLocks
+	mu    sync.Mutex
+	// enrolled are the pods in the mesh.
 	enrolled map[types.UID]*member
+	// probeIPs are the IPs the host probe set must hold, counted by pod;
+	// probeGen changes with them.
+	probeIPs map[netip.Addr]int
+	probeGen uint64
 }
 
-// member is an enrolled pod as the agent holds it.
+// member is an enrolled pod as the agent holds it. Its fields change only
+// under the pod's lock.
 type member struct {
 	namespace, name string
 	uid             types.UID
@@ -156,6 +165,7 @@ func New(cfg Config, kube kubernetes.Interface, backend redirect.Backend, host H
 		synced:   make(chan struct{}),
 		wake:     make(chan struct{}, 1),
 		enrolled: map[types.UID]*member{},
+		probeIPs: map[netip.Addr]int{},
 	}, nil
 }
 
