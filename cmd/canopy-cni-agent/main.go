@@ -26,6 +26,7 @@ import (
 	"github.com/canopy-mesh/canopy/cni/enroll"
 	"github.com/canopy-mesh/canopy/cni/hostrules"
 	"github.com/canopy-mesh/canopy/cni/install"
+	"github.com/canopy-mesh/canopy/cni/pluginevent"
 	"github.com/canopy-mesh/canopy/cni/redirect"
 	"github.com/canopy-mesh/canopy/cni/removal"
 	"github.com/canopy-mesh/canopy/cni/zds"
@@ -48,6 +49,7 @@ type config struct {
 	monitorAddr     string
 	hostNetns       string
 	stateDir        string
+	namespaceRecord string
 	uninstall       bool
 	podName, podNS  string
 	logLevel        slog.Level
@@ -71,6 +73,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.reconcile, "reconcile-period", 30*time.Second, "how often every pod's rules are verified in its netns")
 	fs.StringVar(&c.monitorAddr, "monitoring-addr", ":15024", "address of /metrics, /healthz and /readyz")
 	fs.StringVar(&c.hostNetns, "host-netns", "", "netns path of the node's host rules (default: the agent's own)")
+	fs.StringVar(&c.namespaceRecord, "namespace-record", pluginevent.DefaultNamespaceRecord, "file where the agent records the namespaces outside the mesh, whose pods the plugin lets start while the agent is unreachable (empty: none, every pod waits for the agent)")
 	fs.StringVar(&c.stateDir, "state-dir", "/var/run/canopy", "the agent's directory on the node: what it keeps there (each pod's network namespace, as its CNI ADD gave it) outlives an agent restart; a tmpfs, since a reboot ends every namespace")
 	fs.BoolVar(&c.uninstall, "uninstall", false, "take every pod of the node out of the mesh, remove the plugin and the host rules, and exit")
 	fs.StringVar(&c.podName, "pod-name", os.Getenv("POD_NAME"), "this agent's pod: when its DaemonSet is being deleted, stopping uninstalls (default $POD_NAME)")
@@ -138,15 +141,19 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	var a *agent.Agent
 	proxy := zds.New(cfg.zdsSocket, zds.Config{OnDelivered: func(uid string) { a.Delivered(uid) }}, log)
 	registry := prometheus.NewRegistry()
-	a, err = agent.New(agent.Config{NodeName: cfg.nodeName, Enroll: cfg.enroll, ReconcilePeriod: cfg.reconcile, StateDir: cfg.stateDir, Registerer: registry},
+	a, err = agent.New(agent.Config{
+		NodeName: cfg.nodeName, Enroll: cfg.enroll, ReconcilePeriod: cfg.reconcile,
+		StateDir: cfg.stateDir, NamespaceRecord: cfg.namespaceRecord, Registerer: registry,
+	},
 		kube, backend, host, proxy, log)
 	if err != nil {
 		return err
 	}
-	installer := install.Installer{
-		ConfDir: cfg.confDir, BinDir: cfg.binDir, PluginBinary: cfg.pluginBinary,
-		Entry: map[string]any{"agentSocket": cfg.pluginSocket, "excludeNamespaces": cfg.enroll.ExcludedNamespaces}, Log: log,
+	entry := map[string]any{"agentSocket": cfg.pluginSocket, "excludeNamespaces": cfg.enroll.ExcludedNamespaces}
+	if cfg.namespaceRecord != "" {
+		entry["namespaceRecord"] = cfg.namespaceRecord
 	}
+	installer := install.Installer{ConfDir: cfg.confDir, BinDir: cfg.binDir, PluginBinary: cfg.pluginBinary, Entry: entry, Log: log}
 	return agent.RunLifecycle(ctx, agent.LifecycleConfig{
 		Uninstall:    cfg.uninstall,
 		PluginSocket: cfg.pluginSocket,

@@ -75,6 +75,11 @@ type Config struct {
 	// outlives an agent restart: the network namespace each pod's CNI ADD
 	// gave (pods/<uid>.json). Empty keeps nothing.
 	StateDir string
+	// NamespaceRecord is where the agent keeps the record of the
+	// namespaces whose pods may start while the plugin cannot reach it
+	// (pluginevent.NamespaceRecord). Empty keeps none: the plugin then
+	// fails every pod while the agent is unreachable.
+	NamespaceRecord string
 	// Registerer receives the metrics; nil registers nowhere.
 	Registerer prometheus.Registerer
 	Now        func() time.Time
@@ -115,6 +120,7 @@ type Agent struct {
 	namespaces listerscorev1.NamespaceLister
 	synced     chan struct{}
 	wake       chan struct{}
+	recordWake chan struct{}
 
 	// locks serializes the work on each pod; mu guards the tables below
 	// and is never held across I/O (locks.go).
@@ -159,13 +165,14 @@ func New(cfg Config, kube kubernetes.Interface, backend redirect.Backend, host H
 	}
 	return &Agent{
 		cfg: cfg, kube: kube, backend: backend, host: host, proxy: proxy, metrics: m,
-		log:      log.With("component", "cni-agent", "backend", backend.Name()),
-		finder:   netnsFinder{procRoot: cfg.ProcRoot},
-		records:  records{dir: stateSubdir(cfg.StateDir, recordsDir)},
-		synced:   make(chan struct{}),
-		wake:     make(chan struct{}, 1),
-		enrolled: map[types.UID]*member{},
-		probeIPs: map[netip.Addr]int{},
+		log:        log.With("component", "cni-agent", "backend", backend.Name()),
+		finder:     netnsFinder{procRoot: cfg.ProcRoot},
+		records:    records{dir: stateSubdir(cfg.StateDir, recordsDir)},
+		synced:     make(chan struct{}),
+		wake:       make(chan struct{}, 1),
+		recordWake: make(chan struct{}, 1),
+		enrolled:   map[types.UID]*member{},
+		probeIPs:   map[netip.Addr]int{},
 	}, nil
 }
 
@@ -191,9 +198,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	nsInformer := nsInformers.Core().V1().Namespaces()
 	a.pods, a.namespaces = podInformer.Lister(), nsInformer.Lister()
 	poke := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { a.poke() },
-		UpdateFunc: func(any, any) { a.poke() },
-		DeleteFunc: func(any) { a.poke() },
+		AddFunc:    func(any) { a.poke(); a.pokeRecord() },
+		UpdateFunc: func(any, any) { a.poke(); a.pokeRecord() },
+		DeleteFunc: func(any) { a.poke(); a.pokeRecord() },
 	}
 	if _, err := podInformer.Informer().AddEventHandler(poke); err != nil {
 		return err
@@ -214,6 +221,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.host.Sync(nil); err != nil {
 		return fmt.Errorf("host probe rules: %w", err)
 	}
+	if a.cfg.NamespaceRecord != "" {
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		wg.Go(func() { a.keepNamespaceRecord(ctx) })
+	}
 	a.reconcile(ctx)
 	close(a.synced)
 	tick := time.NewTicker(a.cfg.ReconcilePeriod)
@@ -232,6 +244,13 @@ func (a *Agent) Run(ctx context.Context) error {
 func (a *Agent) poke() {
 	select {
 	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (a *Agent) pokeRecord() {
+	select {
+	case a.recordWake <- struct{}{}:
 	default:
 	}
 }

@@ -142,8 +142,10 @@ func (p *nodeProxy) reset() {
 // node is an agent with its ZDS server and plugin socket, started and
 // stopped as one (an agent process).
 type node struct {
-	agent  *agent.Agent
-	zds    *zds.Server
+	agent *agent.Agent
+	zds   *zds.Server
+	// record is the agent's namespace record.
+	record string
 	reg    *prometheus.Registry
 	plugin pluginevent.Client
 	stop   func()
@@ -154,7 +156,7 @@ type node struct {
 func startNode(t *testing.T, name, zdsPath, nodeNetns, stateDir string) *node {
 	t.Helper()
 	log := slog.New(slog.DiscardHandler)
-	n := &node{reg: prometheus.NewRegistry()}
+	n := &node{reg: prometheus.NewRegistry(), record: filepath.Join(stateDir, "namespaces.json")}
 	server := zds.New(zdsPath, zds.Config{OnDelivered: func(uid string) {
 		if n.agent != nil {
 			n.agent.Delivered(uid)
@@ -164,7 +166,7 @@ func startNode(t *testing.T, name, zdsPath, nodeNetns, stateDir string) *node {
 	a, err := agent.New(agent.Config{
 		NodeName: name, Enroll: enroll.Config{SystemNamespace: "istio-system", ExcludedNamespaces: []string{"kube-system"}, DNSCapture: true},
 		ReconcilePeriod: 200 * time.Millisecond, StatusRefresh: time.Second, StateDir: stateDir,
-		Registerer: n.reg,
+		NamespaceRecord: n.record, Registerer: n.reg,
 	}, env.Client, redirect.Nftables{}, host, server, log)
 	if err != nil {
 		t.Fatal(err)

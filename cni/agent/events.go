@@ -187,5 +187,5 @@ func (a *Agent) Uninstall(ctx context.Context) error {
 		}
 		unlock()
 	}
-	return errors.Join(a.host.Delete(), a.records.clear())
+	return errors.Join(a.host.Delete(), a.records.clear(), a.removeNamespaceRecord())
 }
