@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/canopy-mesh/canopy/cni/agent"
@@ -29,6 +30,7 @@ import (
 	"github.com/canopy-mesh/canopy/cni/pluginevent"
 	"github.com/canopy-mesh/canopy/cni/redirect"
 	"github.com/canopy-mesh/canopy/cni/removal"
+	"github.com/canopy-mesh/canopy/cni/taint"
 	"github.com/canopy-mesh/canopy/cni/zds"
 	"github.com/canopy-mesh/canopy/internal/cmdmain"
 	"github.com/canopy-mesh/canopy/internal/kubeconfig"
@@ -50,6 +52,7 @@ type config struct {
 	hostNetns       string
 	stateDir        string
 	namespaceRecord string
+	startupTaint    string
 	uninstall       bool
 	podName, podNS  string
 	logLevel        slog.Level
@@ -74,6 +77,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.monitorAddr, "monitoring-addr", ":15024", "address of /metrics, /healthz and /readyz")
 	fs.StringVar(&c.hostNetns, "host-netns", "", "netns path of the node's host rules (default: the agent's own)")
 	fs.StringVar(&c.namespaceRecord, "namespace-record", pluginevent.DefaultNamespaceRecord, "file where the agent records the namespaces outside the mesh, whose pods the plugin lets start while the agent is unreachable (empty: none, every pod waits for the agent)")
+	fs.StringVar(&c.startupTaint, "startup-taint", taint.DefaultKey, "key of the taint the node registers with and the agent removes once its plugin is in the CNI chain and a self-test enrollment passed (empty: none)")
 	fs.StringVar(&c.stateDir, "state-dir", "/var/run/canopy", "the agent's directory on the node: what it keeps there (each pod's network namespace, as its CNI ADD gave it) outlives an agent restart; a tmpfs, since a reboot ends every namespace")
 	fs.BoolVar(&c.uninstall, "uninstall", false, "take every pod of the node out of the mesh, remove the plugin and the host rules, and exit")
 	fs.StringVar(&c.podName, "pod-name", os.Getenv("POD_NAME"), "this agent's pod: when its DaemonSet is being deleted, stopping uninstalls (default $POD_NAME)")
@@ -96,6 +100,9 @@ func parseFlags(args []string) (config, error) {
 	}
 	if c.nodeName == "" {
 		return c, errors.New("--node-name (or $NODE_NAME) is required")
+	}
+	if errs := validation.IsQualifiedName(c.startupTaint); c.startupTaint != "" && len(errs) > 0 {
+		return c, fmt.Errorf("--startup-taint %q: %s", c.startupTaint, strings.Join(errs, "; "))
 	}
 	if c.backend != "nftables" && c.backend != "iptables" {
 		return c, fmt.Errorf("--backend %q: want nftables or iptables", c.backend)
@@ -154,6 +161,10 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		entry["namespaceRecord"] = cfg.namespaceRecord
 	}
 	installer := install.Installer{ConfDir: cfg.confDir, BinDir: cfg.binDir, PluginBinary: cfg.pluginBinary, Entry: entry, Log: log}
+	var startupTaint agent.StartupTaint
+	if cfg.startupTaint != "" {
+		startupTaint = taint.Remover{Kube: kube, Node: cfg.nodeName, Key: cfg.startupTaint}
+	}
 	return agent.RunLifecycle(ctx, agent.LifecycleConfig{
 		Uninstall:    cfg.uninstall,
 		PluginSocket: cfg.pluginSocket,
@@ -165,6 +176,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		Plugin:  installer,
 		Removal: removal.New(kube, cfg.podNS, cfg.podName, log),
 		Proxy:   proxy,
+		Taint:   startupTaint,
 		Metrics: registry,
 	}, log)
 }
@@ -179,4 +191,5 @@ var (
 	_ agent.PluginInstaller = install.Installer{}
 	_ agent.RemovalWatch    = (*removal.Watcher)(nil)
 	_ agent.ProxyServer     = (*zds.Server)(nil)
+	_ agent.StartupTaint    = taint.Remover{}
 )

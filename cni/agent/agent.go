@@ -85,6 +85,14 @@ type Config struct {
 	Now        func() time.Time
 }
 
+// selfTestPod is the pod configuration the self-test enrolls with: the
+// node's defaults.
+func (c Config) selfTestPod() redirect.PodConfig {
+	cfg := redirect.DefaultPodConfig()
+	cfg.DNSCapture = c.Enroll.DNSCapture
+	return cfg
+}
+
 func (c Config) withDefaults() Config {
 	if c.ReconcilePeriod <= 0 {
 		c.ReconcilePeriod = 30 * time.Second
