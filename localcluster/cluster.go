@@ -346,6 +346,7 @@ func (u *upper) startNode(ctx context.Context, i int) error {
 				corev1.LabelTopologyZone:   node.Zone,
 			},
 			KubeletVersion: "canopy-local",
+			Taints:         cfg.NodeTaints,
 		},
 		Kubelet: kubelet.Config{
 			NodeName:       name,
