@@ -1,6 +1,7 @@
 // Package cni_test benchmarks pod enrollment on real network namespaces:
 // rules in place (per backend), the pod IP in the host probe set, and the
-// node proxy's ZDS Ack, for 200 pods. Run as root:
+// node proxy's ZDS Ack, for 200 pods; and a CNI ADD served by the agent
+// while reconcile passes run (add_test.go). Run as root:
 //
 //	go test ./bench/cni -run '^$' -bench . -benchtime 3x
 package cni_test
