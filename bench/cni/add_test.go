@@ -51,7 +51,7 @@ func BenchmarkAddDuringReconcile(b *testing.B) {
 		b.Run(tt.name, func(b *testing.B) {
 			f := setup(b)
 			a := f.agent(b, tt.period)
-			before := a.verifications(b)
+			before, repairs := a.verifications(b), a.counter(b, "canopy_cni_host_rules_repairs_total")
 			var took []time.Duration
 			for b.Loop() {
 				for i := range newcomers {
@@ -70,6 +70,7 @@ func BenchmarkAddDuringReconcile(b *testing.B) {
 			}
 			report(b, took)
 			b.ReportMetric(a.verifications(b)-before, "pod-verifications")
+			b.ReportMetric(a.counter(b, "canopy_cni_host_rules_repairs_total")-repairs, "host-repairs")
 		})
 	}
 }
@@ -84,13 +85,18 @@ type benchAgent struct {
 
 // verifications is how many pod verifications the agent's passes made.
 func (a *benchAgent) verifications(b *testing.B) float64 {
+	return a.counter(b, "canopy_cni_verifications_total")
+}
+
+// counter sums the agent's counter called name.
+func (a *benchAgent) counter(b *testing.B, name string) float64 {
 	mfs, err := a.reg.Gather()
 	if err != nil {
 		b.Fatal(err)
 	}
 	n := 0.0
 	for _, mf := range mfs {
-		if mf.GetName() == "canopy_cni_verifications_total" {
+		if mf.GetName() == name {
 			for _, m := range mf.GetMetric() {
 				n += m.GetCounter().GetValue()
 			}

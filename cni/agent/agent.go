@@ -137,9 +137,11 @@ type Agent struct {
 	// enrolled are the pods in the mesh.
 	enrolled map[types.UID]*member
 	// probeIPs are the IPs the host probe set must hold, counted by pod;
-	// probeGen changes with them.
-	probeIPs map[netip.Addr]int
-	probeGen uint64
+	// probeGen changes with them and with every write of the set,
+	// probeWrites counts the writes in flight.
+	probeIPs    map[netip.Addr]int
+	probeGen    uint64
+	probeWrites int
 }
 
 // member is an enrolled pod as the agent holds it. Its fields change only

@@ -279,8 +279,8 @@ func counter(t *testing.T, reg *prometheus.Registry, name, outcome string) float
 					return m.GetCounter().GetValue()
 				}
 			}
-			if outcome == "" {
-				return m.GetGauge().GetValue()
+			if outcome == "" { // a gauge, or a counter without labels
+				return m.GetGauge().GetValue() + m.GetCounter().GetValue()
 			}
 		}
 	}
@@ -342,6 +342,17 @@ func TestAgentKeepsPodsEnrolled(t *testing.T) {
 				counter(t, n.reg, "canopy_cni_verifications_total", "repaired") >= 1
 		})
 		eventually.Within(t, settle, "condition says repaired", func() bool { return condition(getPod(t, ns, "running")).Reason == agent.ReasonRepaired })
+	})
+
+	t.Run("host probe rules deleted behind the agent's back are repaired", func(t *testing.T) {
+		host := hostrules.Rules{ProbeSNAT: redirect.DefaultProbeSNAT, ProbeSNATv6: redirect.DefaultProbeSNATv6, Netns: running.B}
+		nettest.In(t, running.B, func() ([]byte, error) {
+			return exec.Command("nft", "delete", "table", "inet", hostrules.Table).CombinedOutput()
+		})
+		eventually.Within(t, settle, "host rules repaired with the pod's IP and counted", func() bool {
+			problems, err := host.Verify([]netip.Addr{running.AddrA})
+			return err == nil && len(problems) == 0 && counter(t, n.reg, "canopy_cni_host_rules_repairs_total", "") >= 1
+		})
 	})
 
 	var added *corev1.Pod

@@ -18,9 +18,10 @@ import (
 //   - Agent.mu guards the tables shared between pods (who is enrolled, the
 //     probe IPs the host set must hold) and is held only to read or change
 //     them, never across I/O.
-//   - The host probe set is written by many goroutines without a lock; a
-//     whole-set rewrite (verifyHost) checks afterwards that no enrollment
-//     changed the set meanwhile, and rewrites again if one did.
+//   - The host probe set is written by many goroutines without a lock.
+//     The check for drift (verifyHost) repairs only what it saw with no
+//     write in flight and no change during the check, and a rewrite
+//     during which an enrollment changed the set is done again.
 //
 // Lock order: a pod's lock, then Agent.mu.
 
@@ -115,7 +116,7 @@ func (a *Agent) addProbes(ips []netip.Addr) error {
 	}
 	a.probeGen++
 	a.mu.Unlock()
-	if err := a.host.Add(ips...); err != nil {
+	if err := a.writeProbes(func() error { return a.host.Add(ips...) }); err != nil {
 		a.forgetProbes(ips)
 		return err
 	}
@@ -126,9 +127,23 @@ func (a *Agent) addProbes(ips []netip.Addr) error {
 // pod holds too.
 func (a *Agent) removeProbes(ips []netip.Addr) error {
 	if gone := a.forgetProbes(ips); len(gone) > 0 {
-		return a.host.Remove(gone...)
+		return a.writeProbes(func() error { return a.host.Remove(gone...) })
 	}
 	return nil
+}
+
+// writeProbes runs one write of the host probe set, counted as in flight.
+func (a *Agent) writeProbes(write func() error) error {
+	a.mu.Lock()
+	a.probeWrites++
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.probeWrites--
+		a.probeGen++
+		a.mu.Unlock()
+	}()
+	return write()
 }
 
 // forgetProbes takes ips out of the agent's view of the probe set and
@@ -147,16 +162,16 @@ func (a *Agent) forgetProbes(ips []netip.Addr) []netip.Addr {
 	return gone
 }
 
-// probes returns the IPs the host probe set must hold, and the generation
-// of that view.
-func (a *Agent) probes() ([]netip.Addr, uint64) {
+// probes returns the IPs the host probe set must hold, the generation of
+// that view, and whether a write of the set is in flight.
+func (a *Agent) probes() ([]netip.Addr, uint64, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	out := make([]netip.Addr, 0, len(a.probeIPs))
 	for ip := range a.probeIPs {
 		out = append(out, ip)
 	}
-	return out, a.probeGen
+	return out, a.probeGen, a.probeWrites > 0
 }
 
 // probeGeneration is the generation of the probe set view.

@@ -211,11 +211,16 @@ func (a *Agent) verify(ctx context.Context, pod *corev1.Pod, m *member, ips []ne
 }
 
 // verifyHost rewrites the host probe rules when they drifted. Enrollments
-// change the set meanwhile, without a lock: a rewrite during which one did
-// may have missed it, and is done again.
+// change the set meanwhile, without a lock: a difference seen while one
+// was writing is no drift, and a rewrite during which one did may have
+// missed it, and is done again. With writes in flight at every try, the
+// next pass checks.
 func (a *Agent) verifyHost() {
 	for range 3 {
-		ips, gen := a.probes()
+		ips, gen, writing := a.probes()
+		if writing {
+			continue
+		}
 		problems, err := a.host.Verify(ips)
 		if err == nil && len(problems) == 0 {
 			return
