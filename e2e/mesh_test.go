@@ -59,6 +59,7 @@ func TestMesh(t *testing.T) {
 		name string
 		run  func(*testing.T, *mesh)
 	}{
+		{"FreshNodesStartNoPodOutsideTheMesh", testFreshNodes},
 		{"InstallUnderChartIdentities", testChartIdentities},
 		{"DemoScenario", testDemoScenario},
 		{"StrictPeerAuthenticationRefusesPlaintext", testStrict},
@@ -74,8 +75,14 @@ func TestMesh(t *testing.T) {
 	}
 }
 
-// up builds the binaries, starts a two-node local cluster, installs Canopy
-// with canopyctl's install and applies the sample app.
+// startupTaint is the CNI agent's startup taint, which the cluster's nodes
+// register with.
+var startupTaint = corev1.Taint{Key: "cni.canopy.dev/not-ready", Effect: corev1.TaintEffectNoSchedule}
+
+// up builds the binaries, starts a two-node local cluster whose nodes
+// register with the CNI agent's startup taint, applies the sample app
+// (whose pods wait for the nodes), then installs Canopy with canopyctl's
+// install.
 func up(t *testing.T) *mesh {
 	t.Helper()
 	root, err := tools.ModuleRoot()
@@ -113,7 +120,8 @@ func up(t *testing.T) *mesh {
 			"canopy/canopy-cni-agent":  filepath.Join(bin, "canopy-cni-agent"),
 			"canopy/canopy-node":       filepath.Join(bin, "canopy-node"),
 		},
-		Log: slog.New(slog.DiscardHandler),
+		NodeTaints: []corev1.Taint{startupTaint},
+		Log:        slog.New(slog.DiscardHandler),
 	}
 	_ = localcluster.Down(context.Background(), cfg.StateDir) // a crashed run's leftovers
 	local, err := localcluster.Up(t.Context(), cfg)
@@ -140,6 +148,27 @@ func up(t *testing.T) *mesh {
 	}
 	m := &mesh{local: local, c: c, root: root}
 
+	// The app comes first, as on fresh nodes joining a cluster that runs
+	// it: its pods must wait for the nodes to be ready for the mesh.
+	m.apply(t, "deploy/examples/echo.yaml")
+	for _, ns := range []string{"demo", "legacy"} {
+		poll(t, 60*time.Second, "pods of "+ns+" held back by the startup taint", func(ctx context.Context) (bool, error) {
+			pods, err := m.c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+			if err != nil || len(pods.Items) == 0 {
+				return false, nil
+			}
+			for _, p := range pods.Items {
+				if p.Spec.NodeName != "" {
+					return false, fmt.Errorf("pod %s/%s was scheduled to %s before Canopy was installed", ns, p.Name, p.Spec.NodeName)
+				}
+				if !hasConditionReason(&p, corev1.PodScheduled, corev1.PodReasonUnschedulable) {
+					return false, nil
+				}
+			}
+			return true, nil
+		})
+	}
+
 	var progress strings.Builder
 	err = ctl.Install(t.Context(), c, ctl.InstallOptions{
 		Namespace:   system,
@@ -151,11 +180,39 @@ func up(t *testing.T) *mesh {
 	if err != nil {
 		t.Fatalf("install: %v", err)
 	}
-	m.apply(t, "deploy/examples/echo.yaml")
 	for _, d := range []struct{ ns, name string }{{"demo", "echo"}, {"demo", "client"}, {"legacy", "legacy"}} {
 		m.waitDeployment(t, d.ns, d.name)
 	}
 	return m
+}
+
+// testFreshNodes: the nodes registered with the startup taint, which held
+// the app's pods back until each node's agent was ready; every agent has
+// removed it, and every pod of the app started through canopy-cni (the
+// agent recorded each pod's CNI ADD; a pod started before the plugin was
+// in the node's chain has no record, and would have run outside the mesh
+// until the agent found it).
+func testFreshNodes(t *testing.T, m *mesh) {
+	nodes, err := m.c.Client.CoreV1().Nodes().List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes.Items {
+		for _, taint := range n.Spec.Taints {
+			if taint.Key == startupTaint.Key {
+				t.Errorf("node %s still has the startup taint", n.Name)
+			}
+		}
+	}
+	m.waitEnrolled(t, "demo", "app")
+	for _, ns := range []string{"demo", "legacy"} {
+		for _, p := range m.pods(t, ns, "app") {
+			record := filepath.Join(m.local.State.Dir, "nodes", p.Spec.NodeName, "root", "var", "run", "canopy", "pods", string(p.UID)+".json")
+			if _, err := os.Stat(record); err != nil {
+				t.Errorf("pod %s/%s did not start through canopy-cni: %v", ns, p.Name, err)
+			}
+		}
+	}
 }
 
 // testChartIdentities: the components run as the chart's service
@@ -726,6 +783,15 @@ func poll(t *testing.T, timeout time.Duration, what string, f func(context.Conte
 func hasConn(cs []view.Connection, reporter, src, dst, security string) bool {
 	for _, c := range cs {
 		if c.Reporter == reporter && c.Source == src && c.Destination == dst && c.Security == security && c.Opened > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func hasConditionReason(p *corev1.Pod, typ corev1.PodConditionType, reason string) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == typ && c.Reason == reason {
 			return true
 		}
 	}

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
+	"github.com/canopy-mesh/canopy/internal/cgroup"
 	"github.com/canopy-mesh/canopy/internal/netns"
 	"github.com/canopy-mesh/canopy/internal/testing/testenv"
 	"github.com/canopy-mesh/canopy/localcluster/kubelet"
@@ -108,6 +109,13 @@ type upper struct {
 func (u *upper) run(ctx context.Context) error {
 	cfg, st := u.cfg, u.st
 	hostAddr := netip.PrefixFrom(cfg.hostIP(), cfg.Underlay.Bits())
+	// Pods' processes run in cgroups carrying their UID, as on a real
+	// node, under one cgroup for the whole cluster.
+	cgroupRoot, err := cgroup.Root()
+	if err != nil {
+		return fmt.Errorf("the local cluster puts pods in cgroups: %w", err)
+	}
+	st.Cgroup = filepath.Join(cgroupRoot, "canopy-local-"+cfg.Name)
 	st.Bridge = cfg.bridge()
 	if err := st.save(); err != nil {
 		return err
@@ -338,6 +346,7 @@ func (u *upper) startNode(ctx context.Context, i int) error {
 				corev1.LabelTopologyZone:   node.Zone,
 			},
 			KubeletVersion: "canopy-local",
+			Taints:         cfg.NodeTaints,
 		},
 		Kubelet: kubelet.Config{
 			NodeName:       name,
@@ -355,6 +364,7 @@ func (u *upper) startNode(ctx context.Context, i int) error {
 			HostPaths: map[string]string{"/etc/cni/net.d": confDir, "/opt/cni/bin": binDir},
 			// Where a CNI agent leaves its socket for the plugin.
 			CNIHostPaths: cniHostPaths,
+			CgroupParent: filepath.Join(st.Cgroup, name),
 			// Logs and port-forward: the API server's client certificate.
 			ClientCAFile: u.kubeletClientCA,
 		},

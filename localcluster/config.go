@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"regexp"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/canopy-mesh/canopy/internal/tools"
 )
 
@@ -40,9 +42,12 @@ type Config struct {
 	Zones  []string
 	// Images maps image repositories to programs, added to the default
 	// table (canopy/echo and its aliases).
-	Images   map[string]string
-	Binaries Binaries
-	Log      *slog.Logger
+	Images map[string]string
+	// NodeTaints are the taints every node registers with, as a kubelet's
+	// --register-with-taints: a CNI agent's startup taint, say.
+	NodeTaints []corev1.Taint
+	Binaries   Binaries
+	Log        *slog.Logger
 }
 
 // Binaries are the programs a cluster runs.

@@ -8,14 +8,16 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/canopy-mesh/canopy/internal/cgroup"
 	"github.com/canopy-mesh/canopy/internal/netns"
 	"github.com/canopy-mesh/canopy/internal/procs"
 	"github.com/canopy-mesh/canopy/localcluster/kubelet"
 )
 
 // Down removes everything Up recorded in dir: processes (the recorded ones,
-// then any left in the cluster's network namespaces, pods included), the
-// namespaces, host links and the bridge, then the directory. It works on a
+// then any left in the cluster's network namespaces or its pods' cgroups),
+// the cgroups, the namespaces, host links and the bridge, then the
+// directory. It works on a
 // partial or crashed Up and is safe to repeat; a missing state is not an
 // error.
 func Down(_ context.Context, dir string) error {
@@ -38,6 +40,12 @@ func Down(_ context.Context, dir string) error {
 	procs.KillInNetns(namespaces...)
 
 	var errs []error
+	// Whatever a pod left in its cgroup, wherever its network.
+	if st.Cgroup != "" {
+		if err := cgroup.Remove(st.Cgroup); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for _, path := range namespaces {
 		if err := netns.DeletePath(path); err != nil {
 			errs = append(errs, err)

@@ -381,6 +381,18 @@ func TestDeletingPodRemovesNamespaceAndProcesses(t *testing.T) {
 	if len(pids) == 0 {
 		t.Fatalf("no process runs in %s", netnsPath)
 	}
+	// As on a real node, the pod's processes carry its UID in their
+	// cgroup (a CNI agent finds the pod's namespace by it).
+	podCgroup := "/kubepods/pod" + string(pod.UID) + "\n"
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), podCgroup) {
+			t.Errorf("process %d of the pod is in cgroups %q, want one ending in %q", pid, b, podCgroup)
+		}
+	}
 	if err := c.CoreV1().Pods(ns).Delete(t.Context(), pod.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}

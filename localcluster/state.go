@@ -12,11 +12,13 @@ import (
 // State records what Up created, written after every step so that Down can
 // undo a partial Up.
 type State struct {
-	Name      string    `json:"name"`
-	Dir       string    `json:"dir"`
-	Bridge    string    `json:"bridge,omitempty"`
-	HostLinks []string  `json:"hostLinks,omitempty"`
-	Netns     []string  `json:"netns,omitempty"` // node namespaces' pin paths
+	Name      string   `json:"name"`
+	Dir       string   `json:"dir"`
+	Bridge    string   `json:"bridge,omitempty"`
+	HostLinks []string `json:"hostLinks,omitempty"`
+	Netns     []string `json:"netns,omitempty"` // node namespaces' pin paths
+	// Cgroup is the cgroup v2 directory holding every node's pods.
+	Cgroup    string    `json:"cgroup,omitempty"`
 	Processes []Process `json:"processes,omitempty"`
 	// Kubeconfig is the admin kubeconfig; APIServer the server URL.
 	Kubeconfig string `json:"kubeconfig,omitempty"`

@@ -1,6 +1,7 @@
 // Package cni_test benchmarks pod enrollment on real network namespaces:
 // rules in place (per backend), the pod IP in the host probe set, and the
-// node proxy's ZDS Ack, for 200 pods. Run as root:
+// node proxy's ZDS Ack, for 200 pods; and a CNI ADD served by the agent
+// while reconcile passes run (add_test.go). Run as root:
 //
 //	go test ./bench/cni -run '^$' -bench . -benchtime 3x
 package cni_test
@@ -38,9 +39,12 @@ const pods = 200
 // fixture is 200 pod namespaces, a node namespace for the host rules, and
 // a ZDS server with a node proxy that acknowledges everything.
 type fixture struct {
-	pods   []string
-	host   hostrules.Rules
-	server *zds.Server
+	pods []string
+	// newcomers are more pod namespaces, for pods enrolled while the
+	// others are.
+	newcomers []string
+	host      hostrules.Rules
+	server    *zds.Server
 }
 
 func setup(b *testing.B) *fixture {
@@ -67,6 +71,9 @@ func setup(b *testing.B) *fixture {
 	}
 	for i := range pods {
 		f.pods = append(f.pods, mk(fmt.Sprintf("%s-%d", prefix, i)))
+	}
+	for i := range newcomers {
+		f.newcomers = append(f.newcomers, mk(fmt.Sprintf("%s-new-%d", prefix, i)))
 	}
 	f.host = hostrules.Rules{ProbeSNAT: redirect.DefaultProbeSNAT, ProbeSNATv6: redirect.DefaultProbeSNATv6, Netns: mk(prefix + "-node")}
 	if err := f.host.Sync(nil); err != nil {

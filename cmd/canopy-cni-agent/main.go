@@ -20,14 +20,17 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/canopy-mesh/canopy/cni/agent"
 	"github.com/canopy-mesh/canopy/cni/enroll"
 	"github.com/canopy-mesh/canopy/cni/hostrules"
 	"github.com/canopy-mesh/canopy/cni/install"
+	"github.com/canopy-mesh/canopy/cni/pluginevent"
 	"github.com/canopy-mesh/canopy/cni/redirect"
 	"github.com/canopy-mesh/canopy/cni/removal"
+	"github.com/canopy-mesh/canopy/cni/taint"
 	"github.com/canopy-mesh/canopy/cni/zds"
 	"github.com/canopy-mesh/canopy/internal/cmdmain"
 	"github.com/canopy-mesh/canopy/internal/kubeconfig"
@@ -47,6 +50,9 @@ type config struct {
 	reconcile       time.Duration
 	monitorAddr     string
 	hostNetns       string
+	stateDir        string
+	namespaceRecord string
+	startupTaint    string
 	uninstall       bool
 	podName, podNS  string
 	logLevel        slog.Level
@@ -65,11 +71,14 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.pluginSocket, "plugin-socket", "/var/run/canopy/cni.sock", "where the plugin reaches the agent")
 	fs.StringVar(&c.zdsSocket, "zds-socket", "/var/run/ztunnel/ztunnel.sock", "where the node proxy connects (ZDS)")
 	fs.StringVar(&c.backend, "backend", "nftables", "redirection backend: nftables (over netlink) or iptables (iptables-restore)")
-	fs.Int64Var(&c.probeUID, "probe-uid", -1, "user ID of the kubelet, whose probes are SNATed (default: found in /proc)")
+	fs.Int64Var(&c.probeUID, "probe-uid", 0, "user ID of the kubelet: the node's TCP connections to enrolled pods from this user are SNATed as probes")
 	snat := fs.String("probe-snat", redirect.DefaultProbeSNAT.String(), "address kubelet probes are SNATed to")
 	fs.DurationVar(&c.reconcile, "reconcile-period", 30*time.Second, "how often every pod's rules are verified in its netns")
 	fs.StringVar(&c.monitorAddr, "monitoring-addr", ":15024", "address of /metrics, /healthz and /readyz")
 	fs.StringVar(&c.hostNetns, "host-netns", "", "netns path of the node's host rules (default: the agent's own)")
+	fs.StringVar(&c.namespaceRecord, "namespace-record", pluginevent.DefaultNamespaceRecord, "file where the agent records the namespaces outside the mesh, whose pods the plugin lets start while the agent is unreachable (empty: none, every pod waits for the agent)")
+	fs.StringVar(&c.startupTaint, "startup-taint", taint.DefaultKey, "key of the taint the node registers with and the agent removes once its plugin is in the CNI chain and a self-test enrollment passed (empty: none)")
+	fs.StringVar(&c.stateDir, "state-dir", "/var/run/canopy", "the agent's directory on the node: what it keeps there (each pod's network namespace, as its CNI ADD gave it) outlives an agent restart; a tmpfs, since a reboot ends every namespace")
 	fs.BoolVar(&c.uninstall, "uninstall", false, "take every pod of the node out of the mesh, remove the plugin and the host rules, and exit")
 	fs.StringVar(&c.podName, "pod-name", os.Getenv("POD_NAME"), "this agent's pod: when its DaemonSet is being deleted, stopping uninstalls (default $POD_NAME)")
 	fs.StringVar(&c.podNS, "pod-namespace", os.Getenv("POD_NAMESPACE"), "this agent's namespace (default $POD_NAMESPACE)")
@@ -92,6 +101,9 @@ func parseFlags(args []string) (config, error) {
 	if c.nodeName == "" {
 		return c, errors.New("--node-name (or $NODE_NAME) is required")
 	}
+	if errs := validation.IsQualifiedName(c.startupTaint); c.startupTaint != "" && len(errs) > 0 {
+		return c, fmt.Errorf("--startup-taint %q: %s", c.startupTaint, strings.Join(errs, "; "))
+	}
 	if c.backend != "nftables" && c.backend != "iptables" {
 		return c, fmt.Errorf("--backend %q: want nftables or iptables", c.backend)
 	}
@@ -102,8 +114,8 @@ func parseFlags(args []string) (config, error) {
 	if c.reconcile <= 0 {
 		return c, fmt.Errorf("--reconcile-period must be positive, got %s", c.reconcile)
 	}
-	if c.probeUID < -1 || c.probeUID > 1<<32-1 {
-		return c, fmt.Errorf("--probe-uid %d is not a user ID", c.probeUID)
+	if c.probeUID < 0 || c.probeUID > 1<<32-1 {
+		return c, fmt.Errorf("--probe-uid %d is not a user ID (the kubelet is not looked up among the node's processes: give its user ID)", c.probeUID)
 	}
 	for _, ns := range strings.Split(*excluded, ",") {
 		if ns = strings.TrimSpace(ns); ns != "" {
@@ -130,26 +142,28 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if cfg.backend == "iptables" {
 		backend = redirect.Iptables{}
 	}
-	uid := uint32(cfg.probeUID)
-	if cfg.probeUID < 0 {
-		if uid, err = hostrules.FindKubeletUID("/proc"); err != nil {
-			log.Warn("no kubelet process found; SNATing probes from root (set --probe-uid)", "err", err)
-			uid = 0
-		}
-	}
+	uid := probeUID(cfg)
 	// The in-pod rules accept IPv6 probes from the default address only.
 	host := hostrules.Rules{ProbeUID: uid, ProbeSNAT: cfg.probeSNAT, ProbeSNATv6: redirect.DefaultProbeSNATv6, Netns: cfg.hostNetns}
 	var a *agent.Agent
 	proxy := zds.New(cfg.zdsSocket, zds.Config{OnDelivered: func(uid string) { a.Delivered(uid) }}, log)
 	registry := prometheus.NewRegistry()
-	a, err = agent.New(agent.Config{NodeName: cfg.nodeName, Enroll: cfg.enroll, ReconcilePeriod: cfg.reconcile, Registerer: registry},
+	a, err = agent.New(agent.Config{
+		NodeName: cfg.nodeName, Enroll: cfg.enroll, ReconcilePeriod: cfg.reconcile,
+		StateDir: cfg.stateDir, NamespaceRecord: cfg.namespaceRecord, Registerer: registry,
+	},
 		kube, backend, host, proxy, log)
 	if err != nil {
 		return err
 	}
-	installer := install.Installer{
-		ConfDir: cfg.confDir, BinDir: cfg.binDir, PluginBinary: cfg.pluginBinary,
-		Entry: map[string]any{"agentSocket": cfg.pluginSocket, "excludeNamespaces": cfg.enroll.ExcludedNamespaces}, Log: log,
+	entry := map[string]any{"agentSocket": cfg.pluginSocket, "excludeNamespaces": cfg.enroll.ExcludedNamespaces}
+	if cfg.namespaceRecord != "" {
+		entry["namespaceRecord"] = cfg.namespaceRecord
+	}
+	installer := install.Installer{ConfDir: cfg.confDir, BinDir: cfg.binDir, PluginBinary: cfg.pluginBinary, Entry: entry, Log: log}
+	var startupTaint agent.StartupTaint
+	if cfg.startupTaint != "" {
+		startupTaint = taint.Remover{Kube: kube, Node: cfg.nodeName, Key: cfg.startupTaint}
 	}
 	return agent.RunLifecycle(ctx, agent.LifecycleConfig{
 		Uninstall:    cfg.uninstall,
@@ -162,13 +176,20 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		Plugin:  installer,
 		Removal: removal.New(kube, cfg.podNS, cfg.podName, log),
 		Proxy:   proxy,
+		Taint:   startupTaint,
 		Metrics: registry,
 	}, log)
 }
+
+// probeUID is the user ID whose connections to enrolled pods are SNATed as
+// kubelet probes. It comes from configuration only: anything read from the
+// node's processes (a process name, say) a pod can fake.
+func probeUID(cfg config) uint32 { return uint32(cfg.probeUID) }
 
 // What the lifecycle drives, from the packages that implement it.
 var (
 	_ agent.PluginInstaller = install.Installer{}
 	_ agent.RemovalWatch    = (*removal.Watcher)(nil)
 	_ agent.ProxyServer     = (*zds.Server)(nil)
+	_ agent.StartupTaint    = taint.Remover{}
 )

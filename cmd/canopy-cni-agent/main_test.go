@@ -10,6 +10,13 @@ func TestParseFlags(t *testing.T) {
 	if err != nil || c.nodeName != "n1" || c.backend != "iptables" || len(c.enroll.ExcludedNamespaces) != 2 || c.probeUID != 1001 {
 		t.Fatalf("parseFlags = %+v, %v", c, err)
 	}
+	if d, err := parseFlags([]string{"--node-name=n1"}); err != nil || d.startupTaint != "cni.canopy.dev/not-ready" || d.probeUID != 0 ||
+		d.namespaceRecord != "/var/run/canopy/namespaces.json" || d.stateDir != "/var/run/canopy" {
+		t.Errorf("parseFlags defaults = %+v, %v", d, err)
+	}
+	if d, err := parseFlags([]string{"--node-name=n1", "--startup-taint=", "--namespace-record="}); err != nil || d.startupTaint != "" || d.namespaceRecord != "" {
+		t.Errorf("parseFlags with the taint and the record off = %+v, %v", d, err)
+	}
 	for _, tt := range []struct {
 		args []string
 		want string
@@ -19,7 +26,10 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--node-name=n", "--probe-snat=fd00::1"}, "IPv4"},
 		{[]string{"--node-name=n", "--reconcile-period=0s"}, "positive"},
 		{[]string{"--node-name=n", "--probe-uid=-5"}, "user ID"},
+		{[]string{"--node-name=n", "--probe-uid=-1"}, "not looked up"},
+		{[]string{"--node-name=n", "--probe-uid=4294967296"}, "user ID"},
 		{[]string{"--node-name=n", "--log-level=loud"}, "log-level"},
+		{[]string{"--node-name=n", "--startup-taint=not a key"}, "--startup-taint"},
 	} {
 		if _, err := parseFlags(tt.args); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("parseFlags(%v) = %v, want an error containing %q", tt.args, err, tt.want)

@@ -22,6 +22,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -66,13 +67,30 @@ type Config struct {
 	// to the pod (default 5m): the condition's lastProbeTime says when the
 	// agent last saw the rules in place.
 	StatusRefresh time.Duration
-	// ProcRoot and NetnsDirs are where running pods' namespaces are found
-	// (default /proc, and /run/netns and /var/run/netns).
-	ProcRoot  string
-	NetnsDirs []string
+	// ProcRoot is where the node's processes are seen (default /proc): a
+	// pod whose CNI ADD the agent did not record is found by the cgroup
+	// of its processes, which carries the pod's UID.
+	ProcRoot string
+	// StateDir is the agent's directory on the node; what it keeps there
+	// outlives an agent restart: the network namespace each pod's CNI ADD
+	// gave (pods/<uid>.json). Empty keeps nothing.
+	StateDir string
+	// NamespaceRecord is where the agent keeps the record of the
+	// namespaces whose pods may start while the plugin cannot reach it
+	// (pluginevent.NamespaceRecord). Empty keeps none: the plugin then
+	// fails every pod while the agent is unreachable.
+	NamespaceRecord string
 	// Registerer receives the metrics; nil registers nowhere.
 	Registerer prometheus.Registerer
 	Now        func() time.Time
+}
+
+// selfTestPod is the pod configuration the self-test enrolls with: the
+// node's defaults.
+func (c Config) selfTestPod() redirect.PodConfig {
+	cfg := redirect.DefaultPodConfig()
+	cfg.DNSCapture = c.Enroll.DNSCapture
+	return cfg
 }
 
 func (c Config) withDefaults() Config {
@@ -84,9 +102,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ProcRoot == "" {
 		c.ProcRoot = "/proc"
-	}
-	if c.NetnsDirs == nil {
-		c.NetnsDirs = []string{"/run/netns", "/var/run/netns"}
 	}
 	if c.Registerer == nil {
 		c.Registerer = prometheus.NewRegistry()
@@ -107,24 +122,36 @@ type Agent struct {
 	log     *slog.Logger
 	metrics *metrics
 	finder  netnsFinder
+	records records
 
 	pods       listerscorev1.PodLister
 	namespaces listerscorev1.NamespaceLister
 	synced     chan struct{}
 	wake       chan struct{}
+	recordWake chan struct{}
 
-	mu       sync.Mutex
+	// locks serializes the work on each pod; mu guards the tables below
+	// and is never held across I/O (locks.go).
+	locks podLocks
+	mu    sync.Mutex
+	// enrolled are the pods in the mesh.
 	enrolled map[types.UID]*member
+	// probeIPs are the IPs the host probe set must hold, counted by pod;
+	// probeGen changes with them and with every write of the set,
+	// probeWrites counts the writes in flight.
+	probeIPs    map[netip.Addr]int
+	probeGen    uint64
+	probeWrites int
 }
 
-// member is an enrolled pod as the agent holds it.
+// member is an enrolled pod as the agent holds it. Its fields change only
+// under the pod's lock.
 type member struct {
 	namespace, name string
 	uid             types.UID
 	// netns is the agent's handle on the pod's namespace: the rules are
 	// checked through it, whatever happens to the path it came from.
 	netns *os.File
-	inode uint64
 	ips   []netip.Addr
 	cfg   redirect.PodConfig
 	// state is the redirection annotation's value.
@@ -148,12 +175,22 @@ func New(cfg Config, kube kubernetes.Interface, backend redirect.Backend, host H
 	}
 	return &Agent{
 		cfg: cfg, kube: kube, backend: backend, host: host, proxy: proxy, metrics: m,
-		log:      log.With("component", "cni-agent", "backend", backend.Name()),
-		finder:   netnsFinder{procRoot: cfg.ProcRoot, pinDirs: cfg.NetnsDirs},
-		synced:   make(chan struct{}),
-		wake:     make(chan struct{}, 1),
-		enrolled: map[types.UID]*member{},
+		log:        log.With("component", "cni-agent", "backend", backend.Name()),
+		finder:     netnsFinder{procRoot: cfg.ProcRoot},
+		records:    records{dir: stateSubdir(cfg.StateDir, recordsDir)},
+		synced:     make(chan struct{}),
+		wake:       make(chan struct{}, 1),
+		recordWake: make(chan struct{}, 1),
+		enrolled:   map[types.UID]*member{},
+		probeIPs:   map[netip.Addr]int{},
 	}, nil
+}
+
+func stateSubdir(dir, sub string) string {
+	if dir == "" {
+		return ""
+	}
+	return filepath.Join(dir, sub)
 }
 
 // Synced is closed once the agent has listed the node's pods and made its
@@ -171,9 +208,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	nsInformer := nsInformers.Core().V1().Namespaces()
 	a.pods, a.namespaces = podInformer.Lister(), nsInformer.Lister()
 	poke := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { a.poke() },
-		UpdateFunc: func(any, any) { a.poke() },
-		DeleteFunc: func(any) { a.poke() },
+		AddFunc:    func(any) { a.poke(); a.pokeRecord() },
+		UpdateFunc: func(any, any) { a.poke(); a.pokeRecord() },
+		DeleteFunc: func(any) { a.poke(); a.pokeRecord() },
 	}
 	if _, err := podInformer.Informer().AddEventHandler(poke); err != nil {
 		return err
@@ -194,6 +231,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.host.Sync(nil); err != nil {
 		return fmt.Errorf("host probe rules: %w", err)
 	}
+	if a.cfg.NamespaceRecord != "" {
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		wg.Go(func() { a.keepNamespaceRecord(ctx) })
+	}
 	a.reconcile(ctx)
 	close(a.synced)
 	tick := time.NewTicker(a.cfg.ReconcilePeriod)
@@ -212,6 +254,13 @@ func (a *Agent) Run(ctx context.Context) error {
 func (a *Agent) poke() {
 	select {
 	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (a *Agent) pokeRecord() {
+	select {
+	case a.recordWake <- struct{}{}:
 	default:
 	}
 }

@@ -2,6 +2,8 @@ package agent_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -13,6 +15,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -27,6 +30,7 @@ import (
 	"github.com/canopy-mesh/canopy/cni/pluginevent"
 	"github.com/canopy-mesh/canopy/cni/redirect"
 	"github.com/canopy-mesh/canopy/cni/zds"
+	"github.com/canopy-mesh/canopy/internal/cgroup"
 	"github.com/canopy-mesh/canopy/internal/netns"
 	"github.com/canopy-mesh/canopy/internal/testing/eventually"
 	"github.com/canopy-mesh/canopy/internal/testing/nettest"
@@ -45,8 +49,14 @@ func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &env)) }
 // nodeProxy is a test node proxy on the ZDS socket: it reconnects when the
 // agent goes away and records every request.
 type nodeProxy struct {
+	// refuse, if set, names pods whose AddWorkload is refused (an Ack
+	// with an error).
+	refuse string
+
 	mu  sync.Mutex
 	got []string
+	// netns is the inode of the namespace each pod's last Add carried.
+	netns map[string]uint64
 }
 
 func (p *nodeProxy) run(ctx context.Context, path string) {
@@ -68,12 +78,26 @@ func (p *nodeProxy) run(ctx context.Context, path string) {
 			if err != nil {
 				break
 			}
-			entry := ""
+			entry, ackErr := "", ""
 			switch r := req.GetPayload().(type) {
 			case *zdspb.WorkloadRequest_Add:
 				entry = "add " + r.Add.GetUid()
 				if len(fds) != 1 || !zdsconn.IsNetns(fds[0]) {
 					entry += " without a netns"
+				}
+				if len(fds) == 1 {
+					var st syscall.Stat_t
+					if syscall.Fstat(int(fds[0].Fd()), &st) == nil {
+						p.mu.Lock()
+						if p.netns == nil {
+							p.netns = map[string]uint64{}
+						}
+						p.netns[r.Add.GetUid()] = st.Ino
+						p.mu.Unlock()
+					}
+				}
+				if p.refuse != "" && r.Add.GetWorkloadInfo().GetName() == p.refuse {
+					entry, ackErr = "refused "+r.Add.GetUid(), "no workload for this pod"
 				}
 			case *zdspb.WorkloadRequest_Keep:
 				entry = "keep " + r.Keep.GetUid()
@@ -88,7 +112,7 @@ func (p *nodeProxy) run(ctx context.Context, path string) {
 			p.mu.Lock()
 			p.got = append(p.got, entry)
 			p.mu.Unlock()
-			if err := c.Send(&zdspb.WorkloadResponse{Payload: &zdspb.WorkloadResponse_Ack{Ack: &zdspb.Ack{}}}, nil, time.Now().Add(time.Second)); err != nil {
+			if err := c.Send(&zdspb.WorkloadResponse{Payload: &zdspb.WorkloadResponse_Ack{Ack: &zdspb.Ack{Error: ackErr}}}, nil, time.Now().Add(time.Second)); err != nil {
 				break
 			}
 		}
@@ -102,6 +126,13 @@ func (p *nodeProxy) saw(entry string) bool {
 	return slices.Contains(p.got, entry)
 }
 
+// netnsOf returns the inode of the namespace the pod's last Add carried.
+func (p *nodeProxy) netnsOf(uid types.UID) uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.netns[string(uid)]
+}
+
 func (p *nodeProxy) reset() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -111,16 +142,21 @@ func (p *nodeProxy) reset() {
 // node is an agent with its ZDS server and plugin socket, started and
 // stopped as one (an agent process).
 type node struct {
-	agent  *agent.Agent
+	agent *agent.Agent
+	zds   *zds.Server
+	// record is the agent's namespace record.
+	record string
 	reg    *prometheus.Registry
 	plugin pluginevent.Client
 	stop   func()
 }
 
-func startNode(t *testing.T, name, zdsPath, nodeNetns string) *node {
+// startNode starts an agent for node name; stateDir is its directory on
+// the node, which a restarted agent is given again.
+func startNode(t *testing.T, name, zdsPath, nodeNetns, stateDir string) *node {
 	t.Helper()
 	log := slog.New(slog.DiscardHandler)
-	n := &node{reg: prometheus.NewRegistry()}
+	n := &node{reg: prometheus.NewRegistry(), record: filepath.Join(stateDir, "namespaces.json")}
 	server := zds.New(zdsPath, zds.Config{OnDelivered: func(uid string) {
 		if n.agent != nil {
 			n.agent.Delivered(uid)
@@ -129,13 +165,13 @@ func startNode(t *testing.T, name, zdsPath, nodeNetns string) *node {
 	host := hostrules.Rules{ProbeUID: 0, ProbeSNAT: redirect.DefaultProbeSNAT, ProbeSNATv6: redirect.DefaultProbeSNATv6, Netns: nodeNetns}
 	a, err := agent.New(agent.Config{
 		NodeName: name, Enroll: enroll.Config{SystemNamespace: "istio-system", ExcludedNamespaces: []string{"kube-system"}, DNSCapture: true},
-		ReconcilePeriod: 200 * time.Millisecond, StatusRefresh: time.Second, NetnsDirs: []string{netns.Dir}, ProcRoot: t.TempDir(),
-		Registerer: n.reg,
+		ReconcilePeriod: 200 * time.Millisecond, StatusRefresh: time.Second, StateDir: stateDir,
+		NamespaceRecord: n.record, Registerer: n.reg,
 	}, env.Client, redirect.Nftables{}, host, server, log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.agent = a
+	n.agent, n.zds = a, server
 	sock := filepath.Join(t.TempDir(), "cni.sock")
 	l, err := net.Listen("unix", sock)
 	if err != nil {
@@ -166,6 +202,30 @@ func startNode(t *testing.T, name, zdsPath, nodeNetns string) *node {
 		t.Fatal("agent did not sync")
 	}
 	return n
+}
+
+// podProcess runs a process of the pod with uid in the namespace at
+// netnsPath, in a cgroup named as a kubelet names the pod's, until the test
+// ends.
+func podProcess(t *testing.T, netnsPath string, uid types.UID) {
+	t.Helper()
+	root, err := cgroup.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	top := filepath.Join(root, "canopy-test-"+hex.EncodeToString(b))
+	t.Cleanup(func() {
+		if err := cgroup.Remove(top); err != nil {
+			t.Errorf("remove test cgroup: %v", err)
+		}
+	})
+	cmd := exec.Command("sleep", "3600")
+	if err := netns.Do(netnsPath, func() error { return cgroup.Start(cmd, filepath.Join(top, "kubepods", "pod"+string(uid))) }); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = cmd.Wait() }()
 }
 
 func createPod(t *testing.T, ns, name, node string, ip netip.Addr, labels map[string]string) *corev1.Pod {
@@ -219,8 +279,8 @@ func counter(t *testing.T, reg *prometheus.Registry, name, outcome string) float
 					return m.GetCounter().GetValue()
 				}
 			}
-			if outcome == "" {
-				return m.GetGauge().GetValue()
+			if outcome == "" { // a gauge, or a counter without labels
+				return m.GetGauge().GetValue() + m.GetCounter().GetValue()
 			}
 		}
 	}
@@ -242,10 +302,13 @@ func TestAgentKeepsPodsEnrolled(t *testing.T) {
 	defer pcancel()
 	go proxy.run(pctx, zdsPath)
 
-	// A pod that runs before the agent starts (after a reboot, say).
+	// A pod that runs before the agent starts (after a reboot, say): the
+	// agent never saw its ADD, and finds it by its process.
 	pod := createPod(t, ns, "running", nodeName, running.AddrA, nil)
+	podProcess(t, running.A, pod.UID)
 	stray := createPod(t, ns, "no-netns", nodeName, netip.MustParseAddr("10.217.9.9"), nil)
-	n := startNode(t, nodeName, zdsPath, running.B)
+	stateDir := t.TempDir()
+	n := startNode(t, nodeName, zdsPath, running.B, stateDir)
 
 	t.Run("a running pod is found and enrolled at start", func(t *testing.T) {
 		if err := (redirect.Nftables{}).Verify(running.A, redirect.DefaultPodConfig()); err != nil {
@@ -281,6 +344,17 @@ func TestAgentKeepsPodsEnrolled(t *testing.T) {
 		eventually.Within(t, settle, "condition says repaired", func() bool { return condition(getPod(t, ns, "running")).Reason == agent.ReasonRepaired })
 	})
 
+	t.Run("host probe rules deleted behind the agent's back are repaired", func(t *testing.T) {
+		host := hostrules.Rules{ProbeSNAT: redirect.DefaultProbeSNAT, ProbeSNATv6: redirect.DefaultProbeSNATv6, Netns: running.B}
+		nettest.In(t, running.B, func() ([]byte, error) {
+			return exec.Command("nft", "delete", "table", "inet", hostrules.Table).CombinedOutput()
+		})
+		eventually.Within(t, settle, "host rules repaired with the pod's IP and counted", func() bool {
+			problems, err := host.Verify([]netip.Addr{running.AddrA})
+			return err == nil && len(problems) == 0 && counter(t, n.reg, "canopy_cni_host_rules_repairs_total", "") >= 1
+		})
+	})
+
 	var added *corev1.Pod
 	t.Run("the plugin's ADD enrolls a new pod", func(t *testing.T) {
 		added = createPod(t, ns, "fresh", nodeName, fresh.AddrA, nil)
@@ -310,7 +384,7 @@ func TestAgentKeepsPodsEnrolled(t *testing.T) {
 	t.Run("an agent restart gives the node proxy a full snapshot", func(t *testing.T) {
 		n.stop()
 		proxy.reset()
-		n2 = startNode(outer, nodeName, zdsPath, running.B)
+		n2 = startNode(outer, nodeName, zdsPath, running.B, stateDir)
 		eventually.Within(t, settle, "a snapshot", func() bool { return proxy.saw("snapshot") })
 		proxy.mu.Lock()
 		got := slices.Clone(proxy.got[:3])

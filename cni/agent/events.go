@@ -3,13 +3,16 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
+	"os"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/canopy-mesh/canopy/cni/pluginevent"
 )
@@ -75,9 +78,24 @@ func (a *Agent) cmdAdd(ctx context.Context, req pluginevent.Request) (plugineven
 	if err != nil {
 		return pluginevent.Response{}, err
 	}
+	// Whatever the pod's mode, its namespace is recorded: a pod whose
+	// namespace joins the mesh later is found by it, not by its IP.
+	f, openErr := os.Open(req.Netns)
+	if openErr == nil {
+		dev, ino := identity(f)
+		if err := a.records.save(netnsRecord{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID, Netns: req.Netns, Dev: dev, Ino: ino}); err != nil {
+			a.log.Warn("cannot record the pod's network namespace", "pod", pod.Namespace+"/"+pod.Name, "err", err)
+		}
+	}
 	d := a.decide(pod)
 	if !d.Enroll {
+		if f != nil {
+			f.Close()
+		}
 		return pluginevent.Response{Reason: d.Reason}, nil
+	}
+	if openErr != nil {
+		return pluginevent.Response{}, a.failed(ctx, pod, fmt.Errorf("open netns %s: %w", req.Netns, openErr))
 	}
 	var ips []netip.Addr
 	for _, s := range req.IPs {
@@ -89,29 +107,41 @@ func (a *Agent) cmdAdd(ctx context.Context, req pluginevent.Request) (plugineven
 		ips = podIPs(pod)
 	}
 	if len(ips) == 0 {
+		f.Close()
 		return pluginevent.Response{}, fmt.Errorf("pod %s/%s: no IP in the previous plugin's result", pod.Namespace, pod.Name)
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if err := a.enrollPod(ctx, pod, req.Netns, ips, d.Pod); err != nil {
+	unlock := a.locks.lock(pod.UID)
+	defer unlock()
+	if err := a.enrollPod(ctx, pod, f, req.Netns, ips, d.Pod); err != nil {
 		return pluginevent.Response{}, err
 	}
 	return pluginevent.Response{Enrolled: true, Reason: d.Reason}, nil
 }
 
-func (a *Agent) member(req pluginevent.Request) *member {
-	for _, m := range a.enrolled {
-		if m.namespace == req.PodNamespace && m.name == req.PodName {
-			return m
+// lockMember locks the pod's member for namespace/name; it returns nil
+// (and nothing locked) if there is none.
+func (a *Agent) lockMember(namespace, name string) (*member, func()) {
+	for {
+		m := a.memberNamed(namespace, name)
+		if m == nil {
+			return nil, nil
 		}
+		unlock := a.locks.lock(m.uid)
+		if a.memberOf(m.uid) == m {
+			return m, unlock
+		}
+		unlock() // replaced or removed meanwhile: look again
 	}
-	return nil
 }
 
 func (a *Agent) cmdDel(ctx context.Context, req pluginevent.Request) (pluginevent.Response, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if m := a.member(req); m != nil {
+	if isUID(req.PodUID) {
+		if err := a.records.remove(types.UID(req.PodUID)); err != nil {
+			a.log.Warn("cannot forget the pod's network namespace", "pod", req.PodNamespace+"/"+req.PodName, "err", err)
+		}
+	}
+	if m, unlock := a.lockMember(req.PodNamespace, req.PodName); m != nil {
+		defer unlock()
 		pod, err := a.kube.CoreV1().Pods(req.PodNamespace).Get(ctx, req.PodName, metav1.GetOptions{})
 		if err != nil { // gone, or unreadable: un-enroll without touching it
 			pod = nil
@@ -130,12 +160,11 @@ func (a *Agent) cmdCheck(ctx context.Context, req pluginevent.Request) (pluginev
 	if !d.Enroll {
 		return pluginevent.Response{Reason: d.Reason}, nil
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	m := a.member(req)
+	m, unlock := a.lockMember(req.PodNamespace, req.PodName)
 	if m == nil {
 		return pluginevent.Response{}, fmt.Errorf("ambient pod %s/%s is not enrolled", pod.Namespace, pod.Name)
 	}
+	defer unlock()
 	if err := a.backend.Verify(m.path(), d.Pod); err != nil {
 		return pluginevent.Response{}, err
 	}
@@ -147,14 +176,16 @@ func (a *Agent) cmdCheck(ctx context.Context, req pluginevent.Request) (pluginev
 // it from a shutdown. Call it after Run has returned, or the next pass
 // enrolls the pods again.
 func (a *Agent) Uninstall(ctx context.Context) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for _, m := range a.enrolled {
-		pod, err := a.kube.CoreV1().Pods(m.namespace).Get(ctx, m.name, metav1.GetOptions{})
-		if err != nil {
-			pod = nil
+	for _, m := range a.members() {
+		unlock := a.locks.lock(m.uid)
+		if a.memberOf(m.uid) == m {
+			pod, err := a.kube.CoreV1().Pods(m.namespace).Get(ctx, m.name, metav1.GetOptions{})
+			if err != nil {
+				pod = nil
+			}
+			a.unenrollPod(ctx, m, pod)
 		}
-		a.unenrollPod(ctx, m, pod)
+		unlock()
 	}
-	return a.host.Delete()
+	return errors.Join(a.host.Delete(), a.records.clear(), a.removeNamespaceRecord())
 }

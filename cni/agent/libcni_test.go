@@ -17,6 +17,7 @@ import (
 
 	"github.com/canopy-mesh/canopy/cni/enroll"
 	"github.com/canopy-mesh/canopy/cni/install"
+	"github.com/canopy-mesh/canopy/cni/pluginevent"
 	"github.com/canopy-mesh/canopy/cni/redirect"
 	"github.com/canopy-mesh/canopy/internal/netns"
 	"github.com/canopy-mesh/canopy/internal/testing/eventually"
@@ -78,10 +79,10 @@ func TestPluginThroughLibcni(t *testing.T) {
 	pctx, pcancel := context.WithCancel(context.Background())
 	defer pcancel()
 	go proxy.run(pctx, zdsPath)
-	n := startNode(t, nodeName, zdsPath, node)
+	n := startNode(t, nodeName, zdsPath, node, t.TempDir())
 
 	installer := install.Installer{ConfDir: confDir, BinDir: binDir, PluginBinary: plugin,
-		Entry: map[string]any{"agentSocket": n.plugin.Socket}, Log: slog.New(slog.DiscardHandler)}
+		Entry: map[string]any{"agentSocket": n.plugin.Socket, "namespaceRecord": n.record}, Log: slog.New(slog.DiscardHandler)}
 	if err := installer.Install(); err != nil {
 		t.Fatal(err)
 	}
@@ -142,4 +143,38 @@ func TestPluginThroughLibcni(t *testing.T) {
 		t.Error("rules left after DEL")
 	}
 	eventually.Within(t, settle, "node proxy told of the DEL", func() bool { return proxy.saw("del " + string(pod.UID)) })
+
+	// With the agent down, a pod of a namespace outside the mesh starts
+	// (the agent recorded it so); a pod of the ambient namespace does not.
+	plain := env.Namespace(t, "cni-plain", nil)
+	eventually.Within(t, settle, "the plain namespace recorded outside the mesh", func() bool {
+		rec, err := pluginevent.ReadNamespaceRecord(n.record)
+		return err == nil && rec.Outside(plain)
+	})
+	n.stop()
+	for _, tt := range []struct {
+		namespace string
+		wantOK    bool
+	}{{plain, true}, {ns, false}} {
+		p, err := netns.Create("cnp-cni-" + id + "-" + tt.namespace)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = netns.DeletePath(p) })
+		rt := &libcni.RuntimeConf{ContainerID: "down-" + tt.namespace, NetNS: p, IfName: "eth0", Args: [][2]string{
+			{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", tt.namespace}, {"K8S_POD_NAME", "late"},
+		}}
+		err = netns.Do(node, func() error {
+			_, err := cni.AddNetworkList(context.Background(), list, rt)
+			return err
+		})
+		if ok := err == nil; ok != tt.wantOK {
+			t.Errorf("CNI ADD in namespace %s with the agent down: error %v, want success = %v", tt.namespace, err, tt.wantOK)
+		}
+		if err == nil {
+			if err := netns.Do(node, func() error { return cni.DelNetworkList(context.Background(), list, rt) }); err != nil {
+				t.Errorf("CNI DEL: %v", err)
+			}
+		}
+	}
 }

@@ -32,6 +32,8 @@ type Enroller interface {
 	Uninstall(ctx context.Context) error
 	// PluginHandler serves the plugin's events.
 	PluginHandler() http.Handler
+	// SelfTest enrolls, verifies and un-enrolls a throwaway namespace.
+	SelfTest() error
 }
 
 // PluginInstaller puts the plugin into the node's CNI chain and keeps it
@@ -42,6 +44,15 @@ type PluginInstaller interface {
 	// ctx ends.
 	Watch(ctx context.Context) error
 	Uninstall() error
+	// InChain returns nil once the runtime runs the plugin for every new
+	// pod, else what is missing.
+	InChain() error
+}
+
+// StartupTaint is the node's startup taint, which the agent removes once
+// the node can enroll pods; taint.Remover implements it.
+type StartupTaint interface {
+	Remove(ctx context.Context) (bool, error)
 }
 
 // RemovalWatch tells an uninstall from an upgrade; *removal.Watcher
@@ -73,15 +84,21 @@ type LifecycleConfig struct {
 	// Describe are key-value pairs (node, backend, ...) for the log line
 	// that says the agent started.
 	Describe []any
+	// ReadyRetry is the first wait before the node's readiness (plugin in
+	// the chain, self-test, taint removal) is tried again; it doubles up
+	// to 30s. Default 1s.
+	ReadyRetry time.Duration
 }
 
 // Components are what RunLifecycle starts and stops; cmd/canopy-cni-agent
-// builds them. Proxy and Removal are not used when uninstalling.
+// builds them. Proxy, Removal and Taint are not used when uninstalling;
+// a nil Taint means the node has no startup taint to remove.
 type Components struct {
 	Agent   Enroller
 	Plugin  PluginInstaller
 	Removal RemovalWatch
 	Proxy   ProxyServer
+	Taint   StartupTaint
 	Metrics prometheus.Gatherer
 }
 
@@ -159,6 +176,9 @@ func RunLifecycle(ctx context.Context, cfg LifecycleConfig, c Components, log *s
 		}
 		return c.Proxy.Run(ctx)
 	})
+	if c.Taint != nil {
+		g.Go(func() error { readyNode(ctx, cfg.ReadyRetry, c, log); return nil })
+	}
 	httpserve.Run(ctx, g, "plugin events", "unix", cfg.PluginSocket, c.Agent.PluginHandler(), log)
 	httpserve.Run(ctx, g, "monitoring", "tcp", cfg.MonitorAddr, monitorHandler(c), log)
 	log.Info("canopy-cni-agent started", slices.Concat(cfg.Describe, []any{"version", version.Get()})...)
@@ -172,6 +192,45 @@ func RunLifecycle(ctx context.Context, cfg LifecycleConfig, c Components, log *s
 		log.Info("uninstalled: every pod of the node is out of the mesh")
 	}
 	return err
+}
+
+// readyNode removes the node's startup taint once the node can enroll
+// pods: the agent knows the node's pods (it answers the plugin), the
+// plugin is in the CNI chain (every new pod goes through it) and a
+// self-test enrollment passed (the backend works on this kernel). Until
+// then pods that do not tolerate the taint are not scheduled to the node,
+// so none starts outside the mesh because the agent was not ready. It
+// tries again, backing off, until it succeeds or ctx ends.
+func readyNode(ctx context.Context, retry time.Duration, c Components, log *slog.Logger) {
+	select {
+	case <-c.Agent.Synced():
+	case <-ctx.Done():
+		return
+	}
+	if retry <= 0 {
+		retry = time.Second
+	}
+	for {
+		err := c.Plugin.InChain()
+		if err != nil {
+			err = fmt.Errorf("plugin not in the CNI chain: %w", err)
+		} else if err = c.Agent.SelfTest(); err == nil {
+			var removed bool
+			if removed, err = c.Taint.Remove(ctx); err == nil {
+				if removed {
+					log.Info("node ready for pods: startup taint removed")
+				}
+				return
+			}
+		}
+		log.Warn("node not ready for pods yet; keeping its startup taint", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(retry):
+		}
+		retry = min(2*retry, 30*time.Second)
+	}
 }
 
 // monitorHandler serves the monitoring port: metrics, liveness, readiness

@@ -52,6 +52,9 @@ type fakeAgent struct {
 
 	once   sync.Once
 	synced chan struct{}
+
+	mu          sync.Mutex
+	selfTestErr error
 	// uninstallCtxErr is the context's error when Uninstall was called.
 	uninstallCtxErr error
 }
@@ -87,10 +90,31 @@ func (a *fakeAgent) Uninstall(ctx context.Context) error {
 // PluginHandler implements agent.Enroller.
 func (a *fakeAgent) PluginHandler() http.Handler { return http.NotFoundHandler() }
 
+// SelfTest implements agent.Enroller: it fails while selfTestErr is set.
+func (a *fakeAgent) SelfTest() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.selfTestErr != nil {
+		a.rec.add("self-test failed")
+		return a.selfTestErr
+	}
+	a.rec.add("self-test passed")
+	return nil
+}
+
+func (a *fakeAgent) setSelfTestErr(err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.selfTestErr = err
+}
+
 // fakePlugin is the plugin in the CNI chain.
 type fakePlugin struct {
 	rec                      *record
 	installErr, uninstallErr error
+
+	mu         sync.Mutex
+	inChainErr error
 }
 
 // Install implements agent.PluginInstaller.
@@ -111,6 +135,20 @@ func (p *fakePlugin) Watch(ctx context.Context) error {
 func (p *fakePlugin) Uninstall() error {
 	p.rec.add("plugin removed")
 	return p.uninstallErr
+}
+
+// InChain implements agent.PluginInstaller: the plugin is in the chain
+// unless told otherwise.
+func (p *fakePlugin) InChain() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.inChainErr
+}
+
+func (p *fakePlugin) setInChainErr(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.inChainErr = err
 }
 
 // fakeRemoval says whether the DaemonSet is being deleted.

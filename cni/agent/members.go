@@ -19,41 +19,56 @@ import (
 
 // enrollPod puts a pod in the mesh (docs/wire-contract.md §3.5): rules in its
 // netns, its IPs in the host probe set, the pod to the node proxy, the
-// annotation. Callers hold a.mu.
-func (a *Agent) enrollPod(ctx context.Context, pod *corev1.Pod, netnsPath string, ips []netip.Addr, cfg redirect.PodConfig) error {
-	f, err := os.Open(netnsPath)
-	if err != nil {
-		return a.failed(ctx, pod, fmt.Errorf("open netns %s: %w", netnsPath, err))
-	}
-	if old := a.enrolled[pod.UID]; old != nil {
+// annotation. f is a handle on the pod's network namespace, which
+// enrollPod owns from then on; source says where it came from, for the
+// log. Callers hold the pod's lock (locks.go).
+//
+// A failed enrollment leaves nothing of the pod in ZDS: a node proxy must
+// never serve a pod the agent could not enroll, so the ZDS server forgets
+// it (closing its handle on the netns) and every node proxy is told.
+func (a *Agent) enrollPod(ctx context.Context, pod *corev1.Pod, f *os.File, source string, ips []netip.Addr, cfg redirect.PodConfig) error {
+	// inZDS: the ZDS server may hold the pod, from an earlier enrollment
+	// or from this one. probed: its IPs are in the host probe set.
+	inZDS, probed := false, false
+	if old := a.dropMember(pod.UID); old != nil {
 		old.netns.Close()
-		_ = a.host.Remove(old.ips...)
-		delete(a.enrolled, pod.UID)
+		_ = a.removeProbes(old.ips)
+		inZDS = true
 	}
-	m := &member{namespace: pod.Namespace, name: pod.Name, uid: pod.UID, netns: f, inode: inode(f), ips: ips, cfg: cfg}
-	if err := a.backend.Enroll(m.path(), cfg); err != nil {
+	fail := func(err error) error {
 		f.Close()
+		if probed {
+			_ = a.removeProbes(ips)
+		}
+		if inZDS {
+			if derr := a.proxy.Delete(string(pod.UID)); derr != nil {
+				err = errors.Join(err, fmt.Errorf("withdraw from the node proxy: %w", derr))
+			}
+		}
 		return a.failed(ctx, pod, err)
 	}
-	if err := a.host.Add(ips...); err != nil {
-		f.Close()
-		return a.failed(ctx, pod, fmt.Errorf("host probe set: %w", err))
+	m := &member{namespace: pod.Namespace, name: pod.Name, uid: pod.UID, netns: f, ips: ips, cfg: cfg}
+	if err := a.backend.Enroll(m.path(), cfg); err != nil {
+		return fail(err)
 	}
+	if err := a.addProbes(ips); err != nil {
+		return fail(fmt.Errorf("host probe set: %w", err))
+	}
+	probed = true
 	state, reason := enroll.RedirectionEnabled, ReasonVerified
+	inZDS = true
 	if err := a.proxy.Add(zds.Pod{UID: string(pod.UID), Info: workloadInfo(pod), Netns: dup(f)}); err != nil {
 		if !errors.Is(err, zds.ErrNoProxy) {
-			// Rules stay: traffic fails closed until the proxy takes the pod.
-			f.Close()
-			return a.failed(ctx, pod, fmt.Errorf("node proxy: %w", err))
+			// Rules stay: traffic fails closed inside the pod.
+			return fail(fmt.Errorf("node proxy: %w", err))
 		}
 		state, reason = enroll.RedirectionPending, ReasonPending
 	}
 	now := a.cfg.Now()
 	m.state, m.verified, m.published = state, now, now
-	a.enrolled[pod.UID] = m
+	a.putMember(m)
 	a.metrics.enrollments.WithLabelValues(state).Inc()
-	a.metrics.enrolled.Set(float64(len(a.enrolled)))
-	a.log.Info("pod enrolled", "pod", pod.Namespace+"/"+pod.Name, "state", state, "netns", netnsPath)
+	a.log.Info("pod enrolled", "pod", pod.Namespace+"/"+pod.Name, "state", state, "netns", source)
 	msg := "redirection verified in the pod's network namespace"
 	if state == enroll.RedirectionPending {
 		msg = "redirection in place; no node proxy has taken the pod yet"
@@ -75,7 +90,8 @@ func (a *Agent) failed(ctx context.Context, pod *corev1.Pod, err error) error {
 }
 
 // unenrollPod takes a pod out: rules, proxy, probe set, annotation (when
-// the pod still exists). Partial state is tolerated. Callers hold a.mu.
+// the pod still exists). Partial state is tolerated. Callers hold the
+// pod's lock, and m is its member.
 func (a *Agent) unenrollPod(ctx context.Context, m *member, pod *corev1.Pod) {
 	var errs []error
 	if err := a.backend.Unenroll(m.path()); err != nil {
@@ -84,12 +100,11 @@ func (a *Agent) unenrollPod(ctx context.Context, m *member, pod *corev1.Pod) {
 	if err := a.proxy.Delete(string(m.uid)); err != nil {
 		errs = append(errs, err)
 	}
-	if err := a.host.Remove(m.ips...); err != nil {
+	if err := a.removeProbes(m.ips); err != nil {
 		errs = append(errs, err)
 	}
 	m.netns.Close()
-	delete(a.enrolled, m.uid)
-	a.metrics.enrolled.Set(float64(len(a.enrolled)))
+	a.dropMember(m.uid)
 	if pod != nil {
 		if err := a.unpublish(ctx, pod); err != nil {
 			errs = append(errs, err)

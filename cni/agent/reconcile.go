@@ -3,10 +3,12 @@ package agent
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/netip"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -20,75 +22,158 @@ func running(pod *corev1.Pod) bool {
 }
 
 // reconcile makes the kernel match the cluster for every pod of the node.
+// It takes one pod at a time (its lock, locks.go): a CNI ADD of another pod
+// goes ahead meanwhile.
 func (a *Agent) reconcile(ctx context.Context) {
+	start := a.cfg.Now()
 	pods, err := a.pods.List(labels.Everything())
 	if err != nil {
 		a.log.Error("list pods", "err", err)
 		return
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	seen := map[types.UID]bool{}
+	exists := map[types.UID]bool{}
+	// The node's processes are read once per pass, when a pod needs them.
+	var procs podNamespaces
+	scan := func() podNamespaces {
+		if procs == nil {
+			var err error
+			if procs, err = a.finder.scan(); err != nil {
+				a.log.Warn("cannot read the node's processes", "err", err)
+				procs = podNamespaces{}
+			}
+		}
+		return procs
+	}
 	unenrollable := 0
 	for _, pod := range pods {
-		m := a.enrolled[pod.UID]
+		if ctx.Err() != nil {
+			return
+		}
+		exists[pod.UID] = true
 		d := a.decide(pod)
-		if !d.Enroll || !running(pod) {
-			if m != nil {
-				a.unenrollPod(ctx, m, pod)
-			}
-			continue
+		keep := d.Enroll && running(pod)
+		if keep {
+			seen[pod.UID] = true
 		}
-		seen[pod.UID] = true
-		ips := podIPs(pod)
-		if len(ips) == 0 {
-			continue // not networked yet: the plugin's ADD comes first
+		if !a.reconcilePod(ctx, pod, d, keep, scan) {
+			unenrollable++
 		}
-		if m == nil {
-			if !a.enrollRunning(ctx, pod, ips, d.Pod) {
-				unenrollable++
-			}
-			continue
-		}
-		a.verify(ctx, pod, m, ips, d.Pod)
 	}
-	for uid, m := range a.enrolled {
-		if !seen[uid] {
-			a.unenrollPod(ctx, m, nil)
+	for _, m := range a.members() {
+		if !seen[m.uid] {
+			a.unenrollGone(ctx, m)
 		}
 	}
 	a.metrics.unenrollable.Set(float64(unenrollable))
 	a.verifyHost()
+	a.forgetGone(exists, start)
+}
+
+// reconcilePod enrolls, verifies or un-enrolls one pod, under its lock. It
+// reports false for a pod that should be enrolled and cannot be.
+func (a *Agent) reconcilePod(ctx context.Context, pod *corev1.Pod, d enroll.Decision, keep bool, scan func() podNamespaces) bool {
+	unlock := a.locks.lock(pod.UID)
+	defer unlock()
+	m := a.memberOf(pod.UID)
+	if !keep {
+		if m != nil {
+			a.unenrollPod(ctx, m, pod)
+		}
+		return true
+	}
+	ips := podIPs(pod)
+	if len(ips) == 0 {
+		return true // not networked yet: the plugin's ADD comes first
+	}
+	if m == nil {
+		return a.enrollRunning(ctx, pod, ips, d.Pod, scan)
+	}
+	a.verify(ctx, pod, m, ips, d.Pod, scan)
+	return true
+}
+
+// unenrollGone takes out an enrolled pod the pass did not list, once the
+// API server confirms it is gone: a pod whose ADD just enrolled it may not
+// have reached the informer yet.
+func (a *Agent) unenrollGone(ctx context.Context, m *member) {
+	unlock := a.locks.lock(m.uid)
+	defer unlock()
+	if a.memberOf(m.uid) != m {
+		return // replaced or removed meanwhile
+	}
+	pod, err := a.kube.CoreV1().Pods(m.namespace).Get(ctx, m.name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err) || (err == nil && pod.UID != m.uid):
+		a.unenrollPod(ctx, m, nil)
+	case err != nil:
+		a.log.Warn("cannot tell whether an enrolled pod still exists", "pod", m.namespace+"/"+m.name, "err", err)
+	default:
+		// Too new for the informer: the next pass sees it.
+	}
+}
+
+// forgetGone removes the records of pods that no longer exist. A record
+// written since the pass began may be a pod the informer has not shown
+// yet, and stays.
+func (a *Agent) forgetGone(exists map[types.UID]bool, start time.Time) {
+	uids, err := a.records.older(start)
+	if err != nil {
+		a.log.Warn("cannot list the pods' records", "err", err)
+		return
+	}
+	for _, uid := range uids {
+		if !exists[uid] {
+			if err := a.records.remove(uid); err != nil {
+				a.log.Warn("cannot forget a pod's network namespace", "uid", uid, "err", err)
+			}
+		}
+	}
 }
 
 // enrollRunning enrolls a pod that runs without the agent having seen its
-// ADD: started before the agent, or while the plugin was missing from the
-// CNI configuration. Its netns is found by its IP.
-func (a *Agent) enrollRunning(ctx context.Context, pod *corev1.Pod, ips []netip.Addr, cfg redirect.PodConfig) bool {
-	path, err := a.finder.find(ips[0])
-	if err != nil || path == "" {
-		msg := fmt.Sprintf("no network namespace on this node holds the pod's IP %s", ips[0])
-		if err != nil {
-			msg = err.Error()
+// ADD in this run: started before the agent, or while the plugin was
+// missing from the CNI configuration. Its netns is found by the pod's
+// identity (netns.go): the one its ADD recorded, else the one its
+// processes live in. Its IP only checks what was found.
+func (a *Agent) enrollRunning(ctx context.Context, pod *corev1.Pod, ips []netip.Addr, cfg redirect.PodConfig, scan func() podNamespaces) bool {
+	key := pod.Namespace + "/" + pod.Name
+	rec, ok, err := a.records.load(pod.UID)
+	if err != nil {
+		a.log.Warn("cannot read the pod's record", "pod", key, "err", err)
+	}
+	if ok {
+		f, err := openRecorded(rec, ips[0])
+		if err == nil {
+			return a.enrollPod(ctx, pod, f, rec.Netns, ips, cfg) == nil
 		}
-		a.log.Warn("cannot enroll running pod", "pod", pod.Namespace+"/"+pod.Name, "reason", msg)
+		// The sandbox was replaced behind the agent's back.
+		a.log.Info("the pod's recorded network namespace is gone; looking for its processes", "pod", key, "err", err)
+		if err := a.records.remove(pod.UID); err != nil {
+			a.log.Warn("cannot forget the pod's network namespace", "pod", key, "err", err)
+		}
+	}
+	f, err := open(scan()[pod.UID], ips[0])
+	if err != nil {
+		msg := err.Error()
+		a.log.Warn("cannot enroll running pod", "pod", key, "reason", msg)
 		if perr := a.publish(ctx, pod, "", false, ReasonNoNetns, msg, a.cfg.Now()); perr != nil {
 			a.log.Warn("cannot publish", "err", perr)
 		}
 		return false
 	}
-	return a.enrollPod(ctx, pod, path, ips, cfg) == nil
+	return a.enrollPod(ctx, pod, f, "the network namespace of the pod's processes", ips, cfg) == nil
 }
 
 // verify checks an enrolled pod against the kernel and repairs it.
-func (a *Agent) verify(ctx context.Context, pod *corev1.Pod, m *member, ips []netip.Addr, cfg redirect.PodConfig) {
+func (a *Agent) verify(ctx context.Context, pod *corev1.Pod, m *member, ips []netip.Addr, cfg redirect.PodConfig, scan func() podNamespaces) {
 	key := pod.Namespace + "/" + pod.Name
 	// A pod whose sandbox was recreated has a new netns: the old handle
 	// no longer holds its IP.
-	if !holds(m.path(), ips[0]) {
+	if !holdsFd(m.netns, ips[0]) {
 		a.metrics.verifications.WithLabelValues("netns_replaced").Inc()
 		a.log.Warn("pod's network namespace was replaced; enrolling the new one", "pod", key)
-		a.enrollRunning(ctx, pod, ips, cfg)
+		a.enrollRunning(ctx, pod, ips, cfg, scan)
 		return
 	}
 	outcome, reason := "verified", ReasonVerified
@@ -125,20 +210,33 @@ func (a *Agent) verify(ctx context.Context, pod *corev1.Pod, m *member, ips []ne
 	}
 }
 
-// verifyHost rewrites the host probe rules when they drifted.
+// verifyHost rewrites the host probe rules when they drifted. Enrollments
+// change the set meanwhile, without a lock: a difference seen while one
+// was writing is no drift, and a rewrite during which one did may have
+// missed it, and is done again. With writes in flight at every try, the
+// next pass checks.
 func (a *Agent) verifyHost() {
-	var ips []netip.Addr
-	for _, m := range a.enrolled {
-		ips = append(ips, m.ips...)
-	}
-	problems, err := a.host.Verify(ips)
-	if err == nil && len(problems) == 0 {
-		return
-	}
-	a.log.Warn("host probe rules drifted; rewriting", "problems", problems, "err", err)
-	a.metrics.hostRepairs.Inc()
-	if err := a.host.Sync(ips); err != nil {
-		a.log.Error("cannot rewrite host probe rules", "err", err)
+	for range 3 {
+		ips, gen, writing := a.probes()
+		if writing {
+			continue
+		}
+		problems, err := a.host.Verify(ips)
+		if err == nil && len(problems) == 0 {
+			return
+		}
+		if a.probeGeneration() != gen {
+			continue // an enrollment moved under the check
+		}
+		a.log.Warn("host probe rules drifted; rewriting", "problems", problems, "err", err)
+		a.metrics.hostRepairs.Inc()
+		if err := a.host.Sync(ips); err != nil {
+			a.log.Error("cannot rewrite host probe rules", "err", err)
+			return
+		}
+		if a.probeGeneration() == gen {
+			return
+		}
 	}
 }
 
@@ -148,13 +246,13 @@ func (a *Agent) verifyHost() {
 // hands the news to a goroutine.
 func (a *Agent) Delivered(uid string) {
 	go func() {
-		a.mu.Lock()
-		m := a.enrolled[types.UID(uid)]
+		unlock := a.locks.lock(types.UID(uid))
+		m := a.memberOf(types.UID(uid))
 		changed := m != nil && m.state != enroll.RedirectionEnabled
 		if changed {
 			m.state = enroll.RedirectionEnabled
 		}
-		a.mu.Unlock()
+		unlock()
 		if changed {
 			a.poke()
 		}

@@ -5,6 +5,7 @@
 package enroll
 
 import (
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -96,4 +97,28 @@ func Decide(pod *corev1.Pod, ns *corev1.Namespace, cfg Config) Decision {
 		}
 	}
 	return d
+}
+
+// OutsideMesh returns, sorted, the namespaces none of whose new pods the
+// agent would enroll, as far as it can tell: those not labelled
+// LabelDataplaneMode=ambient in which no pod of pods (the node's) is
+// enrolled by its own label. Excluded namespaces are always outside. A pod
+// that opts in by its own label in a namespace with no such pod yet is
+// not foreseen: it is enrolled once the agent sees it.
+func OutsideMesh(namespaces []*corev1.Namespace, pods []*corev1.Pod, cfg Config) []string {
+	optIn := map[string]bool{}
+	for _, p := range pods {
+		if p.Labels[LabelDataplaneMode] == ModeAmbient {
+			optIn[p.Namespace] = true
+		}
+	}
+	var out []string
+	for _, ns := range namespaces {
+		excluded := slices.Contains(cfg.ExcludedNamespaces, ns.Name)
+		if excluded || (ns.Labels[LabelDataplaneMode] != ModeAmbient && !optIn[ns.Name]) {
+			out = append(out, ns.Name)
+		}
+	}
+	slices.Sort(out)
+	return out
 }

@@ -57,3 +57,66 @@ func TestDecide(t *testing.T) {
 		})
 	}
 }
+
+func TestOutsideMesh(t *testing.T) {
+	t.Parallel()
+	cfg := Config{SystemNamespace: "istio-system", ExcludedNamespaces: []string{"kube-system"}}
+	ns := func(name, mode string) *corev1.Namespace {
+		n := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		if mode != "" {
+			n.Labels = map[string]string{LabelDataplaneMode: mode}
+		}
+		return n
+	}
+	pod := func(namespace, mode string) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: namespace}}
+		if mode != "" {
+			p.Labels = map[string]string{LabelDataplaneMode: mode}
+		}
+		return p
+	}
+	for _, tt := range []struct {
+		name       string
+		namespaces []*corev1.Namespace
+		pods       []*corev1.Pod
+		want       []string
+	}{
+		{name: "nothing"},
+		{
+			name:       "ambient namespaces are in, others out, sorted",
+			namespaces: []*corev1.Namespace{ns("web", ""), ns("mesh", ModeAmbient), ns("db", ModeNone), ns("api", "")},
+			want:       []string{"api", "db", "web"},
+		},
+		{
+			name:       "a pod enrolled by its own label keeps its namespace in",
+			namespaces: []*corev1.Namespace{ns("web", ""), ns("api", "")},
+			pods:       []*corev1.Pod{pod("web", ModeAmbient), pod("api", ""), pod("api", ModeNone)},
+			want:       []string{"api"},
+		},
+		{
+			name:       "pods opting out do not take an ambient namespace out",
+			namespaces: []*corev1.Namespace{ns("mesh", ModeAmbient)},
+			pods:       []*corev1.Pod{pod("mesh", ModeNone)},
+		},
+		{
+			name:       "excluded namespaces are out whatever their labels",
+			namespaces: []*corev1.Namespace{ns("kube-system", ModeAmbient)},
+			pods:       []*corev1.Pod{pod("kube-system", ModeAmbient)},
+			want:       []string{"kube-system"},
+		},
+		{
+			name:       "a pod of an unknown namespace changes nothing",
+			namespaces: []*corev1.Namespace{ns("web", "")},
+			pods:       []*corev1.Pod{pod("gone", ModeAmbient)},
+			want:       []string{"web"},
+		},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got := OutsideMesh(tt.namespaces, tt.pods, cfg)
+			if diff := cmp.Diff(tt.want, got, cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("OutsideMesh() mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+}

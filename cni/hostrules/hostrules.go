@@ -3,20 +3,17 @@
 // ambient pod IPs and one rule that SNATs the kubelet's TCP connections to
 // those IPs to the probe address, which the in-pod rules let through; one
 // set and one rule per family. nftables has no --socket-exists, so the rules
-// match the kubelet's UID.
+// match the kubelet's UID, which the caller configures (Rules.ProbeUID):
+// nothing a pod controls, such as a process name, may choose it.
 package hostrules
 
 import (
-	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -33,7 +30,11 @@ const (
 
 // Rules are the host rules of one node.
 type Rules struct {
-	// ProbeUID is the kubelet's user ID.
+	// ProbeUID is the kubelet's user ID (0 on nearly every node). Every
+	// TCP connection from the node's network namespace to an enrolled pod
+	// made by a socket of this user is SNATed, and so passes the pod's
+	// inbound capture: a host-network process of this user is trusted
+	// like the kubelet.
 	ProbeUID uint32
 	// ProbeSNAT and ProbeSNATv6 are the addresses probes of each family
 	// are SNATed to.
@@ -283,39 +284,4 @@ func (r Rules) Delete() error {
 	conn.AddTable(t)
 	conn.DelTable(t)
 	return conn.Flush()
-}
-
-// FindKubeletUID returns the user ID of the process named kubelet under
-// procRoot (normally /proc).
-func FindKubeletUID(procRoot string) (uint32, error) {
-	entries, err := os.ReadDir(procRoot)
-	if err != nil {
-		return 0, err
-	}
-	for _, e := range entries {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
-		}
-		comm, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "comm"))
-		if err != nil || strings.TrimSpace(string(comm)) != "kubelet" {
-			continue
-		}
-		f, err := os.Open(filepath.Join(procRoot, e.Name(), "status"))
-		if err != nil {
-			continue
-		}
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			if rest, ok := strings.CutPrefix(sc.Text(), "Uid:"); ok {
-				fields := strings.Fields(rest)
-				if len(fields) > 0 {
-					uid, err := strconv.ParseUint(fields[0], 10, 32)
-					f.Close()
-					return uint32(uid), err
-				}
-			}
-		}
-		f.Close()
-	}
-	return 0, errors.New("no kubelet process found")
 }

@@ -3,9 +3,7 @@ package hostrules
 import (
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -108,29 +106,5 @@ func probe(t *testing.T, p nettest.Pair, rules Rules, podIP, unlisted, snat neti
 		t.Fatal("an unlisted pod's connection was SNATed")
 	case <-time.After(5 * time.Second):
 		t.Fatal("no listener got the connection")
-	}
-}
-
-func TestFindKubeletUID(t *testing.T) {
-	dir := t.TempDir()
-	for pid, files := range map[string]map[string]string{
-		"1":   {"comm": "systemd\n", "status": "Uid:\t0\t0\t0\t0\n"},
-		"42":  {"comm": "kubelet\n", "status": "Name:\tkubelet\nUid:\t1001\t1001\t1001\t1001\n"},
-		"abc": {"comm": "kubelet\n"},
-	} {
-		if err := os.MkdirAll(filepath.Join(dir, pid), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		for name, body := range files {
-			if err := os.WriteFile(filepath.Join(dir, pid, name), []byte(body), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	if uid, err := FindKubeletUID(dir); err != nil || uid != 1001 {
-		t.Errorf("FindKubeletUID = %d, %v; want 1001", uid, err)
-	}
-	if _, err := FindKubeletUID(t.TempDir()); err == nil {
-		t.Error("found a kubelet in an empty /proc")
 	}
 }

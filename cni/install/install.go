@@ -178,6 +178,33 @@ func (i Installer) ensureEntry() error {
 	return nil
 }
 
+// InChain returns nil if the runtime runs the plugin for every new pod:
+// the primary configuration (the first file, which the runtime uses) is a
+// plugin list ending with the entry, and the binary is in BinDir.
+// Otherwise it says what is missing.
+func (i Installer) InChain() error {
+	path, err := i.primary()
+	if err != nil {
+		return err
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var conf map[string]any
+	if err := json.Unmarshal(raw, &conf); err != nil {
+		return fmt.Errorf("%s is not JSON: %w", path, err)
+	}
+	plugins, _ := conf["plugins"].([]any)
+	if len(plugins) == 0 || !jsonEqual(plugins[len(plugins)-1], i.entry()) {
+		return fmt.Errorf("%s does not end with %s", path, PluginType)
+	}
+	if _, err := os.Stat(filepath.Join(i.BinDir, PluginType)); err != nil {
+		return fmt.Errorf("plugin binary: %w", err)
+	}
+	return nil
+}
+
 func jsonEqual(a, b any) bool {
 	x, err1 := json.Marshal(a)
 	y, err2 := json.Marshal(b)

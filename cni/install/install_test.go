@@ -146,3 +146,57 @@ func TestWatchPutsItselfBack(t *testing.T) {
 	}
 	eventuallyChain("entry restored after a rewrite")
 }
+
+// TestInChain: the plugin is in the chain only once the primary
+// configuration ends with its entry and its binary is in place.
+func TestInChain(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name    string
+		files   map[string]string
+		install bool
+		// then changes the node after the install.
+		then    func(t *testing.T, i Installer)
+		wantErr string
+	}{
+		{name: "no configuration", wantErr: ErrNoPrimary.Error()},
+		{name: "primary without the plugin", files: map[string]string{"10-bridge.conflist": bridge}, wantErr: "does not end with canopy-cni"},
+		{name: "installed", files: map[string]string{"10-bridge.conflist": bridge}, install: true},
+		{
+			name: "another file became primary", files: map[string]string{"10-bridge.conflist": bridge}, install: true,
+			then: func(t *testing.T, i Installer) {
+				if err := os.WriteFile(filepath.Join(i.ConfDir, "05-other.conflist"), []byte(bridge), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			},
+			wantErr: "05-other.conflist does not end with canopy-cni",
+		},
+		{
+			name: "binary gone", files: map[string]string{"10-bridge.conflist": bridge}, install: true,
+			then: func(t *testing.T, i Installer) {
+				if err := os.Remove(filepath.Join(i.BinDir, PluginType)); err != nil {
+					t.Fatal(err)
+				}
+			},
+			wantErr: "plugin binary",
+		},
+		{name: "primary not JSON", files: map[string]string{"10-bridge.conflist": "{"}, wantErr: "not JSON"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			i := setup(t, tt.files)
+			if tt.install {
+				if err := i.Install(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tt.then != nil {
+				tt.then(t, i)
+			}
+			err := i.InChain()
+			if tt.wantErr == "" && err != nil || tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)) {
+				t.Errorf("InChain() = %v, want %q", err, tt.wantErr)
+			}
+		})
+	}
+}

@@ -3,6 +3,13 @@
 // the agent is done; an ambient pod whose enrollment fails fails its ADD,
 // so it never runs outside the mesh. The previous plugin's result passes
 // through unchanged. DEL and CHECK are idempotent.
+//
+// When the agent cannot be reached (nothing on its socket, or not synced
+// yet) the plugin has no Kubernetes client to decide with; it reads the
+// namespace record the agent keeps on the node (pluginevent) and lets the
+// pod start only if the record names its namespace as outside the mesh.
+// Without a readable record every pod fails, as it would for an agent
+// that answered with an error.
 package plugin
 
 import (
@@ -10,6 +17,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"time"
 
@@ -36,6 +44,10 @@ type Conf struct {
 	ExcludeNamespaces []string `json:"excludeNamespaces,omitempty"`
 	// TimeoutSeconds bounds the wait for the agent (default 60).
 	TimeoutSeconds int `json:"timeoutSeconds,omitempty"`
+	// NamespaceRecord is the agent's record of the namespaces whose pods
+	// may start while it cannot be reached (pluginevent.NamespaceRecord);
+	// empty, or missing, means none may.
+	NamespaceRecord string `json:"namespaceRecord,omitempty"`
 }
 
 // k8sArgs are the CNI_ARGS the container runtime sets for pods.
@@ -124,12 +136,29 @@ func (p Plugin) add(args *skel.CmdArgs) error {
 		return err
 	}
 	if req.PodName != "" && !slices.Contains(conf.ExcludeNamespaces, req.PodNamespace) {
-		if _, err := p.agent(conf).Do(context.Background(), pluginevent.PathAdd, req); err != nil {
+		if _, err := p.agent(conf).Do(context.Background(), pluginevent.PathAdd, req); err != nil && !outsideMesh(conf, req, err) {
 			// Fail closed: a pod the agent cannot answer for does not start.
 			return fmt.Errorf("canopy-cni: pod %s/%s: %w", req.PodNamespace, req.PodName, err)
 		}
 	}
 	return types.PrintResult(conf.PrevResult, conf.CNIVersion)
+}
+
+// outsideMesh reports whether a pod whose ADD the agent did not answer
+// (err) may start all the same: only if the agent could not be reached at
+// all and its record names the pod's namespace as outside the mesh.
+func outsideMesh(conf *Conf, req pluginevent.Request, err error) bool {
+	if !errors.Is(err, pluginevent.ErrUnreachable) || conf.NamespaceRecord == "" {
+		return false
+	}
+	rec, rerr := pluginevent.ReadNamespaceRecord(conf.NamespaceRecord)
+	if rerr != nil || !rec.Outside(req.PodNamespace) {
+		return false
+	}
+	// The runtime keeps the plugin's stderr in its log.
+	fmt.Fprintf(os.Stderr, "canopy-cni: pod %s/%s: %v; started all the same: its namespace is outside the mesh (%s)\n",
+		req.PodNamespace, req.PodName, err, conf.NamespaceRecord)
+	return true
 }
 
 func (p Plugin) del(args *skel.CmdArgs) error {

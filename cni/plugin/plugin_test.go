@@ -320,15 +320,26 @@ var wantPod = pluginevent.Request{ContainerID: "c0ffee", Netns: "/var/run/netns/
 // TestAdd: ADD asks the agent and passes the previous result through; it
 // fails closed, with a CNI error naming the pod, whenever the agent does
 // not say the pod is done: down, erring, answering nonsense or too slow.
+// The one exception is an agent that cannot be reached (down, or not
+// synced yet) while its namespace record says the pod's namespace is
+// outside the mesh: such a pod starts, so that an agent that is down
+// blocks only the pods it would have enrolled.
 func TestAdd(t *testing.T) {
 	t.Parallel()
 	hang := func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() }
+	notSynced := func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "node agent not synced with the cluster yet", http.StatusServiceUnavailable)
+	}
+	outside := `{"version":1,"outsideMesh":["apps","other"]}`
 	for _, tt := range []struct {
 		name   string
 		answer func(w http.ResponseWriter, r *http.Request)
 		args   string
 		extra  []string
 		noPrev bool
+		// record, if set, is the agent's namespace record (the file's
+		// content; "missing" names a file that does not exist).
+		record string
 		// wantCalls are the agent's requests; wantErr, if set, is in the
 		// error message on stdout, else the output is prevResult.
 		wantCalls []call
@@ -345,11 +356,31 @@ func TestAdd(t *testing.T) {
 		{name: "no prevResult", answer: enrolled, noPrev: true, wantErr: "no prevResult"},
 		{name: "bad CNI_ARGS", answer: enrolled, args: "K8S_POD_NAME=echo-0;UNKNOWN=1", wantErr: "canopy-cni: CNI_ARGS"},
 		{name: "bad configuration", answer: enrolled, extra: []string{`"timeoutSeconds":-5`}, wantErr: "negative"},
+		{name: "agent down, namespace outside the mesh", record: outside},
+		{name: "agent not synced, namespace outside the mesh", answer: notSynced, record: outside, wantCalls: []call{{pluginevent.PathAdd, wantPod}}},
+		{name: "agent down, namespace in the mesh", record: `{"version":1,"outsideMesh":["other"]}`, wantErr: "canopy-cni: pod apps/echo-0: node agent at"},
+		{name: "agent down, nothing outside the mesh", record: `{"version":1,"outsideMesh":[]}`, wantErr: "node agent at"},
+		{name: "agent down, no record", record: "missing", wantErr: "node agent at"},
+		{name: "agent down, damaged record", record: `{"version":1,"outsideMesh":["apps"`, wantErr: "node agent at"},
+		{name: "agent down, record of an unknown version", record: `{"version":2,"outsideMesh":["apps"]}`, wantErr: "node agent at"},
+		{name: "agent down, record not an object", record: `["apps"]`, wantErr: "node agent at"},
+		// An agent that answers is obeyed, whatever the record says.
+		{name: "agent refuses, namespace outside the mesh", answer: refuses, record: outside, wantCalls: []call{{pluginevent.PathAdd, wantPod}}, wantErr: "netns gone"},
+		{name: "agent too slow, namespace outside the mesh", answer: hang, record: outside, extra: []string{`"timeoutSeconds":1`}, wantCalls: []call{{pluginevent.PathAdd, wantPod}}, wantErr: "Timeout"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			a := startAgent(t, tt.answer)
 			members := append([]string{`"agentSocket":"` + a.socket + `"`}, tt.extra...)
+			if tt.record != "" {
+				path := filepath.Join(t.TempDir(), "namespaces.json")
+				if tt.record != "missing" {
+					if err := os.WriteFile(path, []byte(tt.record), 0o644); err != nil {
+						t.Fatal(err)
+					}
+				}
+				members = append(members, `"namespaceRecord":"`+path+`"`)
+			}
 			if !tt.noPrev {
 				members = append(members, `"prevResult":`+prevResult)
 			}

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/canopy-mesh/canopy/internal/cgroup"
 	"github.com/canopy-mesh/canopy/internal/netns"
 	"github.com/canopy-mesh/canopy/localcluster/containerinit"
 )
@@ -39,8 +40,12 @@ func (r *podRuntime) runProcess(c *corev1.Container, onStart func(metav1.Time)) 
 	path := r.netnsPath
 	r.mu.Unlock()
 	start := cmd.Start
+	if dir := r.cgroupDir(); dir != "" {
+		start = func() error { return cgroup.Start(cmd, dir) }
+	}
 	if path != "" {
-		start = func() error { return netns.Do(path, cmd.Start) }
+		inCgroup := start
+		start = func() error { return netns.Do(path, inCgroup) }
 	}
 	if err := start(); err != nil {
 		return exitStatus{}, fmt.Errorf("start %s: %w", c.Name, err)

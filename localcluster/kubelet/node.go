@@ -34,6 +34,10 @@ type NodeInfo struct {
 	// topology.kubernetes.io/region and zone.
 	Labels         map[string]string
 	KubeletVersion string
+	// Taints are the taints the node registers with (a kubelet's
+	// --register-with-taints); later changes of the node's taints are
+	// someone else's.
+	Taints []corev1.Taint `json:"taints,omitempty"`
 }
 
 // NodeTemplate returns the Node a kubelet registers and keeps up to date.
@@ -53,7 +57,7 @@ func NodeTemplate(info NodeInfo) *corev1.Node {
 	}
 	n := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: info.Name, Labels: labels},
-		Spec:       corev1.NodeSpec{PodCIDR: info.PodCIDR},
+		Spec:       corev1.NodeSpec{PodCIDR: info.PodCIDR, Taints: info.Taints},
 		Status: corev1.NodeStatus{
 			Phase:       corev1.NodePending,
 			Capacity:    capacity,

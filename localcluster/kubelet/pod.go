@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/canopy-mesh/canopy/internal/cgroup"
 	"github.com/canopy-mesh/canopy/internal/netns"
 	"github.com/canopy-mesh/canopy/internal/procs"
 )
@@ -277,6 +278,19 @@ func (r *podRuntime) setupVolumes() error {
 // across nodes and clusters.
 func netnsName(pod *corev1.Pod) string { return "cpod-" + string(pod.UID) }
 
+// cgroupDir is the cgroup of the pod's processes, "" when the node puts
+// pods in none.
+func (r *podRuntime) cgroupDir() string { return r.p.podCgroup(string(r.pod.UID)) }
+
+// podCgroup is the cgroup of the pod with uid, as a kubelet with the
+// cgroupfs driver names it.
+func (p *Provider) podCgroup(uid string) string {
+	if p.cfg.CgroupParent == "" {
+		return ""
+	}
+	return filepath.Join(p.cfg.CgroupParent, "kubepods", "pod"+uid)
+}
+
 // writeDNSFiles writes the pod's resolv.conf and hosts, as a kubelet does
 // for dnsPolicy ClusterFirst.
 func (r *podRuntime) writeDNSFiles() error {
@@ -328,6 +342,13 @@ func (r *podRuntime) stop(grace time.Duration) {
 					case <-time.After(100 * time.Millisecond):
 					}
 				}
+			}
+		}
+		// A container's stray children (outside its process group) go
+		// with the pod's cgroup.
+		if dir := r.cgroupDir(); dir != "" {
+			if err := cgroup.Remove(dir); err != nil {
+				r.log.Warn("remove pod cgroup failed", "err", err)
 			}
 		}
 		r.teardown()
@@ -409,6 +430,11 @@ func (p *Provider) cleanupLeftovers(ctx context.Context) error {
 		}
 		for _, pr := range rec.Processes {
 			pr.Kill()
+		}
+		if dir := p.podCgroup(uid); dir != "" {
+			if err := cgroup.Remove(dir); err != nil {
+				return fmt.Errorf("remove leftover pod cgroup: %w", err)
+			}
 		}
 		path := netns.Path("cpod-" + uid)
 		if _, err := os.Stat(path); err == nil {

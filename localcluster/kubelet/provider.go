@@ -69,6 +69,13 @@ type Config struct {
 	// port-forward on NodeIP:10250 over TLS to clients with a certificate
 	// from this CA (the API server's kubelet client certificate).
 	ClientCAFile string
+	// CgroupParent is the cgroup (a directory of the cgroup v2 hierarchy)
+	// under which this node's pods run: each pod's processes are born in
+	// <CgroupParent>/kubepods/pod<uid>, as a kubelet with the cgroupfs
+	// driver places them, so that a pod's processes carry its UID (a CNI
+	// agent finds a pod's network namespace by it). Empty leaves the
+	// processes in the kubelet's own cgroup.
+	CgroupParent string
 	// RestartBackoff is the first delay before restarting a container; it
 	// doubles up to MaxRestartBackoff. Defaults 1s and 30s: shorter than a
 	// kubelet's, for a development cluster.

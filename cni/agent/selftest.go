@@ -1,0 +1,74 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// SelfTest enrolls a throwaway network namespace with the agent's backend,
+// verifies it and un-enrolls it: what a pod's enrollment does inside the
+// pod, on this node's kernel. The namespace is never pinned; it goes when
+// SelfTest returns.
+func (a *Agent) SelfTest() error {
+	f, err := throwawayNetns()
+	if err != nil {
+		return fmt.Errorf("self-test: %w", err)
+	}
+	defer f.Close()
+	path := fmt.Sprintf("/proc/self/fd/%d", f.Fd())
+	cfg := a.cfg.selfTestPod()
+	if err := a.backend.Enroll(path, cfg); err != nil {
+		return fmt.Errorf("self-test: enroll: %w", err)
+	}
+	verr := a.backend.Verify(path, cfg)
+	if uerr := a.backend.Unenroll(path); verr != nil || uerr != nil {
+		return fmt.Errorf("self-test: %w", errors.Join(verr, uerr))
+	}
+	return nil
+}
+
+// throwawayNetns returns a handle on a new network namespace with its
+// loopback up, as a pod's is.
+func throwawayNetns() (*os.File, error) {
+	type result struct {
+		f   *os.File
+		err error
+	}
+	c := make(chan result, 1)
+	go func() {
+		// The thread stays locked and dies with the goroutine: no other
+		// goroutine ever runs in the new namespace.
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			c <- result{err: fmt.Errorf("new network namespace: %w", err)}
+			return
+		}
+		f, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+		c <- result{f, err}
+	}()
+	r := <-c
+	if r.err != nil {
+		return nil, r.err
+	}
+	h, err := netlink.NewHandleAt(netns.NsHandle(r.f.Fd()))
+	if err != nil {
+		r.f.Close()
+		return nil, err
+	}
+	defer h.Close()
+	lo, err := h.LinkByName("lo")
+	if err == nil {
+		err = h.LinkSetUp(lo)
+	}
+	if err != nil {
+		r.f.Close()
+		return nil, fmt.Errorf("loopback up: %w", err)
+	}
+	return r.f, nil
+}
