@@ -102,8 +102,15 @@ func New(table Table, certs Certs, clusterID string, reg prometheus.Registerer, 
 	if err != nil {
 		return nil, err
 	}
-	return &Proxy{Table: table, Certs: certs, ClusterID: clusterID, Log: log.With("component", "proxy"), pool: newPool(), metrics: m,
-		inbound: map[*hbone.ServerConn]struct{}{}}, nil
+	p := &Proxy{Table: table, Certs: certs, ClusterID: clusterID, Log: log.With("component", "proxy"), pool: newPool(), metrics: m,
+		inbound: map[*hbone.ServerConn]struct{}{}}
+	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "canopy_node_connections_open",
+		Help: "Accepted connections held open now, node-wide (bounded by --max-connections)."},
+		func() float64 { return float64(p.conns.open()) })
+	if err := reg.Register(open); err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 // Close drops pooled connections.
