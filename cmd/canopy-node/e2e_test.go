@@ -29,7 +29,9 @@ import (
 	istioclient "istio.io/client-go/pkg/clientset/versioned"
 
 	"github.com/canopy-mesh/canopy/ca/rootcm"
+	"github.com/canopy-mesh/canopy/internal/cgroup"
 	"github.com/canopy-mesh/canopy/internal/netns"
+	"github.com/canopy-mesh/canopy/internal/testing/ci"
 	"github.com/canopy-mesh/canopy/internal/testing/eventually"
 	"github.com/canopy-mesh/canopy/internal/testing/nettest"
 	"github.com/canopy-mesh/canopy/internal/testing/testenv"
@@ -172,8 +174,11 @@ func TestWholeMesh(t *testing.T) {
 		return p
 	}
 	nodeA, nodeB := fmt.Sprintf("e2e-%d-a", run), fmt.Sprintf("e2e-%d-b", run)
-	mkPod(apps, "client", "client", nodeA, pods.AddrA)
-	mkPod(apps, "server", "server", nodeB, pods.AddrB)
+	// Each pod runs a process in its namespace, in a cgroup carrying its
+	// UID as a kubelet makes it: that is how the CNI agent finds a running
+	// pod's namespace (its address is only a check).
+	runPod(t, mkPod(apps, "client", "client", nodeA, pods.AddrA), pods.A, run)
+	runPod(t, mkPod(apps, "server", "server", nodeB, pods.AddrB), pods.B, run)
 
 	var root *corev1.ConfigMap
 	var err error
@@ -371,5 +376,25 @@ func TestWholeMesh(t *testing.T) {
 			return exec.Command("nft", "list", "chain", "inet", "canopy-test", "count").CombinedOutput()
 		})
 		return count(8080) > before
+	})
+}
+
+// runPod starts a long-lived process for pod inside the network namespace
+// at nsPath, in the cgroup <root>/canopy-e2e-<run>/kubepods/pod<uid>, and
+// removes both when the test ends.
+func runPod(t *testing.T, pod *corev1.Pod, nsPath string, run int64) {
+	t.Helper()
+	root, err := cgroup.Root()
+	if err != nil {
+		ci.Unavailable(t, "no cgroup v2 hierarchy: %v", err)
+	}
+	dir := filepath.Join(root, fmt.Sprintf("canopy-e2e-%d", run), "kubepods", "pod"+string(pod.UID))
+	cmd := exec.Command("sleep", "infinity")
+	if err := netns.Do(nsPath, func() error { return cgroup.Start(cmd, dir) }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cgroup.Remove(filepath.Dir(filepath.Dir(dir)))
+		_ = cmd.Wait()
 	})
 }
