@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/canopy-mesh/canopy/internal/atomicfile"
 )
 
 // netnsRecord is what the agent keeps on the node of a pod's CNI ADD: the
@@ -62,7 +64,7 @@ func (r records) save(rec netnsRecord) error {
 	if err := os.MkdirAll(r.dir, 0o700); err != nil {
 		return fmt.Errorf("create %s: %w", r.dir, err)
 	}
-	return writeAtomic(path, b, 0o600)
+	return atomicfile.Write(path, b, 0o600)
 }
 
 // load returns a pod's record, if there is one.
@@ -148,29 +150,4 @@ func openRecorded(rec netnsRecord, ip netip.Addr) (*os.File, error) {
 		return nil, fmt.Errorf("the namespace at %s no longer holds the pod's IP %s", rec.Netns, ip)
 	}
 	return f, nil
-}
-
-// writeAtomic writes through a temporary file and a rename, so a reader
-// never sees half a file.
-func writeAtomic(path string, data []byte, mode os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
 }

@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+
+	"github.com/canopy-mesh/canopy/internal/atomicfile"
 )
 
 // PluginType is the plugin's "type" in a conflist.
@@ -62,32 +64,7 @@ func (i Installer) copyBinary() error {
 	if cur, err := os.ReadFile(dst); err == nil && bytes.Equal(cur, src) {
 		return nil
 	}
-	return writeAtomic(dst, src, 0o755)
-}
-
-// writeAtomic writes through a temporary file and a rename, so a
-// container runtime never reads half a file.
-func writeAtomic(path string, data []byte, mode os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
+	return atomicfile.Write(dst, src, 0o755)
 }
 
 // primary returns the configuration file the runtime uses: the first
@@ -166,7 +143,7 @@ func (i Installer) ensureEntry() error {
 	if !isList {
 		target = strings.TrimSuffix(path, filepath.Ext(path)) + ".conflist"
 	}
-	if err := writeAtomic(target, append(out, '\n'), 0o644); err != nil {
+	if err := atomicfile.Write(target, append(out, '\n'), 0o644); err != nil {
 		return err
 	}
 	if target != path {
@@ -290,5 +267,5 @@ func removeEntry(path string) error {
 	if err != nil {
 		return err
 	}
-	return writeAtomic(path, append(out, '\n'), 0o644)
+	return atomicfile.Write(path, append(out, '\n'), 0o644)
 }

@@ -15,10 +15,11 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/canopy-mesh/canopy/internal/atomicfile"
 )
 
 // DefaultSocket is where the agent listens.
@@ -171,25 +172,9 @@ func WriteNamespaceRecord(path string, r NamespaceRecord) error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
-	if err != nil {
-		return fmt.Errorf("write namespace record: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write namespace record: %w", err)
-	}
 	// The plugin runs as root on the host; others have no business here.
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("write namespace record: %w", err)
+	if err := atomicfile.Write(path, b, 0o644); err != nil {
+		return fmt.Errorf("namespace record: %w", err)
 	}
 	return nil
 }
