@@ -27,6 +27,8 @@ import (
 	"golang.org/x/sync/singleflight"
 	"golang.org/x/time/rate"
 	authenticationv1 "k8s.io/api/authentication/v1"
+
+	"github.com/canopy-mesh/canopy/internal/ratewait"
 )
 
 // Reasons authentication fails; servers map them to Unauthenticated (or,
@@ -240,28 +242,14 @@ func (a *Authenticator) budget(ctx context.Context, clusterID string) error {
 	if lim == nil {
 		return nil
 	}
-	now := a.cfg.Now()
-	r := lim.ReserveN(now, 1)
-	if !r.OK() {
+	err := ratewait.Take(ctx, lim, a.cfg.ReviewWait, a.cfg.Now)
+	if errors.Is(err, ratewait.ErrTooLong) {
 		return ErrThrottled
 	}
-	delay := r.DelayFrom(now)
-	if delay > a.cfg.ReviewWait {
-		r.CancelAt(now)
-		return ErrThrottled
+	if err != nil {
+		return fmt.Errorf("wait for the token review budget: %w", err)
 	}
-	if delay <= 0 {
-		return nil
-	}
-	t := time.NewTimer(delay)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		r.CancelAt(a.cfg.Now())
-		return fmt.Errorf("wait for the token review budget: %w", ctx.Err())
-	}
+	return nil
 }
 
 // verdict turns a review's status into a caller or a rejection.

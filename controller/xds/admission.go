@@ -2,6 +2,7 @@ package xds
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/canopy-mesh/canopy/ca/authn"
+	"github.com/canopy-mesh/canopy/internal/ratewait"
 )
 
 // admission decides whether an authenticated caller may open a stream:
@@ -85,28 +87,14 @@ func (a *admission) pace(ctx context.Context) *refusal {
 	if a.limiter == nil {
 		return nil
 	}
-	now := a.now()
-	res := a.limiter.ReserveN(now, 1)
-	if !res.OK() {
-		return &refusal{"stream_rate", "new-stream rate limit exceeded"}
-	}
-	delay := res.DelayFrom(now)
-	if delay > a.wait {
-		res.CancelAt(now)
+	err := ratewait.Take(ctx, a.limiter, a.wait, a.now)
+	if errors.Is(err, ratewait.ErrTooLong) {
 		return &refusal{"stream_rate", "new-stream rate limit exceeded; retry later"}
 	}
-	if delay <= 0 {
-		return nil
-	}
-	t := time.NewTimer(delay)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		res.CancelAt(a.now())
+	if err != nil {
 		return &refusal{"stream_rate", "stream ended while waiting for the new-stream rate limit"}
 	}
+	return nil
 }
 
 // admit takes a place for an authenticated caller's stream and waits for
