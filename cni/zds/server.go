@@ -22,6 +22,13 @@ import (
 	zdspb "github.com/canopy-mesh/canopy/workloadapi/zds"
 )
 
+// maxAck is the largest datagram the agent reads from a node proxy.
+// Canopy's node proxy keeps its Acks under zdsconn.MaxMessage; ztunnel
+// does not bound a refusal's text (send_nack in src/inpod), so a longer
+// Ack is read whole, its text cut to zdsconn.MaxAckError, and is a
+// refusal like any other rather than a broken connection.
+const maxAck = 64 << 10
+
 // ErrNoProxy: no node proxy is connected; the pod waits in the cache and
 // goes out with the next snapshot.
 var ErrNoProxy = errors.New("no node proxy connected")
@@ -101,7 +108,10 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 			return fmt.Errorf("accept: %w", err)
 		}
-		wg.Go(func() { s.serve(ctx, zdsconn.New(uc)) })
+		zc := zdsconn.New(uc)
+		// ztunnel puts a refusal's whole text in its Ack; read it whole.
+		zc.SetReadLimit(maxAck)
+		wg.Go(func() { s.serve(ctx, zc) })
 	}
 }
 
@@ -214,13 +224,14 @@ func (c *conn) exchange(req *zdspb.WorkloadRequest, fd *os.File, timeout time.Du
 		return fmt.Errorf("%w: response without an ack", zdsconn.ErrProtocol)
 	}
 	if msg := resp.GetAck().GetError(); msg != "" {
-		return &RefusedError{Message: msg}
+		return &RefusedError{Message: zdsconn.AckError(msg)}
 	}
 	return nil
 }
 
 // RefusedError is a node proxy's Ack with an error: the connection is
-// fine, the proxy could not take the request.
+// fine, the proxy could not take the request. Message is the Ack's text,
+// cut to at most zdsconn.MaxAckError bytes of valid UTF-8.
 type RefusedError struct{ Message string }
 
 func (e *RefusedError) Error() string { return "node proxy refused: " + e.Message }

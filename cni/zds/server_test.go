@@ -13,8 +13,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/canopy-mesh/canopy/internal/testing/eventually"
 	"github.com/canopy-mesh/canopy/internal/zdsconn"
@@ -266,4 +268,68 @@ func TestRefusedPodDoesNotAbortTheSnapshot(t *testing.T) {
 		return len(got) == 3 && got[2] == "snapshot-sent"
 	})
 	eventually.True(t, "the connection is kept", func() bool { return s.Connected() == 1 })
+}
+
+// TestLongAckIsARefusal: ztunnel puts a failure's whole text in the Ack
+// (src/inpod/linux/protocol.rs send_nack), however long. Such an Ack is a
+// refusal, its text cut to a bounded, valid length, and the connection
+// stays: the next pod goes through on it.
+func TestLongAckIsARefusal(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ztunnel.sock")
+	s := New(path, Config{}, slog.New(slog.DiscardHandler))
+	defer start(t, path, s)()
+
+	var uc *net.UnixConn
+	var err error
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if uc, err = net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"}); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	zc := zdsconn.New(uc)
+	t.Cleanup(func() { zc.Close() })
+	if err := zc.Send(&zdspb.ZdsHello{Version: zdspb.Version_V1}, nil, time.Now().Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	const prefix = "failed to add workload: "
+	go func() {
+		for {
+			var req zdspb.WorkloadRequest
+			fds, err := zc.Recv(&req, time.Time{})
+			if err != nil {
+				return
+			}
+			closeFiles(fds)
+			ack := &zdspb.Ack{}
+			if req.GetAdd().GetUid() == "uid-long" {
+				ack.Error = prefix + strings.Repeat("ü", 20_000)
+			}
+			// Written raw: zdsconn.Send would refuse a datagram this long.
+			b, _ := proto.Marshal(&zdspb.WorkloadResponse{Payload: &zdspb.WorkloadResponse_Ack{Ack: ack}})
+			if _, err := uc.Write(b); err != nil {
+				return
+			}
+		}
+	}()
+	eventually.True(t, "connected", func() bool { return s.Connected() == 1 })
+
+	ns, _ := selfNetns(t)
+	err = s.Add(Pod{UID: "uid-long", Info: info("long"), Netns: ns})
+	var refused *RefusedError
+	if !errors.As(err, &refused) {
+		t.Fatalf("Add answered by a 40 KB Ack = %v, want a refusal", err)
+	}
+	if msg := refused.Message; !strings.HasPrefix(msg, prefix+"ü") || !utf8.ValidString(msg) || len(msg) > zdsconn.MaxAckError {
+		t.Errorf("refusal of %d bytes (valid UTF-8 %v); want the Ack's start, cut to at most %d bytes", len(msg), utf8.ValidString(msg), zdsconn.MaxAckError)
+	}
+	ns2, _ := selfNetns(t)
+	if err := s.Add(Pod{UID: "uid-next", Info: info("next"), Netns: ns2}); err != nil {
+		t.Errorf("Add after a long Ack: %v", err)
+	}
+	if n := s.Connected(); n != 1 {
+		t.Errorf("%d connections after a long Ack, want the one kept", n)
+	}
 }

@@ -20,3 +20,27 @@ func TestTypeStateStatus(t *testing.T) {
 		}
 	}
 }
+
+func TestAckOfOwn(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name  string
+		nonce string
+		sent  uint64
+		want  bool
+	}{
+		{"no nonce", "", 3, false},
+		{"istioctl's nonce, the time", "2026-08-22 10:00:00.123 +0000 UTC m=+0.5", 3, false},
+		{"the last answer's", "3", 3, true},
+		{"an earlier answer's", "1", 3, true},
+		{"not sent yet", "4", 3, false},
+		{"nothing sent yet", "1", 0, false},
+		{"zero", "0", 3, false},
+		{"not canonical", "03", 3, false},
+		{"signed", "+3", 3, false},
+	} {
+		if got := ackOfOwn(tt.nonce, tt.sent); got != tt.want {
+			t.Errorf("%s: ackOfOwn(%q, %d) = %v, want %v", tt.name, tt.nonce, tt.sent, got, tt.want)
+		}
+	}
+}

@@ -117,12 +117,18 @@ var configStatus = map[string]statusv3.ConfigStatus{
 }
 
 // clientConfigs returns one CSDS ClientConfig per connected proxy, as
-// istioctl proxy-status reads them: the node with CLUSTER_ID, NAMESPACE
-// and ISTIO_VERSION, and a config status per subscribed type, with the
-// time of the last ACK as its age.
+// istioctl proxy-status reads them: the node, named by its proxy ID
+// ("<pod>.<namespace>", which istioctl prints as NAME) with CLUSTER_ID,
+// NAMESPACE and ISTIO_VERSION, and a config status per subscribed type,
+// with the time of the last ACK as its age. A connection that watches no
+// type (a debug client asking over Delta ADS) is no proxy and is left
+// out, as istiod leaves out its debug clients.
 func (s *Server) clientConfigs() []*statusv3.ClientConfig {
 	var out []*statusv3.ClientConfig
 	for _, ps := range s.Status() {
+		if len(ps.Types) == 0 {
+			continue
+		}
 		md := map[string]*structpb.Value{"NAMESPACE": structpb.NewStringValue(ps.Namespace)}
 		if ps.Cluster != "" {
 			md["CLUSTER_ID"] = structpb.NewStringValue(ps.Cluster)
@@ -130,7 +136,7 @@ func (s *Server) clientConfigs() []*statusv3.ClientConfig {
 		if ps.Version != "" {
 			md["ISTIO_VERSION"] = structpb.NewStringValue(ps.Version)
 		}
-		cc := &statusv3.ClientConfig{Node: &corev3.Node{Id: ps.NodeID, Metadata: &structpb.Struct{Fields: md}}}
+		cc := &statusv3.ClientConfig{Node: &corev3.Node{Id: ps.ProxyID, Metadata: &structpb.Struct{Fields: md}}}
 		for _, ts := range ps.Types {
 			g := &statusv3.ClientConfig_GenericXdsConfig{TypeUrl: ts.TypeURL, ConfigStatus: configStatus[ts.Status], VersionInfo: ts.NonceAcked}
 			if !ts.LastAcked.IsZero() {
@@ -173,12 +179,27 @@ func (s *Server) debugAllowed(c authn.Caller) error {
 	return nil
 }
 
+// ackOfOwn reports whether a debug request's response nonce is one this
+// stream sent (its nonces count 1, 2, ... up to sent): the ACK of an
+// answer. That is the one debug request left unanswered, since older
+// istioctl releases ACK debug answers and answering the ACK would
+// ping-pong until the stream ends. Any other request is answered whatever
+// its nonce, as istiod does: istioctl sets a fresh nonce (the time) on
+// every request, its first included.
+func ackOfOwn(nonce string, sent uint64) bool {
+	n, err := strconv.ParseUint(nonce, 10, 64)
+	return err == nil && n >= 1 && n <= sent && strconv.FormatUint(n, 10) == nonce
+}
+
 func (s *Server) handleDebugDelta(c *conn, req *discoveryv3.DeltaDiscoveryRequest) error {
 	if req.GetTypeUrl() != SynczTypeURL {
 		return s.streamError("type", codes.InvalidArgument, "unsupported debug type %q (only %s)", req.GetTypeUrl(), SynczTypeURL)
 	}
-	if req.GetResponseNonce() != "" {
-		return nil // the ACK of an answer
+	c.mu.Lock()
+	ack := ackOfOwn(req.GetResponseNonce(), c.nonce)
+	c.mu.Unlock()
+	if ack {
+		return nil
 	}
 	if err := s.debugAllowed(c.caller); err != nil {
 		return err
@@ -221,8 +242,8 @@ func (s *Server) StreamAggregatedResources(stream grpc.BidiStreamingServer[disco
 	for {
 		switch typ := req.GetTypeUrl(); {
 		case typ == SynczTypeURL:
-			if req.GetResponseNonce() != "" {
-				break // an ACK
+			if ackOfOwn(req.GetResponseNonce(), nonce) {
+				break
 			}
 			if err := s.debugAllowed(caller); err != nil {
 				return err

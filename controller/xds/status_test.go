@@ -83,7 +83,8 @@ func TestNACKShowsInProxyStatus(t *testing.T) {
 		}
 		got[cc.GetNode().GetId()] = types
 	}
-	nackID, okID := m.node(t, "ztunnel-nack", "").GetId(), m.node(t, "ztunnel-ok", "").GetId()
+	// istioctl prints the node ID as NAME: it is the proxy ID.
+	nackID, okID := "ztunnel-nack."+m.ns, "ztunnel-ok."+m.ns
 	if s := got[nackID][workloadapi.AddressTypeURL]; s != statusv3.ConfigStatus_ERROR {
 		t.Errorf("syncz %s WDS = %v, want ERROR (all: %v)", nackID, s, got)
 	}

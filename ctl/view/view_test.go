@@ -77,8 +77,8 @@ func TestWaypointName(t *testing.T) {
 func TestServicesPoliciesGolden(t *testing.T) {
 	golden(t, "services.golden", print(t, ServicesTable(services, "")))
 	policies := []configdump.Policy{
-		{Name: "strict", Namespace: "istio-system", Action: "Deny", Scope: "Workload_selector"},
-		{Name: "allow-client", Namespace: "demo", Action: "Allow", Scope: "Workload_selector"},
+		{Name: "strict", Namespace: "istio-system", Action: "Deny", Scope: "WorkloadSelector"},
+		{Name: "allow-client", Namespace: "demo", Action: "Allow", Scope: "WorkloadSelector"},
 		{Name: "trial", Namespace: "demo", Action: "Deny", Scope: "Namespace", DryRun: true},
 	}
 	golden(t, "policies.golden", print(t, PoliciesTable(policies, "")))

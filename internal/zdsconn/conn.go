@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
@@ -26,10 +28,19 @@ var ErrProtocol = errors.New("zds protocol error")
 // protocol is strictly request and ack.
 type Conn struct {
 	c *net.UnixConn
+	// limit is the read buffer's size.
+	limit int
 }
 
-// New wraps a "unixpacket" connection.
-func New(c *net.UnixConn) *Conn { return &Conn{c: c} }
+// New wraps a "unixpacket" connection that reads datagrams of up to
+// MaxMessage bytes.
+func New(c *net.UnixConn) *Conn { return &Conn{c: c, limit: MaxMessage} }
+
+// SetReadLimit sets the size of the read buffer; a datagram that does not
+// fit is still a protocol error. The CNI agent reads with a larger one:
+// ztunnel sends a refusal's whole text in its Ack, however long, and that
+// must be a refusal rather than a broken connection.
+func (c *Conn) SetReadLimit(n int) { c.limit = max(n, MaxMessage) }
 
 // Close closes the connection.
 func (c *Conn) Close() error { return c.c.Close() }
@@ -63,7 +74,7 @@ func (c *Conn) Recv(m proto.Message, deadline time.Time) ([]*os.File, error) {
 	if err := c.c.SetReadDeadline(deadline); err != nil {
 		return nil, err
 	}
-	buf := make([]byte, MaxMessage)
+	buf := make([]byte, c.limit)
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	n, oobn, flags, _, err := c.c.ReadMsgUnix(buf, oob)
 	if err != nil {
@@ -123,4 +134,29 @@ func closeAll(fs []*os.File) {
 func IsNetns(f *os.File) bool {
 	t, err := unix.IoctlRetInt(int(f.Fd()), unix.NS_GET_NSTYPE)
 	return err == nil && t == unix.CLONE_NEWNET
+}
+
+// MaxAckError is the longest Ack error text, in bytes, whose
+// WorkloadResponse still fits one datagram: the response is the text plus
+// 6 bytes of framing (two tags and two 2-byte lengths).
+const MaxAckError = MaxMessage - 1 - 6
+
+// truncated ends an error text AckError had to cut.
+const truncated = " [truncated]"
+
+// AckError returns s as an Ack's error text: valid UTF-8 (invalid bytes
+// become U+FFFD; proto3 strings must be valid, or the Ack would not
+// marshal) and at most MaxAckError bytes, cut at a rune boundary and
+// marked when longer, so that the Ack always fits one datagram and a
+// refusal never ends the session.
+func AckError(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if len(s) <= MaxAckError {
+		return s
+	}
+	cut := MaxAckError - len(truncated)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + truncated
 }

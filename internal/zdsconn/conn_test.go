@@ -4,8 +4,10 @@ import (
 	"errors"
 	"net"
 	"os"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
@@ -87,4 +89,80 @@ func FuzzRecv(f *testing.F) {
 			t.Fatalf("Recv(%x) = %v, not a protocol error", data, err)
 		}
 	})
+}
+
+// TestAckError: whatever a handler's error says, the Ack carrying it is
+// valid (proto3 strings must be UTF-8) and fits one datagram; a short
+// text is kept as it is, a long one cut at a rune boundary with a marker.
+func TestAckError(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("é", 100_000) // 2 bytes a rune: a cut may fall inside one
+	for _, tt := range []struct {
+		name, in string
+		want     string // "" when the text is cut
+	}{
+		{"empty", "", ""},
+		{"short", "cannot enter netns", "cannot enter netns"},
+		{"at the limit", strings.Repeat("x", MaxAckError), strings.Repeat("x", MaxAckError)},
+		{"one byte over", strings.Repeat("x", MaxAckError+1), ""},
+		{"runes across the cut", "x" + long, ""},
+		{"four-byte runes", strings.Repeat("🙂", 10_000), ""},
+		{"invalid UTF-8", "bad \xff\xfe byte", "bad \uFFFD byte"},
+		{"invalid and long", strings.Repeat("a\xff", 5000), ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got := AckError(tt.in)
+			if !utf8.ValidString(got) {
+				t.Errorf("AckError() is not valid UTF-8: %q", got[max(0, len(got)-20):])
+			}
+			if len(got) > MaxAckError {
+				t.Errorf("AckError() is %d bytes, limit %d", len(got), MaxAckError)
+			}
+			b, err := proto.Marshal(&zdspb.WorkloadResponse{Payload: &zdspb.WorkloadResponse_Ack{Ack: &zdspb.Ack{Error: got}}})
+			if err != nil {
+				t.Fatalf("marshal the Ack: %v", err)
+			}
+			if len(b) >= MaxMessage {
+				t.Errorf("the Ack is %d bytes, limit %d", len(b), MaxMessage-1)
+			}
+			if tt.want != "" || tt.in == "" {
+				if got != tt.want {
+					t.Errorf("AckError() = %q, want %q", got, tt.want)
+				}
+				return
+			}
+			if !strings.HasSuffix(got, truncated) {
+				t.Errorf("a cut text does not end with %q: %q", truncated, got[max(0, len(got)-20):])
+			}
+			head := strings.TrimSuffix(got, truncated)
+			if clean := strings.ToValidUTF8(tt.in, "\uFFFD"); !strings.HasPrefix(clean, head) {
+				t.Errorf("a cut text is not a prefix of the error")
+			}
+			if len(got) < MaxAckError-utf8.UTFMax {
+				t.Errorf("AckError() kept %d bytes, want about %d", len(got), MaxAckError)
+			}
+		})
+	}
+}
+
+// TestSetReadLimit: a connection with a larger read limit takes a datagram
+// the default one would find truncated.
+func TestSetReadLimit(t *testing.T) {
+	c, peer := pair(t)
+	c.SetReadLimit(64 << 10)
+	b, err := proto.Marshal(&zdspb.WorkloadResponse{Payload: &zdspb.WorkloadResponse_Ack{Ack: &zdspb.Ack{Error: strings.Repeat("x", 10_000)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := peer.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	var m zdspb.WorkloadResponse
+	if _, err := c.Recv(&m, time.Now().Add(time.Second)); err != nil {
+		t.Fatalf("Recv of %d bytes with a 64 KiB limit: %v", len(b), err)
+	}
+	if got := len(m.GetAck().GetError()); got != 10_000 {
+		t.Errorf("error text of %d bytes, want 10000", got)
+	}
 }

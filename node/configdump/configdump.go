@@ -23,7 +23,7 @@ type Workload struct {
 	UID                   string   `json:"uid"`
 	WorkloadIPs           []string `json:"workloadIps"`
 	Protocol              string   `json:"protocol"`
-	NetworkMode           string   `json:"networkMode,omitempty"`
+	NetworkMode           string   `json:"networkMode"`
 	Name                  string   `json:"name"`
 	Namespace             string   `json:"namespace"`
 	ServiceAccount        string   `json:"serviceAccount"`
@@ -66,13 +66,14 @@ type Endpoint struct {
 }
 
 // Policy is an authorization policy; Rules nest rules, clauses, matches.
+// Scope and Action are spelled as ztunnel's serde writes them (Scope).
 type Policy struct {
 	Name      string               `json:"name"`
 	Namespace string               `json:"namespace"`
 	Scope     string               `json:"scope"`
 	Action    string               `json:"action"`
 	Rules     [][][]map[string]any `json:"rules"`
-	DryRun    bool                 `json:"dryRun,omitempty"`
+	DryRun    bool                 `json:"dryRun"`
 }
 
 // Certificate is one certificate of a chain.
@@ -150,7 +151,7 @@ func Workloads(s workloadtable.Snapshot) []Workload {
 			ServiceAccount: id.ServiceAccount, TrustDomain: id.TrustDomain, Network: w.GetNetwork(), WorkloadName: w.GetWorkloadName(),
 			WorkloadType: strings.ToLower(w.GetWorkloadType().String()), CanonicalName: w.GetCanonicalName(), CanonicalRevision: w.GetCanonicalRevision(),
 			Hostname: w.GetHostname(), Node: w.GetNode(), AuthorizationPolicies: w.GetAuthorizationPolicies(), ClusterID: w.GetClusterId(),
-			Status: status(w.GetStatus()), Waypoint: gateway(w.GetWaypoint()), WorkloadIPs: []string{},
+			Status: status(w.GetStatus()), Waypoint: gateway(w.GetWaypoint()), WorkloadIPs: []string{}, NetworkMode: "Standard",
 		}
 		if w.GetNetworkMode() == workloadapi.NetworkMode_HOST_NETWORK {
 			x.NetworkMode = "HostNetwork"
@@ -194,8 +195,8 @@ func Services(s workloadtable.Snapshot) []Service {
 func Policies(s workloadtable.Snapshot) []Policy {
 	out := []Policy{}
 	for _, p := range s.Policies {
-		x := Policy{Name: p.GetName(), Namespace: p.GetNamespace(), Scope: titleCase(p.GetScope().String()),
-			Action: titleCase(p.GetAction().String()), DryRun: p.GetDryRun(), Rules: [][][]map[string]any{}}
+		x := Policy{Name: p.GetName(), Namespace: p.GetNamespace(), Scope: Scope(p.GetScope()),
+			Action: Action(p.GetAction()), DryRun: p.GetDryRun(), Rules: [][][]map[string]any{}}
 		for _, r := range p.GetRules() {
 			// Empty lists, never null: an empty rule (rules: [{}], allow
 			// all) is [[]], as ztunnel shows it.
@@ -214,11 +215,30 @@ func Policies(s workloadtable.Snapshot) []Policy {
 	return out
 }
 
-func titleCase(s string) string {
-	if s == "" {
-		return s
+// Scope spells a policy's scope as ztunnel's config dump does: the
+// variant names of its RbacScope (Global, Namespace, WorkloadSelector),
+// which istioctl ztunnel-config policies prints as they are.
+func Scope(s security.Scope) string {
+	switch s {
+	case security.Scope_GLOBAL:
+		return "Global"
+	case security.Scope_NAMESPACE:
+		return "Namespace"
+	case security.Scope_WORKLOAD_SELECTOR:
+		return "WorkloadSelector"
 	}
-	return s[:1] + strings.ToLower(s[1:])
+	return s.String() // a value this build does not know
+}
+
+// Action spells a policy's action as ztunnel's RbacAction: Allow, Deny.
+func Action(a security.Action) string {
+	switch a {
+	case security.Action_ALLOW:
+		return "Allow"
+	case security.Action_DENY:
+		return "Deny"
+	}
+	return a.String()
 }
 
 func match(m *security.Match) map[string]any {
@@ -272,9 +292,11 @@ func match(m *security.Match) map[string]any {
 		if len(sas) == 0 {
 			continue
 		}
-		var l []string
+		// Objects, as ztunnel's ServiceAccountMatch: istioctl decodes
+		// them into a struct and fails on anything else.
+		var l []map[string]string
 		for _, sa := range sas {
-			l = append(l, sa.GetNamespace()+"/"+sa.GetServiceAccount())
+			l = append(l, map[string]string{"namespace": sa.GetNamespace(), "serviceAccount": sa.GetServiceAccount()})
 		}
 		out[key] = l
 	}

@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -275,5 +277,99 @@ func TestRoundTrip(t *testing.T) {
 	want.Config, got.Config = nil, nil
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("decoded dump (-want +got):\n%s", diff)
+	}
+}
+
+// TestZtunnelSpellings: enums are written as ztunnel's serde writes its
+// own (variant names, no renaming): the policy scope and action of
+// src/rbac.rs (RbacScope Global, Namespace, WorkloadSelector; RbacAction
+// Allow, Deny), a workload's protocol, network mode and status of
+// src/state/workload.rs (InboundProtocol TCP, HBONE; NetworkMode Standard,
+// HostNetwork, always written; HealthStatus Healthy, Unhealthy). dryRun
+// is always written too, as ztunnel's bool is.
+func TestZtunnelSpellings(t *testing.T) {
+	t.Parallel()
+	s := mesh(t)
+	type policy struct {
+		Name, Scope, Action string
+		DryRun              *bool
+	}
+	yes, no := true, false
+	wantPolicies := []policy{
+		{"allow-all", "Namespace", "Allow", &no},
+		{"allow-frontend", "WorkloadSelector", "Allow", &no},
+		{"deny-legacy", "Global", "Deny", &yes},
+	}
+	type workload struct{ Name, Protocol, NetworkMode, Status string }
+	wantWorkloads := []workload{
+		{"echo-0", "HBONE", "Standard", "Healthy"},
+		{"node-exporter-x1", "TCP", "HostNetwork", "Unhealthy"},
+		{"vm-1", "TCP", "Standard", "Healthy"},
+	}
+	// Read back from the JSON, as istioctl does.
+	var got struct {
+		Policies []struct {
+			Name, Scope, Action string
+			DryRun              *bool `json:"dryRun"`
+		} `json:"policies"`
+		Workloads []struct{ Name, Protocol, NetworkMode, Status string } `json:"workloads"`
+	}
+	if err := json.Unmarshal(encode(t, configdump.Dump{Policies: configdump.Policies(s), Workloads: configdump.Workloads(s)}), &got); err != nil {
+		t.Fatal(err)
+	}
+	var gotPolicies []policy
+	for _, p := range got.Policies {
+		gotPolicies = append(gotPolicies, policy{p.Name, p.Scope, p.Action, p.DryRun})
+	}
+	var gotWorkloads []workload
+	for _, w := range got.Workloads {
+		gotWorkloads = append(gotWorkloads, workload(w))
+	}
+	slices.SortFunc(gotWorkloads, func(a, b workload) int { return strings.Compare(a.Name, b.Name) })
+	if diff := cmp.Diff(wantPolicies, gotPolicies); diff != "" {
+		t.Errorf("policies (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(wantWorkloads, gotWorkloads); diff != "" {
+		t.Errorf("workloads (-want +got):\n%s", diff)
+	}
+}
+
+// TestIstioctlDecodesPolicies: istioctl ztunnel-config decodes the whole
+// dump into typed structs, a service-account match into an object
+// {namespace, serviceAccount} (ztunnel's ServiceAccountMatch, src/rbac.rs),
+// so a match written any other way fails every ztunnel-config command.
+func TestIstioctlDecodesPolicies(t *testing.T) {
+	t.Parallel()
+	type saMatch struct {
+		Namespace      string `json:"namespace"`
+		ServiceAccount string `json:"serviceAccount"`
+	}
+	var got struct {
+		Policies []struct {
+			Name  string `json:"name"`
+			Rules [][][]struct {
+				ServiceAccounts    []saMatch `json:"serviceAccounts"`
+				NotServiceAccounts []saMatch `json:"notServiceAccounts"`
+			} `json:"rules"`
+		} `json:"policies"`
+	}
+	if err := json.Unmarshal(encode(t, dump(t, mesh(t))), &got); err != nil {
+		t.Fatalf("decode as istioctl does: %v", err)
+	}
+	var sas, notSAs []saMatch
+	for _, p := range got.Policies {
+		for _, r := range p.Rules {
+			for _, c := range r {
+				for _, m := range c {
+					sas, notSAs = append(sas, m.ServiceAccounts...), append(notSAs, m.NotServiceAccounts...)
+				}
+			}
+		}
+	}
+	if diff := cmp.Diff([]saMatch{{"legacy", "default"}}, sas); diff != "" {
+		t.Errorf("serviceAccounts (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]saMatch{{"legacy", "admin"}}, notSAs); diff != "" {
+		t.Errorf("notServiceAccounts (-want +got):\n%s", diff)
 	}
 }

@@ -99,7 +99,9 @@ func (c Client) session(ctx context.Context) (served bool, err error) {
 		served = served || snapshotDone
 		ack := &zdspb.Ack{}
 		if herr != nil {
-			ack.Error = herr.Error()
+			// Bounded so the Ack fits one datagram: a long error is a
+			// refusal, never the end of the session.
+			ack.Error = zdsconn.AckError(herr.Error())
 		}
 		if err := conn.Send(&zdspb.WorkloadResponse{Payload: &zdspb.WorkloadResponse_Ack{Ack: ack}}, nil, time.Now().Add(5*time.Second)); err != nil {
 			return served, err
