@@ -37,7 +37,7 @@ func BuildServiceEntry(in ServiceEntryInput, cfg Config) ([]*workloadapi.Service
 		ports = append(ports, &workloadapi.Port{
 			ServicePort: p.GetNumber(),
 			TargetPort:  p.GetTargetPort(),
-			AppProtocol: appProtocolOf(p.GetProtocol()),
+			AppProtocol: serviceEntryAppProtocol(p.GetProtocol()),
 		})
 	}
 	var services []*workloadapi.Service
@@ -154,19 +154,6 @@ func vip(s, network string) *workloadapi.NetworkAddress {
 		return &workloadapi.NetworkAddress{Network: network, Address: a.Unmap().AsSlice()}
 	}
 	return nil
-}
-
-// appProtocolOf maps an Istio port protocol to the workload API's.
-func appProtocolOf(p string) workloadapi.AppProtocol {
-	switch strings.ToUpper(p) {
-	case "HTTP":
-		return workloadapi.AppProtocol_HTTP11
-	case "HTTP2":
-		return workloadapi.AppProtocol_HTTP2
-	case "GRPC":
-		return workloadapi.AppProtocol_GRPC
-	}
-	return workloadapi.AppProtocol_UNKNOWN
 }
 
 // WorkloadEntryInput is everything a WorkloadEntry's Workload depends on.
