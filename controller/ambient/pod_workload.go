@@ -26,6 +26,9 @@ type PodInput struct {
 	// Policies are the keys ("<namespace>/<name>") of the selector-bound
 	// authorization policies that select the pod.
 	Policies []string
+	// MTLSPolicy is the key of the Authorization that enforces the pod's
+	// PeerAuthentication mode (PeerAuthentications.PolicyKey), or empty.
+	MTLSPolicy string
 	// Waypoint is the pod's resolved workload waypoint, or nil.
 	Waypoint *workloadapi.GatewayAddress
 }
@@ -56,7 +59,7 @@ func BuildPodWorkload(in PodInput, cfg Config) *workloadapi.Workload {
 		ClusterId:             cfg.ClusterID,
 		Status:                podStatus(pod),
 		Locality:              nodeLocality(in.Node),
-		AuthorizationPolicies: sortedCopy(in.Policies),
+		AuthorizationPolicies: workloadPolicies(in.Policies, in.MTLSPolicy),
 		Services:              podServices(pod, in.Services, cfg),
 	}
 	for _, se := range in.ServiceEntries {

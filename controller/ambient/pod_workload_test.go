@@ -161,6 +161,10 @@ func TestBuildPodWorkload(t *testing.T) {
 			return se
 		}()}}},
 		{name: "policies sorted and unique", in: PodInput{Pod: testPod(), Policies: []string{"shop/deny-b", "shop/allow-a", "shop/deny-b"}}},
+		// istiod's buildWorkloadPolicies: the sorted AuthorizationPolicy
+		// keys, then the PeerAuthentication's converted policy.
+		{name: "mtls policy after the sorted policies", in: PodInput{Pod: testPod(), Policies: []string{"shop/deny-b", "istio-system/root"},
+			MTLSPolicy: "istio-system/istio_converted_static_strict"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()

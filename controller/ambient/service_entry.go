@@ -163,7 +163,10 @@ type WorkloadEntryInput struct {
 	ServiceEntries []*networkingv1.ServiceEntry
 	// Policies are the keys of the selector-bound policies selecting it.
 	Policies []string
-	Waypoint *workloadapi.GatewayAddress
+	// MTLSPolicy is the key of the Authorization that enforces its
+	// PeerAuthentication mode, or empty.
+	MTLSPolicy string
+	Waypoint   *workloadapi.GatewayAddress
 }
 
 // BuildWorkloadEntry returns the Workload of a WorkloadEntry (a VM or other
@@ -183,7 +186,7 @@ func BuildWorkloadEntry(in WorkloadEntryInput, cfg Config) *workloadapi.Workload
 	if w.CanonicalName == "" {
 		w.CanonicalName = w.WorkloadName
 	}
-	w.AuthorizationPolicies = sortedCopy(in.Policies)
+	w.AuthorizationPolicies = workloadPolicies(in.Policies, in.MTLSPolicy)
 	if !isWaypoint(we.Labels) {
 		w.Waypoint = in.Waypoint
 	}

@@ -154,8 +154,6 @@ func (x *Index) recomputeWorkloadEntry(c *change, k key) {
 			break
 		}
 	}
-	if key := x.peerAuthsFor(k.namespace, lbls).PolicyKey(cfg); key != "" {
-		in.Policies = append(in.Policies, key)
-	}
+	in.MTLSPolicy = x.peerAuthsFor(k.namespace, lbls).PolicyKey(cfg)
 	x.setAddress(c, uid, &workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: ambient.BuildWorkloadEntry(in, cfg)}})
 }

@@ -499,9 +499,7 @@ func (x *Index) recomputePod(c *change, k key) {
 			break
 		}
 	}
-	if key := x.peerAuthsFor(k.namespace, pod.Labels).PolicyKey(x.cfg); key != "" {
-		in.Policies = append(in.Policies, key)
-	}
+	in.MTLSPolicy = x.peerAuthsFor(k.namespace, pod.Labels).PolicyKey(x.cfg)
 	in.Waypoint = x.waypoint("Pod "+k.String(), k.namespace, pod.Labels, true)
 	w := ambient.BuildPodWorkload(in, x.cfg)
 	if w == nil {
