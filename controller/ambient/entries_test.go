@@ -99,7 +99,8 @@ func TestBuildWorkloadEntry(t *testing.T) {
 		in   WorkloadEntryInput
 	}{
 		{"vm behind a service entry", WorkloadEntryInput{WorkloadEntry: we(), ServiceEntries: []*networkingv1.ServiceEntry{serviceEntry()}, Policies: []string{"shop/p"}}},
-		{"owned by a workload group with locality and weight", WorkloadEntryInput{WorkloadEntry: we(func(w *networkingv1.WorkloadEntry) {
+		{"auto-registered by a workload group with locality and weight", WorkloadEntryInput{WorkloadEntry: we(func(w *networkingv1.WorkloadEntry) {
+			w.Annotations = map[string]string{AnnotationAutoRegistrationGroup: "payments-vms"}
 			w.OwnerReferences = []metav1.OwnerReference{{Kind: "WorkloadGroup", Name: "payments-vms"}}
 			w.Spec.Locality = "us-east/us-east-1b/rack-9"
 			w.Spec.Weight = 10
@@ -107,6 +108,11 @@ func TestBuildWorkloadEntry(t *testing.T) {
 		})}},
 		{"hostname address", WorkloadEntryInput{WorkloadEntry: we(func(w *networkingv1.WorkloadEntry) { w.Spec.Address = "vm-1.corp.example" })}},
 		{"tunnel label", WorkloadEntryInput{WorkloadEntry: we(func(w *networkingv1.WorkloadEntry) { w.Spec.Labels[LabelTunnel] = "http" })}},
+		// istiod merges the spec's labels with the object's, the object's
+		// winning (ConvertClientWorkloadEntry).
+		{"object labels over spec labels", WorkloadEntryInput{WorkloadEntry: we(func(w *networkingv1.WorkloadEntry) {
+			w.Labels = map[string]string{"version": "v2", LabelWorkloadName: "payments"}
+		})}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()

@@ -61,13 +61,13 @@ func BuildServiceEntry(in ServiceEntryInput, cfg Config) ([]*workloadapi.Service
 
 	var workloads []*workloadapi.Workload
 	for _, ep := range spec.GetEndpoints() {
-		w := entryWorkload(ep, se.Namespace, se.Labels, cfg)
+		labels := ep.GetLabels()
+		if len(labels) == 0 {
+			labels = se.Labels
+		}
+		w := entryWorkload(ep, se.Namespace, labels, se.Name, cfg)
 		w.Uid = workloadapi.ServiceEntryUID(cfg.ClusterID, se.Namespace, se.Name, ep.GetAddress())
 		w.Name = se.Name
-		w.WorkloadName = se.Name
-		if w.CanonicalName == "" {
-			w.CanonicalName = se.Name
-		}
 		w.Services = map[string]*workloadapi.PortList{}
 		for _, host := range spec.GetHosts() {
 			w.Services[workloadapi.ServiceKey(se.Namespace, host)] = entryPorts(spec.GetPorts(), ep.GetPorts())
@@ -96,17 +96,15 @@ func entryPorts(ports []*networkingapi.ServicePort, endpointPorts map[string]uin
 }
 
 // entryWorkload fills what a WorkloadEntry (inline in a ServiceEntry or on
-// its own) says about a workload.
-func entryWorkload(we *networkingapi.WorkloadEntry, namespace string, objectLabels map[string]string, cfg Config) *workloadapi.Workload {
-	labels := we.GetLabels()
-	if len(labels) == 0 {
-		labels = objectLabels
-	}
+// its own) says about a workload; labels are the workload's (for its tunnel
+// and canonical names).
+func entryWorkload(we *networkingapi.WorkloadEntry, namespace string, labels map[string]string, workloadName string, cfg Config) *workloadapi.Workload {
 	w := &workloadapi.Workload{
 		Namespace:      namespace,
 		Network:        cfg.Network,
 		ServiceAccount: we.GetServiceAccount(),
 		WorkloadType:   workloadapi.WorkloadType_POD,
+		WorkloadName:   workloadName,
 		ClusterId:      cfg.ClusterID,
 		Locality:       parseLocality(we.GetLocality()),
 	}
@@ -127,7 +125,7 @@ func entryWorkload(we *networkingapi.WorkloadEntry, namespace string, objectLabe
 	if strings.Contains(","+labels[LabelTunnel]+",", ",http,") {
 		w.TunnelProtocol, w.NativeTunnel = workloadapi.TunnelProtocol_HBONE, true
 	}
-	w.CanonicalName, w.CanonicalRevision = canonicalNames(labels, "")
+	w.CanonicalName, w.CanonicalRevision = canonicalNames(labels, workloadName)
 	return w
 }
 
@@ -169,23 +167,33 @@ type WorkloadEntryInput struct {
 	Waypoint   *workloadapi.GatewayAddress
 }
 
+// WorkloadEntryLabels are a WorkloadEntry's labels, as Istio reads them
+// (ConvertClientWorkloadEntry in pilot/pkg/serviceregistry/serviceentry):
+// its spec's and its object's, the object's winning. Selectors match them.
+func WorkloadEntryLabels(we *networkingv1.WorkloadEntry) map[string]string {
+	spec := we.Spec.GetLabels()
+	if spec == nil {
+		return we.Labels
+	}
+	out := make(map[string]string, len(spec)+len(we.Labels))
+	for k, v := range spec {
+		out[k] = v
+	}
+	for k, v := range we.Labels {
+		out[k] = v
+	}
+	return out
+}
+
 // BuildWorkloadEntry returns the Workload of a WorkloadEntry (a VM or other
 // workload outside Kubernetes).
 func BuildWorkloadEntry(in WorkloadEntryInput, cfg Config) *workloadapi.Workload {
 	cfg = cfg.WithDefaults()
 	we := in.WorkloadEntry
-	w := entryWorkload(&we.Spec, we.Namespace, we.Labels, cfg)
+	labels := WorkloadEntryLabels(we)
+	w := entryWorkload(&we.Spec, we.Namespace, labels, entryWorkloadName(we.ObjectMeta, labels), cfg)
 	w.Uid = workloadapi.WorkloadEntryUID(cfg.ClusterID, we.Namespace, we.Name)
 	w.Name = we.Name
-	w.WorkloadName = we.Name
-	for _, ref := range we.OwnerReferences {
-		if ref.Kind == "WorkloadGroup" {
-			w.WorkloadName = ref.Name
-		}
-	}
-	if w.CanonicalName == "" {
-		w.CanonicalName = w.WorkloadName
-	}
 	w.AuthorizationPolicies = workloadPolicies(in.Policies, in.MTLSPolicy)
 	if !isWaypoint(we.Labels) {
 		w.Waypoint = in.Waypoint

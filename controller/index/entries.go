@@ -71,13 +71,9 @@ func (x *Index) DeleteWorkloadEntry(namespace, name string) ChangeSet {
 	return c.cs
 }
 
-// entryLabels are the labels a WorkloadEntry is selected by: its spec's,
-// else its object's.
+// entryLabels are the labels a WorkloadEntry is selected by.
 func entryLabels(we *networkingv1.WorkloadEntry) map[string]string {
-	if len(we.Spec.GetLabels()) > 0 {
-		return we.Spec.GetLabels()
-	}
-	return we.Labels
+	return ambient.WorkloadEntryLabels(we)
 }
 
 func entrySelects(se *networkingv1.ServiceEntry, lbls map[string]string) bool {
