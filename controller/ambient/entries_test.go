@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
 	"github.com/canopy-mesh/canopy/workloadapi"
@@ -99,6 +100,20 @@ func TestBuildWorkloadEntry(t *testing.T) {
 		in   WorkloadEntryInput
 	}{
 		{"vm behind a service entry", WorkloadEntryInput{WorkloadEntry: we(), ServiceEntries: []*networkingv1.ServiceEntry{serviceEntry()}, Policies: []string{"shop/p"}}},
+		// istiod's constructServicesFromWorkloadEntry: a named target port is
+		// the entry's port of that name (left out without one); another port
+		// is the entry's port named like the Service port, else the number.
+		{"selected by a kubernetes service", WorkloadEntryInput{WorkloadEntry: we(func(w *networkingv1.WorkloadEntry) {
+			w.Spec.Ports = map[string]uint32{"https": 9443, "http": 8081}
+		}), Services: []*corev1.Service{testService("payments", func(s *corev1.Service) {
+			s.Spec.Ports = []corev1.ServicePort{
+				{Name: "tls", Port: 443, TargetPort: intstr.FromString("https")},
+				{Name: "metrics", Port: 9090, TargetPort: intstr.FromString("metrics")},
+				{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)},
+				{Name: "admin", Port: 9000, TargetPort: intstr.FromInt32(9001)},
+				{Name: "unset", Port: 7000},
+			}
+		}), testService("ext", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeExternalName })}}},
 		{"auto-registered by a workload group with locality and weight", WorkloadEntryInput{WorkloadEntry: we(func(w *networkingv1.WorkloadEntry) {
 			w.Annotations = map[string]string{AnnotationAutoRegistrationGroup: "payments-vms"}
 			w.OwnerReferences = []metav1.OwnerReference{{Kind: "WorkloadGroup", Name: "payments-vms"}}

@@ -7,6 +7,8 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	networkingapi "istio.io/api/networking/v1alpha3"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/canopy-mesh/canopy/workloadapi"
 )
@@ -95,6 +97,35 @@ func entryPorts(ports []*networkingapi.ServicePort, endpointPorts map[string]uin
 	return pl
 }
 
+// entryServicePorts maps a Kubernetes Service's ports onto a WorkloadEntry
+// it selects, as istiod does (constructServicesFromWorkloadEntry in
+// pilot/pkg/serviceregistry/ambient/workloads.go): a named target port is
+// the entry's port of that name, and the port is left out when the entry
+// has none; any other port is the entry's port named like the Service port,
+// else the numeric target port (else the service port).
+func entryServicePorts(svc *corev1.Service, endpointPorts map[string]uint32) *workloadapi.PortList {
+	pl := &workloadapi.PortList{}
+	for _, sp := range svc.Spec.Ports {
+		var target uint32
+		if sp.TargetPort.Type == intstr.String && sp.TargetPort.StrVal != "" {
+			p, ok := endpointPorts[sp.TargetPort.StrVal]
+			if !ok {
+				continue
+			}
+			target = p
+		} else if p, ok := endpointPorts[sp.Name]; ok {
+			target = p
+		} else {
+			target = uint32(sp.TargetPort.IntVal)
+		}
+		if target == 0 {
+			target = uint32(sp.Port)
+		}
+		pl.Ports = append(pl.Ports, &workloadapi.Port{ServicePort: uint32(sp.Port), TargetPort: target})
+	}
+	return pl
+}
+
 // entryWorkload fills what a WorkloadEntry (inline in a ServiceEntry or on
 // its own) says about a workload; labels are the workload's (for its tunnel
 // and canonical names).
@@ -157,6 +188,9 @@ func vip(s, network string) *workloadapi.NetworkAddress {
 // WorkloadEntryInput is everything a WorkloadEntry's Workload depends on.
 type WorkloadEntryInput struct {
 	WorkloadEntry *networkingv1.WorkloadEntry
+	// Services are the Kubernetes Services of its namespace whose selector
+	// matches it.
+	Services []*corev1.Service
 	// ServiceEntries select the entry by their workloadSelector.
 	ServiceEntries []*networkingv1.ServiceEntry
 	// Policies are the keys of the selector-bound policies selecting it.
@@ -197,6 +231,15 @@ func BuildWorkloadEntry(in WorkloadEntryInput, cfg Config) *workloadapi.Workload
 	w.AuthorizationPolicies = workloadPolicies(in.Policies, in.MTLSPolicy)
 	if !isWaypoint(we.Labels) {
 		w.Waypoint = in.Waypoint
+	}
+	for _, svc := range in.Services {
+		if svc.Spec.Type == corev1.ServiceTypeExternalName {
+			continue
+		}
+		if w.Services == nil {
+			w.Services = map[string]*workloadapi.PortList{}
+		}
+		w.Services[workloadapi.ServiceKey(svc.Namespace, ServiceHostname(svc.Name, svc.Namespace, cfg))] = entryServicePorts(svc, we.Spec.GetPorts())
 	}
 	for _, se := range in.ServiceEntries {
 		if w.Services == nil {

@@ -134,6 +134,13 @@ func (x *Index) recomputeWorkloadEntry(c *change, k key) {
 	lbls := entryLabels(we)
 	in := ambient.WorkloadEntryInput{WorkloadEntry: we,
 		Waypoint: x.waypoint("WorkloadEntry "+k.String(), k.namespace, we.Labels, true)}
+	// Kubernetes Services select WorkloadEntries as they select pods.
+	for sk := range x.servicesByNamespace[k.namespace] {
+		if svc := x.services[sk]; selects(svc.Spec.Selector, lbls) {
+			in.Services = append(in.Services, svc)
+		}
+	}
+	sort.Slice(in.Services, func(i, j int) bool { return in.Services[i].Name < in.Services[j].Name })
 	for sk := range x.serviceEntriesByNamespace[k.namespace] {
 		if se := x.serviceEntries[sk]; entrySelects(se, lbls) {
 			in.ServiceEntries = append(in.ServiceEntries, se)

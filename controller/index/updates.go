@@ -168,7 +168,7 @@ func (x *Index) DeletePod(namespace, name string) ChangeSet {
 }
 
 // UpsertService records a Service: its entry, and the services map of the
-// pods its old or new selector picks.
+// pods and WorkloadEntries its old or new selector picks.
 func (x *Index) UpsertService(s *corev1.Service) ChangeSet {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -194,6 +194,12 @@ func (x *Index) serviceChanged(k key, old, cur *corev1.Service) ChangeSet {
 		if (old != nil && selects(old.Spec.Selector, pod.Labels)) || (cur != nil && selects(cur.Spec.Selector, pod.Labels)) ||
 			x.slicePods[pk][k] {
 			x.recomputePod(&c, pk)
+		}
+	}
+	for wk := range x.workloadEntriesByNamespace[k.namespace] {
+		lbls := entryLabels(x.workloadEntries[wk])
+		if (old != nil && selects(old.Spec.Selector, lbls)) || (cur != nil && selects(cur.Spec.Selector, lbls)) {
+			x.recomputeWorkloadEntry(&c, wk)
 		}
 	}
 	// The Service's ports shape its pod-less endpoints' workloads.
