@@ -51,34 +51,74 @@ func TestBuildServiceEntry(t *testing.T) {
 	for _, tt := range []struct {
 		name string
 		se   *networkingv1.ServiceEntry
+		in   ServiceEntryInput // its ServiceEntry is se
 	}{
 		{"hosts without endpoints", serviceEntry(func(se *networkingv1.ServiceEntry) {
 			se.Spec.Hosts = append(se.Spec.Hosts, "pay.example.com")
 			se.Spec.SubjectAltNames = []string{"spiffe://example.com/payments"}
-		})},
-		{"cidr address", serviceEntry(func(se *networkingv1.ServiceEntry) { se.Spec.Addresses = []string{"240.0.0.0/24", "2001:db8::/64"} })},
+		}), ServiceEntryInput{}},
+		{"cidr address", serviceEntry(func(se *networkingv1.ServiceEntry) { se.Spec.Addresses = []string{"240.0.0.0/24", "2001:db8::/64"} }), ServiceEntryInput{}},
 		{"inline endpoints", serviceEntry(func(se *networkingv1.ServiceEntry) {
 			se.Spec.Endpoints = []*networkingapi.WorkloadEntry{
 				{Address: "10.10.0.5", Ports: map[string]uint32{"https": 8443}, Labels: map[string]string{"app": "pay", LabelTunnel: "http"},
 					ServiceAccount: "pay", Locality: "eu/eu-1", Weight: 3},
 				{Address: "10.10.0.6", Network: "vm-net"},
 			}
-		})},
-		{"exported to its own namespace", serviceEntry(func(se *networkingv1.ServiceEntry) { se.Spec.ExportTo = []string{"."} })},
+		}), ServiceEntryInput{}},
+		{"exported to its own namespace", serviceEntry(func(se *networkingv1.ServiceEntry) { se.Spec.ExportTo = []string{"."} }), ServiceEntryInput{}},
 		{"exported to no namespace keeps its endpoints", serviceEntry(func(se *networkingv1.ServiceEntry) {
 			se.Spec.ExportTo = []string{"~"}
 			se.Spec.Endpoints = []*networkingapi.WorkloadEntry{{Address: "10.10.0.5"}}
-		})},
+		}), ServiceEntryInput{}},
 		{"dns endpoint uses hostname", serviceEntry(func(se *networkingv1.ServiceEntry) {
 			se.Spec.Resolution = networkingapi.ServiceEntry_DNS
 			se.Spec.Endpoints = []*networkingapi.WorkloadEntry{{Address: "pay-1.example.com"}}
-		})},
+		}), ServiceEntryInput{}},
+		// istiod's serviceEntryWorkloadBuilder: a DNS-resolved entry without
+		// endpoints or workloadSelector gets one workload per host, addressed
+		// by the host name; inline endpoints list the policies that select
+		// the ServiceEntry's labels (buildWorkloadPolicies), the converted
+		// PeerAuthentication last, and take their canonical names and tunnel
+		// from the ServiceEntry's labels.
+		{"dns resolution without endpoints has a workload per host", serviceEntry(func(se *networkingv1.ServiceEntry) {
+			se.Labels = map[string]string{"app": "payments-api", "version": "v3"}
+			se.Spec.Hosts = append(se.Spec.Hosts, "pay.example.com")
+			se.Spec.Resolution = networkingapi.ServiceEntry_DNS
+		}), ServiceEntryInput{Policies: []string{"shop/allow-pay"}, MTLSPolicy: "istio-system/istio_converted_static_strict"}},
+		{"dynamic dns resolution without endpoints", serviceEntry(func(se *networkingv1.ServiceEntry) {
+			se.Spec.Resolution = networkingapi.ServiceEntry_DYNAMIC_DNS
+		}), ServiceEntryInput{}},
+		{"inline endpoints carry their policies", serviceEntry(func(se *networkingv1.ServiceEntry) {
+			se.Labels = map[string]string{"app": "payments-api", LabelTunnel: "http"}
+			se.Spec.Endpoints = []*networkingapi.WorkloadEntry{{Address: "10.10.0.5", Labels: map[string]string{"app": "ignored"}}}
+		}), ServiceEntryInput{Policies: []string{"shop/deny-b", "istio-system/allow-a"}, MTLSPolicy: "istio-system/istio_converted_static_strict"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			svcs, wls := BuildServiceEntry(ServiceEntryInput{ServiceEntry: tt.se}, Config{})
+			in := tt.in
+			in.ServiceEntry = tt.se
+			svcs, wls := BuildServiceEntry(in, Config{})
 			checkEntries(t, "serviceentry/"+golden(tt.name), entriesResult{svcs, wls})
 		})
+	}
+	for _, tt := range []struct {
+		name string
+		se   *networkingv1.ServiceEntry
+	}{
+		{"static resolution", serviceEntry()},
+		{"none resolution", serviceEntry(func(se *networkingv1.ServiceEntry) { se.Spec.Resolution = networkingapi.ServiceEntry_NONE })},
+		{"dns resolution selecting workloads", serviceEntry(func(se *networkingv1.ServiceEntry) {
+			se.Spec.Resolution = networkingapi.ServiceEntry_DNS
+			se.Spec.WorkloadSelector = &networkingapi.WorkloadSelector{Labels: map[string]string{"app": "pay"}}
+		})},
+		{"dns resolution exported to no namespace", serviceEntry(func(se *networkingv1.ServiceEntry) {
+			se.Spec.Resolution = networkingapi.ServiceEntry_DNS
+			se.Spec.ExportTo = []string{"~"}
+		})},
+	} {
+		if _, wls := BuildServiceEntry(ServiceEntryInput{ServiceEntry: tt.se}, Config{}); len(wls) != 0 {
+			t.Errorf("%s without endpoints: %d workloads, want none", tt.name, len(wls))
+		}
 	}
 }
 

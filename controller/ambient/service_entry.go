@@ -14,11 +14,21 @@ type ServiceEntryInput struct {
 	ServiceEntry *networkingv1.ServiceEntry
 	// Waypoint is the ServiceEntry's resolved waypoint, or nil.
 	Waypoint *workloadapi.GatewayAddress
+	// Policies are the keys of the selector-bound authorization policies
+	// that select the ServiceEntry's labels. Its endpoints list them: istiod
+	// selects an inline endpoint by its ServiceEntry's labels, not its own
+	// (serviceEntryWorkloadBuilder in pilot/pkg/serviceregistry/ambient).
+	Policies []string
+	// MTLSPolicy is the key of the Authorization that enforces the
+	// PeerAuthentication mode of those labels, or empty.
+	MTLSPolicy string
 }
 
 // BuildServiceEntry returns a Service per host of a ServiceEntry (none when
 // it is exported to no namespace), and a Workload per inline endpoint,
-// backing every host.
+// backing every host. A ServiceEntry resolved by DNS that lists no
+// endpoints and selects no workloads has one Workload per host instead,
+// addressed by the host name, as istiod builds it.
 func BuildServiceEntry(in ServiceEntryInput, cfg Config) ([]*workloadapi.Service, []*workloadapi.Workload) {
 	cfg = cfg.WithDefaults()
 	se := in.ServiceEntry
@@ -32,9 +42,13 @@ func BuildServiceEntry(in ServiceEntryInput, cfg Config) ([]*workloadapi.Service
 	}
 	var ports []*workloadapi.Port
 	for _, p := range spec.GetPorts() {
+		target := p.GetTargetPort()
+		if target == 0 {
+			target = p.GetNumber()
+		}
 		ports = append(ports, &workloadapi.Port{
 			ServicePort: p.GetNumber(),
-			TargetPort:  p.GetTargetPort(),
+			TargetPort:  target,
 			AppProtocol: serviceEntryAppProtocol(p.GetProtocol()),
 		})
 	}
@@ -57,22 +71,39 @@ func BuildServiceEntry(in ServiceEntryInput, cfg Config) ([]*workloadapi.Service
 		}
 	}
 
-	var workloads []*workloadapi.Workload
-	for _, ep := range spec.GetEndpoints() {
-		labels := ep.GetLabels()
-		if len(labels) == 0 {
-			labels = se.Labels
+	endpoints := spec.GetEndpoints()
+	implicit := len(endpoints) == 0 && export.Published && resolvedByDNS(spec.GetResolution()) && spec.GetWorkloadSelector() == nil
+	if implicit {
+		for _, host := range spec.GetHosts() {
+			endpoints = append(endpoints, &networkingapi.WorkloadEntry{Address: host})
 		}
-		w := entryWorkload(ep, se.Namespace, labels, se.Name, cfg)
+	}
+	var workloads []*workloadapi.Workload
+	for _, ep := range endpoints {
+		w := entryWorkload(ep, se.Namespace, se.Labels, se.Name, cfg)
 		w.Uid = workloadapi.ServiceEntryUID(cfg.ClusterID, se.Namespace, se.Name, ep.GetAddress())
 		w.Name = se.Name
+		w.AuthorizationPolicies = workloadPolicies(in.Policies, in.MTLSPolicy)
 		w.Services = map[string]*workloadapi.PortList{}
 		for _, host := range spec.GetHosts() {
-			w.Services[workloadapi.ServiceKey(se.Namespace, host)] = entryPorts(spec.GetPorts(), ep.GetPorts())
+			// An implicit endpoint backs only its own host.
+			if !implicit || host == ep.GetAddress() {
+				w.Services[workloadapi.ServiceKey(se.Namespace, host)] = entryPorts(spec.GetPorts(), ep.GetPorts())
+			}
 		}
 		workloads = append(workloads, w)
 	}
 	return services, workloads
+}
+
+// resolvedByDNS reports the resolutions whose endpoints, when a
+// ServiceEntry lists none, are its hosts themselves.
+func resolvedByDNS(r networkingapi.ServiceEntry_Resolution) bool {
+	switch r {
+	case networkingapi.ServiceEntry_DNS, networkingapi.ServiceEntry_DNS_ROUND_ROBIN, networkingapi.ServiceEntry_DYNAMIC_DNS:
+		return true
+	}
+	return false
 }
 
 // entryPorts maps a ServiceEntry's ports onto one endpoint: the endpoint's

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	networkingapi "istio.io/api/networking/v1alpha3"
 	securityapi "istio.io/api/security/v1beta1"
 	typeapi "istio.io/api/type/v1beta1"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
@@ -34,6 +35,13 @@ func TestIndexWorkloadPolicyOrder(t *testing.T) {
 	we := &networkingv1.WorkloadEntry{ObjectMeta: metav1.ObjectMeta{Name: "vm-1", Namespace: "shop", Labels: lbls}}
 	we.Spec.Address = "10.10.1.1"
 	x.UpsertWorkloadEntry(we)
+	// A ServiceEntry's endpoints are selected by its labels; a DNS entry
+	// without endpoints has one workload per host.
+	se := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Name: "ext", Namespace: "shop", Labels: lbls}}
+	se.Spec.Hosts = []string{"api.example.com"}
+	se.Spec.Ports = []*networkingapi.ServicePort{{Number: 443, Name: "https", Protocol: "TLS"}}
+	se.Spec.Resolution = networkingapi.ServiceEntry_DNS
+	x.UpsertServiceEntry(se)
 	for _, p := range []*securityv1.AuthorizationPolicy{
 		selectorPolicy("shop", "zz-allow", lbls),
 		selectorPolicy("shop", "aa-deny", lbls),
@@ -46,9 +54,44 @@ func TestIndexWorkloadPolicyOrder(t *testing.T) {
 	x.UpsertPeerAuthentication(mesh)
 
 	want := []string{"istio-system/root-allow", "shop/aa-deny", "shop/zz-allow", "istio-system/istio_converted_static_strict"}
-	for _, uid := range []string{podA, "Kubernetes/networking.istio.io/WorkloadEntry/shop/vm-1"} {
+	implicit := "Kubernetes/networking.istio.io/ServiceEntry/shop/ext/api.example.com"
+	for _, uid := range []string{podA, "Kubernetes/networking.istio.io/WorkloadEntry/shop/vm-1", implicit} {
 		if diff := cmp.Diff(want, x.Address(uid).GetWorkload().GetAuthorizationPolicies()); diff != "" {
 			t.Errorf("%s authorization_policies (-want +got):\n%s", uid, diff)
 		}
+	}
+}
+
+// TestIndexServiceEntryEndpointPolicies: a ServiceEntry's endpoints follow
+// the policies and PeerAuthentications that select the ServiceEntry's
+// labels as they come and go.
+func TestIndexServiceEntryEndpointPolicies(t *testing.T) {
+	x := New(ambient.Config{})
+	lbls := map[string]string{"app": "ext"}
+	se := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Name: "ext", Namespace: "shop", Labels: lbls}}
+	se.Spec.Hosts = []string{"api.example.com"}
+	se.Spec.Ports = []*networkingapi.ServicePort{{Number: 443, Name: "https", Protocol: "TLS"}}
+	se.Spec.Endpoints = []*networkingapi.WorkloadEntry{{Address: "10.10.0.5"}}
+	x.UpsertServiceEntry(se)
+	ep := "Kubernetes/networking.istio.io/ServiceEntry/shop/ext/10.10.0.5"
+	policies := func() []string { return x.Address(ep).GetWorkload().GetAuthorizationPolicies() }
+
+	check(t, "policy selecting the entry's labels", x.UpsertAuthorizationPolicy(selectorPolicy("shop", "allow-ext", lbls)), ChangeSet{
+		Addresses:      Changes{Updated: []string{ep}},
+		Authorizations: Changes{Added: []string{"shop/allow-ext"}},
+	})
+	ns := &securityv1.PeerAuthentication{ObjectMeta: metav1.ObjectMeta{Name: "strict", Namespace: "shop"}}
+	ns.Spec.Mtls = &securityapi.PeerAuthentication_MutualTLS{Mode: securityapi.PeerAuthentication_MutualTLS_STRICT}
+	x.UpsertPeerAuthentication(ns)
+	if diff := cmp.Diff([]string{"shop/allow-ext", "istio-system/istio_converted_static_strict"}, policies()); diff != "" {
+		t.Errorf("endpoint policies (-want +got):\n%s", diff)
+	}
+	check(t, "policy deleted", x.DeleteAuthorizationPolicy("shop", "allow-ext"), ChangeSet{
+		Addresses:      Changes{Updated: []string{ep}},
+		Authorizations: Changes{Removed: []string{"shop/allow-ext"}},
+	})
+	x.DeletePeerAuthentication("shop", "strict")
+	if got := policies(); len(got) != 0 {
+		t.Errorf("endpoint policies after the PeerAuthentication went = %v", got)
 	}
 }
