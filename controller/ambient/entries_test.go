@@ -29,6 +29,23 @@ func serviceEntry(mods ...func(*networkingv1.ServiceEntry)) *networkingv1.Servic
 	return se
 }
 
+// autoAllocated is a ServiceEntry without addresses whose status holds
+// allocated ones, for a host and a wildcard host.
+func autoAllocated(resolution networkingapi.ServiceEntry_Resolution, mods ...func(*networkingv1.ServiceEntry)) *networkingv1.ServiceEntry {
+	return serviceEntry(append([]func(*networkingv1.ServiceEntry){func(se *networkingv1.ServiceEntry) {
+		se.Spec.Addresses = nil
+		se.Spec.Hosts = []string{"api.example.com", "*.cdn.example.com"}
+		se.Spec.Resolution = resolution
+		se.Status.Addresses = []*networkingapi.ServiceEntryAddress{
+			{Host: "api.example.com", Value: "240.240.12.7"},
+			{Host: "api.example.com", Value: "2001:2::f:7"},
+			{Host: "*.cdn.example.com", Value: "240.240.3.3"},
+			{Host: "old.example.com", Value: "240.240.9.9"},
+			{Host: "api.example.com", Value: "not-an-ip"},
+		}
+	}}, mods...)...)
+}
+
 // entriesResult puts a builder's several outputs in one message for a
 // golden file: Services then Workloads, as Addresses.
 type entriesResult struct {
@@ -85,6 +102,19 @@ func TestBuildServiceEntry(t *testing.T) {
 			se.Spec.Hosts = append(se.Spec.Hosts, "pay.example.com")
 			se.Spec.Resolution = networkingapi.ServiceEntry_DNS
 		}), ServiceEntryInput{Policies: []string{"shop/allow-pay"}, MTLSPolicy: "istio-system/istio_converted_static_strict"}},
+		// istiod's constructServiceEntries reads status.addresses (written by
+		// its IP allocator) for the hosts of an entry without addresses whose
+		// resolution is not NONE, unless the entry opts out
+		// (ShouldV2AutoAllocateIP); a wildcard host only with DYNAMIC_DNS.
+		{"auto-allocated addresses from status", autoAllocated(networkingapi.ServiceEntry_DNS), ServiceEntryInput{}},
+		{"auto-allocated wildcard with dynamic dns", autoAllocated(networkingapi.ServiceEntry_DYNAMIC_DNS), ServiceEntryInput{}},
+		{"auto-allocation opted out", autoAllocated(networkingapi.ServiceEntry_DNS, func(se *networkingv1.ServiceEntry) {
+			se.Labels = map[string]string{LabelEnableAutoallocateIP: "False"}
+		}), ServiceEntryInput{}},
+		{"auto-allocation not for resolution none", autoAllocated(networkingapi.ServiceEntry_NONE), ServiceEntryInput{}},
+		{"spec addresses over status", autoAllocated(networkingapi.ServiceEntry_DNS, func(se *networkingv1.ServiceEntry) {
+			se.Spec.Addresses = []string{"240.0.0.9"}
+		}), ServiceEntryInput{}},
 		{"dynamic dns resolution without endpoints", serviceEntry(func(se *networkingv1.ServiceEntry) {
 			se.Spec.Resolution = networkingapi.ServiceEntry_DYNAMIC_DNS
 		}), ServiceEntryInput{}},

@@ -52,16 +52,22 @@ func BuildServiceEntry(in ServiceEntryInput, cfg Config) ([]*workloadapi.Service
 			AppProtocol: serviceEntryAppProtocol(p.GetProtocol()),
 		})
 	}
+	// Without addresses of its own, a host has those allocated in status.
+	allocated := allocatedVIPs(se, cfg.Network)
 	var services []*workloadapi.Service
 	for _, host := range spec.GetHosts() {
 		if !export.Published {
 			break
 		}
+		hostVIPs := vips
+		if len(vips) == 0 {
+			hostVIPs = allocated[host]
+		}
 		services = append(services, &workloadapi.Service{
 			Name:            se.Name,
 			Namespace:       se.Namespace,
 			Hostname:        host,
-			Addresses:       vips,
+			Addresses:       hostVIPs,
 			Ports:           ports,
 			SubjectAltNames: spec.GetSubjectAltNames(),
 			Visibility:      export.Visibility,
