@@ -13,6 +13,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -39,6 +40,7 @@ import (
 	"github.com/canopy-mesh/canopy/controller/index"
 	"github.com/canopy-mesh/canopy/controller/kubeinput"
 	"github.com/canopy-mesh/canopy/controller/status"
+	"github.com/canopy-mesh/canopy/controller/vipalloc"
 	"github.com/canopy-mesh/canopy/controller/xds"
 	"github.com/canopy-mesh/canopy/internal/cmdmain"
 	"github.com/canopy-mesh/canopy/internal/httpserve"
@@ -82,6 +84,11 @@ type config struct {
 	// gRPC ports.
 	grpcMaxStreams uint32
 
+	// ServiceEntry VIP allocation: whether this process allocates, and
+	// from which ranges. The tables read allocated VIPs either way.
+	vipAllocation bool
+	vipRanges     vipalloc.Ranges
+
 	// Workload xDS. xdsAddr is the plaintext port, empty for none.
 	xdsAddr string
 	xds     xds.Config
@@ -113,6 +120,10 @@ func parseFlags(args []string) (config, error) {
 		}
 		return nil
 	})
+	fs.BoolVar(&c.vipAllocation, "serviceentry-vip-allocation", true, "allocate VIPs to ServiceEntries without addresses into their status.addresses, as istiod does (a ServiceEntry opts out with label networking.istio.io/enable-autoallocate-ip=false)")
+	c.vipRanges = vipalloc.DefaultRanges()
+	fs.Func("serviceentry-vip-ipv4-range", "prefix ServiceEntry IPv4 VIPs are allocated from (default "+vipalloc.DefaultIPv4Range+")", prefixFlag(&c.vipRanges.IPv4))
+	fs.Func("serviceentry-vip-ipv6-range", "prefix ServiceEntry IPv6 VIPs are allocated from (default "+vipalloc.DefaultIPv6Range+")", prefixFlag(&c.vipRanges.IPv6))
 	fs.DurationVar(&c.problemInterval, "problem-interval", 5*time.Second, "how often unsupported input is checked and reported as Events")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.secureAddr, "secure-addr", ":15012", "address of the CA (TLS gRPC)")
@@ -208,6 +219,9 @@ func parseFlags(args []string) (config, error) {
 	if c.xds.StreamBurst <= 0 || c.authn.ReviewBurst <= 0 || c.authn.CacheTTL <= 0 || c.authn.NegativeTTL <= 0 {
 		return c, fmt.Errorf("--xds-stream-burst, --token-review-burst, --token-cache-ttl and --token-negative-cache-ttl must be positive")
 	}
+	if err := c.vipRanges.Validate(); err != nil {
+		return c, fmt.Errorf("--serviceentry-vip-ipv4-range, --serviceentry-vip-ipv6-range: %w", err)
+	}
 	if c.problemInterval <= 0 {
 		return c, fmt.Errorf("--problem-interval must be positive, got %s", c.problemInterval)
 	}
@@ -227,6 +241,18 @@ func parseFlags(args []string) (config, error) {
 	}
 	c.xds.SystemNamespace = c.caNamespace
 	return c, nil
+}
+
+// prefixFlag parses a flag's value into *p.
+func prefixFlag(p *netip.Prefix) func(string) error {
+	return func(v string) error {
+		prefix, err := netip.ParsePrefix(v)
+		if err != nil {
+			return err
+		}
+		*p = prefix
+		return nil
+	}
 }
 
 // loopback reports whether addr (host:port) listens on loopback only.
@@ -320,6 +346,15 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	g, ctx := errgroup.WithContext(ctx)
 	ca.start(ctx, g)
 	g.Go(func() error { return watcher.Run(ctx) })
+	if cfg.vipAllocation {
+		// Every replica allocates: the allocation is deterministic and each
+		// write is conditional on the status it was computed from.
+		allocator, err := vipalloc.New(clients.Istio, cfg.vipRanges, log)
+		if err != nil {
+			return err
+		}
+		g.Go(func() error { return allocator.Run(ctx) })
+	}
 	g.Go(func() error { return xdsServer.Run(ctx, watcher.Synced()) })
 	if cfg.xdsAddr != "" {
 		plain := grpc.NewServer(grpcOptions(cfg)...)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/canopy-mesh/canopy/ca/pki"
+	"github.com/canopy-mesh/canopy/controller/vipalloc"
 )
 
 func TestParseFlags(t *testing.T) {
@@ -23,7 +24,14 @@ func TestParseFlags(t *testing.T) {
 	if err != nil || strings.Join(c.mesh.DefaultExportTo, "|") != ".|istio-system" {
 		t.Errorf("--default-export-to: %q, %v", c.mesh.DefaultExportTo, err)
 	}
-	for _, bad := range [][]string{{"--log-level=loud"}, {"--monitoring-addr=15014"}, {"--no-such-flag"}, {"--default-export-to=,"},
+	if !c.vipAllocation || c.vipRanges != vipalloc.DefaultRanges() {
+		t.Errorf("VIP allocation %v from %+v by default, want on from istiod's ranges", c.vipAllocation, c.vipRanges)
+	}
+	c, err = parseFlags([]string{"--serviceentry-vip-ipv4-range=240.1.0.0/24", "--serviceentry-vip-ipv6-range=fd00:1::/64"})
+	if err != nil || c.vipRanges.IPv4.String() != "240.1.0.0/24" || c.vipRanges.IPv6.String() != "fd00:1::/64" {
+		t.Errorf("VIP ranges: %+v, %v", c.vipRanges, err)
+	}
+	for _, bad := range [][]string{{"--serviceentry-vip-ipv4-range=fd00::/64"}, {"--serviceentry-vip-ipv6-range=junk"}, {"--log-level=loud"}, {"--monitoring-addr=15014"}, {"--no-such-flag"}, {"--default-export-to=,"},
 		{"--cert-min-ttl=0s"}, {"--cert-default-ttl=48h"}, {"--cert-min-ttl=2h", "--cert-default-ttl=1h"}} {
 		if _, err := parseFlags(bad); err == nil || strings.Contains(err.Error(), "panic") {
 			t.Errorf("parseFlags(%v) = %v, want an error", bad, err)

@@ -93,8 +93,10 @@ func BuildAuthorization(p *securityv1.AuthorizationPolicy, cfg Config) (PolicyRe
 	return res, nil
 }
 
-// convertRule turns one rule into clauses (AND): one for from (a Match per
-// source, OR), one for to (a Match per operation), one per L4 condition.
+// convertRule turns one rule into clauses (AND), in the order istiod emits
+// them (handleRule in pilot/pkg/serviceregistry/ambient/authorization.go):
+// one for to (a Match per operation, OR), one for from (a Match per
+// source), one per L4 condition.
 // It also lists the HTTP-only attributes it could not keep. In a DENY rule,
 // a source or operation left empty by that removal matched on HTTP alone:
 // its clause is dropped, so the rule denies at L4 (node proxies skip empty
@@ -112,24 +114,24 @@ func convertRule(r *securityapi.Rule, policyNamespace string, action security.Ac
 		}
 		out.Clauses = append(out.Clauses, c)
 	}
-	if len(r.GetFrom()) > 0 {
-		c := &security.Clause{}
-		for _, f := range r.GetFrom() {
-			m, skipped, err := sourceMatch(f.GetSource(), policyNamespace)
-			if err != nil {
-				return nil, nil, fmt.Errorf("from: %w", err)
-			}
-			httpOnly = append(httpOnly, skipped...)
-			c.Matches = append(c.Matches, m)
-		}
-		addClause(c)
-	}
 	if len(r.GetTo()) > 0 {
 		c := &security.Clause{}
 		for _, t := range r.GetTo() {
 			m, skipped, err := operationMatch(t.GetOperation())
 			if err != nil {
 				return nil, nil, fmt.Errorf("to: %w", err)
+			}
+			httpOnly = append(httpOnly, skipped...)
+			c.Matches = append(c.Matches, m)
+		}
+		addClause(c)
+	}
+	if len(r.GetFrom()) > 0 {
+		c := &security.Clause{}
+		for _, f := range r.GetFrom() {
+			m, skipped, err := sourceMatch(f.GetSource(), policyNamespace)
+			if err != nil {
+				return nil, nil, fmt.Errorf("from: %w", err)
 			}
 			httpOnly = append(httpOnly, skipped...)
 			c.Matches = append(c.Matches, m)

@@ -62,6 +62,8 @@ func TestBuildAuthorization(t *testing.T) {
 			when("destination.ip", "10.96.0.0/12"), when("destination.port", "443"),
 			{Key: "source.namespace", NotValues: []string{"kube-system"}},
 		}})},
+		// istiod's handleRule (pilot/pkg/serviceregistry/ambient/authorization.go)
+		// emits the to clause, then the from clause, then one per condition.
 		{name: "from to and when are separate clauses", policy: policy("shop", allow, true, &securityapi.Rule{
 			From: []*securityapi.Rule_From{from(&securityapi.Source{Namespaces: []string{"a"}})},
 			To:   []*securityapi.Rule_To{to(&securityapi.Operation{Ports: []string{"80"}})},

@@ -117,3 +117,23 @@ func Resolve(claims []Claim) []Outcome {
 	}
 	return out
 }
+
+// CanonicalClaim picks, of the claims that publish one hostname in
+// different namespaces (one claim per namespace), the one whose Service is
+// canonical, which a client uses when none is in its own namespace. As
+// istiod picks (selectWorkloadServices in
+// pilot/pkg/serviceregistry/ambient/services.go): a Kubernetes Service,
+// else the first by Precedes (the oldest) of the ServiceEntries visible
+// beyond their own namespace; ok is false when there is none.
+func CanonicalClaim(claims []Claim) (int, bool) {
+	best := -1
+	for i, c := range claims {
+		if c.Kind != KindService && c.Visibility == workloadapi.Service_NAMESPACE {
+			continue
+		}
+		if best < 0 || c.Precedes(claims[best]) {
+			best = i
+		}
+	}
+	return best, best >= 0
+}

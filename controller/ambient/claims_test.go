@@ -95,3 +95,41 @@ func TestExportOf(t *testing.T) {
 		})
 	}
 }
+
+// TestCanonicalClaim follows istiod's selectWorkloadServices
+// (pilot/pkg/serviceregistry/ambient/services.go): of the services sharing
+// a hostname across namespaces, a Kubernetes Service is canonical; else the
+// oldest ServiceEntry not visible only in its own namespace; else none.
+func TestCanonicalClaim(t *testing.T) {
+	t.Parallel()
+	day := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	const nsOnly = workloadapi.Service_NAMESPACE
+	svc := func(ns string, age int, v workloadapi.Service_Visibility) Claim {
+		return Claim{Kind: KindService, Namespace: ns, Name: "echo", Created: day.AddDate(0, 0, -age), Visibility: v}
+	}
+	se := func(ns string, age int, v workloadapi.Service_Visibility) Claim {
+		return Claim{Kind: KindServiceEntry, Namespace: ns, Name: "ext", Created: day.AddDate(0, 0, -age), Visibility: v}
+	}
+	for _, tt := range []struct {
+		name   string
+		claims []Claim
+		want   int // -1: none
+	}{
+		{"a lone entry", []Claim{se("a", 1, 0)}, 0},
+		{"the oldest entry", []Claim{se("a", 1, 0), se("b", 3, 0), se("c", 2, 0)}, 1},
+		{"equal age: the first namespace", []Claim{se("b", 1, 0), se("a", 1, 0)}, 1},
+		{"a Service over an older entry", []Claim{se("a", 9, 0), svc("shop", 1, 0)}, 1},
+		{"a Service visible in its namespace only", []Claim{se("a", 9, 0), svc("shop", 1, nsOnly)}, 1},
+		{"namespace-visible entries are skipped", []Claim{se("a", 9, nsOnly), se("b", 1, 0)}, 1},
+		{"only namespace-visible entries", []Claim{se("a", 9, nsOnly), se("b", 1, nsOnly)}, -1},
+		{"none", nil, -1},
+	} {
+		got, ok := CanonicalClaim(tt.claims)
+		if !ok {
+			got = -1
+		}
+		if got != tt.want {
+			t.Errorf("%s: CanonicalClaim() = %d, want %d", tt.name, got, tt.want)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
 	"github.com/canopy-mesh/canopy/workloadapi"
@@ -26,6 +27,23 @@ func serviceEntry(mods ...func(*networkingv1.ServiceEntry)) *networkingv1.Servic
 		m(se)
 	}
 	return se
+}
+
+// autoAllocated is a ServiceEntry without addresses whose status holds
+// allocated ones, for a host and a wildcard host.
+func autoAllocated(resolution networkingapi.ServiceEntry_Resolution, mods ...func(*networkingv1.ServiceEntry)) *networkingv1.ServiceEntry {
+	return serviceEntry(append([]func(*networkingv1.ServiceEntry){func(se *networkingv1.ServiceEntry) {
+		se.Spec.Addresses = nil
+		se.Spec.Hosts = []string{"api.example.com", "*.cdn.example.com"}
+		se.Spec.Resolution = resolution
+		se.Status.Addresses = []*networkingapi.ServiceEntryAddress{
+			{Host: "api.example.com", Value: "240.240.12.7"},
+			{Host: "api.example.com", Value: "2001:2::f:7"},
+			{Host: "*.cdn.example.com", Value: "240.240.3.3"},
+			{Host: "old.example.com", Value: "240.240.9.9"},
+			{Host: "api.example.com", Value: "not-an-ip"},
+		}
+	}}, mods...)...)
 }
 
 // entriesResult puts a builder's several outputs in one message for a
@@ -50,34 +68,87 @@ func TestBuildServiceEntry(t *testing.T) {
 	for _, tt := range []struct {
 		name string
 		se   *networkingv1.ServiceEntry
+		in   ServiceEntryInput // its ServiceEntry is se
 	}{
 		{"hosts without endpoints", serviceEntry(func(se *networkingv1.ServiceEntry) {
 			se.Spec.Hosts = append(se.Spec.Hosts, "pay.example.com")
 			se.Spec.SubjectAltNames = []string{"spiffe://example.com/payments"}
-		})},
-		{"cidr address", serviceEntry(func(se *networkingv1.ServiceEntry) { se.Spec.Addresses = []string{"240.0.0.0/24", "2001:db8::/64"} })},
+		}), ServiceEntryInput{}},
+		{"cidr address", serviceEntry(func(se *networkingv1.ServiceEntry) { se.Spec.Addresses = []string{"240.0.0.0/24", "2001:db8::/64"} }), ServiceEntryInput{}},
 		{"inline endpoints", serviceEntry(func(se *networkingv1.ServiceEntry) {
 			se.Spec.Endpoints = []*networkingapi.WorkloadEntry{
 				{Address: "10.10.0.5", Ports: map[string]uint32{"https": 8443}, Labels: map[string]string{"app": "pay", LabelTunnel: "http"},
 					ServiceAccount: "pay", Locality: "eu/eu-1", Weight: 3},
 				{Address: "10.10.0.6", Network: "vm-net"},
 			}
-		})},
-		{"exported to its own namespace", serviceEntry(func(se *networkingv1.ServiceEntry) { se.Spec.ExportTo = []string{"."} })},
+		}), ServiceEntryInput{}},
+		{"exported to its own namespace", serviceEntry(func(se *networkingv1.ServiceEntry) { se.Spec.ExportTo = []string{"."} }), ServiceEntryInput{}},
 		{"exported to no namespace keeps its endpoints", serviceEntry(func(se *networkingv1.ServiceEntry) {
 			se.Spec.ExportTo = []string{"~"}
 			se.Spec.Endpoints = []*networkingapi.WorkloadEntry{{Address: "10.10.0.5"}}
-		})},
+		}), ServiceEntryInput{}},
 		{"dns endpoint uses hostname", serviceEntry(func(se *networkingv1.ServiceEntry) {
 			se.Spec.Resolution = networkingapi.ServiceEntry_DNS
 			se.Spec.Endpoints = []*networkingapi.WorkloadEntry{{Address: "pay-1.example.com"}}
-		})},
+		}), ServiceEntryInput{}},
+		// istiod's serviceEntryWorkloadBuilder: a DNS-resolved entry without
+		// endpoints or workloadSelector gets one workload per host, addressed
+		// by the host name; inline endpoints list the policies that select
+		// the ServiceEntry's labels (buildWorkloadPolicies), the converted
+		// PeerAuthentication last, and take their canonical names and tunnel
+		// from the ServiceEntry's labels.
+		{"dns resolution without endpoints has a workload per host", serviceEntry(func(se *networkingv1.ServiceEntry) {
+			se.Labels = map[string]string{"app": "payments-api", "version": "v3"}
+			se.Spec.Hosts = append(se.Spec.Hosts, "pay.example.com")
+			se.Spec.Resolution = networkingapi.ServiceEntry_DNS
+		}), ServiceEntryInput{Policies: []string{"shop/allow-pay"}, MTLSPolicy: "istio-system/istio_converted_static_strict"}},
+		// istiod's constructServiceEntries reads status.addresses (written by
+		// its IP allocator) for the hosts of an entry without addresses whose
+		// resolution is not NONE, unless the entry opts out
+		// (ShouldV2AutoAllocateIP); a wildcard host only with DYNAMIC_DNS.
+		{"auto-allocated addresses from status", autoAllocated(networkingapi.ServiceEntry_DNS), ServiceEntryInput{}},
+		{"auto-allocated wildcard with dynamic dns", autoAllocated(networkingapi.ServiceEntry_DYNAMIC_DNS), ServiceEntryInput{}},
+		{"auto-allocation opted out", autoAllocated(networkingapi.ServiceEntry_DNS, func(se *networkingv1.ServiceEntry) {
+			se.Labels = map[string]string{LabelEnableAutoallocateIP: "False"}
+		}), ServiceEntryInput{}},
+		{"auto-allocation not for resolution none", autoAllocated(networkingapi.ServiceEntry_NONE), ServiceEntryInput{}},
+		{"spec addresses over status", autoAllocated(networkingapi.ServiceEntry_DNS, func(se *networkingv1.ServiceEntry) {
+			se.Spec.Addresses = []string{"240.0.0.9"}
+		}), ServiceEntryInput{}},
+		{"dynamic dns resolution without endpoints", serviceEntry(func(se *networkingv1.ServiceEntry) {
+			se.Spec.Resolution = networkingapi.ServiceEntry_DYNAMIC_DNS
+		}), ServiceEntryInput{}},
+		{"inline endpoints carry their policies", serviceEntry(func(se *networkingv1.ServiceEntry) {
+			se.Labels = map[string]string{"app": "payments-api", LabelTunnel: "http"}
+			se.Spec.Endpoints = []*networkingapi.WorkloadEntry{{Address: "10.10.0.5", Labels: map[string]string{"app": "ignored"}}}
+		}), ServiceEntryInput{Policies: []string{"shop/deny-b", "istio-system/allow-a"}, MTLSPolicy: "istio-system/istio_converted_static_strict"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			svcs, wls := BuildServiceEntry(ServiceEntryInput{ServiceEntry: tt.se}, Config{})
+			in := tt.in
+			in.ServiceEntry = tt.se
+			svcs, wls := BuildServiceEntry(in, Config{})
 			checkEntries(t, "serviceentry/"+golden(tt.name), entriesResult{svcs, wls})
 		})
+	}
+	for _, tt := range []struct {
+		name string
+		se   *networkingv1.ServiceEntry
+	}{
+		{"static resolution", serviceEntry()},
+		{"none resolution", serviceEntry(func(se *networkingv1.ServiceEntry) { se.Spec.Resolution = networkingapi.ServiceEntry_NONE })},
+		{"dns resolution selecting workloads", serviceEntry(func(se *networkingv1.ServiceEntry) {
+			se.Spec.Resolution = networkingapi.ServiceEntry_DNS
+			se.Spec.WorkloadSelector = &networkingapi.WorkloadSelector{Labels: map[string]string{"app": "pay"}}
+		})},
+		{"dns resolution exported to no namespace", serviceEntry(func(se *networkingv1.ServiceEntry) {
+			se.Spec.Resolution = networkingapi.ServiceEntry_DNS
+			se.Spec.ExportTo = []string{"~"}
+		})},
+	} {
+		if _, wls := BuildServiceEntry(ServiceEntryInput{ServiceEntry: tt.se}, Config{}); len(wls) != 0 {
+			t.Errorf("%s without endpoints: %d workloads, want none", tt.name, len(wls))
+		}
 	}
 }
 
@@ -99,7 +170,22 @@ func TestBuildWorkloadEntry(t *testing.T) {
 		in   WorkloadEntryInput
 	}{
 		{"vm behind a service entry", WorkloadEntryInput{WorkloadEntry: we(), ServiceEntries: []*networkingv1.ServiceEntry{serviceEntry()}, Policies: []string{"shop/p"}}},
-		{"owned by a workload group with locality and weight", WorkloadEntryInput{WorkloadEntry: we(func(w *networkingv1.WorkloadEntry) {
+		// istiod's constructServicesFromWorkloadEntry: a named target port is
+		// the entry's port of that name (left out without one); another port
+		// is the entry's port named like the Service port, else the number.
+		{"selected by a kubernetes service", WorkloadEntryInput{WorkloadEntry: we(func(w *networkingv1.WorkloadEntry) {
+			w.Spec.Ports = map[string]uint32{"https": 9443, "http": 8081}
+		}), Services: []*corev1.Service{testService("payments", func(s *corev1.Service) {
+			s.Spec.Ports = []corev1.ServicePort{
+				{Name: "tls", Port: 443, TargetPort: intstr.FromString("https")},
+				{Name: "metrics", Port: 9090, TargetPort: intstr.FromString("metrics")},
+				{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)},
+				{Name: "admin", Port: 9000, TargetPort: intstr.FromInt32(9001)},
+				{Name: "unset", Port: 7000},
+			}
+		}), testService("ext", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeExternalName })}}},
+		{"auto-registered by a workload group with locality and weight", WorkloadEntryInput{WorkloadEntry: we(func(w *networkingv1.WorkloadEntry) {
+			w.Annotations = map[string]string{AnnotationAutoRegistrationGroup: "payments-vms"}
 			w.OwnerReferences = []metav1.OwnerReference{{Kind: "WorkloadGroup", Name: "payments-vms"}}
 			w.Spec.Locality = "us-east/us-east-1b/rack-9"
 			w.Spec.Weight = 10
@@ -107,6 +193,11 @@ func TestBuildWorkloadEntry(t *testing.T) {
 		})}},
 		{"hostname address", WorkloadEntryInput{WorkloadEntry: we(func(w *networkingv1.WorkloadEntry) { w.Spec.Address = "vm-1.corp.example" })}},
 		{"tunnel label", WorkloadEntryInput{WorkloadEntry: we(func(w *networkingv1.WorkloadEntry) { w.Spec.Labels[LabelTunnel] = "http" })}},
+		// istiod merges the spec's labels with the object's, the object's
+		// winning (ConvertClientWorkloadEntry).
+		{"object labels over spec labels", WorkloadEntryInput{WorkloadEntry: we(func(w *networkingv1.WorkloadEntry) {
+			w.Labels = map[string]string{"version": "v2", LabelWorkloadName: "payments"}
+		})}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()

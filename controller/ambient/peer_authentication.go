@@ -66,6 +66,18 @@ func (p PeerAuthentications) PolicyKey(cfg Config) string {
 	return ""
 }
 
+// workloadPolicies is Workload.authorization_policies: the sorted, unique
+// keys of the AuthorizationPolicies that select the workload, then the key
+// of its mTLS policy, as istiod lists them (buildWorkloadPolicies in
+// pilot/pkg/serviceregistry/ambient/workloads.go).
+func workloadPolicies(authz []string, mtls string) []string {
+	out := sortedCopy(authz)
+	if mtls != "" {
+		out = append(out, mtls)
+	}
+	return out
+}
+
 func mtlsMode(pa *securityv1.PeerAuthentication) securityapi.PeerAuthentication_MutualTLS_Mode {
 	if pa == nil {
 		return securityapi.PeerAuthentication_MutualTLS_UNSET

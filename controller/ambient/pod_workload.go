@@ -26,6 +26,9 @@ type PodInput struct {
 	// Policies are the keys ("<namespace>/<name>") of the selector-bound
 	// authorization policies that select the pod.
 	Policies []string
+	// MTLSPolicy is the key of the Authorization that enforces the pod's
+	// PeerAuthentication mode (PeerAuthentications.PolicyKey), or empty.
+	MTLSPolicy string
 	// Waypoint is the pod's resolved workload waypoint, or nil.
 	Waypoint *workloadapi.GatewayAddress
 }
@@ -56,7 +59,7 @@ func BuildPodWorkload(in PodInput, cfg Config) *workloadapi.Workload {
 		ClusterId:             cfg.ClusterID,
 		Status:                podStatus(pod),
 		Locality:              nodeLocality(in.Node),
-		AuthorizationPolicies: sortedCopy(in.Policies),
+		AuthorizationPolicies: workloadPolicies(in.Policies, in.MTLSPolicy),
 		Services:              podServices(pod, in.Services, cfg),
 	}
 	for _, se := range in.ServiceEntries {
@@ -124,49 +127,6 @@ func podStatus(pod *corev1.Pod) workloadapi.WorkloadStatus {
 		}
 	}
 	return workloadapi.WorkloadStatus_UNHEALTHY
-}
-
-// podWorkloadName names the pod's controller: a Deployment's name for a pod
-// of one of its ReplicaSets (the pod-template-hash suffix removed), else the
-// controlling owner's name, else the pod's.
-func podWorkloadName(pod *corev1.Pod) string {
-	for _, ref := range pod.OwnerReferences {
-		if ref.Controller == nil || !*ref.Controller {
-			continue
-		}
-		if ref.Kind == "ReplicaSet" {
-			if hash := pod.Labels["pod-template-hash"]; hash != "" {
-				if name, ok := strings.CutSuffix(ref.Name, "-"+hash); ok {
-					return name
-				}
-			}
-		}
-		return ref.Name
-	}
-	return pod.Name
-}
-
-// canonicalNames picks the telemetry name and revision from the first label
-// present, falling back to the workload name and "latest".
-func canonicalNames(labels map[string]string, workloadName string) (name, revision string) {
-	name = firstLabel(labels, LabelCanonicalName, LabelAppName, LabelApp)
-	if name == "" {
-		name = workloadName
-	}
-	revision = firstLabel(labels, LabelCanonicalRevision, LabelAppVersion, LabelVersion)
-	if revision == "" {
-		revision = "latest"
-	}
-	return name, revision
-}
-
-func firstLabel(labels map[string]string, keys ...string) string {
-	for _, k := range keys {
-		if v := labels[k]; v != "" {
-			return v
-		}
-	}
-	return ""
 }
 
 func nodeLocality(node *corev1.Node) *workloadapi.Locality {

@@ -18,10 +18,11 @@ import (
 func testPod(mods ...func(*corev1.Pod)) *corev1.Pod {
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:        "echo-7d9c4-x2x9q",
-			Namespace:   "shop",
-			Labels:      map[string]string{"app": "echo", "version": "v2", "pod-template-hash": "7d9c4"},
-			Annotations: map[string]string{AnnotationRedirection: "enabled"},
+			Name:         "echo-7d9c4-x2x9q",
+			GenerateName: "echo-7d9c4-",
+			Namespace:    "shop",
+			Labels:       map[string]string{"app": "echo", "version": "v2", "pod-template-hash": "7d9c4"},
+			Annotations:  map[string]string{AnnotationRedirection: "enabled"},
 			OwnerReferences: []metav1.OwnerReference{{
 				APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "echo-7d9c4", Controller: ptr.To(true),
 			}},
@@ -138,8 +139,10 @@ func TestBuildPodWorkload(t *testing.T) {
 		{name: "canonical fallback to workload name and latest", in: PodInput{Pod: testPod(func(p *corev1.Pod) {
 			p.Labels = map[string]string{"pod-template-hash": "7d9c4"}
 		})}},
+		// A StatefulSet names its pods: istiod's GetDeployMetaFromPod reads
+		// the owner only of pods with generateName.
 		{name: "statefulset owner", in: PodInput{Pod: testPod(func(p *corev1.Pod) {
-			p.Name = "db-0"
+			p.Name, p.GenerateName = "db-0", ""
 			p.Labels = nil
 			p.OwnerReferences = []metav1.OwnerReference{{Kind: "StatefulSet", Name: "db", Controller: ptr.To(true)}}
 		})}},
@@ -161,6 +164,10 @@ func TestBuildPodWorkload(t *testing.T) {
 			return se
 		}()}}},
 		{name: "policies sorted and unique", in: PodInput{Pod: testPod(), Policies: []string{"shop/deny-b", "shop/allow-a", "shop/deny-b"}}},
+		// istiod's buildWorkloadPolicies: the sorted AuthorizationPolicy
+		// keys, then the PeerAuthentication's converted policy.
+		{name: "mtls policy after the sorted policies", in: PodInput{Pod: testPod(), Policies: []string{"shop/deny-b", "istio-system/root"},
+			MTLSPolicy: "istio-system/istio_converted_static_strict"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()

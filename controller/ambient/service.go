@@ -2,7 +2,6 @@ package ambient
 
 import (
 	"net/netip"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -58,7 +57,7 @@ func BuildService(in ServiceInput, cfg Config) *workloadapi.Service {
 			// A named target port is 0 here: each workload's entry in
 			// Workload.services carries its own number.
 			TargetPort:  uint32(p.TargetPort.IntVal),
-			AppProtocol: appProtocol(p),
+			AppProtocol: servicePortAppProtocol(p),
 		})
 	}
 	ingress := svc.Labels[LabelIngressUseWaypoint]
@@ -138,28 +137,4 @@ func ipFamilies(f []corev1.IPFamily) workloadapi.IPFamilies {
 	default:
 		return workloadapi.IPFamilies_AUTOMATIC
 	}
-}
-
-// appProtocol tells HTTP/1.1, HTTP/2 and gRPC ports apart, from the port's
-// appProtocol, else its name's prefix ("http-web", "grpc"); anything else is
-// UNKNOWN, as node proxies treat it as TCP.
-func appProtocol(p corev1.ServicePort) workloadapi.AppProtocol {
-	if p.Protocol != "" && p.Protocol != corev1.ProtocolTCP {
-		return workloadapi.AppProtocol_UNKNOWN
-	}
-	proto := ""
-	if p.AppProtocol != nil {
-		proto = strings.ToLower(*p.AppProtocol)
-	} else {
-		proto, _, _ = strings.Cut(strings.ToLower(p.Name), "-")
-	}
-	switch proto {
-	case "http":
-		return workloadapi.AppProtocol_HTTP11
-	case "http2", "h2c", "kubernetes.io/h2c":
-		return workloadapi.AppProtocol_HTTP2
-	case "grpc":
-		return workloadapi.AppProtocol_GRPC
-	}
-	return workloadapi.AppProtocol_UNKNOWN
 }

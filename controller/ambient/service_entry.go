@@ -2,9 +2,7 @@ package ambient
 
 import (
 	"net/netip"
-	"strings"
 
-	"google.golang.org/protobuf/types/known/wrapperspb"
 	networkingapi "istio.io/api/networking/v1alpha3"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 
@@ -16,11 +14,21 @@ type ServiceEntryInput struct {
 	ServiceEntry *networkingv1.ServiceEntry
 	// Waypoint is the ServiceEntry's resolved waypoint, or nil.
 	Waypoint *workloadapi.GatewayAddress
+	// Policies are the keys of the selector-bound authorization policies
+	// that select the ServiceEntry's labels. Its endpoints list them: istiod
+	// selects an inline endpoint by its ServiceEntry's labels, not its own
+	// (serviceEntryWorkloadBuilder in pilot/pkg/serviceregistry/ambient).
+	Policies []string
+	// MTLSPolicy is the key of the Authorization that enforces the
+	// PeerAuthentication mode of those labels, or empty.
+	MTLSPolicy string
 }
 
 // BuildServiceEntry returns a Service per host of a ServiceEntry (none when
 // it is exported to no namespace), and a Workload per inline endpoint,
-// backing every host.
+// backing every host. A ServiceEntry resolved by DNS that lists no
+// endpoints and selects no workloads has one Workload per host instead,
+// addressed by the host name, as istiod builds it.
 func BuildServiceEntry(in ServiceEntryInput, cfg Config) ([]*workloadapi.Service, []*workloadapi.Workload) {
 	cfg = cfg.WithDefaults()
 	se := in.ServiceEntry
@@ -34,22 +42,32 @@ func BuildServiceEntry(in ServiceEntryInput, cfg Config) ([]*workloadapi.Service
 	}
 	var ports []*workloadapi.Port
 	for _, p := range spec.GetPorts() {
+		target := p.GetTargetPort()
+		if target == 0 {
+			target = p.GetNumber()
+		}
 		ports = append(ports, &workloadapi.Port{
 			ServicePort: p.GetNumber(),
-			TargetPort:  p.GetTargetPort(),
-			AppProtocol: appProtocolOf(p.GetProtocol()),
+			TargetPort:  target,
+			AppProtocol: serviceEntryAppProtocol(p.GetProtocol()),
 		})
 	}
+	// Without addresses of its own, a host has those allocated in status.
+	allocated := allocatedVIPs(se, cfg.Network)
 	var services []*workloadapi.Service
 	for _, host := range spec.GetHosts() {
 		if !export.Published {
 			break
 		}
+		hostVIPs := vips
+		if len(vips) == 0 {
+			hostVIPs = allocated[host]
+		}
 		services = append(services, &workloadapi.Service{
 			Name:            se.Name,
 			Namespace:       se.Namespace,
 			Hostname:        host,
-			Addresses:       vips,
+			Addresses:       hostVIPs,
 			Ports:           ports,
 			SubjectAltNames: spec.GetSubjectAltNames(),
 			Visibility:      export.Visibility,
@@ -59,22 +77,39 @@ func BuildServiceEntry(in ServiceEntryInput, cfg Config) ([]*workloadapi.Service
 		}
 	}
 
+	endpoints := spec.GetEndpoints()
+	implicit := len(endpoints) == 0 && export.Published && resolvedByDNS(spec.GetResolution()) && spec.GetWorkloadSelector() == nil
+	if implicit {
+		for _, host := range spec.GetHosts() {
+			endpoints = append(endpoints, &networkingapi.WorkloadEntry{Address: host})
+		}
+	}
 	var workloads []*workloadapi.Workload
-	for _, ep := range spec.GetEndpoints() {
-		w := entryWorkload(ep, se.Namespace, se.Labels, cfg)
+	for _, ep := range endpoints {
+		w := entryWorkload(ep, se.Namespace, se.Labels, se.Name, cfg)
 		w.Uid = workloadapi.ServiceEntryUID(cfg.ClusterID, se.Namespace, se.Name, ep.GetAddress())
 		w.Name = se.Name
-		w.WorkloadName = se.Name
-		if w.CanonicalName == "" {
-			w.CanonicalName = se.Name
-		}
+		w.AuthorizationPolicies = workloadPolicies(in.Policies, in.MTLSPolicy)
 		w.Services = map[string]*workloadapi.PortList{}
 		for _, host := range spec.GetHosts() {
-			w.Services[workloadapi.ServiceKey(se.Namespace, host)] = entryPorts(spec.GetPorts(), ep.GetPorts())
+			// An implicit endpoint backs only its own host.
+			if !implicit || host == ep.GetAddress() {
+				w.Services[workloadapi.ServiceKey(se.Namespace, host)] = entryPorts(spec.GetPorts(), ep.GetPorts())
+			}
 		}
 		workloads = append(workloads, w)
 	}
 	return services, workloads
+}
+
+// resolvedByDNS reports the resolutions whose endpoints, when a
+// ServiceEntry lists none, are its hosts themselves.
+func resolvedByDNS(r networkingapi.ServiceEntry_Resolution) bool {
+	switch r {
+	case networkingapi.ServiceEntry_DNS, networkingapi.ServiceEntry_DNS_ROUND_ROBIN, networkingapi.ServiceEntry_DYNAMIC_DNS:
+		return true
+	}
+	return false
 }
 
 // entryPorts maps a ServiceEntry's ports onto one endpoint: the endpoint's
@@ -95,54 +130,6 @@ func entryPorts(ports []*networkingapi.ServicePort, endpointPorts map[string]uin
 	return pl
 }
 
-// entryWorkload fills what a WorkloadEntry (inline in a ServiceEntry or on
-// its own) says about a workload.
-func entryWorkload(we *networkingapi.WorkloadEntry, namespace string, objectLabels map[string]string, cfg Config) *workloadapi.Workload {
-	labels := we.GetLabels()
-	if len(labels) == 0 {
-		labels = objectLabels
-	}
-	w := &workloadapi.Workload{
-		Namespace:      namespace,
-		Network:        cfg.Network,
-		ServiceAccount: we.GetServiceAccount(),
-		WorkloadType:   workloadapi.WorkloadType_POD,
-		ClusterId:      cfg.ClusterID,
-		Locality:       parseLocality(we.GetLocality()),
-	}
-	if we.GetNetwork() != "" {
-		w.Network = we.GetNetwork()
-	}
-	if a, err := netip.ParseAddr(we.GetAddress()); err == nil {
-		w.Addresses = [][]byte{a.Unmap().AsSlice()}
-	} else {
-		w.Hostname = we.GetAddress()
-	}
-	if cfg.TrustDomain != workloadapi.DefaultTrustDomain {
-		w.TrustDomain = cfg.TrustDomain
-	}
-	if we.GetWeight() > 0 {
-		w.Capacity = wrapperspb.UInt32(we.GetWeight())
-	}
-	if strings.Contains(","+labels[LabelTunnel]+",", ",http,") {
-		w.TunnelProtocol, w.NativeTunnel = workloadapi.TunnelProtocol_HBONE, true
-	}
-	w.CanonicalName, w.CanonicalRevision = canonicalNames(labels, "")
-	return w
-}
-
-// parseLocality reads "region/zone/subzone" (any suffix may be missing).
-func parseLocality(s string) *workloadapi.Locality {
-	if s == "" {
-		return nil
-	}
-	parts := strings.SplitN(s, "/", 3)
-	for len(parts) < 3 {
-		parts = append(parts, "")
-	}
-	return &workloadapi.Locality{Region: parts[0], Zone: parts[1], Subzone: parts[2]}
-}
-
 // vip parses a ServiceEntry address: an IP, or a CIDR (sent with its
 // prefix length). Anything else (the API server validates) is skipped.
 func vip(s, network string) *workloadapi.NetworkAddress {
@@ -154,59 +141,4 @@ func vip(s, network string) *workloadapi.NetworkAddress {
 		return &workloadapi.NetworkAddress{Network: network, Address: a.Unmap().AsSlice()}
 	}
 	return nil
-}
-
-// appProtocolOf maps an Istio port protocol to the workload API's.
-func appProtocolOf(p string) workloadapi.AppProtocol {
-	switch strings.ToUpper(p) {
-	case "HTTP":
-		return workloadapi.AppProtocol_HTTP11
-	case "HTTP2":
-		return workloadapi.AppProtocol_HTTP2
-	case "GRPC":
-		return workloadapi.AppProtocol_GRPC
-	}
-	return workloadapi.AppProtocol_UNKNOWN
-}
-
-// WorkloadEntryInput is everything a WorkloadEntry's Workload depends on.
-type WorkloadEntryInput struct {
-	WorkloadEntry *networkingv1.WorkloadEntry
-	// ServiceEntries select the entry by their workloadSelector.
-	ServiceEntries []*networkingv1.ServiceEntry
-	// Policies are the keys of the selector-bound policies selecting it.
-	Policies []string
-	Waypoint *workloadapi.GatewayAddress
-}
-
-// BuildWorkloadEntry returns the Workload of a WorkloadEntry (a VM or other
-// workload outside Kubernetes).
-func BuildWorkloadEntry(in WorkloadEntryInput, cfg Config) *workloadapi.Workload {
-	cfg = cfg.WithDefaults()
-	we := in.WorkloadEntry
-	w := entryWorkload(&we.Spec, we.Namespace, we.Labels, cfg)
-	w.Uid = workloadapi.WorkloadEntryUID(cfg.ClusterID, we.Namespace, we.Name)
-	w.Name = we.Name
-	w.WorkloadName = we.Name
-	for _, ref := range we.OwnerReferences {
-		if ref.Kind == "WorkloadGroup" {
-			w.WorkloadName = ref.Name
-		}
-	}
-	if w.CanonicalName == "" {
-		w.CanonicalName = w.WorkloadName
-	}
-	w.AuthorizationPolicies = sortedCopy(in.Policies)
-	if !isWaypoint(we.Labels) {
-		w.Waypoint = in.Waypoint
-	}
-	for _, se := range in.ServiceEntries {
-		if w.Services == nil {
-			w.Services = map[string]*workloadapi.PortList{}
-		}
-		for _, host := range se.Spec.GetHosts() {
-			w.Services[workloadapi.ServiceKey(se.Namespace, host)] = entryPorts(se.Spec.GetPorts(), we.Spec.GetPorts())
-		}
-	}
-	return w
 }

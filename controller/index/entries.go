@@ -71,13 +71,9 @@ func (x *Index) DeleteWorkloadEntry(namespace, name string) ChangeSet {
 	return c.cs
 }
 
-// entryLabels are the labels a WorkloadEntry is selected by: its spec's,
-// else its object's.
+// entryLabels are the labels a WorkloadEntry is selected by.
 func entryLabels(we *networkingv1.WorkloadEntry) map[string]string {
-	if len(we.Spec.GetLabels()) > 0 {
-		return we.Spec.GetLabels()
-	}
-	return we.Labels
+	return ambient.WorkloadEntryLabels(we)
 }
 
 func entrySelects(se *networkingv1.ServiceEntry, lbls map[string]string) bool {
@@ -95,6 +91,9 @@ func (x *Index) recomputeServiceEntry(c *change, k key) {
 	if se != nil {
 		in := ambient.ServiceEntryInput{ServiceEntry: se,
 			Waypoint: x.waypoint(owner, k.namespace, se.Labels, false)}
+		// Its endpoints are selected by the ServiceEntry's labels.
+		in.Policies = x.selectingPolicies(k.namespace, se.Labels)
+		in.MTLSPolicy = x.peerAuthsFor(k.namespace, se.Labels).PolicyKey(x.cfg)
 		x.addProblem(owner, ambient.ServiceEntryExport(se, x.cfg).Warning)
 		svcs, wls := ambient.BuildServiceEntry(in, x.cfg)
 		claim.Created = se.CreationTimestamp.Time
@@ -138,24 +137,20 @@ func (x *Index) recomputeWorkloadEntry(c *change, k key) {
 	lbls := entryLabels(we)
 	in := ambient.WorkloadEntryInput{WorkloadEntry: we,
 		Waypoint: x.waypoint("WorkloadEntry "+k.String(), k.namespace, we.Labels, true)}
+	// Kubernetes Services select WorkloadEntries as they select pods.
+	for sk := range x.servicesByNamespace[k.namespace] {
+		if svc := x.services[sk]; selects(svc.Spec.Selector, lbls) {
+			in.Services = append(in.Services, svc)
+		}
+	}
+	sort.Slice(in.Services, func(i, j int) bool { return in.Services[i].Name < in.Services[j].Name })
 	for sk := range x.serviceEntriesByNamespace[k.namespace] {
 		if se := x.serviceEntries[sk]; entrySelects(se, lbls) {
 			in.ServiceEntries = append(in.ServiceEntries, se)
 		}
 	}
 	sort.Slice(in.ServiceEntries, func(i, j int) bool { return in.ServiceEntries[i].Name < in.ServiceEntries[j].Name })
-	for _, ns := range []string{k.namespace, cfg.RootNamespace} {
-		for pk := range x.policiesByNamespace[ns] {
-			if policySelects(x.policies[pk], lbls) && x.authorizations[pk.String()] != nil {
-				in.Policies = append(in.Policies, pk.String())
-			}
-		}
-		if ns == cfg.RootNamespace {
-			break
-		}
-	}
-	if key := x.peerAuthsFor(k.namespace, lbls).PolicyKey(cfg); key != "" {
-		in.Policies = append(in.Policies, key)
-	}
+	in.Policies = x.selectingPolicies(k.namespace, lbls)
+	in.MTLSPolicy = x.peerAuthsFor(k.namespace, lbls).PolicyKey(cfg)
 	x.setAddress(c, uid, &workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: ambient.BuildWorkloadEntry(in, cfg)}})
 }

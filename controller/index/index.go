@@ -96,8 +96,11 @@ type Index struct {
 	// name, by owner; serviceWinners the one publishService picked.
 	// vipClaims are the names claiming each VIP key, with their winners'
 	// claims (owners.go).
-	serviceSources       map[string]map[string]serviceSource
-	serviceWinners       map[string]serviceSource
+	serviceSources map[string]map[string]serviceSource
+	serviceWinners map[string]serviceSource
+	// hostNames are the names with a winner under each hostname, of which
+	// one is canonical.
+	hostNames            map[string]map[string]bool
 	vipClaims            map[string]map[string]ambient.Claim
 	authorizations       map[string]*security.Authorization
 	peerAuthsByNamespace map[string]map[key]bool
@@ -141,6 +144,7 @@ func New(cfg ambient.Config) *Index {
 		addresses:                  map[string]*workloadapi.Address{},
 		serviceSources:             map[string]map[string]serviceSource{},
 		serviceWinners:             map[string]serviceSource{},
+		hostNames:                  map[string]map[string]bool{},
 		vipClaims:                  map[string]map[string]ambient.Claim{},
 		conflicts:                  map[string]map[string]string{},
 		authorizations:             map[string]*security.Authorization{},

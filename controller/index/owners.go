@@ -72,7 +72,8 @@ func (x *Index) publishService(c *change, name string, src serviceSource) {
 		delete(x.serviceSources, name)
 	}
 
-	// The name's claims to VIPs follow its winner.
+	// The name's claims to VIPs, and its part in choosing the hostname's
+	// canonical Service, follow its winner.
 	old, had := x.serviceWinners[name]
 	var oldVIPs, newVIPs []string
 	if had {
@@ -100,6 +101,15 @@ func (x *Index) publishService(c *change, name string, src serviceSource) {
 	}
 
 	affected := map[string]bool{name: true}
+	for _, h := range []string{old.service.GetHostname(), best.service.GetHostname()} {
+		if h == "" {
+			continue
+		}
+		x.linkHostname(h, name)
+		for n := range x.hostNames[h] {
+			affected[n] = true
+		}
+	}
 	for _, v := range append(oldVIPs, newVIPs...) {
 		for n := range x.vipClaims[v] {
 			affected[n] = true
@@ -111,8 +121,38 @@ func (x *Index) publishService(c *change, name string, src serviceSource) {
 	}
 }
 
+// linkHostname records whether name has a winner under hostname h.
+func (x *Index) linkHostname(h, name string) {
+	if w, ok := x.serviceWinners[name]; ok && w.service.GetHostname() == h {
+		if x.hostNames[h] == nil {
+			x.hostNames[h] = map[string]bool{}
+		}
+		x.hostNames[h][name] = true
+		return
+	}
+	delete(x.hostNames[h], name)
+	if len(x.hostNames[h]) == 0 {
+		delete(x.hostNames, h)
+	}
+}
+
+// canonicalName is the name whose Service is canonical among those
+// published under hostname h (ambient.CanonicalClaim), or "".
+func (x *Index) canonicalName(h string) string {
+	names := slices.Sorted(maps.Keys(x.hostNames[h]))
+	claims := make([]ambient.Claim, len(names))
+	for i, n := range names {
+		claims[i] = x.serviceWinners[n].claim
+	}
+	if i, ok := ambient.CanonicalClaim(claims); ok {
+		return names[i]
+	}
+	return ""
+}
+
 // republishService publishes a name's winning Service without the VIPs
-// it does not hold, or removes the name when it has no winner.
+// it does not hold, canonical when it is its hostname's choice, or removes
+// the name when it has no winner.
 func (x *Index) republishService(c *change, name string) {
 	w, ok := x.serviceWinners[name]
 	if !ok {
@@ -126,10 +166,12 @@ func (x *Index) republishService(c *change, name string) {
 			kept = append(kept, a)
 		}
 	}
-	if len(kept) != len(svc.GetAddresses()) {
+	canonical := svc.GetCanonical() || x.canonicalName(svc.GetHostname()) == name
+	if len(kept) != len(svc.GetAddresses()) || canonical != svc.GetCanonical() {
 		// Published protos are never modified: publish a copy.
 		svc = proto.Clone(svc).(*workloadapi.Service)
 		svc.Addresses = kept
+		svc.Canonical = canonical
 	}
 	x.setAddress(c, name, &workloadapi.Address{Type: &workloadapi.Address_Service{Service: svc}})
 }

@@ -168,7 +168,7 @@ func (x *Index) DeletePod(namespace, name string) ChangeSet {
 }
 
 // UpsertService records a Service: its entry, and the services map of the
-// pods its old or new selector picks.
+// pods and WorkloadEntries its old or new selector picks.
 func (x *Index) UpsertService(s *corev1.Service) ChangeSet {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -194,6 +194,12 @@ func (x *Index) serviceChanged(k key, old, cur *corev1.Service) ChangeSet {
 		if (old != nil && selects(old.Spec.Selector, pod.Labels)) || (cur != nil && selects(cur.Spec.Selector, pod.Labels)) ||
 			x.slicePods[pk][k] {
 			x.recomputePod(&c, pk)
+		}
+	}
+	for wk := range x.workloadEntriesByNamespace[k.namespace] {
+		lbls := entryLabels(x.workloadEntries[wk])
+		if (old != nil && selects(old.Spec.Selector, lbls)) || (cur != nil && selects(cur.Spec.Selector, lbls)) {
+			x.recomputeWorkloadEntry(&c, wk)
 		}
 	}
 	// The Service's ports shape its pod-less endpoints' workloads.
@@ -258,6 +264,18 @@ func (x *Index) policyChanged(k key, old, cur *securityv1.AuthorizationPolicy) C
 				}
 			}
 		}
+		// ServiceEntries' endpoints, by the ServiceEntry's labels.
+		for ns, entries := range x.serviceEntriesByNamespace {
+			if ns != k.namespace && k.namespace != x.cfg.RootNamespace {
+				continue
+			}
+			for sk := range entries {
+				lbls := x.serviceEntries[sk].Labels
+				if policySelects(old, lbls) || policySelects(cur, lbls) {
+					x.recomputeServiceEntry(&c, sk)
+				}
+			}
+		}
 	}
 	return c.cs
 }
@@ -266,6 +284,24 @@ func joinWarnings(w []string) string {
 	out := w[0]
 	for _, s := range w[1:] {
 		out += "; " + s
+	}
+	return out
+}
+
+// selectingPolicies are the keys of the published selector-bound policies
+// that select a workload of namespace ns with labels lbls: its namespace's
+// and the root namespace's.
+func (x *Index) selectingPolicies(ns string, lbls map[string]string) []string {
+	var out []string
+	for _, pns := range []string{ns, x.cfg.RootNamespace} {
+		for pk := range x.policiesByNamespace[pns] {
+			if policySelects(x.policies[pk], lbls) && x.authorizations[pk.String()] != nil {
+				out = append(out, pk.String())
+			}
+		}
+		if pns == x.cfg.RootNamespace {
+			break
+		}
 	}
 	return out
 }
@@ -353,6 +389,13 @@ func (x *Index) peerAuthChanged(namespace string) ChangeSet {
 		if inScope(ns) {
 			for wk := range entries {
 				x.recomputeWorkloadEntry(&c, wk)
+			}
+		}
+	}
+	for ns, entries := range x.serviceEntriesByNamespace {
+		if inScope(ns) {
+			for sk := range entries {
+				x.recomputeServiceEntry(&c, sk)
 			}
 		}
 	}
@@ -489,19 +532,8 @@ func (x *Index) recomputePod(c *change, k key) {
 		}
 	}
 	sort.Slice(in.ServiceEntries, func(i, j int) bool { return in.ServiceEntries[i].Name < in.ServiceEntries[j].Name })
-	for _, ns := range []string{k.namespace, x.cfg.RootNamespace} {
-		for pk := range x.policiesByNamespace[ns] {
-			if policySelects(x.policies[pk], pod.Labels) && x.authorizations[pk.String()] != nil {
-				in.Policies = append(in.Policies, pk.String())
-			}
-		}
-		if ns == x.cfg.RootNamespace {
-			break
-		}
-	}
-	if key := x.peerAuthsFor(k.namespace, pod.Labels).PolicyKey(x.cfg); key != "" {
-		in.Policies = append(in.Policies, key)
-	}
+	in.Policies = x.selectingPolicies(k.namespace, pod.Labels)
+	in.MTLSPolicy = x.peerAuthsFor(k.namespace, pod.Labels).PolicyKey(x.cfg)
 	in.Waypoint = x.waypoint("Pod "+k.String(), k.namespace, pod.Labels, true)
 	w := ambient.BuildPodWorkload(in, x.cfg)
 	if w == nil {

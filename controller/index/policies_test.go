@@ -1,0 +1,97 @@
+package index
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	networkingapi "istio.io/api/networking/v1alpha3"
+	securityapi "istio.io/api/security/v1beta1"
+	typeapi "istio.io/api/type/v1beta1"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/canopy-mesh/canopy/controller/ambient"
+)
+
+func selectorPolicy(ns, name string, lbls map[string]string) *securityv1.AuthorizationPolicy {
+	p := &securityv1.AuthorizationPolicy{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
+	p.Spec.Selector = &typeapi.WorkloadSelector{MatchLabels: lbls}
+	p.Spec.Rules = []*securityapi.Rule{{}}
+	return p
+}
+
+// TestIndexWorkloadPolicyOrder checks the order of a workload's
+// authorization_policies: istiod's buildWorkloadPolicies
+// (pilot/pkg/serviceregistry/ambient/workloads.go) sorts the keys of the
+// AuthorizationPolicies that select the workload, then appends the keys
+// convertedSelectorPeerAuthentications gives for its PeerAuthentications
+// (sorted among themselves), so the static strict policy comes last even
+// where it sorts first.
+func TestIndexWorkloadPolicyOrder(t *testing.T) {
+	x := New(ambient.Config{})
+	lbls := map[string]string{"app": "echo"}
+	x.UpsertPod(pod("a", "n1", lbls, "10.244.1.5"))
+	we := &networkingv1.WorkloadEntry{ObjectMeta: metav1.ObjectMeta{Name: "vm-1", Namespace: "shop", Labels: lbls}}
+	we.Spec.Address = "10.10.1.1"
+	x.UpsertWorkloadEntry(we)
+	// A ServiceEntry's endpoints are selected by its labels; a DNS entry
+	// without endpoints has one workload per host.
+	se := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Name: "ext", Namespace: "shop", Labels: lbls}}
+	se.Spec.Hosts = []string{"api.example.com"}
+	se.Spec.Ports = []*networkingapi.ServicePort{{Number: 443, Name: "https", Protocol: "TLS"}}
+	se.Spec.Resolution = networkingapi.ServiceEntry_DNS
+	x.UpsertServiceEntry(se)
+	for _, p := range []*securityv1.AuthorizationPolicy{
+		selectorPolicy("shop", "zz-allow", lbls),
+		selectorPolicy("shop", "aa-deny", lbls),
+		selectorPolicy("istio-system", "root-allow", lbls),
+	} {
+		x.UpsertAuthorizationPolicy(p)
+	}
+	mesh := &securityv1.PeerAuthentication{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: "istio-system"}}
+	mesh.Spec.Mtls = &securityapi.PeerAuthentication_MutualTLS{Mode: securityapi.PeerAuthentication_MutualTLS_STRICT}
+	x.UpsertPeerAuthentication(mesh)
+
+	want := []string{"istio-system/root-allow", "shop/aa-deny", "shop/zz-allow", "istio-system/istio_converted_static_strict"}
+	implicit := "Kubernetes/networking.istio.io/ServiceEntry/shop/ext/api.example.com"
+	for _, uid := range []string{podA, "Kubernetes/networking.istio.io/WorkloadEntry/shop/vm-1", implicit} {
+		if diff := cmp.Diff(want, x.Address(uid).GetWorkload().GetAuthorizationPolicies()); diff != "" {
+			t.Errorf("%s authorization_policies (-want +got):\n%s", uid, diff)
+		}
+	}
+}
+
+// TestIndexServiceEntryEndpointPolicies: a ServiceEntry's endpoints follow
+// the policies and PeerAuthentications that select the ServiceEntry's
+// labels as they come and go.
+func TestIndexServiceEntryEndpointPolicies(t *testing.T) {
+	x := New(ambient.Config{})
+	lbls := map[string]string{"app": "ext"}
+	se := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Name: "ext", Namespace: "shop", Labels: lbls}}
+	se.Spec.Hosts = []string{"api.example.com"}
+	se.Spec.Ports = []*networkingapi.ServicePort{{Number: 443, Name: "https", Protocol: "TLS"}}
+	se.Spec.Endpoints = []*networkingapi.WorkloadEntry{{Address: "10.10.0.5"}}
+	x.UpsertServiceEntry(se)
+	ep := "Kubernetes/networking.istio.io/ServiceEntry/shop/ext/10.10.0.5"
+	policies := func() []string { return x.Address(ep).GetWorkload().GetAuthorizationPolicies() }
+
+	check(t, "policy selecting the entry's labels", x.UpsertAuthorizationPolicy(selectorPolicy("shop", "allow-ext", lbls)), ChangeSet{
+		Addresses:      Changes{Updated: []string{ep}},
+		Authorizations: Changes{Added: []string{"shop/allow-ext"}},
+	})
+	ns := &securityv1.PeerAuthentication{ObjectMeta: metav1.ObjectMeta{Name: "strict", Namespace: "shop"}}
+	ns.Spec.Mtls = &securityapi.PeerAuthentication_MutualTLS{Mode: securityapi.PeerAuthentication_MutualTLS_STRICT}
+	x.UpsertPeerAuthentication(ns)
+	if diff := cmp.Diff([]string{"shop/allow-ext", "istio-system/istio_converted_static_strict"}, policies()); diff != "" {
+		t.Errorf("endpoint policies (-want +got):\n%s", diff)
+	}
+	check(t, "policy deleted", x.DeleteAuthorizationPolicy("shop", "allow-ext"), ChangeSet{
+		Addresses:      Changes{Updated: []string{ep}},
+		Authorizations: Changes{Removed: []string{"shop/allow-ext"}},
+	})
+	x.DeletePeerAuthentication("shop", "strict")
+	if got := policies(); len(got) != 0 {
+		t.Errorf("endpoint policies after the PeerAuthentication went = %v", got)
+	}
+}
