@@ -39,8 +39,8 @@ modules: ## download Canopy's Go modules (once; quiet)
 		echo "go: fetching Canopy's Go modules (cold: about $(COLD_MODULES))"; \
 		$(GO) mod download; }
 
-tools: ## build (once) the pinned third-party binaries into the cache: Kubernetes, CoreDNS, CNI plugins, buf
-	@for t in kube coredns cni buf; do hack/tools.sh $$t >/dev/null; done
+tools: ## build (once) the pinned third-party binaries into the cache: Kubernetes, CoreDNS, CNI plugins, buf, Istio (istiod, istioctl)
+	@for t in kube coredns cni buf istio; do hack/tools.sh $$t >/dev/null; done
 
 build: modules ## static binaries with version ldflags into $(OUT)
 	@mkdir -p $(OUT)
@@ -53,10 +53,12 @@ images: build ## reproducible image tarballs (docker load, ctr images import) in
 	$(GO) run ./hack/images --bin-dir $(OUT) --out $(OUT)/images --tag $(VERSION)
 
 # TOOLS_ENV points tests and the local cluster at the pinned third-party
-# binaries, building them first when the cache lacks them.
+# binaries, building them first when the cache lacks them (before go test
+# starts, so that no cold build runs inside a test's timeout).
 TOOLS_ENV = CANOPY_KUBE_BIN_DIR=$$(hack/tools.sh kube) \
 	CANOPY_CNI_BIN_DIR=$$(hack/tools.sh cni) \
-	CANOPY_COREDNS_BIN_DIR=$$(hack/tools.sh coredns)
+	CANOPY_COREDNS_BIN_DIR=$$(hack/tools.sh coredns) \
+	CANOPY_ISTIO_BIN_DIR=$$(hack/tools.sh istio)
 
 test: deps modules lint ## every test level: unit, kube (real API server), root-level and e2e (local cluster)
 	@env $(TOOLS_ENV) $(GO) test -p $(GOTESTP) -count=1 $(GOTESTFLAGS) ./...

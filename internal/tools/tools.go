@@ -1,6 +1,7 @@
 // Package tools finds the third-party binaries Canopy's tests and local
-// cluster run (Kubernetes, CoreDNS, CNI plugins), which hack/tools.sh builds
-// from the modules pinned under tools/ into a cache outside the repo.
+// cluster run (Kubernetes, CoreDNS, CNI plugins, Istio's istiod and
+// istioctl), which hack/tools.sh builds from the modules pinned under tools/
+// into a cache outside the repo.
 package tools
 
 import (
@@ -26,7 +27,7 @@ func EnvVar(module string) string {
 }
 
 // Dir returns the directory of a tool module's binaries ("kube", "coredns",
-// "cni"): $CANOPY_<MODULE>_BIN_DIR, else what hack/tools.sh builds (once;
+// "cni", "buf", "istio"): $CANOPY_<MODULE>_BIN_DIR, else what hack/tools.sh builds (once;
 // a cold build takes minutes) when run inside the Canopy repository.
 func Dir(module string) (string, error) {
 	if d := os.Getenv(EnvVar(module)); d != "" {

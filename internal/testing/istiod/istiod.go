@@ -1,0 +1,257 @@
+package istiod
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Options configure Start.
+type Options struct {
+	// Binary is pilot-discovery; empty means FindBinaries("").
+	Binary string
+	// Kubeconfig is an admin kubeconfig of the API server istiod watches.
+	Kubeconfig string
+	// Namespace is istiod's own namespace (POD_NAMESPACE), which must
+	// exist; default istio-system. It is also where istiod reads the
+	// network label.
+	Namespace string
+	// Dir is istiod's working directory: its mesh configuration and its
+	// log, istiod.log. Required (a test's t.TempDir()).
+	Dir string
+	// MeshConfig is the mesh configuration (YAML); empty means Istio's
+	// defaults (root namespace istio-system, trust domain cluster.local).
+	MeshConfig string
+	// ClusterID is istiod's cluster; default Kubernetes.
+	ClusterID string
+	// Env holds extra environment variables (NAME=value), applied after
+	// the defaults, e.g. to turn an Istio feature flag on.
+	Env []string
+	// StartTimeout bounds each start attempt until istiod is ready;
+	// default 90s (istiod waits for every informer to sync).
+	StartTimeout time.Duration
+}
+
+// Istiod is a running pilot-discovery.
+type Istiod struct {
+	// XDSAddr is the plaintext gRPC port (15010's counterpart): ADS
+	// without authentication.
+	XDSAddr string
+	// HTTPAddr serves /ready and istiod's /debug/ views.
+	HTTPAddr string
+	// MonitoringAddr serves /metrics.
+	MonitoringAddr string
+	// LogPath is istiod's combined output.
+	LogPath string
+
+	cmd  *exec.Cmd
+	done chan struct{} // closed when the process has exited
+	err  error         // the exit error, valid after done
+}
+
+// defaultEnv turns on ambient mode and off everything that writes to the
+// cluster beyond what serving xDS needs: the CA (and with it the root
+// ConfigMaps and istiod's own serving certificate), the webhook patchers,
+// injection and leader election (one istiod runs).
+func defaultEnv(namespace string) []string {
+	return []string{
+		"PILOT_ENABLE_AMBIENT=true",
+		"POD_NAMESPACE=" + namespace,
+		"POD_NAME=istiod-reference",
+		"ENABLE_CA_SERVER=false",
+		"PILOT_CERT_PROVIDER=none",
+		"ENABLE_LEADER_ELECTION=false",
+		"INJECT_ENABLED=false",
+		"INJECTION_WEBHOOK_CONFIG_NAME=",
+		"VALIDATION_WEBHOOK_CONFIG_NAME=",
+	}
+}
+
+// Start runs istiod and waits until its /ready answers 200. Ports are free
+// ones on loopback; since they are found, not reserved, a start that loses
+// a port to another process is tried again (three attempts).
+func Start(ctx context.Context, opts Options) (*Istiod, error) {
+	if opts.Kubeconfig == "" || opts.Dir == "" {
+		return nil, errors.New("istiod: Kubeconfig and Dir are required")
+	}
+	if opts.Binary == "" {
+		b, err := FindBinaries("")
+		if err != nil {
+			return nil, err
+		}
+		opts.Binary = b.PilotDiscovery
+	}
+	if opts.Namespace == "" {
+		opts.Namespace = "istio-system"
+	}
+	if opts.ClusterID == "" {
+		opts.ClusterID = "Kubernetes"
+	}
+	if opts.StartTimeout == 0 {
+		opts.StartTimeout = 90 * time.Second
+	}
+	mesh := filepath.Join(opts.Dir, "mesh.yaml")
+	networks := filepath.Join(opts.Dir, "meshNetworks.yaml")
+	if err := os.WriteFile(mesh, []byte(opts.MeshConfig), 0o644); err != nil {
+		return nil, fmt.Errorf("write mesh config: %w", err)
+	}
+	if err := os.WriteFile(networks, []byte("networks: {}\n"), 0o644); err != nil {
+		return nil, fmt.Errorf("write mesh networks: %w", err)
+	}
+	const attempts = 3
+	var err error
+	for i := 1; i <= attempts; i++ {
+		var d *Istiod
+		if d, err = start(ctx, opts, mesh, networks); err == nil {
+			return d, nil
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, err
+}
+
+func start(ctx context.Context, opts Options, mesh, networks string) (*Istiod, error) {
+	addrs, err := freeAddrs(3)
+	if err != nil {
+		return nil, err
+	}
+	d := &Istiod{XDSAddr: addrs[0], HTTPAddr: addrs[1], MonitoringAddr: addrs[2], LogPath: filepath.Join(opts.Dir, "istiod.log"), done: make(chan struct{})}
+	logFile, err := os.OpenFile(d.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open istiod log: %w", err)
+	}
+	d.cmd = exec.Command(opts.Binary, "discovery",
+		"--kubeconfig="+opts.Kubeconfig,
+		"--meshConfig="+mesh,
+		"--networksConfig="+networks,
+		"--clusterID="+opts.ClusterID,
+		"--grpcAddr="+d.XDSAddr,
+		"--httpAddr="+d.HTTPAddr,
+		"--monitoringAddr="+d.MonitoringAddr,
+		// No TLS xDS and no webhook server: both need istiod's own
+		// certificate, which comes from the CA that is off.
+		"--secureGRPCAddr=",
+		"--httpsAddr=",
+	)
+	d.cmd.Dir = opts.Dir
+	d.cmd.Env = append(append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + opts.Dir}, defaultEnv(opts.Namespace)...), opts.Env...)
+	d.cmd.Stdout, d.cmd.Stderr = logFile, logFile
+	d.cmd.SysProcAttr = sysProcAttr()
+	if err := d.cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("start istiod: %w", err)
+	}
+	go func() {
+		d.err = d.cmd.Wait()
+		logFile.Close()
+		close(d.done)
+	}()
+	if err := d.waitReady(ctx, opts.StartTimeout); err != nil {
+		_ = d.Stop()
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *Istiod) waitReady(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	client := &http.Client{Timeout: 2 * time.Second}
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	var last error
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+d.HTTPAddr+"/ready", nil)
+		if err != nil {
+			return err
+		}
+		if resp, err := client.Do(req); err != nil {
+			last = err
+		} else {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			last = fmt.Errorf("/ready: %s", resp.Status)
+		}
+		select {
+		case <-d.done:
+			return fmt.Errorf("istiod exited (%v) before it was ready; log tail:\n%s", d.err, d.logTail())
+		case <-ctx.Done():
+			return fmt.Errorf("istiod not ready: %w (last check: %w); log tail:\n%s", ctx.Err(), last, d.logTail())
+		case <-tick.C:
+		}
+	}
+}
+
+// Exited reports whether istiod has ended, and how.
+func (d *Istiod) Exited() (bool, error) {
+	select {
+	case <-d.done:
+		return true, d.err
+	default:
+		return false, nil
+	}
+}
+
+// Stop ends istiod: SIGTERM, then SIGKILL after five seconds. Istio drains
+// for its --shutdownDuration; a test has nothing to drain.
+func (d *Istiod) Stop() error {
+	if ok, _ := d.Exited(); ok {
+		return nil
+	}
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("signal istiod: %w", err)
+	}
+	select {
+	case <-d.done:
+		return nil
+	case <-time.After(5 * time.Second):
+	}
+	if err := d.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("kill istiod: %w", err)
+	}
+	<-d.done
+	return nil
+}
+
+// logTail returns the end of istiod's log, for error messages.
+func (d *Istiod) logTail() string {
+	const max = 4096
+	b, err := os.ReadFile(d.LogPath)
+	if err != nil {
+		return fmt.Sprintf("(read log: %v)", err)
+	}
+	if len(b) > max {
+		b = b[len(b)-max:]
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			b = b[i+1:]
+		}
+	}
+	return strings.TrimRight(string(b), "\n")
+}
+
+// freeAddrs finds n free loopback TCP addresses.
+func freeAddrs(n int) ([]string, error) {
+	var addrs []string
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("find a free port: %w", err)
+		}
+		addrs = append(addrs, l.Addr().String())
+		defer l.Close()
+	}
+	return addrs, nil
+}

@@ -1,0 +1,9 @@
+package istiod
+
+import "syscall"
+
+// sysProcAttr gives istiod a process group of its own and has the kernel
+// kill it when the test binary dies, so a crashed test leaves none behind.
+func sysProcAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+}

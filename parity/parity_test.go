@@ -1,0 +1,284 @@
+package parity
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/canopy-mesh/canopy/ca/rootcm"
+	"github.com/canopy-mesh/canopy/internal/testing/ci"
+	"github.com/canopy-mesh/canopy/internal/testing/eventually"
+	"github.com/canopy-mesh/canopy/internal/testing/istiod"
+	"github.com/canopy-mesh/canopy/internal/testing/testenv"
+)
+
+const (
+	// systemNamespace is istiod's namespace and both control planes'
+	// root namespace (mesh-wide policies) and system namespace.
+	systemNamespace = "istio-system"
+	// canopyNamespace holds Canopy's CA Secret and its subscriber's
+	// service account.
+	canopyNamespace = "canopy-system"
+	// quiet is how long both tables must stay unchanged to count as
+	// settled: longer than either side's debounce (istiod: 100 ms, up to
+	// 10 s of steady change; Canopy here: 20 ms, up to 1 s).
+	quiet = 3 * time.Second
+	// settle bounds every wait of this test.
+	settle = 90 * time.Second
+)
+
+// TestCanopyMatchesIstiod applies testdata/cluster.yaml to an API server
+// that istiod and canopy-controller both watch, takes each one's workload
+// xDS as a ztunnel would, and fails on every difference that
+// testdata/allowlist.yaml does not list (and on listed ones that no longer
+// occur).
+func TestCanopyMatchesIstiod(t *testing.T) {
+	testenv.Need(t, env)
+	bins, err := istiod.FindBinaries("")
+	if errors.Is(err, istiod.ErrUnavailable) {
+		ci.Unavailable(t, "%v", err)
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	allowList, err := readAllowList(filepath.Join("testdata", "allowlist.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	start := time.Now()
+	// The system namespace names the cluster's network (wire contract
+	// §7.3), which both read.
+	createNamespace(t, systemNamespace, map[string]string{"topology.istio.io/network": "net-1"})
+	createNamespace(t, canopyNamespace, nil)
+
+	canopyAddr, canopyReady := startCanopy(t)
+	istiodStart := time.Now()
+	ref, err := istiod.Start(ctx, istiod.Options{
+		Binary: bins.PilotDiscovery, Kubeconfig: env.KubeconfigPath, Namespace: systemNamespace, Dir: t.TempDir(),
+		// istiod withholds dry-run policies by default only because
+		// ztunnels older than 1.29 would enforce them; Canopy's node
+		// proxy never does, so the reference sends them too.
+		Env: []string{"AMBIENT_ENABLE_DRY_RUN_AUTHORIZATION_POLICY=true"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("istiod ready in %s", time.Since(istiodStart).Round(100*time.Millisecond))
+	t.Cleanup(func() {
+		if err := ref.Stop(); err != nil {
+			t.Errorf("stop istiod: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("istiod log: %s", keepLog(t, ref.LogPath))
+		}
+	})
+	eventually.Within(t, settle, "canopy-controller ready", canopyReady)
+
+	fromIstiod := subscribeIstiod(t, ref.XDSAddr)
+	fromCanopy := subscribeCanopy(t, canopyAddr)
+
+	a, err := newApplier(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.applyFile(ctx, filepath.Join("testdata", "cluster.yaml")); err != nil {
+		t.Fatalf("apply fixtures: %v", err)
+	}
+	if err := waitAdopted(ctx, env.Client, "apps", "edge"); err != nil {
+		t.Fatalf("ReplicaSets adopt their pods: %v", err)
+	}
+	eventually.Within(t, settle, fmt.Sprintf("both tables unchanged for %s", quiet), func() bool {
+		for _, s := range []*subscriber{fromIstiod, fromCanopy} {
+			ok, err := s.quietFor(quiet)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !ok {
+				return false
+			}
+		}
+		return true
+	})
+
+	var all []resourceDiff
+	for _, typ := range types {
+		sc, diffs, err := compareTables(typ, fromIstiod.table(typ), fromCanopy.table(typ))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: %d of %d resources identical", sc.typ, sc.identical, sc.total)
+		all = append(all, diffs...)
+	}
+	unexpected, stale := judge(all, allowList)
+	for _, d := range unexpected {
+		t.Errorf("%s %s differs in %s, which testdata/allowlist.yaml does not list (-istiod +canopy):\n%s",
+			d.typ, d.name, strings.Join(d.fields, ", "), d.text)
+	}
+	if len(unexpected) > 0 {
+		t.Logf("allow-list entries for these, to review and give reasons:\n%s", suggest(unexpected))
+	}
+	for _, a := range stale {
+		t.Errorf("testdata/allowlist.yaml lists %s %s %s, which no longer differs: remove the entry", a.Type, a.Resource, a.Field)
+	}
+	t.Logf("compared in %s", time.Since(start).Round(100*time.Millisecond))
+}
+
+// createNamespace creates a namespace of a fixed name and waits for its
+// default service account. The environment belongs to this package, so
+// the names cannot clash.
+func createNamespace(t *testing.T, name string, labels map[string]string) {
+	t.Helper()
+	ctx := t.Context()
+	_, err := env.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("create namespace %s: %v", name, err)
+	}
+	eventually.Within(t, settle, "service account "+name+"/default", func() bool {
+		_, err := env.Client.CoreV1().ServiceAccounts(name).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil
+	})
+}
+
+// startCanopy builds canopy-controller from the tree and runs it against
+// the environment. It returns the TLS xDS address and a readiness check.
+func startCanopy(t *testing.T) (string, func() bool) {
+	t.Helper()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "canopy-controller")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/canopy-controller").CombinedOutput(); err != nil {
+		t.Fatalf("build canopy-controller: %v\n%s", err, out)
+	}
+	monitor, secure := freeAddr(t), freeAddr(t)
+	logPath := filepath.Join(dir, "canopy-controller.log")
+	logs, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "--kubeconfig="+env.KubeconfigPath, "--monitoring-addr="+monitor, "--debug-addr=", "--secure-addr="+secure,
+		"--ca-namespace="+canopyNamespace, "--cacerts-dir="+filepath.Join(dir, "cacerts"), "--push-quiet=20ms", "--id=canopy-under-test")
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		logs.Close()
+		if t.Failed() {
+			t.Logf("canopy-controller log: %s", keepLog(t, logPath))
+		}
+	})
+	return secure, func() bool {
+		resp, err := http.Get("http://" + monitor + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}
+}
+
+// subscribeIstiod subscribes on istiod's plaintext port, which
+// authenticates nobody.
+func subscribeIstiod(t *testing.T, addr string) *subscriber {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	node, err := ztunnelNode(systemNamespace, "ztunnel-reference", "10.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := subscribe(t.Context(), "istiod", conn, node, metadata.MD{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// subscribeCanopy subscribes over TLS, verifying the controller with the
+// root it publishes, with a token of a ztunnel service account.
+func subscribeCanopy(t *testing.T, addr string) *subscriber {
+	t.Helper()
+	ctx := t.Context()
+	var root *corev1.ConfigMap
+	eventually.Within(t, settle, "Canopy's root ConfigMap", func() bool {
+		var err error
+		root, err = env.Client.CoreV1().ConfigMaps(canopyNamespace).Get(ctx, rootcm.ConfigMapName, metav1.GetOptions{})
+		return err == nil
+	})
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM([]byte(root.Data[rootcm.Key])) {
+		t.Fatalf("no certificate in %v", root.Data)
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
+		RootCAs: pool, ServerName: "canopy-controller." + canopyNamespace + ".svc", MinVersion: tls.VersionTLS12})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if _, err := env.Client.CoreV1().ServiceAccounts(canopyNamespace).Create(ctx,
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ztunnel"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	token, err := env.Token(ctx, canopyNamespace, "ztunnel", testenv.TokenOptions{Audiences: []string{"istio-ca"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := ztunnelNode(canopyNamespace, "ztunnel-canopy", "10.0.0.2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := subscribe(ctx, "canopy", conn, node, metadata.Pairs("authorization", "Bearer "+token, "clusterid", "Kubernetes"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// keepLog copies a component's log out of the test's temporary directory,
+// which is removed when the test ends, and returns where it went.
+func keepLog(t *testing.T, path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(read %s: %v)", path, err)
+	}
+	f, err := os.CreateTemp("", "parity-"+filepath.Base(path)+"-*")
+	if err != nil {
+		return fmt.Sprintf("(keep %s: %v)", path, err)
+	}
+	defer f.Close()
+	if _, err := f.Write(b); err != nil {
+		return fmt.Sprintf("(keep %s: %v)", path, err)
+	}
+	return f.Name()
+}
