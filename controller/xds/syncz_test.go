@@ -237,7 +237,9 @@ func TestIstioctlProxyStatus(t *testing.T) {
 			row = line
 		}
 	}
-	for _, want := range []string{"Kubernetes", "canopy-controller-0", "test"} {
+	// This istioctl prints the types a proxy subscribes to, not a per-type
+	// sync state: both ambient types must be there.
+	for _, want := range []string{"Kubernetes", "canopy-controller-0", "test", "2 (WADS,WDS)"} {
 		if !strings.Contains(row, want) {
 			t.Errorf("istioctl proxy-status row %q lacks %q; output:\n%s", row, want, out)
 		}
