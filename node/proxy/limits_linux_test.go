@@ -70,3 +70,31 @@ func TestIdleConnectionsAreBounded(t *testing.T) {
 		t.Errorf("call after the attack = %q, %v", got, err)
 	}
 }
+
+// TestOpenHBONEConnectionsHoldTheirSlots: an established HBONE connection
+// counts against the pod's limit for as long as it is open, not only
+// while it shakes hands.
+func TestOpenHBONEConnectionsHoldTheirSlots(t *testing.T) {
+	m := newMesh(t, "10.229.0.0/24", func(p *Proxy) { p.Limits.MaxConnectionsPerPod = 2 })
+	overLimit := m.proxy.metrics.refused.WithLabelValues(reasonPodLimit)
+	before := testutil.ToFloat64(overLimit)
+	for range 2 {
+		s, err := m.connect(t, net.JoinHostPort(m.pair.AddrB.String(), "8080"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+	}
+	c, err := m.pods[m.clientNS].Dial(context.Background(), "tcp", net.JoinHostPort(m.pair.AddrB.String(), "15008"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("a third connection was answered")
+	}
+	if got := testutil.ToFloat64(overLimit) - before; got != 1 {
+		t.Errorf("refused over the pod's limit: %v, want 1 (two open HBONE connections hold the slots)", got)
+	}
+}

@@ -359,6 +359,7 @@ func (p *Proxy) inboundHBONE(raw net.Conn, pod *inpod.Pod, self *workloadapi.Wor
 		return
 	}
 	tc, err := hbone.ServerTLS(hctx, raw, serverTLS(cert.TLS(), p.Certs.Roots(), selfID.TrustDomain))
+	cancel() // the connection outlives the handshake's deadline
 	if err != nil {
 		p.countTimeout(err)
 		p.Log.Info("inbound TLS handshake failed", "from", raw.RemoteAddr().String(), "err", err)
@@ -396,12 +397,13 @@ func (p *Proxy) inboundHBONE(raw net.Conn, pod *inpod.Pod, self *workloadapi.Wor
 	p.mu.Lock()
 	p.inbound[sc] = struct{}{}
 	p.mu.Unlock()
-	go func() {
-		<-done
-		p.mu.Lock()
-		delete(p.inbound, sc)
-		p.mu.Unlock()
-	}()
+	// Held until the connection ends, so that it keeps its slot of the
+	// connection limits for as long as it is open, not only while it
+	// shakes hands.
+	<-done
+	p.mu.Lock()
+	delete(p.inbound, sc)
+	p.mu.Unlock()
 }
 
 func addrOf(a net.Addr) netip.Addr {
