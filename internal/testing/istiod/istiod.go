@@ -1,7 +1,6 @@
 package istiod
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,9 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"time"
+
+	"github.com/canopy-mesh/canopy/internal/testing/childproc"
 )
 
 // Options configure Start.
@@ -53,9 +52,7 @@ type Istiod struct {
 	// LogPath is istiod's combined output.
 	LogPath string
 
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the process has exited
-	err  error         // the exit error, valid after done
+	proc *childproc.Process
 }
 
 // defaultEnv turns on ambient mode and off everything that writes to the
@@ -126,12 +123,8 @@ func start(ctx context.Context, opts Options, mesh, networks string) (*Istiod, e
 	if err != nil {
 		return nil, err
 	}
-	d := &Istiod{XDSAddr: addrs[0], HTTPAddr: addrs[1], MonitoringAddr: addrs[2], LogPath: filepath.Join(opts.Dir, "istiod.log"), done: make(chan struct{})}
-	logFile, err := os.OpenFile(d.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("open istiod log: %w", err)
-	}
-	d.cmd = exec.Command(opts.Binary, "discovery",
+	d := &Istiod{XDSAddr: addrs[0], HTTPAddr: addrs[1], MonitoringAddr: addrs[2], LogPath: filepath.Join(opts.Dir, "istiod.log")}
+	cmd := exec.Command(opts.Binary, "discovery",
 		"--kubeconfig="+opts.Kubeconfig,
 		"--meshConfig="+mesh,
 		"--networksConfig="+networks,
@@ -144,19 +137,12 @@ func start(ctx context.Context, opts Options, mesh, networks string) (*Istiod, e
 		"--secureGRPCAddr=",
 		"--httpsAddr=",
 	)
-	d.cmd.Dir = opts.Dir
-	d.cmd.Env = append(append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + opts.Dir}, defaultEnv(opts.Namespace)...), opts.Env...)
-	d.cmd.Stdout, d.cmd.Stderr = logFile, logFile
-	d.cmd.SysProcAttr = sysProcAttr()
-	if err := d.cmd.Start(); err != nil {
-		logFile.Close()
-		return nil, fmt.Errorf("start istiod: %w", err)
+	cmd.Dir = opts.Dir
+	cmd.Env = append(append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + opts.Dir}, defaultEnv(opts.Namespace)...), opts.Env...)
+	cmd.SysProcAttr = sysProcAttr()
+	if d.proc, err = childproc.Start("istiod", cmd, d.LogPath); err != nil {
+		return nil, err
 	}
-	go func() {
-		d.err = d.cmd.Wait()
-		logFile.Close()
-		close(d.done)
-	}()
 	if err := d.waitReady(ctx, opts.StartTimeout); err != nil {
 		_ = d.Stop()
 		return nil, err
@@ -168,79 +154,29 @@ func (d *Istiod) waitReady(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	client := &http.Client{Timeout: 2 * time.Second}
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	var last error
-	for {
+	return d.proc.WaitFor(ctx, 200*time.Millisecond, func(ctx context.Context) error {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+d.HTTPAddr+"/ready", nil)
 		if err != nil {
 			return err
 		}
-		if resp, err := client.Do(req); err != nil {
-			last = err
-		} else {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			last = fmt.Errorf("/ready: %s", resp.Status)
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
 		}
-		select {
-		case <-d.done:
-			return fmt.Errorf("istiod exited (%v) before it was ready; log tail:\n%s", d.err, d.logTail())
-		case <-ctx.Done():
-			return fmt.Errorf("istiod not ready: %w (last check: %w); log tail:\n%s", ctx.Err(), last, d.logTail())
-		case <-tick.C:
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("/ready: %s", resp.Status)
 		}
-	}
+		return nil
+	})
 }
 
 // Exited reports whether istiod has ended, and how.
-func (d *Istiod) Exited() (bool, error) {
-	select {
-	case <-d.done:
-		return true, d.err
-	default:
-		return false, nil
-	}
-}
+func (d *Istiod) Exited() (bool, error) { return d.proc.Exited() }
 
 // Stop ends istiod: SIGTERM, then SIGKILL after five seconds. Istio drains
 // for its --shutdownDuration; a test has nothing to drain.
-func (d *Istiod) Stop() error {
-	if ok, _ := d.Exited(); ok {
-		return nil
-	}
-	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("signal istiod: %w", err)
-	}
-	select {
-	case <-d.done:
-		return nil
-	case <-time.After(5 * time.Second):
-	}
-	if err := d.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("kill istiod: %w", err)
-	}
-	<-d.done
-	return nil
-}
-
-// logTail returns the end of istiod's log, for error messages.
-func (d *Istiod) logTail() string {
-	const max = 4096
-	b, err := os.ReadFile(d.LogPath)
-	if err != nil {
-		return fmt.Sprintf("(read log: %v)", err)
-	}
-	if len(b) > max {
-		b = b[len(b)-max:]
-		if i := bytes.IndexByte(b, '\n'); i >= 0 {
-			b = b[i+1:]
-		}
-	}
-	return strings.TrimRight(string(b), "\n")
-}
+func (d *Istiod) Stop() error { return d.proc.Stop(5 * time.Second) }
 
 // freeAddrs finds n free loopback TCP addresses.
 func freeAddrs(n int) ([]string, error) {

@@ -95,7 +95,7 @@ type Process struct {
 func (e *Environment) Processes() []Process {
 	out := make([]Process, 0, len(e.procs))
 	for _, p := range e.procs {
-		out = append(out, Process{Name: p.name, PID: p.cmd.Process.Pid})
+		out = append(out, Process{Name: p.Name, PID: p.Cmd.Process.Pid})
 	}
 	return out
 }
@@ -178,7 +178,7 @@ func (e *Environment) Stop(keepLogs bool) error { return e.stop(keepLogs) }
 func (e *Environment) stop(keepLogs bool) error {
 	var errs []error
 	for i := len(e.procs) - 1; i >= 0; i-- {
-		if err := e.procs[i].stop(10 * time.Second); err != nil {
+		if err := e.procs[i].Stop(10 * time.Second); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -203,7 +203,7 @@ func (e *Environment) start(name, path string, args ...string) (*process, error)
 		return nil, err
 	}
 	e.procs = append(e.procs, p)
-	e.log.Debug("started component", "component", name, "pid", p.cmd.Process.Pid)
+	e.log.Debug("started component", "component", name, "pid", p.Cmd.Process.Pid)
 	return p, nil
 }
 
@@ -223,7 +223,7 @@ func (e *Environment) startEtcd(ctx context.Context, path, host string, clientPo
 		return err
 	}
 	client := &http.Client{Timeout: time.Second}
-	return p.waitFor(ctx, func(ctx context.Context) error {
+	return p.WaitFor(ctx, 100*time.Millisecond, func(ctx context.Context) error {
 		return httpOK(ctx, client, e.etcdClient+"/health", nil)
 	})
 }
@@ -276,7 +276,7 @@ func (e *Environment) startAPIServer(ctx context.Context, path string, opts Opti
 	// not sent).
 	host := "https://" + net.JoinHostPort(opts.BindAddress, strconv.Itoa(port))
 	insecure := &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: insecureTLS()}}
-	if err := p.waitFor(ctx, func(ctx context.Context) error {
+	if err := p.WaitFor(ctx, 100*time.Millisecond, func(ctx context.Context) error {
 		return httpOK(ctx, insecure, host+"/readyz", nil)
 	}); err != nil {
 		return err
@@ -295,7 +295,7 @@ func (e *Environment) startAPIServer(ctx context.Context, path string, opts Opti
 		return fmt.Errorf("admin client: %w", err)
 	}
 	// Verify the real, verified path end to end once.
-	if err := p.waitFor(ctx, func(ctx context.Context) error {
+	if err := p.WaitFor(ctx, 100*time.Millisecond, func(ctx context.Context) error {
 		body, err := e.Client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 		if err != nil {
 			return err
@@ -325,7 +325,7 @@ func (e *Environment) startControllerManager(ctx context.Context, path, controll
 	}
 	// The serviceaccount controller creating default/default shows the
 	// controllers run and can write.
-	return p.waitFor(ctx, func(ctx context.Context) error {
+	return p.WaitFor(ctx, 100*time.Millisecond, func(ctx context.Context) error {
 		_, err := e.Client.CoreV1().ServiceAccounts(metav1.NamespaceDefault).Get(ctx, "default", metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return errors.New("service account default/default not created yet")
