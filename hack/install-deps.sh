@@ -12,6 +12,9 @@ declare -A pkg_for=(
 	[iptables-restore]=iptables
 	[ip6tables-restore]=iptables
 )
+# apt brings their libraries along (libnftables1, libnftnl11, libip6tc2,
+# libnetfilter-conntrack3, libnfnetlink0): hack/fresh-machine-check.sh
+# showed them arriving with nftables and iptables on a minimal root.
 missing=()
 for cmd in "${!pkg_for[@]}"; do
 	command -v "$cmd" >/dev/null || missing+=("${pkg_for[$cmd]}")
