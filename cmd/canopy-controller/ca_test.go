@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -134,7 +135,15 @@ func startCA(t *testing.T, kube kubernetes.Interface, sys string, o caOptions) *
 	ca.start(gctx, g)
 	g.Go(func() error { return watcher.Run(gctx) })
 	t.Cleanup(func() { cancel(); _ = g.Wait() })
-
+	// The listener opens in its own goroutine; a call before it does would
+	// fail with Unavailable, which some tests expect for other reasons.
+	eventually.Within(t, settle, "the CA listening on "+addr, func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
 	return dialCA(t, addr, sys, rootOf(t, sys))
 }
 
