@@ -1,0 +1,137 @@
+package sidecar
+
+import (
+	"cmp"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	securityapi "istio.io/api/security/v1beta1"
+
+	"github.com/canopy-mesh/canopy/workloadapi"
+)
+
+// tlsModeLabel marks a workload that takes Istio mutual TLS.
+const tlsModeLabel = "security.istio.io/tlsMode"
+
+// Endpoints answers cluster names with their endpoint assignments (sidecar
+// wire contract §3): the healthy workloads serving the service's port (and
+// carrying the subset's labels), at their target ports, grouped by
+// locality with the locality's weight the sum of its endpoints'. A name
+// that is a valid cluster name but matches no service gets an empty
+// assignment, so a client stops waiting for it.
+func (m *Mesh) Endpoints(p Proxy, names []string) []Named {
+	var out []Named
+	for _, name := range slices.Sorted(slices.Values(names)) {
+		k, err := ParseClusterName(name)
+		if err != nil || k.Direction != Outbound {
+			continue
+		}
+		out = append(out, Named{name, m.assignment(p, name, k)})
+	}
+	return out
+}
+
+func (m *Mesh) assignment(p Proxy, name string, k ClusterKey) *endpointv3.ClusterLoadAssignment {
+	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
+	svc := m.Service(p, k.Hostname)
+	if svc == nil || !hasPort(svc.Service, k.Port) {
+		return cla
+	}
+	var sel map[string]string
+	if k.Subset != "" {
+		ss := subset(m.DestinationRule(p, k.Hostname, svc.GetNamespace()), k.Subset)
+		if ss == nil {
+			return cla
+		}
+		sel = ss.GetLabels()
+	}
+	byLocality := map[string]*endpointv3.LocalityLbEndpoints{}
+	for _, ep := range svc.Endpoints {
+		target, ok := ep.Ports[k.Port]
+		if !ok || ep.GetStatus() != workloadapi.WorkloadStatus_HEALTHY || !selects(sel, ep.Labels) {
+			continue
+		}
+		lbe := m.lbEndpoint(ep, target)
+		if lbe == nil {
+			continue
+		}
+		loc := ep.GetLocality()
+		key := loc.GetRegion() + "/" + loc.GetZone() + "/" + loc.GetSubzone()
+		group := byLocality[key]
+		if group == nil {
+			group = &endpointv3.LocalityLbEndpoints{LoadBalancingWeight: wrapperspb.UInt32(0)}
+			if loc != nil {
+				group.Locality = &corev3.Locality{Region: loc.GetRegion(), Zone: loc.GetZone(), SubZone: loc.GetSubzone()}
+			}
+			byLocality[key] = group
+		}
+		group.LbEndpoints = append(group.LbEndpoints, lbe)
+		// A client skips a locality without a weight: always set one.
+		group.LoadBalancingWeight = wrapperspb.UInt32(group.LoadBalancingWeight.GetValue() + lbe.GetLoadBalancingWeight().GetValue())
+	}
+	for _, key := range slices.Sorted(maps.Keys(byLocality)) {
+		cla.Endpoints = append(cla.Endpoints, byLocality[key])
+	}
+	return cla
+}
+
+// lbEndpoint is one workload at its target port, or nil for a workload
+// without an address (a DNS name is not an EDS endpoint).
+func (m *Mesh) lbEndpoint(ep Endpoint, port uint32) *endpointv3.LbEndpoint {
+	var addrs []netip.Addr
+	for _, b := range ep.GetAddresses() {
+		if a, ok := netip.AddrFromSlice(b); ok {
+			addrs = append(addrs, a.Unmap())
+		}
+	}
+	if len(addrs) == 0 {
+		return nil
+	}
+	// IPv4 first, as the primary address.
+	slices.SortStableFunc(addrs, func(a, b netip.Addr) int {
+		return cmp.Compare(btoi(!a.Is4()), btoi(!b.Is4()))
+	})
+	e := &endpointv3.Endpoint{Address: socketAddress(addrs[0].String(), port)}
+	for _, a := range addrs[1:] {
+		e.AdditionalAddresses = append(e.AdditionalAddresses, &endpointv3.Endpoint_AdditionalAddress{Address: socketAddress(a.String(), port)})
+	}
+	weight := uint32(1)
+	if c := ep.GetCapacity(); c != nil && c.GetValue() > 0 {
+		weight = c.GetValue()
+	}
+	meta := map[string]*structpb.Struct{
+		"istio": {Fields: map[string]*structpb.Value{"workload": structpb.NewStringValue(m.workloadMetadata(ep))}},
+	}
+	if ep.Labels[tlsModeLabel] == "istio" && m.MTLSMode(ep.GetNamespace(), ep.Labels, port) != securityapi.PeerAuthentication_MutualTLS_DISABLE {
+		meta["envoy.transport_socket_match"] = &structpb.Struct{Fields: map[string]*structpb.Value{"tlsMode": structpb.NewStringValue("istio")}}
+	}
+	return &endpointv3.LbEndpoint{
+		HostIdentifier:      &endpointv3.LbEndpoint_Endpoint{Endpoint: e},
+		HealthStatus:        corev3.HealthStatus_HEALTHY,
+		LoadBalancingWeight: wrapperspb.UInt32(weight),
+		Metadata:            &corev3.Metadata{FilterMetadata: meta},
+	}
+}
+
+// workloadMetadata is "<workload>;<namespace>;<canonical name>;<canonical
+// revision, empty when latest>;<cluster>", which telemetry reads.
+func (m *Mesh) workloadMetadata(ep Endpoint) string {
+	rev := ep.GetCanonicalRevision()
+	if rev == "latest" {
+		rev = ""
+	}
+	return strings.Join([]string{ep.GetWorkloadName(), ep.GetNamespace(), ep.GetCanonicalName(), rev, cmp.Or(ep.GetClusterId(), m.ClusterID)}, ";")
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,174 @@
+package sidecar
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/netip"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/durationpb"
+	networkingapi "istio.io/api/networking/v1"
+	securityapi "istio.io/api/security/v1beta1"
+	typeapi "istio.io/api/type/v1beta1"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	goldenfile "github.com/canopy-mesh/canopy/internal/testing/golden"
+	"github.com/canopy-mesh/canopy/workloadapi"
+)
+
+// validator is what every generated Envoy resource implements.
+type validator interface{ ValidateAll() error }
+
+func svc(ns, name string, vip string, ports ...uint32) *workloadapi.Address {
+	s := &workloadapi.Service{Name: name, Namespace: ns, Hostname: name + "." + ns + ".svc.cluster.local"}
+	if vip != "" {
+		s.Addresses = []*workloadapi.NetworkAddress{{Address: netip.MustParseAddr(vip).AsSlice()}}
+	}
+	for _, p := range ports {
+		s.Ports = append(s.Ports, &workloadapi.Port{ServicePort: p, TargetPort: p + 1000, AppProtocol: workloadapi.AppProtocol_GRPC})
+	}
+	return &workloadapi.Address{Type: &workloadapi.Address_Service{Service: s}}
+}
+
+func pod(ns, name, ip, zone string, services map[string][]uint32) *workloadapi.Address {
+	w := &workloadapi.Workload{
+		Uid: workloadapi.PodUID("Kubernetes", ns, name), Name: name, Namespace: ns,
+		Addresses:      [][]byte{netip.MustParseAddr(ip).AsSlice()},
+		ServiceAccount: name[:len(name)-3], WorkloadName: name[:len(name)-3], CanonicalName: "reviews", CanonicalRevision: name[len(name)-2:],
+		Services: map[string]*workloadapi.PortList{},
+	}
+	if zone != "" {
+		w.Locality = &workloadapi.Locality{Region: "r1", Zone: zone}
+	}
+	for key, ports := range services {
+		pl := &workloadapi.PortList{}
+		for _, p := range ports {
+			pl.Ports = append(pl.Ports, &workloadapi.Port{ServicePort: p, TargetPort: p + 1000})
+		}
+		w.Services[key] = pl
+	}
+	return &workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: w}}
+}
+
+func meta(ns, name string, age time.Duration) metav1.ObjectMeta {
+	return metav1.ObjectMeta{Namespace: ns, Name: name, CreationTimestamp: metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Add(-age))}
+}
+
+// testMesh: reviews (three versions over two zones) and ratings in
+// "default"; a VirtualService splitting reviews by header and weight, a
+// DestinationRule with subsets, STRICT mutual TLS in "default".
+func testMesh() *Mesh {
+	reviews := map[string][]uint32{"default/reviews.default.svc.cluster.local": {9080}}
+	labels := map[string]map[string]string{
+		workloadapi.PodUID("Kubernetes", "default", "reviews-v1"): {"app": "reviews", "version": "v1", tlsModeLabel: "istio"},
+		workloadapi.PodUID("Kubernetes", "default", "reviews-v2"): {"app": "reviews", "version": "v2", tlsModeLabel: "istio"},
+		workloadapi.PodUID("Kubernetes", "default", "reviews-v3"): {"app": "reviews", "version": "v3"},
+	}
+	return NewMesh(Inputs{
+		Addresses: []*workloadapi.Address{
+			svc("default", "reviews", "10.96.0.10", 9080),
+			svc("default", "ratings", "10.96.0.11", 9080, 9090),
+			pod("default", "reviews-v1", "10.244.1.1", "z1", reviews),
+			pod("default", "reviews-v2", "10.244.1.2", "z1", reviews),
+			pod("default", "reviews-v3", "10.244.2.3", "z2", reviews),
+		},
+		Labels: func(uid string) map[string]string { return labels[uid] },
+		VirtualServices: []*networkingv1.VirtualService{{
+			ObjectMeta: meta("default", "reviews", time.Hour),
+			Spec: networkingapi.VirtualService{
+				Hosts: []string{"reviews"},
+				Http: []*networkingapi.HTTPRoute{
+					{
+						Name:  "jason",
+						Match: []*networkingapi.HTTPMatchRequest{{Name: "user", Headers: map[string]*networkingapi.StringMatch{"end-user": {MatchType: &networkingapi.StringMatch_Exact{Exact: "jason"}}}}},
+						Route: []*networkingapi.HTTPRouteDestination{{Destination: &networkingapi.Destination{Host: "reviews", Subset: "v2"}}},
+					},
+					{
+						Name:    "split",
+						Timeout: durationpb.New(3 * time.Second),
+						Retries: &networkingapi.HTTPRetry{Attempts: 3, RetryOn: "unavailable,503"},
+						Route: []*networkingapi.HTTPRouteDestination{
+							{Destination: &networkingapi.Destination{Host: "reviews", Subset: "v1"}, Weight: 80},
+							{Destination: &networkingapi.Destination{Host: "reviews.default.svc.cluster.local", Subset: "v3"}, Weight: 20},
+							{Destination: &networkingapi.Destination{Host: "reviews", Subset: "v2"}, Weight: 0},
+						},
+					},
+					{Name: "unreachable", Route: []*networkingapi.HTTPRouteDestination{{Destination: &networkingapi.Destination{Host: "ratings"}}}},
+				},
+			},
+		}},
+		DestinationRules: []*networkingv1.DestinationRule{{
+			ObjectMeta: meta("default", "reviews", time.Hour),
+			Spec: networkingapi.DestinationRule{
+				Host: "reviews",
+				TrafficPolicy: &networkingapi.TrafficPolicy{
+					LoadBalancer: &networkingapi.LoadBalancerSettings{LbPolicy: &networkingapi.LoadBalancerSettings_Simple{Simple: networkingapi.LoadBalancerSettings_LEAST_REQUEST}},
+				},
+				Subsets: []*networkingapi.Subset{
+					{Name: "v1", Labels: map[string]string{"version": "v1"}},
+					{Name: "v2", Labels: map[string]string{"version": "v2"}, TrafficPolicy: &networkingapi.TrafficPolicy{
+						Tls:            &networkingapi.ClientTLSSettings{Mode: networkingapi.ClientTLSSettings_ISTIO_MUTUAL},
+						ConnectionPool: &networkingapi.ConnectionPoolSettings{Http: &networkingapi.ConnectionPoolSettings_HTTPSettings{Http2MaxRequests: 100}},
+					}},
+					{Name: "v3", Labels: map[string]string{"version": "v3"}},
+				},
+			},
+		}},
+		PeerAuthentications: []*securityv1.PeerAuthentication{{
+			ObjectMeta: meta("default", "strict", time.Hour),
+			Spec: securityapi.PeerAuthentication{
+				Selector: &typeapi.WorkloadSelector{MatchLabels: map[string]string{"app": "reviews"}},
+				Mtls:     &securityapi.PeerAuthentication_MutualTLS{Mode: securityapi.PeerAuthentication_MutualTLS_STRICT},
+			},
+		}},
+	})
+}
+
+// TestGRPCResourcesGolden: what a proxyless client in "default" gets for
+// the names it would ask for, in testdata/grpc.golden; every resource
+// passes go-control-plane's validation.
+func TestGRPCResourcesGolden(t *testing.T) {
+	m := testMesh()
+	client := Proxy{Namespace: "default", Labels: map[string]string{"app": "productpage"}, IPs: []netip.Addr{netip.MustParseAddr("10.244.9.9")}}
+	server := Proxy{Namespace: "default", Labels: map[string]string{"app": "reviews", "version": "v1", tlsModeLabel: "istio"}, IPs: []netip.Addr{netip.MustParseAddr("10.244.1.1")}}
+	clusters := []string{
+		"outbound|9080||reviews.default.svc.cluster.local", "outbound|9080|v1|reviews.default.svc.cluster.local",
+		"outbound|9080|v2|reviews.default.svc.cluster.local", "outbound|9080|v3|reviews.default.svc.cluster.local",
+		"outbound|9080|nosuch|reviews.default.svc.cluster.local", "outbound|9080||nosuch.default.svc.cluster.local",
+	}
+	got := map[string][]Named{
+		"listeners": m.GRPCListeners(client, []string{"reviews:9080", "ratings.default.svc.cluster.local", "nosuch:80", "reviews:bad"}),
+		"routes":    m.GRPCRoutes(client, []string{"outbound|9080||reviews.default.svc.cluster.local", "outbound|9090||ratings.default.svc.cluster.local", "garbage"}),
+		"clusters":  m.GRPCClusters(client, clusters),
+		"endpoints": m.Endpoints(client, clusters),
+		"server listeners": m.GRPCListeners(server, []string{
+			ServerListenerPrefix + "0.0.0.0:10080", ServerListenerPrefix + "10.244.1.1:10080",
+			ServerListenerPrefix + "10.244.1.2:10080", ServerListenerPrefix + "0.0.0.0:9999",
+		}),
+	}
+	var buf bytes.Buffer
+	for _, kind := range []string{"listeners", "routes", "clusters", "endpoints", "server listeners"} {
+		buf.WriteString("# " + kind + "\n")
+		for _, n := range got[kind] {
+			if err := n.Resource.(validator).ValidateAll(); err != nil {
+				t.Errorf("%s %q: invalid: %v", kind, n.Name, err)
+			}
+			raw, err := protojson.Marshal(n.Resource)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var v any
+			if err := json.Unmarshal(raw, &v); err != nil {
+				t.Fatal(err)
+			}
+			out, _ := json.MarshalIndent(map[string]any{"name": n.Name, "resource": v}, "", "  ")
+			buf.Write(out)
+			buf.WriteString("\n")
+		}
+	}
+	goldenfile.Check(t, "grpc.golden", buf.Bytes())
+}

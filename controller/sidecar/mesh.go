@@ -1,0 +1,257 @@
+package sidecar
+
+import (
+	"cmp"
+	"net/netip"
+	"slices"
+
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/canopy-mesh/canopy/workloadapi"
+)
+
+// Mesh is what the generators read. Build it with NewMesh; it is
+// read-only afterwards and safe to share between connections.
+type Mesh struct {
+	// DomainSuffix is the cluster DNS domain ("cluster.local").
+	DomainSuffix string
+	// ClusterID names this cluster in endpoint metadata ("Kubernetes").
+	ClusterID string
+	// TrustDomain of identities that name none ("cluster.local").
+	TrustDomain string
+	// RootNamespace holds mesh-wide policies ("istio-system").
+	RootNamespace string
+
+	peerAuthentications []*securityv1.PeerAuthentication
+	services            map[string][]*Service // by hostname, oldest first
+	virtualServices     []*networkingv1.VirtualService
+	destinationRules    []*networkingv1.DestinationRule
+}
+
+// Service is a service of the workload tables with its endpoints.
+type Service struct {
+	*workloadapi.Service
+	// Endpoints are the workloads that serve it, sorted by UID.
+	Endpoints []Endpoint
+}
+
+// Endpoint is one workload serving a Service.
+type Endpoint struct {
+	*workloadapi.Workload
+	// Ports maps the service's ports to the workload's target ports.
+	Ports map[uint32]uint32
+	// Labels are the workload's labels (a pod's, a WorkloadEntry's), which
+	// DestinationRule subsets select on.
+	Labels map[string]string
+}
+
+// Inputs are a Mesh's parts.
+type Inputs struct {
+	DomainSuffix, ClusterID, TrustDomain, RootNamespace string
+	// Addresses is the workload table: services and workloads.
+	Addresses []*workloadapi.Address
+	// Labels returns a workload's labels by UID (nil when it has none).
+	Labels              func(uid string) map[string]string
+	VirtualServices     []*networkingv1.VirtualService
+	DestinationRules    []*networkingv1.DestinationRule
+	PeerAuthentications []*securityv1.PeerAuthentication
+}
+
+// NewMesh indexes in. The workload table's services become Services; each
+// workload is an endpoint of every service its services map names, at the
+// target ports listed there (a target port of 0 is the service port).
+func NewMesh(in Inputs) *Mesh {
+	m := &Mesh{
+		DomainSuffix:        cmp.Or(in.DomainSuffix, "cluster.local"),
+		ClusterID:           cmp.Or(in.ClusterID, "Kubernetes"),
+		TrustDomain:         cmp.Or(in.TrustDomain, "cluster.local"),
+		RootNamespace:       cmp.Or(in.RootNamespace, "istio-system"),
+		peerAuthentications: sortedConfigs(in.PeerAuthentications),
+		services:            map[string][]*Service{},
+		virtualServices:     sortedConfigs(in.VirtualServices),
+		destinationRules:    sortedConfigs(in.DestinationRules),
+	}
+	byKey := map[string]*Service{}
+	for _, a := range in.Addresses {
+		if s := a.GetService(); s != nil {
+			svc := &Service{Service: s}
+			byKey[workloadapi.ServiceKey(s.GetNamespace(), s.GetHostname())] = svc
+			m.services[s.GetHostname()] = append(m.services[s.GetHostname()], svc)
+		}
+	}
+	for _, a := range in.Addresses {
+		w := a.GetWorkload()
+		if w == nil {
+			continue
+		}
+		for key, pl := range w.GetServices() {
+			svc := byKey[key]
+			if svc == nil {
+				continue
+			}
+			ports := map[uint32]uint32{}
+			for _, p := range pl.GetPorts() {
+				ports[p.GetServicePort()] = cmp.Or(p.GetTargetPort(), p.GetServicePort())
+			}
+			var lbls map[string]string
+			if in.Labels != nil {
+				lbls = in.Labels(w.GetUid())
+			}
+			svc.Endpoints = append(svc.Endpoints, Endpoint{Workload: w, Ports: ports, Labels: lbls})
+		}
+	}
+	for _, svcs := range m.services {
+		for _, s := range svcs {
+			slices.SortFunc(s.Endpoints, func(a, b Endpoint) int { return cmp.Compare(a.GetUid(), b.GetUid()) })
+		}
+		// Same-hostname services: the canonical one first, then by namespace.
+		slices.SortStableFunc(svcs, func(a, b *Service) int {
+			if a.GetCanonical() != b.GetCanonical() {
+				if a.GetCanonical() {
+					return -1
+				}
+				return 1
+			}
+			return cmp.Compare(a.GetNamespace(), b.GetNamespace())
+		})
+	}
+	return m
+}
+
+// config is what Istio's configuration kinds share.
+type config interface {
+	GetNamespace() string
+	GetName() string
+	GetCreationTimestamp() metav1.Time
+}
+
+// sortedConfigs orders configs oldest first (where Istio lets the oldest
+// win), then by namespace and name, so output never depends on informer
+// order.
+func sortedConfigs[T config](in []T) []T {
+	out := slices.Clone(in)
+	slices.SortFunc(out, func(a, b T) int {
+		return cmp.Or(a.GetCreationTimestamp().Compare(b.GetCreationTimestamp().Time),
+			cmp.Compare(a.GetNamespace(), b.GetNamespace()), cmp.Compare(a.GetName(), b.GetName()))
+	})
+	return out
+}
+
+// Proxy is the client the resources are for.
+type Proxy struct {
+	// Namespace is the proxy's namespace: short names resolve in it.
+	Namespace string
+	// Labels are its workload's labels (VirtualService sourceLabels).
+	Labels map[string]string
+	// IPs are its addresses; a server listener is answered for them.
+	IPs []netip.Addr
+}
+
+// Service returns the service named hostname that proxy p may see: the
+// canonical one of a shared hostname, else the one in p's namespace.
+func (m *Mesh) Service(p Proxy, hostname string) *Service {
+	for _, s := range m.services[hostname] {
+		if visible(s.Service, p.Namespace) {
+			return s
+		}
+	}
+	return nil
+}
+
+func visible(s *workloadapi.Service, ns string) bool {
+	return s.GetVisibility() == workloadapi.Service_PUBLIC || s.GetNamespace() == ns
+}
+
+// exported reports whether a config of namespace cfgNS with exportTo is
+// visible to namespace ns (Istio's exportTo: "*" or empty everyone, "."
+// its own namespace, else the named namespaces).
+func exported(exportTo []string, cfgNS, ns string) bool {
+	if len(exportTo) == 0 {
+		return true
+	}
+	for _, e := range exportTo {
+		switch e {
+		case "*":
+			return true
+		case ".":
+			if cfgNS == ns {
+				return true
+			}
+		default:
+			if e == ns {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// DestinationRule returns the rule for hostname as proxy p sees it: one in
+// p's namespace first, then one in the service's namespace, then any other
+// exported to p (Istio's lookup order, without merging).
+func (m *Mesh) DestinationRule(p Proxy, hostname, serviceNS string) *networkingv1.DestinationRule {
+	var own, svc, other *networkingv1.DestinationRule
+	for _, dr := range m.destinationRules {
+		if dr.Spec.GetWorkloadSelector() != nil || !exported(dr.Spec.GetExportTo(), dr.Namespace, p.Namespace) {
+			continue
+		}
+		if fqdn(dr.Spec.GetHost(), dr.Namespace, m.DomainSuffix) != hostname {
+			continue
+		}
+		switch {
+		case dr.Namespace == p.Namespace && own == nil:
+			own = dr
+		case dr.Namespace == serviceNS && svc == nil:
+			svc = dr
+		case other == nil:
+			other = dr
+		}
+	}
+	return cmp.Or(own, svc, other)
+}
+
+// VirtualServices returns the VirtualServices that route hostname for
+// proxy p, in namespace and name order: those that name the host, apply
+// to sidecars ("mesh" gateway, the default), and are exported to p.
+func (m *Mesh) VirtualServices(p Proxy, hostname string) []*networkingv1.VirtualService {
+	var out []*networkingv1.VirtualService
+	for _, vs := range m.virtualServices {
+		if !exported(vs.Spec.GetExportTo(), vs.Namespace, p.Namespace) || !appliesToMesh(vs.Spec.GetGateways()) {
+			continue
+		}
+		for _, h := range vs.Spec.GetHosts() {
+			if hostMatches(fqdn(h, vs.Namespace, m.DomainSuffix), hostname) {
+				out = append(out, vs)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// appliesToMesh: a VirtualService without gateways applies to sidecars;
+// with gateways, only when "mesh" is one of them.
+func appliesToMesh(gateways []string) bool {
+	return len(gateways) == 0 || slices.Contains(gateways, "mesh")
+}
+
+// hostMatches reports whether pattern (a hostname or "*.suffix") matches
+// hostname.
+func hostMatches(pattern, hostname string) bool {
+	if suffix, ok := cutWildcard(pattern); ok {
+		return len(hostname) > len(suffix) && hostname[len(hostname)-len(suffix):] == suffix
+	}
+	return pattern == hostname
+}
+
+func cutWildcard(pattern string) (string, bool) {
+	if pattern == "*" {
+		return "", true
+	}
+	if len(pattern) > 1 && pattern[0] == '*' && pattern[1] == '.' {
+		return pattern[1:], true
+	}
+	return "", false
+}

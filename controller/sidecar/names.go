@@ -1,0 +1,87 @@
+package sidecar
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+)
+
+// Traffic directions as cluster names spell them.
+const (
+	Outbound = "outbound"
+	Inbound  = "inbound"
+)
+
+// ClusterName is "<direction>|<port>|<subset>|<hostname>", the name of a
+// cluster and of its endpoint assignment (wire contract: sidecar §2.1).
+func ClusterName(direction string, port uint32, subset, hostname string) string {
+	return direction + "|" + strconv.FormatUint(uint64(port), 10) + "|" + subset + "|" + hostname
+}
+
+// ClusterKey is a parsed cluster name.
+type ClusterKey struct {
+	Direction string
+	Port      uint32
+	Subset    string
+	Hostname  string
+}
+
+// String is the key's cluster name.
+func (k ClusterKey) String() string { return ClusterName(k.Direction, k.Port, k.Subset, k.Hostname) }
+
+// ParseClusterName parses a cluster name of ClusterName's form; a proxy
+// asks for any string, so every part is checked.
+func ParseClusterName(name string) (ClusterKey, error) {
+	parts := strings.Split(name, "|")
+	if len(parts) != 4 {
+		return ClusterKey{}, fmt.Errorf("cluster name %q: want direction|port|subset|hostname", name)
+	}
+	if parts[0] != Outbound && parts[0] != Inbound {
+		return ClusterKey{}, fmt.Errorf("cluster name %q: unknown direction %q", name, parts[0])
+	}
+	port, err := strconv.ParseUint(parts[1], 10, 16)
+	if err != nil || port == 0 {
+		return ClusterKey{}, fmt.Errorf("cluster name %q: bad port %q", name, parts[1])
+	}
+	if parts[0] == Outbound && parts[3] == "" {
+		return ClusterKey{}, fmt.Errorf("cluster name %q: no hostname", name)
+	}
+	return ClusterKey{Direction: parts[0], Port: uint32(port), Subset: parts[2], Hostname: parts[3]}, nil
+}
+
+// ServerListenerPrefix starts the name of a proxyless gRPC server's
+// listener, "xds.istio.io/grpc/lds/inbound/<ip>:<port>".
+const ServerListenerPrefix = "xds.istio.io/grpc/lds/inbound/"
+
+// hostPort splits "host:port" (or "[v6]:port"); a name without a port
+// returns port 0.
+func hostPort(name string) (string, uint32, error) {
+	h, p, err := net.SplitHostPort(name)
+	if err != nil {
+		if strings.Contains(err.Error(), "missing port") {
+			return name, 0, nil
+		}
+		return "", 0, fmt.Errorf("listener name %q: %w", name, err)
+	}
+	port, err := strconv.ParseUint(p, 10, 16)
+	if err != nil || port == 0 {
+		return "", 0, fmt.Errorf("listener name %q: bad port %q", name, p)
+	}
+	return h, uint32(port), nil
+}
+
+// fqdn expands a name as a client in namespace ns would mean it:
+// "reviews" and "reviews.<ns>" and "reviews.<ns>.svc" are
+// "reviews.<ns>.svc.<domain>"; anything else is taken as written.
+func fqdn(name, ns, domain string) string {
+	if !strings.Contains(name, ".") {
+		return name + "." + ns + ".svc." + domain
+	}
+	for _, suffix := range []string{"." + ns, "." + ns + ".svc"} {
+		if short, ok := strings.CutSuffix(name, suffix); ok && !strings.Contains(short, ".") {
+			return short + "." + ns + ".svc." + domain
+		}
+	}
+	return name
+}

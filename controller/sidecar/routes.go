@@ -1,0 +1,341 @@
+package sidecar
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	networkingapi "istio.io/api/networking/v1"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+)
+
+// defaultRetryOn is the retry policy of a route no VirtualService sets
+// one for (sidecar wire contract §5).
+const defaultRetryOn = "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
+
+// noTimeout is an explicit 0s: no timeout.
+var noTimeout = durationpb.New(0)
+
+// defaultRetry is the retry policy of a route that sets none.
+func defaultRetry() *routev3.RetryPolicy {
+	return &routev3.RetryPolicy{
+		RetryOn:                       defaultRetryOn,
+		NumRetries:                    wrapperspb.UInt32(2),
+		RetryHostPredicate:            []*routev3.RetryPolicy_RetryHostPredicate{{Name: "envoy.retry_host_predicates.previous_hosts"}},
+		HostSelectionRetryMaxAttempts: 5,
+	}
+}
+
+// routeTarget is the service and port a route configuration serves.
+type routeTarget struct {
+	svc  *Service
+	port uint32
+}
+
+// defaultRoute sends everything to the service's port cluster.
+func (t routeTarget) defaultRoute() *routev3.Route {
+	host := t.svc.GetHostname()
+	action := &routev3.RouteAction{
+		ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: ClusterName(Outbound, t.port, "", host)},
+		RetryPolicy:      defaultRetry(),
+	}
+	setTimeout(action, nil)
+	return &routev3.Route{
+		Name:      "default",
+		Match:     &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+		Decorator: &routev3.Decorator{Operation: host + ":" + u32(t.port) + "/*"},
+		Action:    &routev3.Route_Route{Route: action},
+	}
+}
+
+// setTimeout sets a route's timeout (0s: none); a proxyless client reads
+// it from max_stream_duration.
+func setTimeout(a *routev3.RouteAction, d *durationpb.Duration) {
+	if d == nil {
+		d = noTimeout
+	}
+	a.Timeout = d
+	a.MaxStreamDuration = &routev3.RouteAction_MaxStreamDuration{MaxStreamDuration: d}
+}
+
+// routes returns the routes of target for proxy p: those of the first
+// VirtualService for the host (oldest first, as Istio picks), else the
+// default route. A VirtualService's routes are all there is: a request
+// that matches none is not routed.
+func (m *Mesh) routes(p Proxy, t routeTarget) []*routev3.Route {
+	vss := m.VirtualServices(p, t.svc.GetHostname())
+	if len(vss) == 0 {
+		return []*routev3.Route{t.defaultRoute()}
+	}
+	vs := vss[0]
+	var out []*routev3.Route
+	for _, hr := range vs.Spec.GetHttp() {
+		matches := hr.GetMatch()
+		if len(matches) == 0 {
+			matches = []*networkingapi.HTTPMatchRequest{nil}
+		}
+		for _, mr := range matches {
+			if !matchApplies(mr, p, t.port) {
+				continue
+			}
+			r := m.translateRoute(vs, hr, mr, t)
+			out = append(out, r)
+			if isCatchAll(mr) {
+				// Nothing after a catch-all can match.
+				return out
+			}
+		}
+	}
+	return out
+}
+
+// matchApplies reports whether a match's port, gateways, source labels and
+// source namespace let it apply to proxy p's traffic to port.
+func matchApplies(mr *networkingapi.HTTPMatchRequest, p Proxy, port uint32) bool {
+	if mr == nil {
+		return true
+	}
+	if mr.GetPort() != 0 && mr.GetPort() != port {
+		return false
+	}
+	if len(mr.GetGateways()) > 0 && !slices.Contains(mr.GetGateways(), "mesh") {
+		return false
+	}
+	for k, v := range mr.GetSourceLabels() {
+		if got, ok := p.Labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	if ns := mr.GetSourceNamespace(); ns != "" && ns != p.Namespace {
+		return false
+	}
+	return true
+}
+
+// isCatchAll reports whether a match matches every request.
+func isCatchAll(mr *networkingapi.HTTPMatchRequest) bool {
+	if mr == nil {
+		return true
+	}
+	uri := mr.GetUri()
+	return (uri == nil || uri.GetPrefix() == "/") && len(mr.GetHeaders()) == 0 && len(mr.GetWithoutHeaders()) == 0 &&
+		mr.GetMethod() == nil && mr.GetAuthority() == nil && mr.GetScheme() == nil && len(mr.GetQueryParams()) == 0
+}
+
+// translateRoute turns one HTTP route and one of its matches into a route.
+func (m *Mesh) translateRoute(vs *networkingv1.VirtualService, hr *networkingapi.HTTPRoute, mr *networkingapi.HTTPMatchRequest, t routeTarget) *routev3.Route {
+	name := hr.GetName()
+	if mr.GetName() != "" {
+		name += "." + mr.GetName()
+	}
+	out := &routev3.Route{
+		Name:  name,
+		Match: translateMatch(mr),
+	}
+	if rd := hr.GetRedirect(); rd != nil {
+		out.Action = &routev3.Route_Redirect{Redirect: translateRedirect(rd)}
+		return out
+	}
+	action := &routev3.RouteAction{}
+	var clusters []*routev3.WeightedCluster_ClusterWeight
+	for _, d := range hr.GetRoute() {
+		if len(hr.GetRoute()) > 1 && d.GetWeight() == 0 {
+			continue // a zero weight takes no traffic
+		}
+		host := fqdn(d.GetDestination().GetHost(), vs.Namespace, m.DomainSuffix)
+		port := t.port
+		if n := d.GetDestination().GetPort().GetNumber(); n != 0 {
+			port = n
+		}
+		clusters = append(clusters, &routev3.WeightedCluster_ClusterWeight{
+			Name:   ClusterName(Outbound, port, d.GetDestination().GetSubset(), host),
+			Weight: wrapperspb.UInt32(uint32(max(d.GetWeight(), 0))),
+		})
+	}
+	switch len(clusters) {
+	case 0:
+		// No destination: nothing to route to.
+		out.Action = &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{Status: 500}}
+		return out
+	case 1:
+		action.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: clusters[0].GetName()}
+	default:
+		action.ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: &routev3.WeightedCluster{Clusters: clusters}}
+	}
+	setTimeout(action, hr.GetTimeout())
+	action.RetryPolicy = translateRetry(hr.GetRetries())
+	if rw := hr.GetRewrite(); rw != nil {
+		if rw.GetUri() != "" {
+			action.PrefixRewrite = rw.GetUri()
+		}
+		if rw.GetAuthority() != "" {
+			action.HostRewriteSpecifier = &routev3.RouteAction_HostRewriteLiteral{HostRewriteLiteral: rw.GetAuthority()}
+		}
+	}
+	out.Action = &routev3.Route_Route{Route: action}
+	if c := action.GetCluster(); c != "" {
+		k, _ := ParseClusterName(c)
+		out.Decorator = &routev3.Decorator{Operation: k.Hostname + ":" + u32(k.Port) + pathOf(out.Match)}
+	} else {
+		out.Decorator = &routev3.Decorator{Operation: vs.Name + ":" + u32(t.port) + pathOf(out.Match)}
+	}
+	return out
+}
+
+// pathOf describes a match's path for a route's decorator.
+func pathOf(m *routev3.RouteMatch) string {
+	switch ps := m.GetPathSpecifier().(type) {
+	case *routev3.RouteMatch_Prefix:
+		return ps.Prefix + "*"
+	case *routev3.RouteMatch_Path:
+		return ps.Path
+	case *routev3.RouteMatch_SafeRegex:
+		return ps.SafeRegex.GetRegex()
+	}
+	return ""
+}
+
+// translateRetry: no policy is the default; attempts 0 turns retries off.
+func translateRetry(r *networkingapi.HTTPRetry) *routev3.RetryPolicy {
+	if r == nil {
+		return defaultRetry()
+	}
+	if r.GetAttempts() == 0 {
+		return nil
+	}
+	p := defaultRetry()
+	p.NumRetries = wrapperspb.UInt32(uint32(r.GetAttempts()))
+	if r.GetPerTryTimeout() != nil {
+		p.PerTryTimeout = r.GetPerTryTimeout()
+	}
+	if on := r.GetRetryOn(); on != "" {
+		var kinds []string
+		for _, k := range strings.Split(on, ",") {
+			k = strings.TrimSpace(k)
+			if code, ok := statusCode(k); ok {
+				p.RetriableStatusCodes = append(p.RetriableStatusCodes, code)
+				continue
+			}
+			if k != "" {
+				kinds = append(kinds, k)
+			}
+		}
+		if len(p.RetriableStatusCodes) > 0 && !slices.Contains(kinds, "retriable-status-codes") {
+			kinds = append(kinds, "retriable-status-codes")
+		}
+		p.RetryOn = strings.Join(kinds, ",")
+	}
+	return p
+}
+
+func statusCode(s string) (uint32, bool) {
+	if len(s) != 3 {
+		return 0, false
+	}
+	var n uint32
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + uint32(c-'0')
+	}
+	return n, true
+}
+
+// translateMatch turns an HTTP match into a route match; nil matches all.
+func translateMatch(mr *networkingapi.HTTPMatchRequest) *routev3.RouteMatch {
+	out := &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}}
+	if mr == nil {
+		return out
+	}
+	for name, sm := range mr.GetHeaders() {
+		out.Headers = append(out.Headers, headerMatch(name, sm))
+	}
+	for name, sm := range mr.GetWithoutHeaders() {
+		h := headerMatch(name, sm)
+		h.InvertMatch = true
+		if !h.GetPresentMatch() {
+			h.TreatMissingHeaderAsEmpty = true
+		}
+		out.Headers = append(out.Headers, h)
+	}
+	slices.SortFunc(out.Headers, func(a, b *routev3.HeaderMatcher) int { return strings.Compare(a.GetName(), b.GetName()) })
+	switch u := mr.GetUri().GetMatchType().(type) {
+	case *networkingapi.StringMatch_Exact:
+		out.PathSpecifier = &routev3.RouteMatch_Path{Path: u.Exact}
+	case *networkingapi.StringMatch_Prefix:
+		out.PathSpecifier = &routev3.RouteMatch_Prefix{Prefix: u.Prefix}
+	case *networkingapi.StringMatch_Regex:
+		out.PathSpecifier = &routev3.RouteMatch_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: u.Regex}}
+	}
+	out.CaseSensitive = wrapperspb.Bool(!mr.GetIgnoreUriCase())
+	for _, h := range []struct {
+		name string
+		sm   *networkingapi.StringMatch
+	}{{":method", mr.GetMethod()}, {":authority", mr.GetAuthority()}, {":scheme", mr.GetScheme()}} {
+		if h.sm != nil {
+			out.Headers = append(out.Headers, headerMatch(h.name, h.sm))
+		}
+	}
+	return out
+}
+
+// headerMatch: an empty prefix or a ".*" regex only asks that the header
+// be present.
+func headerMatch(name string, sm *networkingapi.StringMatch) *routev3.HeaderMatcher {
+	out := &routev3.HeaderMatcher{Name: name}
+	switch v := sm.GetMatchType().(type) {
+	case *networkingapi.StringMatch_Exact:
+		out.HeaderMatchSpecifier = &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: v.Exact}}}
+	case *networkingapi.StringMatch_Prefix:
+		if v.Prefix == "" {
+			out.HeaderMatchSpecifier = &routev3.HeaderMatcher_PresentMatch{PresentMatch: true}
+		} else {
+			out.HeaderMatchSpecifier = &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: v.Prefix}}}
+		}
+	case *networkingapi.StringMatch_Regex:
+		if v.Regex == ".*" || v.Regex == "*" {
+			out.HeaderMatchSpecifier = &routev3.HeaderMatcher_PresentMatch{PresentMatch: true}
+		} else {
+			out.HeaderMatchSpecifier = &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: v.Regex}}}}
+		}
+	default:
+		out.HeaderMatchSpecifier = &routev3.HeaderMatcher_PresentMatch{PresentMatch: true}
+	}
+	return out
+}
+
+func translateRedirect(rd *networkingapi.HTTPRedirect) *routev3.RedirectAction {
+	out := &routev3.RedirectAction{}
+	if rd.GetUri() != "" {
+		out.PathRewriteSpecifier = &routev3.RedirectAction_PathRedirect{PathRedirect: rd.GetUri()}
+	}
+	if rd.GetAuthority() != "" {
+		out.HostRedirect = rd.GetAuthority()
+	}
+	if p := rd.GetPort(); p != 0 {
+		out.PortRedirect = p
+	}
+	if s := rd.GetScheme(); s != "" {
+		out.SchemeRewriteSpecifier = &routev3.RedirectAction_SchemeRedirect{SchemeRedirect: s}
+	}
+	switch rd.GetRedirectCode() {
+	case 0, 301:
+		out.ResponseCode = routev3.RedirectAction_MOVED_PERMANENTLY
+	case 302:
+		out.ResponseCode = routev3.RedirectAction_FOUND
+	case 303:
+		out.ResponseCode = routev3.RedirectAction_SEE_OTHER
+	case 307:
+		out.ResponseCode = routev3.RedirectAction_TEMPORARY_REDIRECT
+	case 308:
+		out.ResponseCode = routev3.RedirectAction_PERMANENT_REDIRECT
+	}
+	return out
+}
+
+func u32(v uint32) string { return strconv.FormatUint(uint64(v), 10) }
