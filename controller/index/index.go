@@ -42,10 +42,13 @@ type ChangeSet struct {
 	Addresses Changes
 	// Authorizations are "<namespace>/<name>" policy keys.
 	Authorizations Changes
+	// Traffic: a VirtualService, DestinationRule or PeerAuthentication
+	// changed, which only sidecar xDS reads as such.
+	Traffic bool
 }
 
 // Empty reports whether nothing changed.
-func (c ChangeSet) Empty() bool { return c.Addresses.Empty() && c.Authorizations.Empty() }
+func (c ChangeSet) Empty() bool { return c.Addresses.Empty() && c.Authorizations.Empty() && !c.Traffic }
 
 type key struct{ namespace, name string }
 
@@ -113,6 +116,9 @@ type Index struct {
 	// dirtyPorts lists the Services to check again.
 	portProblems map[key]string
 	dirtyPorts   map[key]bool
+
+	// traffic holds what only sidecar xDS reads (traffic.go).
+	traffic traffic
 }
 
 // New returns an empty Index.

@@ -52,6 +52,10 @@ type Index interface {
 	DeleteWorkloadEntry(namespace, name string) index.ChangeSet
 	UpsertGateway(*gatewayv1.Gateway) index.ChangeSet
 	DeleteGateway(namespace, name string) index.ChangeSet
+	UpsertVirtualService(*networkingv1.VirtualService) index.ChangeSet
+	DeleteVirtualService(namespace, name string) index.ChangeSet
+	UpsertDestinationRule(*networkingv1.DestinationRule) index.ChangeSet
+	DeleteDestinationRule(namespace, name string) index.ChangeSet
 }
 
 // Clients are the API clients the watcher lists and watches with.
@@ -100,6 +104,8 @@ func (w *Watcher) Run(ctx context.Context) error {
 		register(w, istio.Networking().V1().ServiceEntries().Informer(), x.UpsertServiceEntry, x.DeleteServiceEntry),
 		register(w, istio.Networking().V1().WorkloadEntries().Informer(), x.UpsertWorkloadEntry, x.DeleteWorkloadEntry),
 		register(w, gw.Gateway().V1().Gateways().Informer(), x.UpsertGateway, x.DeleteGateway),
+		register(w, istio.Networking().V1().VirtualServices().Informer(), x.UpsertVirtualService, x.DeleteVirtualService),
+		register(w, istio.Networking().V1().DestinationRules().Informer(), x.UpsertDestinationRule, x.DeleteDestinationRule),
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("register informer handlers: %w", err)

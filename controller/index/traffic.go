@@ -1,0 +1,96 @@
+package index
+
+import (
+	"maps"
+	"slices"
+
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+
+	"github.com/canopy-mesh/canopy/controller/sidecar"
+	"github.com/canopy-mesh/canopy/workloadapi"
+)
+
+// traffic holds the configuration only sidecar xDS reads.
+type traffic struct {
+	virtualServices  map[key]*networkingv1.VirtualService
+	destinationRules map[key]*networkingv1.DestinationRule
+}
+
+// UpsertVirtualService stores a VirtualService.
+func (x *Index) UpsertVirtualService(vs *networkingv1.VirtualService) ChangeSet {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.traffic.virtualServices == nil {
+		x.traffic.virtualServices = map[key]*networkingv1.VirtualService{}
+	}
+	x.traffic.virtualServices[key{vs.Namespace, vs.Name}] = vs
+	return ChangeSet{Traffic: true}
+}
+
+// DeleteVirtualService forgets a VirtualService.
+func (x *Index) DeleteVirtualService(namespace, name string) ChangeSet {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	delete(x.traffic.virtualServices, key{namespace, name})
+	return ChangeSet{Traffic: true}
+}
+
+// UpsertDestinationRule stores a DestinationRule.
+func (x *Index) UpsertDestinationRule(dr *networkingv1.DestinationRule) ChangeSet {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.traffic.destinationRules == nil {
+		x.traffic.destinationRules = map[key]*networkingv1.DestinationRule{}
+	}
+	x.traffic.destinationRules[key{dr.Namespace, dr.Name}] = dr
+	return ChangeSet{Traffic: true}
+}
+
+// DeleteDestinationRule forgets a DestinationRule.
+func (x *Index) DeleteDestinationRule(namespace, name string) ChangeSet {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	delete(x.traffic.destinationRules, key{namespace, name})
+	return ChangeSet{Traffic: true}
+}
+
+// SidecarInputs is a consistent copy of what sidecar xDS is generated
+// from: the published workload table, the labels of its pods and
+// WorkloadEntries, and the traffic configuration. The objects are shared
+// (informer objects and published protos are never modified).
+func (x *Index) SidecarInputs() sidecar.Inputs {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	in := sidecar.Inputs{
+		DomainSuffix: x.cfg.DomainSuffix, ClusterID: x.cfg.ClusterID,
+		TrustDomain: x.cfg.TrustDomain, RootNamespace: x.cfg.RootNamespace,
+		Addresses:           make([]*workloadapi.Address, 0, len(x.addresses)),
+		VirtualServices:     slices.Collect(maps.Values(x.traffic.virtualServices)),
+		DestinationRules:    slices.Collect(maps.Values(x.traffic.destinationRules)),
+		PeerAuthentications: slices.Collect(maps.Values(x.peerAuths)),
+	}
+	labels := map[string]map[string]string{}
+	for _, a := range x.addresses {
+		in.Addresses = append(in.Addresses, a)
+		w := a.GetWorkload()
+		if w == nil {
+			continue
+		}
+		uid, err := workloadapi.ParseWorkloadUID(w.GetUid())
+		if err != nil {
+			continue
+		}
+		switch uid.Kind {
+		case workloadapi.KindPod:
+			if p := x.pods[key{uid.Namespace, uid.Name}]; p != nil {
+				labels[w.GetUid()] = p.Labels
+			}
+		case workloadapi.KindWorkloadEntry:
+			if we := x.workloadEntries[key{uid.Namespace, uid.Name}]; we != nil {
+				labels[w.GetUid()] = entryLabels(we)
+			}
+		}
+	}
+	in.Labels = func(uid string) map[string]string { return labels[uid] }
+	return in
+}
