@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 	securityapi "istio.io/api/security/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
@@ -34,7 +35,16 @@ const grpcRecvLimit = 16 << 20
 
 // grpcOptions are the options of both gRPC ports.
 func grpcOptions(cfg config) []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.MaxRecvMsgSize(grpcRecvLimit), grpc.MaxConcurrentStreams(cfg.grpcMaxStreams)}
+	return []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(grpcRecvLimit), grpc.MaxConcurrentStreams(cfg.grpcMaxStreams),
+		// Istio's agents and proxyless clients ping every 30 s, also between
+		// streams; gRPC's default (5 min) would end their connections as
+		// too_many_pings.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 15 * time.Second, PermitWithoutStream: true}),
+		// Connections are renewed every 30 minutes (streams in flight
+		// finish), so proxies spread over replicas as they come and go.
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: 30 * time.Minute}),
+	}
 }
 
 // caParts is the CA as the controller runs it: the gRPC service on the

@@ -333,6 +333,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		return err
 	}
 	cfg.xds.Registerer = registry
+	cfg.xds.Mesh = tables
 	if xdsServer, err = xds.New(cfg.xds, tables, ca.authenticator, log); err != nil {
 		return err
 	}

@@ -85,3 +85,27 @@ func fqdn(name, ns, domain string) string {
 	}
 	return name
 }
+
+// Type URLs of the Envoy resources the generators build.
+const (
+	ClusterType  = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+	EndpointType = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+	ListenerType = "type.googleapis.com/envoy.config.listener.v3.Listener"
+	RouteType    = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+)
+
+// Generate answers names of typeURL for a proxyless gRPC client: the
+// resources found, each under the name it answers.
+func (m *Mesh) Generate(p Proxy, typeURL string, names []string) []Named {
+	switch typeURL {
+	case ClusterType:
+		return m.GRPCClusters(p, names)
+	case EndpointType:
+		return m.Endpoints(p, names)
+	case ListenerType:
+		return m.GRPCListeners(p, names)
+	case RouteType:
+		return m.GRPCRoutes(p, names)
+	}
+	return nil
+}

@@ -37,6 +37,10 @@ type Proxy struct {
 	IstioVersion   string
 	ServiceAccount string
 	InstanceIPs    []netip.Addr
+	// Generator is "grpc" for a proxyless gRPC client.
+	Generator string
+	// Labels are the proxy's workload labels (metadata LABELS).
+	Labels map[string]string
 	// Metadata is the node's metadata as sent, for proxy status.
 	Metadata *structpb.Struct
 }
@@ -114,6 +118,7 @@ func parseNode(n *corev3.Node) (Proxy, error) {
 	}{
 		{"NODE_NAME", &p.NodeName}, {"CLUSTER_ID", &p.ClusterID},
 		{"ISTIO_VERSION", &p.IstioVersion}, {"SERVICE_ACCOUNT", &p.ServiceAccount},
+		{"GENERATOR", &p.Generator},
 	}
 	for _, f := range fields {
 		if *f.dst, err = str(f.key); err != nil {
@@ -147,6 +152,23 @@ func parseNode(n *corev3.Node) (Proxy, error) {
 			return Proxy{}, fmt.Errorf("metadata INSTANCE_IPS: %w", err)
 		}
 		p.InstanceIPs = append(p.InstanceIPs, a)
+	}
+	if v, ok := md.GetFields()["LABELS"]; ok {
+		lbls := v.GetStructValue()
+		if lbls == nil {
+			return Proxy{}, errors.New("metadata LABELS is not an object")
+		}
+		if len(lbls.GetFields()) > maxMetadataKeys {
+			return Proxy{}, fmt.Errorf("metadata LABELS has %d keys, limit %d", len(lbls.GetFields()), maxMetadataKeys)
+		}
+		p.Labels = make(map[string]string, len(lbls.GetFields()))
+		for k, lv := range lbls.GetFields() {
+			s, ok := lv.GetKind().(*structpb.Value_StringValue)
+			if !ok {
+				return Proxy{}, fmt.Errorf("metadata LABELS[%q] is not a string", k)
+			}
+			p.Labels[k] = s.StringValue
+		}
 	}
 	p.Metadata = md
 	return p, nil

@@ -64,6 +64,9 @@ type Config struct {
 	SystemNamespace string
 	// ID names this controller instance in proxy status (its pod name).
 	ID string
+	// Mesh is what Envoy resources for proxyless gRPC clients are
+	// generated from; nil refuses Envoy types.
+	Mesh MeshSource
 	// Registerer receives the metrics; nil registers nowhere.
 	Registerer prometheus.Registerer
 	Now        func() time.Time
@@ -151,7 +154,16 @@ type Server struct {
 	pendingMu    sync.Mutex
 	pendingAddrs map[string]struct{}
 	pendingAuthz map[string]struct{}
-	first, last  time.Time
+	// pendingMesh: something Envoy resources read changed.
+	pendingMesh bool
+	first, last time.Time
+
+	// Proxyless gRPC clients (envoy.go): the mesh they are generated from,
+	// its generation, and their connections.
+	mesh       *meshCache
+	envoyGen   atomic.Uint64
+	envoyMu    sync.Mutex
+	envoyConns map[*envoyConn]struct{}
 }
 
 // New returns a Server reading source and authenticating callers with auth.
@@ -167,6 +179,10 @@ func New(cfg Config, source Source, auth Authenticator, log *slog.Logger) (*Serv
 		pushWake:     make(chan struct{}, 1),
 		pendingAddrs: map[string]struct{}{},
 		pendingAuthz: map[string]struct{}{},
+		envoyConns:   map[*envoyConn]struct{}{},
+	}
+	if cfg.Mesh != nil {
+		s.mesh = &meshCache{src: cfg.Mesh}
 	}
 	m, err := newMetrics(s.cfg.Registerer, func() float64 {
 		s.connMu.RLock()
@@ -198,6 +214,7 @@ func (s *Server) Changed(cs index.ChangeSet) {
 	}
 	now := s.cfg.Now()
 	s.pendingMu.Lock()
+	s.pendingMesh = true
 	for _, c := range []struct {
 		ch  index.Changes
 		dst map[string]struct{}
@@ -277,8 +294,8 @@ func (s *Server) load() {
 // every connection.
 func (s *Server) commit() {
 	s.pendingMu.Lock()
-	addrs, authz, first := s.pendingAddrs, s.pendingAuthz, s.first
-	s.pendingAddrs, s.pendingAuthz = map[string]struct{}{}, map[string]struct{}{}
+	addrs, authz, first, meshChanged := s.pendingAddrs, s.pendingAuthz, s.first, s.pendingMesh
+	s.pendingAddrs, s.pendingAuthz, s.pendingMesh = map[string]struct{}{}, map[string]struct{}{}, false
 	s.first, s.last = time.Time{}, time.Time{}
 	s.pendingMu.Unlock()
 
@@ -300,6 +317,9 @@ func (s *Server) commit() {
 		if s.apply(workloadapi.AuthorizationTypeURL, name, msg) {
 			changed[workloadapi.AuthorizationTypeURL] = append(changed[workloadapi.AuthorizationTypeURL], name)
 		}
+	}
+	if meshChanged {
+		s.envoyChanged()
 	}
 	if len(changed) == 0 {
 		return

@@ -235,8 +235,15 @@ func (s *Server) StreamAggregatedResources(stream grpc.BidiStreamingServer[disco
 	if err != nil {
 		return err
 	}
-	if _, err := s.open(caller, req.GetNode()); err != nil {
+	proxy, err := s.open(caller, req.GetNode())
+	if err != nil {
 		return err
+	}
+	if proxy.Generator == "grpc" && isEnvoyType(req.GetTypeUrl()) {
+		if s.mesh == nil {
+			return s.streamError("type", codes.Unimplemented, "this controller serves no Envoy types (no mesh source)")
+		}
+		return s.serveEnvoy(stream, proxy, req)
 	}
 	var nonce uint64
 	for {
@@ -262,6 +269,10 @@ func (s *Server) StreamAggregatedResources(stream grpc.BidiStreamingServer[disco
 		case strings.HasPrefix(typ, debugPrefix):
 			return s.streamError("type", codes.InvalidArgument, "unsupported debug type %q (only %s)", typ, SynczTypeURL)
 		default:
+			if isEnvoyType(typ) {
+				return s.streamError("type", codes.Unimplemented,
+					"type %q for a %s proxy: Envoy types are served only to proxyless gRPC clients (node metadata GENERATOR \"grpc\")", typ, proxy.Type)
+			}
 			return s.streamError("type", codes.Unimplemented,
 				"type %q over state-of-the-world ADS: workload types are served over Delta ADS only", typ)
 		}

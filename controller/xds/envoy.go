@@ -1,0 +1,272 @@
+package xds
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+
+	"github.com/canopy-mesh/canopy/controller/sidecar"
+)
+
+// MeshSource is what Envoy resources are generated from;
+// *index.Index implements it.
+type MeshSource interface {
+	SidecarInputs() sidecar.Inputs
+}
+
+// envoyTypes are the Envoy types served to proxyless gRPC clients, in
+// push order (sidecar wire contract §1.3).
+var envoyTypes = []string{sidecar.ClusterType, sidecar.EndpointType, sidecar.ListenerType, sidecar.RouteType}
+
+func isEnvoyType(t string) bool { return slices.Contains(envoyTypes, t) }
+
+// warms maps a type to the type whose watch must answer a same-nonce
+// request after the first type's new watch: a client re-requests the
+// endpoints (routes) of clusters (listeners) it is warming, and would
+// wait forever for an answer it already has.
+var warms = map[string]string{sidecar.ClusterType: sidecar.EndpointType, sidecar.ListenerType: sidecar.RouteType}
+
+// meshCache builds the generators' Mesh once per generation and shares it
+// between connections.
+type meshCache struct {
+	src  MeshSource
+	mu   sync.Mutex
+	gen  uint64
+	mesh *sidecar.Mesh
+}
+
+func (c *meshCache) get(gen uint64) *sidecar.Mesh {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mesh == nil || c.gen != gen {
+		c.mesh, c.gen = sidecar.NewMesh(c.src.SidecarInputs()), gen
+	}
+	return c.mesh
+}
+
+// envoyWatch is one type's state-of-the-world subscription.
+type envoyWatch struct {
+	names []string
+	// sent maps each name last sent to its version.
+	sent          map[string]string
+	nonce         string
+	alwaysRespond bool
+}
+
+// envoyConn is one proxyless client's stream.
+type envoyConn struct {
+	proxy   Proxy
+	wake    chan struct{}
+	watches map[string]*envoyWatch
+	states  map[string]*typeState
+	nonce   uint64
+}
+
+func (c *envoyConn) signal() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// serveEnvoy serves a proxyless gRPC client's state-of-the-world stream
+// from its first request on. Requests follow istiod's rules: a NACK is
+// recorded and not answered, a request with another nonce than the last
+// response's is stale and ignored, an ACK is answered only when it
+// changes the names (or by the warming rule), and a change of the mesh
+// sends each type whose resources changed.
+func (s *Server) serveEnvoy(stream grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse], proxy Proxy, first *discoveryv3.DiscoveryRequest) error {
+	c := &envoyConn{proxy: proxy, wake: make(chan struct{}, 1), watches: map[string]*envoyWatch{}, states: map[string]*typeState{}}
+	s.envoyMu.Lock()
+	s.envoyConns[c] = struct{}{}
+	s.envoyMu.Unlock()
+	defer func() {
+		s.envoyMu.Lock()
+		delete(s.envoyConns, c)
+		s.envoyMu.Unlock()
+	}()
+	log := s.log.With("proxy", proxy.ProxyID)
+	log.Info("proxyless gRPC client connected")
+	defer log.Info("proxyless gRPC client disconnected")
+
+	ctx, cancel := context.WithCancelCause(stream.Context())
+	defer cancel(nil)
+	reqs := make(chan *discoveryv3.DiscoveryRequest)
+	go func() {
+		for {
+			req, err := stream.Recv()
+			if err != nil {
+				cancel(nil)
+				return
+			}
+			select {
+			case reqs <- req:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	select {
+	case <-s.ready:
+	case <-ctx.Done():
+		return nil
+	}
+	req := first
+	for {
+		if req != nil {
+			if err := s.envoyRequest(ctx, c, stream, req, cancel); err != nil {
+				return err
+			}
+			req = nil
+		}
+		select {
+		case <-ctx.Done():
+			if err := context.Cause(ctx); err != nil && err != context.Canceled {
+				return err
+			}
+			return nil
+		case req = <-reqs:
+		case <-c.wake:
+			for _, typ := range envoyTypes {
+				if w := c.watches[typ]; w != nil {
+					if err := s.envoyRespond(ctx, c, stream, typ, w, false, cancel); err != nil {
+						return err
+					}
+				}
+			}
+		}
+	}
+}
+
+// envoyRequest applies one request (sidecar wire contract §1.3).
+func (s *Server) envoyRequest(ctx context.Context, c *envoyConn, stream grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse], req *discoveryv3.DiscoveryRequest, cancel context.CancelCauseFunc) error {
+	typ := req.GetTypeUrl()
+	if !isEnvoyType(typ) {
+		return s.streamError("type", codes.InvalidArgument, "unsupported type URL %q for a proxyless gRPC client", typ)
+	}
+	if len(req.GetResourceNames()) > s.cfg.MaxSubscriptions {
+		return s.streamError("limit", codes.ResourceExhausted, "%s: %d names, limit %d", shortType(typ), len(req.GetResourceNames()), s.cfg.MaxSubscriptions)
+	}
+	st := c.states[typ]
+	if st == nil {
+		st = &typeState{}
+		c.states[typ] = st
+	}
+	w := c.watches[typ]
+	nonce := req.GetResponseNonce()
+	if req.GetErrorDetail() != nil {
+		s.metrics.nacks.WithLabelValues(shortType(typ)).Inc()
+		if st.nackNonce != nonce {
+			s.log.Warn("proxy rejected a response", "proxy", c.proxy.ProxyID, "type", shortType(typ), "nonce", nonce, "error", req.GetErrorDetail().GetMessage())
+		}
+		st.nack, st.nackNonce, st.nackAt = req.GetErrorDetail().GetMessage(), nonce, s.cfg.Now()
+		return nil
+	}
+	names := slices.Compact(slices.Sorted(slices.Values(req.GetResourceNames())))
+	if len(names) == 0 {
+		// Nothing wanted any more: the type is unsubscribed.
+		delete(c.watches, typ)
+		return nil
+	}
+	if nonce == "" || w == nil {
+		// A new watch (or a reconnecting client's first request).
+		w = &envoyWatch{names: names}
+		c.watches[typ] = w
+		if other := c.watches[warms[typ]]; other != nil {
+			other.alwaysRespond = true
+		}
+		return s.envoyRespond(ctx, c, stream, typ, w, true, cancel)
+	}
+	if nonce != w.nonce {
+		return nil // stale: an answer to a response since replaced
+	}
+	st.nonceAcked, st.ackedAt = nonce, s.cfg.Now()
+	st.nack, st.nackNonce = "", ""
+	if !slices.Equal(names, w.names) {
+		w.names = names
+		return s.envoyRespond(ctx, c, stream, typ, w, true, cancel)
+	}
+	if w.alwaysRespond {
+		w.alwaysRespond = false
+		return s.envoyRespond(ctx, c, stream, typ, w, true, cancel)
+	}
+	return nil
+}
+
+// envoyRespond sends the watch's resources: always when asked for, else
+// only when they differ from what was last sent.
+func (s *Server) envoyRespond(ctx context.Context, c *envoyConn, stream grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse], typ string, w *envoyWatch, always bool, cancel context.CancelCauseFunc) error {
+	gen := s.envoyGen.Load()
+	mesh := s.mesh.get(gen)
+	out := mesh.Generate(sidecarProxy(c.proxy), typ, w.names)
+	resp := &discoveryv3.DiscoveryResponse{TypeUrl: typ, VersionInfo: strconv.FormatUint(gen, 10), ControlPlane: s.controlPlane()}
+	sent := make(map[string]string, len(out))
+	for _, n := range out {
+		r, err := NewResource(typ, n.Name, n.Resource)
+		if err != nil {
+			return s.streamError("internal", codes.Internal, "%v", err)
+		}
+		sent[n.Name] = r.Version
+		resp.Resources = append(resp.Resources, r.Body)
+	}
+	if !always && maps.Equal(sent, w.sent) {
+		return nil
+	}
+	c.nonce++
+	resp.Nonce = strconv.FormatUint(c.nonce, 10)
+	w.sent, w.nonce = sent, resp.Nonce
+	st := c.states[typ]
+	st.nonceSent, st.sentAt = resp.Nonce, s.cfg.Now()
+	timer := sendDeadline(s, c.proxy.ProxyID, cancel)
+	defer timer.Stop()
+	if err := stream.Send(resp); err != nil {
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		return fmt.Errorf("send: %w", err)
+	}
+	short := shortType(typ)
+	s.metrics.pushes.WithLabelValues(short).Inc()
+	s.metrics.resourcesSent.WithLabelValues(short).Add(float64(len(resp.Resources)))
+	return nil
+}
+
+// sendDeadline cuts a proxy off when a send does not complete within the
+// send timeout: the stream's end unblocks Send.
+func sendDeadline(s *Server, proxyID string, cancel context.CancelCauseFunc) *time.Timer {
+	return time.AfterFunc(s.cfg.SendTimeout, func() {
+		s.metrics.cutOff.Inc()
+		s.log.Warn("proxy too slow to read; disconnecting", "proxy", proxyID, "timeout", s.cfg.SendTimeout)
+		cancel(s.streamError("slow", codes.ResourceExhausted, "proxy did not read a response within %s", s.cfg.SendTimeout))
+	})
+}
+
+// sidecarProxy is the generators' view of a proxy.
+func sidecarProxy(p Proxy) sidecar.Proxy {
+	ips := p.InstanceIPs
+	if len(ips) == 0 && p.IP.IsValid() {
+		ips = append(ips, p.IP)
+	}
+	return sidecar.Proxy{Namespace: p.Namespace, Labels: p.Labels, IPs: ips}
+}
+
+// envoyChanged moves Envoy clients to a new generation of the mesh.
+func (s *Server) envoyChanged() {
+	if s.mesh == nil {
+		return
+	}
+	s.envoyGen.Add(1)
+	s.envoyMu.Lock()
+	defer s.envoyMu.Unlock()
+	for c := range s.envoyConns {
+		c.signal()
+	}
+}
