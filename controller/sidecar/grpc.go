@@ -254,7 +254,10 @@ func (m *Mesh) GRPCClusters(p Proxy, names []string) []Named {
 			continue
 		}
 		dr := m.DestinationRule(p, k.Hostname, svc.GetNamespace())
-		policy := portPolicy(dr.Spec.GetTrafficPolicy(), k.Port)
+		var policy *networkingapi.TrafficPolicy
+		if dr != nil {
+			policy = portPolicy(dr.Spec.GetTrafficPolicy(), k.Port)
+		}
 		if k.Subset != "" {
 			ss := subset(dr, k.Subset)
 			if ss == nil {

@@ -139,6 +139,7 @@ func TestGRPCResourcesGolden(t *testing.T) {
 		"outbound|9080||reviews.default.svc.cluster.local", "outbound|9080|v1|reviews.default.svc.cluster.local",
 		"outbound|9080|v2|reviews.default.svc.cluster.local", "outbound|9080|v3|reviews.default.svc.cluster.local",
 		"outbound|9080|nosuch|reviews.default.svc.cluster.local", "outbound|9080||nosuch.default.svc.cluster.local",
+		"outbound|9090||ratings.default.svc.cluster.local", "outbound|9080|v1|ratings.default.svc.cluster.local",
 	}
 	got := map[string][]Named{
 		"listeners": m.GRPCListeners(client, []string{"reviews:9080", "ratings.default.svc.cluster.local", "nosuch:80", "reviews:bad"}),
