@@ -15,7 +15,8 @@ type ServiceEntryInput struct {
 	// Waypoint is the ServiceEntry's resolved waypoint, or nil.
 	Waypoint *workloadapi.GatewayAddress
 	// Policies are the keys of the selector-bound authorization policies
-	// that select the ServiceEntry's labels. Its endpoints list them: istiod
+	// that select the ServiceEntry's labels, every one in scope when it has
+	// none. Its endpoints list them: istiod
 	// selects an inline endpoint by its ServiceEntry's labels, not its own
 	// (serviceEntryWorkloadBuilder in pilot/pkg/serviceregistry/ambient).
 	Policies []string

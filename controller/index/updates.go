@@ -259,7 +259,7 @@ func (x *Index) policyChanged(k key, old, cur *securityv1.AuthorizationPolicy) C
 			}
 			for wk := range entries {
 				lbls := entryLabels(x.workloadEntries[wk])
-				if policySelects(old, lbls) || policySelects(cur, lbls) {
+				if entryPolicySelects(old, lbls) || entryPolicySelects(cur, lbls) {
 					x.recomputeWorkloadEntry(&c, wk)
 				}
 			}
@@ -271,7 +271,7 @@ func (x *Index) policyChanged(k key, old, cur *securityv1.AuthorizationPolicy) C
 			}
 			for sk := range entries {
 				lbls := x.serviceEntries[sk].Labels
-				if policySelects(old, lbls) || policySelects(cur, lbls) {
+				if entryPolicySelects(old, lbls) || entryPolicySelects(cur, lbls) {
 					x.recomputeServiceEntry(&c, sk)
 				}
 			}
@@ -289,13 +289,23 @@ func joinWarnings(w []string) string {
 }
 
 // selectingPolicies are the keys of the published selector-bound policies
-// that select a workload of namespace ns with labels lbls: its namespace's
-// and the root namespace's.
+// that select a pod of namespace ns with labels lbls: its namespace's and
+// the root namespace's.
 func (x *Index) selectingPolicies(ns string, lbls map[string]string) []string {
+	return x.policiesWhere(ns, func(p *securityv1.AuthorizationPolicy) bool { return policySelects(p, lbls) })
+}
+
+// entryPolicies is selectingPolicies for a WorkloadEntry or a
+// ServiceEntry's endpoints, selected by lbls (see entryPolicySelects).
+func (x *Index) entryPolicies(ns string, lbls map[string]string) []string {
+	return x.policiesWhere(ns, func(p *securityv1.AuthorizationPolicy) bool { return entryPolicySelects(p, lbls) })
+}
+
+func (x *Index) policiesWhere(ns string, picks func(*securityv1.AuthorizationPolicy) bool) []string {
 	var out []string
 	for _, pns := range []string{ns, x.cfg.RootNamespace} {
 		for pk := range x.policiesByNamespace[pns] {
-			if policySelects(x.policies[pk], lbls) && x.authorizations[pk.String()] != nil {
+			if picks(x.policies[pk]) && x.authorizations[pk.String()] != nil {
 				out = append(out, pk.String())
 			}
 		}
@@ -330,6 +340,19 @@ func policySelects(p *securityv1.AuthorizationPolicy, lbls map[string]string) bo
 		return false
 	}
 	return labels.SelectorFromValidatedSet(p.Spec.GetSelector().GetMatchLabels()).Matches(labels.Set(lbls))
+}
+
+// entryPolicySelects is policySelects for a WorkloadEntry or a
+// ServiceEntry's endpoints: one without any labels is picked by every
+// selector-bound policy in scope, whatever its selector, as istiod lists
+// them (its buildWorkloadPolicies filters by labels only when the entry
+// has some). Pods keep the plain rule. The list on an entry changes no
+// decision of a node proxy, which enforces policies for its own pods only.
+func entryPolicySelects(p *securityv1.AuthorizationPolicy, lbls map[string]string) bool {
+	if len(lbls) == 0 {
+		return hasSelector(p)
+	}
+	return policySelects(p, lbls)
 }
 
 // UpsertPeerAuthentication records a PeerAuthentication: it changes the
