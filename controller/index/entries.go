@@ -91,6 +91,9 @@ func (x *Index) recomputeServiceEntry(c *change, k key) {
 	if se != nil {
 		in := ambient.ServiceEntryInput{ServiceEntry: se,
 			Waypoint: x.waypoint(owner, k.namespace, se.Labels, false)}
+		if ns := x.namespaces[k.namespace]; ns != nil {
+			in.NamespaceLabels, in.NamespaceAnnotations = ns.Labels, ns.Annotations
+		}
 		// Its endpoints are selected by the ServiceEntry's labels.
 		in.Policies = x.entryPolicies(k.namespace, se.Labels)
 		in.MTLSPolicy = x.peerAuthsFor(k.namespace, se.Labels).PolicyKey(x.cfg)

@@ -20,6 +20,7 @@ import (
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/canopy-mesh/canopy/controller/ambient"
+	"github.com/canopy-mesh/canopy/workloadapi"
 )
 
 func pod(name, node string, lbls map[string]string, ip string) *corev1.Pod {
@@ -344,4 +345,30 @@ func TestPodReads(t *testing.T) {
 	if p := x.Pod("shop", "a"); p != nil {
 		t.Errorf("deleted pod still returned: %v", p.Name)
 	}
+}
+
+// TestIndexNamespaceTrafficDistribution: the namespace's
+// networking.istio.io/traffic-distribution annotation reaches its Services
+// and ServiceEntries, and only a change of it recomputes them.
+func TestIndexNamespaceTrafficDistribution(t *testing.T) {
+	x := New(ambient.Config{})
+	x.UpsertNamespace(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}})
+	x.UpsertService(service("echo", nil))
+	se := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Name: "ext", Namespace: "shop"}}
+	se.Spec.Hosts = []string{"api.example.com"}
+	se.Spec.Addresses = []string{"240.0.0.1"}
+	se.Spec.Resolution = networkingapi.ServiceEntry_STATIC
+	se.Spec.Ports = []*networkingapi.ServicePort{{Number: 443, Name: "https", Protocol: "TLS"}}
+	x.UpsertServiceEntry(se)
+	annotated := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop",
+		Annotations: map[string]string{ambient.AnnotationTrafficDistribution: "PreferSameZone"}}}
+	check(t, "annotation added", x.UpsertNamespace(annotated), addr(nil, []string{svc, "shop/api.example.com"}, nil))
+	for _, name := range []string{svc, "shop/api.example.com"} {
+		if got := x.Address(name).GetService().GetLoadBalancing().GetMode(); got != workloadapi.LoadBalancing_FAILOVER {
+			t.Errorf("%s load_balancing mode = %v, want FAILOVER", name, got)
+		}
+	}
+	other := annotated.DeepCopy()
+	other.Annotations["unrelated"] = "x"
+	check(t, "unrelated annotation", x.UpsertNamespace(other), ChangeSet{})
 }

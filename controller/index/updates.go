@@ -24,7 +24,8 @@ func (x *Index) UpsertNamespace(ns *corev1.Namespace) ChangeSet {
 	defer x.mu.Unlock()
 	old := x.namespaces[ns.Name]
 	x.namespaces[ns.Name] = ns
-	if old != nil && sameLabels(old.Labels, ns.Labels, namespaceLabels) {
+	if old != nil && sameLabels(old.Labels, ns.Labels, namespaceLabels) &&
+		sameLabels(old.Annotations, ns.Annotations, namespaceAnnotations) {
 		return ChangeSet{} // nothing the tables read changed
 	}
 	if cs, changed := x.updateNetwork(); changed {
@@ -105,10 +106,11 @@ func drop[T any](objs map[key]T, byNamespace map[string]map[key]bool, k key) T {
 	return old
 }
 
-// The labels the tables read from namespaces and nodes.
+// The labels and annotations the tables read from namespaces and nodes.
 var (
-	namespaceLabels = []string{ambient.LabelUseWaypoint, ambient.LabelUseWaypointNamespace, ambient.LabelIngressUseWaypoint, ambient.LabelNetwork}
-	nodeLabels      = []string{corev1.LabelTopologyRegion, corev1.LabelTopologyZone, ambient.LabelSubzone}
+	namespaceLabels      = []string{ambient.LabelUseWaypoint, ambient.LabelUseWaypointNamespace, ambient.LabelIngressUseWaypoint, ambient.LabelNetwork}
+	namespaceAnnotations = []string{ambient.AnnotationTrafficDistribution}
+	nodeLabels           = []string{corev1.LabelTopologyRegion, corev1.LabelTopologyZone, ambient.LabelSubzone}
 )
 
 func sameLabels(a, b map[string]string, keys []string) bool {
@@ -581,7 +583,7 @@ func (x *Index) recomputeService(c *change, k key) {
 	in := ambient.ServiceInput{Service: svc, Waypoint: x.waypoint(owner, k.namespace, svc.Labels, false)}
 	x.addProblem(owner, ambient.ServiceExport(svc, x.cfg).Warning)
 	if ns := x.namespaces[k.namespace]; ns != nil {
-		in.NamespaceLabels = ns.Labels
+		in.NamespaceLabels, in.NamespaceAnnotations = ns.Labels, ns.Annotations
 	}
 	claim.Created = svc.CreationTimestamp.Time
 	x.publishService(c, name, serviceSource{service: ambient.BuildService(in, x.cfg), claim: claim})
