@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -371,4 +372,38 @@ func TestIndexNamespaceTrafficDistribution(t *testing.T) {
 	other := annotated.DeepCopy()
 	other.Annotations["unrelated"] = "x"
 	check(t, "unrelated annotation", x.UpsertNamespace(other), ChangeSet{})
+}
+
+// TestIndexSliceTargetRefUID: an EndpointSlice targetRef joins a pod to a
+// selector-less Service when it carries the pod's uid or none; one with
+// another uid names an earlier pod of that name.
+func TestIndexSliceTargetRefUID(t *testing.T) {
+	const legacy = "shop/legacy.shop.svc.cluster.local"
+	for _, tt := range []struct {
+		name   string
+		refUID types.UID
+		want   bool
+	}{
+		{name: "the pod's uid", refUID: "uid-a", want: true},
+		{name: "no uid", refUID: "", want: true},
+		{name: "an earlier pod's uid", refUID: "uid-old", want: false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			x := New(ambient.Config{})
+			p := pod("a", "n1", nil, "10.244.1.5")
+			p.UID = "uid-a"
+			x.UpsertPod(p)
+			x.UpsertService(service("legacy", nil))
+			x.UpsertEndpointSlice(&discoveryv1.EndpointSlice{
+				ObjectMeta:  metav1.ObjectMeta{Name: "legacy-1", Namespace: "shop", Labels: map[string]string{discoveryv1.LabelServiceName: "legacy"}},
+				AddressType: discoveryv1.AddressTypeIPv4,
+				Endpoints: []discoveryv1.Endpoint{
+					{Addresses: []string{"10.244.1.5"}, TargetRef: &corev1.ObjectReference{Kind: "Pod", Name: "a", UID: tt.refUID}},
+				},
+			})
+			if got := x.Address(podA).GetWorkload().GetServices()[legacy] != nil; got != tt.want {
+				t.Errorf("pod a is a member of %s: %v, want %v", legacy, got, tt.want)
+			}
+		})
+	}
 }

@@ -546,7 +546,7 @@ func (x *Index) recomputePod(c *change, k key) {
 		svc := x.services[sk]
 		// Members: selected by the Service, or, for a selector-less
 		// Service, pointed at by its EndpointSlices.
-		if selects(svc.Spec.Selector, pod.Labels) || (len(svc.Spec.Selector) == 0 && x.slicePods[k][sk]) {
+		if selects(svc.Spec.Selector, pod.Labels) || (len(svc.Spec.Selector) == 0 && x.slicePods[k][sk] && x.slicesPointAt(sk, pod)) {
 			in.Services = append(in.Services, svc)
 		}
 	}
