@@ -5,10 +5,15 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/emptypb"
 	securityapi "istio.io/api/security/v1beta1"
 	typeapi "istio.io/api/type/v1beta1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/canopy-mesh/canopy/workloadapi/security"
 )
 
 func policy(ns string, action securityapi.AuthorizationPolicy_Action, selector bool, rules ...*securityapi.Rule) *securityv1.AuthorizationPolicy {
@@ -207,6 +212,54 @@ func TestPeerAuthenticationsModeAndKey(t *testing.T) {
 			t.Parallel()
 			if got := tt.p.PolicyKey(Config{}); got != tt.wantKey {
 				t.Errorf("PolicyKey() = %q, want %q", got, tt.wantKey)
+			}
+		})
+	}
+}
+
+// TestPeerAuthenticationClauses checks the layout of a converted
+// PeerAuthentication: with a STRICT result, one rule of a no-identity
+// clause (own STRICT), one "not to this port" clause per PERMISSIVE or
+// DISABLE port, and a no-identity clause again when the inherited mode is
+// STRICT; otherwise one rule per STRICT port.
+func TestPeerAuthenticationClauses(t *testing.T) {
+	t.Parallel()
+	const strict, permissive, disable, unset = securityapi.PeerAuthentication_MutualTLS_STRICT, securityapi.PeerAuthentication_MutualTLS_PERMISSIVE,
+		securityapi.PeerAuthentication_MutualTLS_DISABLE, securityapi.PeerAuthentication_MutualTLS_UNSET
+	noID := func(ports ...uint32) *security.Clause {
+		return &security.Clause{Matches: []*security.Match{{
+			NotPrincipals:    []*security.StringMatch{{MatchType: &security.StringMatch_Presence{Presence: &emptypb.Empty{}}}},
+			DestinationPorts: ports,
+		}}}
+	}
+	notTo := func(port uint32) *security.Clause {
+		return &security.Clause{Matches: []*security.Match{{NotDestinationPorts: []uint32{port}}}}
+	}
+	relaxed := map[uint32]securityapi.PeerAuthentication_MutualTLS_Mode{9187: disable, 5432: permissive}
+	for _, tt := range []struct {
+		name      string
+		mode      securityapi.PeerAuthentication_MutualTLS_Mode
+		ports     map[uint32]securityapi.PeerAuthentication_MutualTLS_Mode
+		inherited securityapi.PeerAuthentication_MutualTLS_Mode
+		want      []*security.Rule
+	}{
+		{name: "strict with relaxed ports", mode: strict, ports: relaxed, inherited: permissive,
+			want: []*security.Rule{{Clauses: []*security.Clause{noID(), notTo(5432), notTo(9187)}}}},
+		{name: "strict in a strict namespace", mode: strict, ports: relaxed, inherited: strict,
+			want: []*security.Rule{{Clauses: []*security.Clause{noID(), notTo(5432), notTo(9187), noID()}}}},
+		{name: "unset inheriting strict", mode: unset, ports: relaxed, inherited: strict,
+			want: []*security.Rule{{Clauses: []*security.Clause{notTo(5432), notTo(9187), noID()}}}},
+		{name: "permissive with strict ports", mode: permissive, inherited: strict,
+			ports: map[uint32]securityapi.PeerAuthentication_MutualTLS_Mode{8443: strict, 8080: strict, 9090: disable},
+			want:  []*security.Rule{{Clauses: []*security.Clause{noID(8080)}}, {Clauses: []*security.Clause{noID(8443)}}}},
+		{name: "strict with strict ports only", mode: strict, inherited: permissive,
+			ports: map[uint32]securityapi.PeerAuthentication_MutualTLS_Mode{8443: strict}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got := BuildPeerAuthentication(peerAuth("shop", true, tt.mode, tt.ports), tt.inherited)
+			if diff := cmp.Diff(tt.want, got.GetRules(), protocmp.Transform()); diff != "" {
+				t.Errorf("BuildPeerAuthentication() rules mismatch (-want +got):\n%s", diff)
 			}
 		})
 	}

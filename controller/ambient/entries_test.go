@@ -3,6 +3,8 @@ package ambient
 import (
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/testing/protocmp"
 	networkingapi "istio.io/api/networking/v1alpha3"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -232,5 +234,76 @@ func TestBuildEndpointSliceWorkloads(t *testing.T) {
 	}
 	if BuildEndpointSliceWorkloads(slice, nil, Config{}) != nil {
 		t.Error("workloads for a slice without its Service")
+	}
+}
+
+// TestEndpointSliceWorkloadFields checks what a pod-less endpoint's
+// Workload carries, as istiod builds it: the slice's name, no workload
+// name or type, canonical names, node or locality, HOST_NETWORK (its
+// address may be shared), TCP ports only, and nothing for an endpoint
+// with an unparsable or repeated address.
+func TestEndpointSliceWorkloadFields(t *testing.T) {
+	t.Parallel()
+	svc := testService("legacy", func(s *corev1.Service) {
+		s.Spec.Selector = nil
+		s.Spec.Ports = []corev1.ServicePort{
+			{Name: "http", Port: 80},
+			{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP},
+		}
+	})
+	ports := []discoveryv1.EndpointPort{
+		{Name: ptr.To("http"), Port: ptr.To[int32](8080), Protocol: ptr.To(corev1.ProtocolTCP)},
+		{Name: ptr.To("dns"), Port: ptr.To[int32](5353), Protocol: ptr.To(corev1.ProtocolUDP)},
+	}
+	workload := func(ip string, addr []byte) *workloadapi.Workload {
+		return &workloadapi.Workload{
+			Uid:         "Kubernetes/discovery.k8s.io/EndpointSlice/shop/legacy-manual/" + ip,
+			Name:        "legacy-manual",
+			Namespace:   "shop",
+			Addresses:   [][]byte{addr},
+			NetworkMode: workloadapi.NetworkMode_HOST_NETWORK,
+			ClusterId:   "Kubernetes",
+			Services: map[string]*workloadapi.PortList{"shop/legacy.shop.svc.cluster.local": {
+				Ports: []*workloadapi.Port{{ServicePort: 80, TargetPort: 8080}},
+			}},
+		}
+	}
+	for _, tt := range []struct {
+		name      string
+		endpoints []discoveryv1.Endpoint
+		want      []*workloadapi.Workload
+	}{
+		{
+			name: "node and a non-pod targetRef are not used",
+			endpoints: []discoveryv1.Endpoint{{
+				Addresses: []string{"10.250.0.5"},
+				NodeName:  ptr.To("node-1"),
+				TargetRef: &corev1.ObjectReference{Kind: "Node", Name: "node-1"},
+			}},
+			want: []*workloadapi.Workload{workload("10.250.0.5", []byte{10, 250, 0, 5})},
+		},
+		{
+			name: "unparsable and repeated addresses",
+			endpoints: []discoveryv1.Endpoint{
+				{Addresses: []string{"10.250.0.6"}},
+				{Addresses: []string{"10.250.0.6"}},
+				{Addresses: []string{"10.250.0.7", "not-an-ip"}},
+			},
+			want: []*workloadapi.Workload{workload("10.250.0.6", []byte{10, 250, 0, 6})},
+		},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			slice := &discoveryv1.EndpointSlice{
+				ObjectMeta:  metav1.ObjectMeta{Name: "legacy-manual", Namespace: "shop", Labels: map[string]string{discoveryv1.LabelServiceName: "legacy"}},
+				AddressType: discoveryv1.AddressTypeIPv4,
+				Ports:       ports,
+				Endpoints:   tt.endpoints,
+			}
+			got := BuildEndpointSliceWorkloads(slice, svc, Config{})
+			if diff := cmp.Diff(tt.want, got, protocmp.Transform()); diff != "" {
+				t.Errorf("BuildEndpointSliceWorkloads() mismatch (-want +got):\n%s", diff)
+			}
+		})
 	}
 }

@@ -12,6 +12,9 @@ const (
 	LabelUseWaypointNamespace = "istio.io/use-waypoint-namespace"
 	LabelWaypointFor          = "istio.io/waypoint-for"
 	LabelIngressUseWaypoint   = "istio.io/ingress-use-waypoint"
+	// AnnotationTrafficDistribution, on a Service, a ServiceEntry or their
+	// namespace, stands in for a Service's spec.trafficDistribution.
+	AnnotationTrafficDistribution = "networking.istio.io/traffic-distribution"
 	// LabelManagedGateway marks the resources of a managed gateway
 	// (waypoints), which never get a waypoint themselves.
 	LabelManagedGateway = "gateway.istio.io/managed"

@@ -99,16 +99,25 @@ func PeerAuthSelects(pa *securityv1.PeerAuthentication, lbls map[string]string) 
 
 // BuildPeerAuthentication converts a selector-bound PeerAuthentication with
 // port-level modes into converted_peer_authentication_<name>
-// (wire contract §1.8): DENY to peers without an identity on its STRICT
-// ports. inherited is the mode its namespace or the mesh gives when the
-// policy's own is UNSET. It returns nil for any other policy: those act
-// through StaticStrictPolicy and PolicyKey.
+// (wire contract §1.8), a DENY to peers without an identity. inherited is
+// the mode its namespace or the mesh gives; its own mode, when set, wins.
+//
+// Where the result is STRICT, the policy has one rule whose clauses must
+// all match: a connection without an identity (when its own mode is
+// STRICT), then, for each PERMISSIVE or DISABLE port, one clause "not to
+// this port", then again a connection without an identity when the
+// inherited mode is STRICT too (istiod lays it out so; the repeated clause
+// changes nothing). Otherwise it has one rule per STRICT port: a
+// connection without an identity to that port. Ports come in ascending
+// order. It returns nil for any other policy, or when no port differs from
+// the policy's mode: those act through StaticStrictPolicy and PolicyKey.
 func BuildPeerAuthentication(pa *securityv1.PeerAuthentication, inherited securityapi.PeerAuthentication_MutualTLS_Mode) *security.Authorization {
 	spec := &pa.Spec
 	if spec.GetSelector() == nil || len(spec.GetPortLevelMtls()) == 0 {
 		return nil
 	}
-	mode := spec.GetMtls().GetMode()
+	own := spec.GetMtls().GetMode()
+	mode := own
 	if mode == securityapi.PeerAuthentication_MutualTLS_UNSET {
 		mode = inherited
 	}
@@ -123,28 +132,54 @@ func BuildPeerAuthentication(pa *securityv1.PeerAuthentication, inherited securi
 	}
 	sortPorts(strictPorts)
 	sortPorts(relaxedPorts)
-	match := &security.Match{}
-	switch {
-	case mode == securityapi.PeerAuthentication_MutualTLS_STRICT:
-		match.NotDestinationPorts = relaxedPorts
-	case len(strictPorts) > 0:
-		match.DestinationPorts = strictPorts
-	default:
+	out := &security.Authorization{
+		Name:      convertedPeerAuthPolicyPrefix + pa.Name,
+		Namespace: pa.Namespace,
+		Scope:     security.Scope_WORKLOAD_SELECTOR,
+		Action:    security.Action_DENY,
+	}
+	if mode == securityapi.PeerAuthentication_MutualTLS_STRICT {
+		if len(relaxedPorts) == 0 {
+			return nil
+		}
+		var clauses []*security.Clause
+		if own == securityapi.PeerAuthentication_MutualTLS_STRICT {
+			clauses = append(clauses, noIdentity(&security.Match{}))
+		}
+		for _, port := range relaxedPorts {
+			clauses = append(clauses, &security.Clause{Matches: []*security.Match{{NotDestinationPorts: []uint32{port}}}})
+		}
+		if inherited == securityapi.PeerAuthentication_MutualTLS_STRICT {
+			clauses = append(clauses, noIdentity(&security.Match{}))
+		}
+		out.Rules = []*security.Rule{{Clauses: clauses}}
+		return out
+	}
+	for _, port := range strictPorts {
+		out.Rules = append(out.Rules, &security.Rule{Clauses: []*security.Clause{noIdentity(&security.Match{DestinationPorts: []uint32{port}})}})
+	}
+	if len(out.Rules) == 0 {
 		return nil
 	}
-	return denyPlaintext(convertedPeerAuthPolicyPrefix+pa.Name, pa.Namespace, match)
+	return out
+}
+
+// noIdentity is a clause matching m for connections without a peer
+// identity.
+func noIdentity(m *security.Match) *security.Clause {
+	m.NotPrincipals = []*security.StringMatch{{MatchType: &security.StringMatch_Presence{Presence: &emptypb.Empty{}}}}
+	return &security.Clause{Matches: []*security.Match{m}}
 }
 
 // denyPlaintext denies connections without a peer identity that match m,
 // for the workloads that list it.
 func denyPlaintext(name, namespace string, m *security.Match) *security.Authorization {
-	m.NotPrincipals = []*security.StringMatch{{MatchType: &security.StringMatch_Presence{Presence: &emptypb.Empty{}}}}
 	return &security.Authorization{
 		Name:      name,
 		Namespace: namespace,
 		Scope:     security.Scope_WORKLOAD_SELECTOR,
 		Action:    security.Action_DENY,
-		Rules:     []*security.Rule{{Clauses: []*security.Clause{{Matches: []*security.Match{m}}}}},
+		Rules:     []*security.Rule{{Clauses: []*security.Clause{noIdentity(m)}}},
 	}
 }
 

@@ -2,6 +2,8 @@ package ambient
 
 import (
 	"net/netip"
+	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -21,6 +23,9 @@ type ServiceInput struct {
 	// NamespaceLabels are the labels of the Service's namespace, for
 	// istio.io/ingress-use-waypoint.
 	NamespaceLabels map[string]string
+	// NamespaceAnnotations are the annotations of the Service's namespace,
+	// for networking.istio.io/traffic-distribution.
+	NamespaceAnnotations map[string]string
 	// Waypoint is the Service's resolved waypoint, or nil.
 	Waypoint *workloadapi.GatewayAddress
 }
@@ -43,7 +48,7 @@ func BuildService(in ServiceInput, cfg Config) *workloadapi.Service {
 		Namespace:     svc.Namespace,
 		Hostname:      ServiceHostname(svc.Name, svc.Namespace, cfg),
 		Addresses:     serviceAddresses(svc, cfg.Network),
-		LoadBalancing: loadBalancing(svc),
+		LoadBalancing: loadBalancing(svc, in.NamespaceAnnotations),
 		IpFamilies:    ipFamilies(svc.Spec.IPFamilies),
 		Canonical:     true,
 		Visibility:    export.Visibility,
@@ -60,12 +65,25 @@ func BuildService(in ServiceInput, cfg Config) *workloadapi.Service {
 			AppProtocol: servicePortAppProtocol(p),
 		})
 	}
-	ingress := svc.Labels[LabelIngressUseWaypoint]
-	if ingress == "" {
-		ingress = in.NamespaceLabels[LabelIngressUseWaypoint]
-	}
-	out.IngressUseWaypoint = ingress == "true"
+	out.IngressUseWaypoint = ingressUseWaypoint(out.Waypoint, svc.Labels, in.NamespaceLabels)
 	return out
+}
+
+// ingressUseWaypoint reads istio.io/ingress-use-waypoint from an object's
+// labels, else from its namespace's, for an object bound to a waypoint:
+// without one there is nothing to send ingress traffic through. The value
+// is a boolean as strconv reads it ("true", "1", "T", ...); any other
+// value is false.
+func ingressUseWaypoint(waypoint *workloadapi.GatewayAddress, lbls, namespaceLabels map[string]string) bool {
+	if waypoint == nil {
+		return false
+	}
+	v, ok := lbls[LabelIngressUseWaypoint]
+	if !ok {
+		v = namespaceLabels[LabelIngressUseWaypoint]
+	}
+	b, err := strconv.ParseBool(v)
+	return err == nil && b
 }
 
 // serviceAddresses are the ClusterIPs as VIPs on the network, without
@@ -87,30 +105,17 @@ func serviceAddresses(svc *corev1.Service, network string) []*workloadapi.Networ
 }
 
 // loadBalancing maps traffic policies to routing preferences
-// (wire contract §7.2).
-func loadBalancing(svc *corev1.Service) *workloadapi.LoadBalancing {
+// (wire contract §7.2): internalTrafficPolicy Local first, then the
+// traffic distribution (see distribution), then publishNotReadyAddresses.
+func loadBalancing(svc *corev1.Service, namespaceAnnotations map[string]string) *workloadapi.LoadBalancing {
 	var lb *workloadapi.LoadBalancing
-	switch {
-	case svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal:
+	if svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal {
 		lb = &workloadapi.LoadBalancing{
 			RoutingPreference: []workloadapi.LoadBalancing_Scope{workloadapi.LoadBalancing_NODE},
 			Mode:              workloadapi.LoadBalancing_STRICT,
 		}
-	case svc.Spec.TrafficDistribution != nil && preferSameZone(*svc.Spec.TrafficDistribution):
-		lb = &workloadapi.LoadBalancing{
-			RoutingPreference: []workloadapi.LoadBalancing_Scope{
-				workloadapi.LoadBalancing_NETWORK, workloadapi.LoadBalancing_REGION, workloadapi.LoadBalancing_ZONE,
-			},
-			Mode: workloadapi.LoadBalancing_FAILOVER,
-		}
-	case svc.Spec.TrafficDistribution != nil && *svc.Spec.TrafficDistribution == corev1.ServiceTrafficDistributionPreferSameNode:
-		lb = &workloadapi.LoadBalancing{
-			RoutingPreference: []workloadapi.LoadBalancing_Scope{
-				workloadapi.LoadBalancing_NETWORK, workloadapi.LoadBalancing_REGION, workloadapi.LoadBalancing_ZONE,
-				workloadapi.LoadBalancing_SUBZONE, workloadapi.LoadBalancing_NODE,
-			},
-			Mode: workloadapi.LoadBalancing_FAILOVER,
-		}
+	} else {
+		lb = distribution(svc.Spec.TrafficDistribution, svc.Annotations, namespaceAnnotations)
 	}
 	if svc.Spec.PublishNotReadyAddresses {
 		if lb == nil {
@@ -121,9 +126,50 @@ func loadBalancing(svc *corev1.Service) *workloadapi.LoadBalancing {
 	return lb
 }
 
-// preferSameZone accepts PreferSameZone and its older spelling PreferClose.
-func preferSameZone(td string) bool {
-	return td == corev1.ServiceTrafficDistributionPreferSameZone || td == corev1.ServiceTrafficDistributionPreferClose
+// distribution is the load balancing a traffic distribution asks for, or
+// nil for any endpoint. A known spec value wins; otherwise the
+// networking.istio.io/traffic-distribution annotation of the object, else
+// of its namespace, decides (its value compared without case; an unknown
+// value means any endpoint, and the namespace's is not read then).
+func distribution(spec *string, annotations, namespaceAnnotations map[string]string) *workloadapi.LoadBalancing {
+	value := ""
+	if spec != nil && knownDistribution(*spec) {
+		value = *spec
+	} else if v := annotations[AnnotationTrafficDistribution]; v != "" {
+		value = v
+	} else {
+		value = namespaceAnnotations[AnnotationTrafficDistribution]
+	}
+	switch {
+	case strings.EqualFold(value, corev1.ServiceTrafficDistributionPreferSameZone),
+		strings.EqualFold(value, corev1.ServiceTrafficDistributionPreferClose):
+		return &workloadapi.LoadBalancing{
+			RoutingPreference: []workloadapi.LoadBalancing_Scope{
+				workloadapi.LoadBalancing_NETWORK, workloadapi.LoadBalancing_REGION, workloadapi.LoadBalancing_ZONE,
+			},
+			Mode: workloadapi.LoadBalancing_FAILOVER,
+		}
+	case strings.EqualFold(value, corev1.ServiceTrafficDistributionPreferSameNode):
+		return &workloadapi.LoadBalancing{
+			RoutingPreference: []workloadapi.LoadBalancing_Scope{
+				workloadapi.LoadBalancing_NETWORK, workloadapi.LoadBalancing_REGION, workloadapi.LoadBalancing_ZONE,
+				workloadapi.LoadBalancing_SUBZONE, workloadapi.LoadBalancing_NODE,
+			},
+			Mode: workloadapi.LoadBalancing_FAILOVER,
+		}
+	}
+	return nil
+}
+
+// knownDistribution reports the spec.trafficDistribution values Canopy
+// acts on: PreferSameZone, its older spelling PreferClose, PreferSameNode.
+func knownDistribution(td string) bool {
+	switch td {
+	case corev1.ServiceTrafficDistributionPreferSameZone, corev1.ServiceTrafficDistributionPreferClose,
+		corev1.ServiceTrafficDistributionPreferSameNode:
+		return true
+	}
+	return false
 }
 
 func ipFamilies(f []corev1.IPFamily) workloadapi.IPFamilies {

@@ -14,8 +14,13 @@ type ServiceEntryInput struct {
 	ServiceEntry *networkingv1.ServiceEntry
 	// Waypoint is the ServiceEntry's resolved waypoint, or nil.
 	Waypoint *workloadapi.GatewayAddress
+	// NamespaceLabels and NamespaceAnnotations are those of the
+	// ServiceEntry's namespace, for istio.io/ingress-use-waypoint and
+	// networking.istio.io/traffic-distribution.
+	NamespaceLabels, NamespaceAnnotations map[string]string
 	// Policies are the keys of the selector-bound authorization policies
-	// that select the ServiceEntry's labels. Its endpoints list them: istiod
+	// that select the ServiceEntry's labels, every one in scope when it has
+	// none. Its endpoints list them: istiod
 	// selects an inline endpoint by its ServiceEntry's labels, not its own
 	// (serviceEntryWorkloadBuilder in pilot/pkg/serviceregistry/ambient).
 	Policies []string
@@ -54,6 +59,12 @@ func BuildServiceEntry(in ServiceEntryInput, cfg Config) ([]*workloadapi.Service
 	}
 	// Without addresses of its own, a host has those allocated in status.
 	allocated := allocatedVIPs(se, cfg.Network)
+	// Resolution NONE sends traffic on to the address it was sent to,
+	// whatever its health.
+	lb := &workloadapi.LoadBalancing{Mode: workloadapi.LoadBalancing_PASSTHROUGH, HealthPolicy: workloadapi.LoadBalancing_ALLOW_ALL}
+	if spec.GetResolution() != networkingapi.ServiceEntry_NONE {
+		lb = distribution(nil, se.Annotations, in.NamespaceAnnotations)
+	}
 	var services []*workloadapi.Service
 	for _, host := range spec.GetHosts() {
 		if !export.Published {
@@ -70,10 +81,13 @@ func BuildServiceEntry(in ServiceEntryInput, cfg Config) ([]*workloadapi.Service
 			Addresses:       hostVIPs,
 			Ports:           ports,
 			SubjectAltNames: spec.GetSubjectAltNames(),
+			LoadBalancing:   lb,
 			Visibility:      export.Visibility,
 		})
 		if !isWaypoint(se.Labels) {
-			services[len(services)-1].Waypoint = in.Waypoint
+			svc := services[len(services)-1]
+			svc.Waypoint = in.Waypoint
+			svc.IngressUseWaypoint = ingressUseWaypoint(in.Waypoint, se.Labels, in.NamespaceLabels)
 		}
 	}
 

@@ -3,6 +3,10 @@ package ambient
 import (
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/testing/protocmp"
+	networkingapi "istio.io/api/networking/v1alpha3"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
 
@@ -66,9 +70,10 @@ func TestBuildService(t *testing.T) {
 				{Name: "HTTP2", Port: 85},
 			}
 		})}},
-		{name: "ingress use waypoint from namespace", in: ServiceInput{Service: testService("echo"), NamespaceLabels: map[string]string{LabelIngressUseWaypoint: "true"}}},
+		{name: "ingress use waypoint from namespace", in: ServiceInput{Service: testService("echo"), Waypoint: waypoint, NamespaceLabels: map[string]string{LabelIngressUseWaypoint: "true"}}},
 		{name: "service label overrides namespace ingress use waypoint", in: ServiceInput{
 			Service:         testService("echo", func(s *corev1.Service) { s.Labels = map[string]string{LabelIngressUseWaypoint: "false"} }),
+			Waypoint:        waypoint,
 			NamespaceLabels: map[string]string{LabelIngressUseWaypoint: "true"},
 		}},
 		{name: "service waypoint", in: ServiceInput{Service: testService("echo"), Waypoint: waypoint}},
@@ -87,6 +92,140 @@ func TestBuildService(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			checkGolden(t, "service/"+golden(tt.name), BuildService(tt.in, tt.cfg))
+		})
+	}
+}
+
+// TestServiceLoadBalancing checks load_balancing: internalTrafficPolicy
+// Local first, then a known spec.trafficDistribution, then the
+// networking.istio.io/traffic-distribution annotation of the Service,
+// then of its namespace; publishNotReadyAddresses adds ALLOW_ALL.
+func TestServiceLoadBalancing(t *testing.T) {
+	t.Parallel()
+	zone := &workloadapi.LoadBalancing{
+		RoutingPreference: []workloadapi.LoadBalancing_Scope{workloadapi.LoadBalancing_NETWORK, workloadapi.LoadBalancing_REGION, workloadapi.LoadBalancing_ZONE},
+		Mode:              workloadapi.LoadBalancing_FAILOVER,
+	}
+	node := &workloadapi.LoadBalancing{
+		RoutingPreference: []workloadapi.LoadBalancing_Scope{
+			workloadapi.LoadBalancing_NETWORK, workloadapi.LoadBalancing_REGION, workloadapi.LoadBalancing_ZONE,
+			workloadapi.LoadBalancing_SUBZONE, workloadapi.LoadBalancing_NODE,
+		},
+		Mode: workloadapi.LoadBalancing_FAILOVER,
+	}
+	annotated := func(v string) func(*corev1.Service) {
+		return func(s *corev1.Service) { s.Annotations = map[string]string{AnnotationTrafficDistribution: v} }
+	}
+	nsAnnotation := func(v string) map[string]string { return map[string]string{AnnotationTrafficDistribution: v} }
+	for _, tt := range []struct {
+		name  string
+		svc   *corev1.Service
+		nsAnn map[string]string
+		want  *workloadapi.LoadBalancing
+	}{
+		{name: "nothing set", svc: testService("echo")},
+		{name: "service annotation", svc: testService("echo", annotated("PreferSameZone")), want: zone},
+		{name: "service annotation, any case", svc: testService("echo", annotated("prefersamenode")), want: node},
+		{name: "older spelling", svc: testService("echo", annotated("PreferClose")), want: zone},
+		{name: "namespace annotation", svc: testService("echo"), nsAnn: nsAnnotation("PreferSameNode"), want: node},
+		{name: "service annotation over namespace's", svc: testService("echo", annotated("PreferSameZone")), nsAnn: nsAnnotation("PreferSameNode"), want: zone},
+		{name: "unknown service annotation means any", svc: testService("echo", annotated("Elsewhere")), nsAnn: nsAnnotation("PreferSameNode")},
+		{name: "spec over annotations", svc: testService("echo", annotated("PreferSameZone"), func(s *corev1.Service) {
+			s.Spec.TrafficDistribution = ptr.To(corev1.ServiceTrafficDistributionPreferSameNode)
+		}), want: node},
+		{name: "unknown spec value falls back to annotations", svc: testService("echo", func(s *corev1.Service) {
+			s.Spec.TrafficDistribution = ptr.To("Elsewhere")
+		}), nsAnn: nsAnnotation("PreferSameZone"), want: zone},
+		{name: "local traffic policy over annotations", svc: testService("echo", annotated("PreferSameZone"), func(s *corev1.Service) {
+			s.Spec.InternalTrafficPolicy = ptr.To(corev1.ServiceInternalTrafficPolicyLocal)
+		}), want: &workloadapi.LoadBalancing{
+			RoutingPreference: []workloadapi.LoadBalancing_Scope{workloadapi.LoadBalancing_NODE},
+			Mode:              workloadapi.LoadBalancing_STRICT,
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got := BuildService(ServiceInput{Service: tt.svc, NamespaceAnnotations: tt.nsAnn}, Config{}).GetLoadBalancing()
+			if diff := cmp.Diff(tt.want, got, protocmp.Transform()); diff != "" {
+				t.Errorf("load_balancing mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestIngressUseWaypoint checks ingress_use_waypoint: the label of the
+// Service or ServiceEntry, else of its namespace, read as a boolean, and
+// only for one bound to a waypoint.
+func TestIngressUseWaypoint(t *testing.T) {
+	t.Parallel()
+	waypoint := &workloadapi.GatewayAddress{
+		Destination:   &workloadapi.GatewayAddress_Address{Address: &workloadapi.NetworkAddress{Address: []byte{10, 96, 0, 99}}},
+		HboneMtlsPort: 15008,
+	}
+	label := func(v string) map[string]string { return map[string]string{LabelIngressUseWaypoint: v} }
+	for _, tt := range []struct {
+		name         string
+		lbls, nsLbls map[string]string
+		waypoint     *workloadapi.GatewayAddress
+		want         bool
+	}{
+		{name: "label without a waypoint", lbls: label("true")},
+		{name: "namespace label without a waypoint", nsLbls: label("true")},
+		{name: "label with a waypoint", lbls: label("true"), waypoint: waypoint, want: true},
+		{name: "namespace label with a waypoint", nsLbls: label("true"), waypoint: waypoint, want: true},
+		{name: "other spellings of true", lbls: label("T"), waypoint: waypoint, want: true},
+		{name: "own label, even empty, over the namespace's", lbls: label(""), nsLbls: label("true"), waypoint: waypoint},
+		{name: "not a boolean", lbls: label("yes"), waypoint: waypoint},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			svc := testService("echo", func(s *corev1.Service) { s.Labels = tt.lbls })
+			if got := BuildService(ServiceInput{Service: svc, Waypoint: tt.waypoint, NamespaceLabels: tt.nsLbls}, Config{}).GetIngressUseWaypoint(); got != tt.want {
+				t.Errorf("Service ingress_use_waypoint = %v, want %v", got, tt.want)
+			}
+			se := serviceEntry(func(se *networkingv1.ServiceEntry) { se.Labels = tt.lbls })
+			svcs, _ := BuildServiceEntry(ServiceEntryInput{ServiceEntry: se, Waypoint: tt.waypoint, NamespaceLabels: tt.nsLbls}, Config{})
+			if got := svcs[0].GetIngressUseWaypoint(); got != tt.want {
+				t.Errorf("ServiceEntry ingress_use_waypoint = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestServiceEntryLoadBalancing checks a ServiceEntry's load_balancing:
+// PASSTHROUGH and ALLOW_ALL for resolution NONE, else the
+// networking.istio.io/traffic-distribution annotation of the entry, then
+// of its namespace.
+func TestServiceEntryLoadBalancing(t *testing.T) {
+	t.Parallel()
+	zone := &workloadapi.LoadBalancing{
+		RoutingPreference: []workloadapi.LoadBalancing_Scope{workloadapi.LoadBalancing_NETWORK, workloadapi.LoadBalancing_REGION, workloadapi.LoadBalancing_ZONE},
+		Mode:              workloadapi.LoadBalancing_FAILOVER,
+	}
+	for _, tt := range []struct {
+		name       string
+		resolution networkingapi.ServiceEntry_Resolution
+		ann, nsAnn map[string]string
+		want       *workloadapi.LoadBalancing
+	}{
+		{name: "static", resolution: networkingapi.ServiceEntry_STATIC},
+		{name: "none passes through", resolution: networkingapi.ServiceEntry_NONE, ann: map[string]string{AnnotationTrafficDistribution: "PreferSameZone"},
+			want: &workloadapi.LoadBalancing{Mode: workloadapi.LoadBalancing_PASSTHROUGH, HealthPolicy: workloadapi.LoadBalancing_ALLOW_ALL}},
+		{name: "annotation", resolution: networkingapi.ServiceEntry_DNS, ann: map[string]string{AnnotationTrafficDistribution: "PreferSameZone"}, want: zone},
+		{name: "namespace annotation", resolution: networkingapi.ServiceEntry_STATIC, nsAnn: map[string]string{AnnotationTrafficDistribution: "PreferClose"}, want: zone},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			se := serviceEntry(func(se *networkingv1.ServiceEntry) {
+				se.Spec.Resolution = tt.resolution
+				se.Annotations = tt.ann
+			})
+			svcs, _ := BuildServiceEntry(ServiceEntryInput{ServiceEntry: se, NamespaceAnnotations: tt.nsAnn}, Config{})
+			for _, s := range svcs {
+				if diff := cmp.Diff(tt.want, s.GetLoadBalancing(), protocmp.Transform()); diff != "" {
+					t.Errorf("%s load_balancing mismatch (-want +got):\n%s", s.GetHostname(), diff)
+				}
+			}
 		})
 	}
 }

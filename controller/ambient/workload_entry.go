@@ -21,7 +21,8 @@ type WorkloadEntryInput struct {
 	Services []*corev1.Service
 	// ServiceEntries select the entry by their workloadSelector.
 	ServiceEntries []*networkingv1.ServiceEntry
-	// Policies are the keys of the selector-bound policies selecting it.
+	// Policies are the keys of the selector-bound policies selecting it;
+	// an entry without labels is selected by every one in scope.
 	Policies []string
 	// MTLSPolicy is the key of the Authorization that enforces its
 	// PeerAuthentication mode, or empty.

@@ -91,8 +91,11 @@ func (x *Index) recomputeServiceEntry(c *change, k key) {
 	if se != nil {
 		in := ambient.ServiceEntryInput{ServiceEntry: se,
 			Waypoint: x.waypoint(owner, k.namespace, se.Labels, false)}
+		if ns := x.namespaces[k.namespace]; ns != nil {
+			in.NamespaceLabels, in.NamespaceAnnotations = ns.Labels, ns.Annotations
+		}
 		// Its endpoints are selected by the ServiceEntry's labels.
-		in.Policies = x.selectingPolicies(k.namespace, se.Labels)
+		in.Policies = x.entryPolicies(k.namespace, se.Labels)
 		in.MTLSPolicy = x.peerAuthsFor(k.namespace, se.Labels).PolicyKey(x.cfg)
 		x.addProblem(owner, ambient.ServiceEntryExport(se, x.cfg).Warning)
 		svcs, wls := ambient.BuildServiceEntry(in, x.cfg)
@@ -150,7 +153,7 @@ func (x *Index) recomputeWorkloadEntry(c *change, k key) {
 		}
 	}
 	sort.Slice(in.ServiceEntries, func(i, j int) bool { return in.ServiceEntries[i].Name < in.ServiceEntries[j].Name })
-	in.Policies = x.selectingPolicies(k.namespace, lbls)
+	in.Policies = x.entryPolicies(k.namespace, lbls)
 	in.MTLSPolicy = x.peerAuthsFor(k.namespace, lbls).PolicyKey(cfg)
 	x.setAddress(c, uid, &workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: ambient.BuildWorkloadEntry(in, cfg)}})
 }

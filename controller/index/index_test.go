@@ -15,11 +15,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/canopy-mesh/canopy/controller/ambient"
+	"github.com/canopy-mesh/canopy/workloadapi"
 )
 
 func pod(name, node string, lbls map[string]string, ip string) *corev1.Pod {
@@ -343,5 +345,65 @@ func TestPodReads(t *testing.T) {
 	}
 	if p := x.Pod("shop", "a"); p != nil {
 		t.Errorf("deleted pod still returned: %v", p.Name)
+	}
+}
+
+// TestIndexNamespaceTrafficDistribution: the namespace's
+// networking.istio.io/traffic-distribution annotation reaches its Services
+// and ServiceEntries, and only a change of it recomputes them.
+func TestIndexNamespaceTrafficDistribution(t *testing.T) {
+	x := New(ambient.Config{})
+	x.UpsertNamespace(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}})
+	x.UpsertService(service("echo", nil))
+	se := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Name: "ext", Namespace: "shop"}}
+	se.Spec.Hosts = []string{"api.example.com"}
+	se.Spec.Addresses = []string{"240.0.0.1"}
+	se.Spec.Resolution = networkingapi.ServiceEntry_STATIC
+	se.Spec.Ports = []*networkingapi.ServicePort{{Number: 443, Name: "https", Protocol: "TLS"}}
+	x.UpsertServiceEntry(se)
+	annotated := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop",
+		Annotations: map[string]string{ambient.AnnotationTrafficDistribution: "PreferSameZone"}}}
+	check(t, "annotation added", x.UpsertNamespace(annotated), addr(nil, []string{svc, "shop/api.example.com"}, nil))
+	for _, name := range []string{svc, "shop/api.example.com"} {
+		if got := x.Address(name).GetService().GetLoadBalancing().GetMode(); got != workloadapi.LoadBalancing_FAILOVER {
+			t.Errorf("%s load_balancing mode = %v, want FAILOVER", name, got)
+		}
+	}
+	other := annotated.DeepCopy()
+	other.Annotations["unrelated"] = "x"
+	check(t, "unrelated annotation", x.UpsertNamespace(other), ChangeSet{})
+}
+
+// TestIndexSliceTargetRefUID: an EndpointSlice targetRef joins a pod to a
+// selector-less Service when it carries the pod's uid or none; one with
+// another uid names an earlier pod of that name.
+func TestIndexSliceTargetRefUID(t *testing.T) {
+	const legacy = "shop/legacy.shop.svc.cluster.local"
+	for _, tt := range []struct {
+		name   string
+		refUID types.UID
+		want   bool
+	}{
+		{name: "the pod's uid", refUID: "uid-a", want: true},
+		{name: "no uid", refUID: "", want: true},
+		{name: "an earlier pod's uid", refUID: "uid-old", want: false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			x := New(ambient.Config{})
+			p := pod("a", "n1", nil, "10.244.1.5")
+			p.UID = "uid-a"
+			x.UpsertPod(p)
+			x.UpsertService(service("legacy", nil))
+			x.UpsertEndpointSlice(&discoveryv1.EndpointSlice{
+				ObjectMeta:  metav1.ObjectMeta{Name: "legacy-1", Namespace: "shop", Labels: map[string]string{discoveryv1.LabelServiceName: "legacy"}},
+				AddressType: discoveryv1.AddressTypeIPv4,
+				Endpoints: []discoveryv1.Endpoint{
+					{Addresses: []string{"10.244.1.5"}, TargetRef: &corev1.ObjectReference{Kind: "Pod", Name: "a", UID: tt.refUID}},
+				},
+			})
+			if got := x.Address(podA).GetWorkload().GetServices()[legacy] != nil; got != tt.want {
+				t.Errorf("pod a is a member of %s: %v, want %v", legacy, got, tt.want)
+			}
+		})
 	}
 }

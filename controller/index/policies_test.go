@@ -95,3 +95,53 @@ func TestIndexServiceEntryEndpointPolicies(t *testing.T) {
 		t.Errorf("endpoint policies after the PeerAuthentication went = %v", got)
 	}
 }
+
+// TestIndexUnlabelledEntryPolicies: a WorkloadEntry or ServiceEntry
+// without labels lists every selector-bound policy of its namespace and
+// the root namespace, whatever the selector, as istiod does; a pod without
+// labels lists none of them, and neither do entries of other namespaces.
+func TestIndexUnlabelledEntryPolicies(t *testing.T) {
+	x := New(ambient.Config{})
+	x.UpsertPod(pod("a", "n1", nil, "10.244.1.5"))
+	we := &networkingv1.WorkloadEntry{ObjectMeta: metav1.ObjectMeta{Name: "vm-1", Namespace: "shop"}}
+	we.Spec.Address = "10.10.1.1"
+	x.UpsertWorkloadEntry(we)
+	se := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Name: "ext", Namespace: "shop"}}
+	se.Spec.Hosts = []string{"api.example.com"}
+	se.Spec.Ports = []*networkingapi.ServicePort{{Number: 443, Name: "https", Protocol: "TLS"}}
+	se.Spec.Endpoints = []*networkingapi.WorkloadEntry{{Address: "10.10.0.5", Labels: map[string]string{"app": "ext"}}}
+	x.UpsertServiceEntry(se)
+	other := &networkingv1.WorkloadEntry{ObjectMeta: metav1.ObjectMeta{Name: "vm-2", Namespace: "other"}}
+	other.Spec.Address = "10.10.1.2"
+	x.UpsertWorkloadEntry(other)
+
+	weUID := "Kubernetes/networking.istio.io/WorkloadEntry/shop/vm-1"
+	epUID := "Kubernetes/networking.istio.io/ServiceEntry/shop/ext/10.10.0.5"
+	otherUID := "Kubernetes/networking.istio.io/WorkloadEntry/other/vm-2"
+	check(t, "policy selecting other labels", x.UpsertAuthorizationPolicy(selectorPolicy("shop", "allow-web", map[string]string{"app": "web"})), ChangeSet{
+		Addresses:      Changes{Updated: []string{epUID, weUID}},
+		Authorizations: Changes{Added: []string{"shop/allow-web"}},
+	})
+	x.UpsertAuthorizationPolicy(selectorPolicy("istio-system", "root-web", map[string]string{"app": "web"}))
+	// Policies without a selector are not listed on any workload.
+	ns := &securityv1.AuthorizationPolicy{ObjectMeta: metav1.ObjectMeta{Name: "ns-wide", Namespace: "shop"}}
+	x.UpsertAuthorizationPolicy(ns)
+
+	for _, tt := range []struct {
+		uid  string
+		want []string
+	}{
+		{podA, nil},
+		{weUID, []string{"istio-system/root-web", "shop/allow-web"}},
+		{epUID, []string{"istio-system/root-web", "shop/allow-web"}},
+		{otherUID, []string{"istio-system/root-web"}},
+	} {
+		if diff := cmp.Diff(tt.want, x.Address(tt.uid).GetWorkload().GetAuthorizationPolicies()); diff != "" {
+			t.Errorf("%s authorization_policies (-want +got):\n%s", tt.uid, diff)
+		}
+	}
+	check(t, "policy deleted", x.DeleteAuthorizationPolicy("shop", "allow-web"), ChangeSet{
+		Addresses:      Changes{Updated: []string{epUID, weUID}},
+		Authorizations: Changes{Removed: []string{"shop/allow-web"}},
+	})
+}

@@ -3,6 +3,7 @@ package index
 import (
 	"slices"
 
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/canopy-mesh/canopy/controller/ambient"
@@ -55,6 +56,26 @@ func slicePodKeys(s *discoveryv1.EndpointSlice) []key {
 		}
 	}
 	return out
+}
+
+// slicesPointAt reports whether an endpoint of the Service's slices points
+// at the pod: a targetRef of its name that carries its uid, or no uid at
+// all. A targetRef with another uid names an earlier pod of that name, and
+// does not make the pod a member.
+func (x *Index) slicesPointAt(svc key, pod *corev1.Pod) bool {
+	for sk := range x.slicesByService[svc] {
+		s := x.slices[sk]
+		for _, ep := range s.Endpoints {
+			ref := ep.TargetRef
+			if ref == nil || ref.Kind != "Pod" || ref.Name != pod.Name || (ref.Namespace != "" && ref.Namespace != pod.Namespace) {
+				continue
+			}
+			if ref.UID == "" || ref.UID == pod.UID {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (x *Index) sliceChanged(k key, old, cur *discoveryv1.EndpointSlice) ChangeSet {

@@ -24,7 +24,8 @@ func (x *Index) UpsertNamespace(ns *corev1.Namespace) ChangeSet {
 	defer x.mu.Unlock()
 	old := x.namespaces[ns.Name]
 	x.namespaces[ns.Name] = ns
-	if old != nil && sameLabels(old.Labels, ns.Labels, namespaceLabels) {
+	if old != nil && sameLabels(old.Labels, ns.Labels, namespaceLabels) &&
+		sameLabels(old.Annotations, ns.Annotations, namespaceAnnotations) {
 		return ChangeSet{} // nothing the tables read changed
 	}
 	if cs, changed := x.updateNetwork(); changed {
@@ -105,10 +106,11 @@ func drop[T any](objs map[key]T, byNamespace map[string]map[key]bool, k key) T {
 	return old
 }
 
-// The labels the tables read from namespaces and nodes.
+// The labels and annotations the tables read from namespaces and nodes.
 var (
-	namespaceLabels = []string{ambient.LabelUseWaypoint, ambient.LabelUseWaypointNamespace, ambient.LabelIngressUseWaypoint, ambient.LabelNetwork}
-	nodeLabels      = []string{corev1.LabelTopologyRegion, corev1.LabelTopologyZone, ambient.LabelSubzone}
+	namespaceLabels      = []string{ambient.LabelUseWaypoint, ambient.LabelUseWaypointNamespace, ambient.LabelIngressUseWaypoint, ambient.LabelNetwork}
+	namespaceAnnotations = []string{ambient.AnnotationTrafficDistribution}
+	nodeLabels           = []string{corev1.LabelTopologyRegion, corev1.LabelTopologyZone, ambient.LabelSubzone}
 )
 
 func sameLabels(a, b map[string]string, keys []string) bool {
@@ -259,7 +261,7 @@ func (x *Index) policyChanged(k key, old, cur *securityv1.AuthorizationPolicy) C
 			}
 			for wk := range entries {
 				lbls := entryLabels(x.workloadEntries[wk])
-				if policySelects(old, lbls) || policySelects(cur, lbls) {
+				if entryPolicySelects(old, lbls) || entryPolicySelects(cur, lbls) {
 					x.recomputeWorkloadEntry(&c, wk)
 				}
 			}
@@ -271,7 +273,7 @@ func (x *Index) policyChanged(k key, old, cur *securityv1.AuthorizationPolicy) C
 			}
 			for sk := range entries {
 				lbls := x.serviceEntries[sk].Labels
-				if policySelects(old, lbls) || policySelects(cur, lbls) {
+				if entryPolicySelects(old, lbls) || entryPolicySelects(cur, lbls) {
 					x.recomputeServiceEntry(&c, sk)
 				}
 			}
@@ -289,13 +291,23 @@ func joinWarnings(w []string) string {
 }
 
 // selectingPolicies are the keys of the published selector-bound policies
-// that select a workload of namespace ns with labels lbls: its namespace's
-// and the root namespace's.
+// that select a pod of namespace ns with labels lbls: its namespace's and
+// the root namespace's.
 func (x *Index) selectingPolicies(ns string, lbls map[string]string) []string {
+	return x.policiesWhere(ns, func(p *securityv1.AuthorizationPolicy) bool { return policySelects(p, lbls) })
+}
+
+// entryPolicies is selectingPolicies for a WorkloadEntry or a
+// ServiceEntry's endpoints, selected by lbls (see entryPolicySelects).
+func (x *Index) entryPolicies(ns string, lbls map[string]string) []string {
+	return x.policiesWhere(ns, func(p *securityv1.AuthorizationPolicy) bool { return entryPolicySelects(p, lbls) })
+}
+
+func (x *Index) policiesWhere(ns string, picks func(*securityv1.AuthorizationPolicy) bool) []string {
 	var out []string
 	for _, pns := range []string{ns, x.cfg.RootNamespace} {
 		for pk := range x.policiesByNamespace[pns] {
-			if policySelects(x.policies[pk], lbls) && x.authorizations[pk.String()] != nil {
+			if picks(x.policies[pk]) && x.authorizations[pk.String()] != nil {
 				out = append(out, pk.String())
 			}
 		}
@@ -330,6 +342,19 @@ func policySelects(p *securityv1.AuthorizationPolicy, lbls map[string]string) bo
 		return false
 	}
 	return labels.SelectorFromValidatedSet(p.Spec.GetSelector().GetMatchLabels()).Matches(labels.Set(lbls))
+}
+
+// entryPolicySelects is policySelects for a WorkloadEntry or a
+// ServiceEntry's endpoints: one without any labels is picked by every
+// selector-bound policy in scope, whatever its selector, as istiod lists
+// them (its buildWorkloadPolicies filters by labels only when the entry
+// has some). Pods keep the plain rule. The list on an entry changes no
+// decision of a node proxy, which enforces policies for its own pods only.
+func entryPolicySelects(p *securityv1.AuthorizationPolicy, lbls map[string]string) bool {
+	if len(lbls) == 0 {
+		return hasSelector(p)
+	}
+	return policySelects(p, lbls)
 }
 
 // UpsertPeerAuthentication records a PeerAuthentication: it changes the
@@ -521,7 +546,7 @@ func (x *Index) recomputePod(c *change, k key) {
 		svc := x.services[sk]
 		// Members: selected by the Service, or, for a selector-less
 		// Service, pointed at by its EndpointSlices.
-		if selects(svc.Spec.Selector, pod.Labels) || (len(svc.Spec.Selector) == 0 && x.slicePods[k][sk]) {
+		if selects(svc.Spec.Selector, pod.Labels) || (len(svc.Spec.Selector) == 0 && x.slicePods[k][sk] && x.slicesPointAt(sk, pod)) {
 			in.Services = append(in.Services, svc)
 		}
 	}
@@ -558,7 +583,7 @@ func (x *Index) recomputeService(c *change, k key) {
 	in := ambient.ServiceInput{Service: svc, Waypoint: x.waypoint(owner, k.namespace, svc.Labels, false)}
 	x.addProblem(owner, ambient.ServiceExport(svc, x.cfg).Warning)
 	if ns := x.namespaces[k.namespace]; ns != nil {
-		in.NamespaceLabels = ns.Labels
+		in.NamespaceLabels, in.NamespaceAnnotations = ns.Labels, ns.Annotations
 	}
 	claim.Created = svc.CreationTimestamp.Time
 	x.publishService(c, name, serviceSource{service: ambient.BuildService(in, x.cfg), claim: claim})
