@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"sync"
@@ -205,8 +206,10 @@ func (s *Server) envoyRequest(ctx context.Context, c *envoyConn, stream grpc.Bid
 // only when they differ from what was last sent.
 func (s *Server) envoyRespond(ctx context.Context, c *envoyConn, stream grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse], typ string, w *envoyWatch, always bool, cancel context.CancelCauseFunc) error {
 	gen := s.envoyGen.Load()
-	mesh := s.mesh.get(gen)
-	out := mesh.Generate(sidecarProxy(c.proxy), typ, w.names)
+	out, err := s.generate(gen, c.proxy, typ, w.names)
+	if err != nil {
+		return err
+	}
 	resp := &discoveryv3.DiscoveryResponse{TypeUrl: typ, VersionInfo: strconv.FormatUint(gen, 10), ControlPlane: s.controlPlane()}
 	sent := make(map[string]string, len(out))
 	for _, n := range out {
@@ -237,6 +240,19 @@ func (s *Server) envoyRespond(ctx context.Context, c *envoyConn, stream grpc.Bid
 	s.metrics.pushes.WithLabelValues(short).Inc()
 	s.metrics.resourcesSent.WithLabelValues(short).Add(float64(len(resp.Resources)))
 	return nil
+}
+
+// generate runs the generators for one proxy. A panic there is a bug
+// that input reached: it ends this stream with Internal and is logged,
+// and the controller keeps serving everyone else.
+func (s *Server) generate(gen uint64, p Proxy, typ string, names []string) (out []sidecar.Named, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.log.Error("generating Envoy resources failed", "proxy", p.ProxyID, "type", shortType(typ), "panic", r, "stack", string(debug.Stack()))
+			err = s.streamError("internal", codes.Internal, "generating %s failed", shortType(typ))
+		}
+	}()
+	return s.mesh.get(gen).Generate(sidecarProxy(p), typ, names), nil
 }
 
 // sendDeadline cuts a proxy off when a send does not complete within the
