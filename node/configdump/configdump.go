@@ -48,7 +48,7 @@ type Workload struct {
 	NetworkGateway *Gateway           `json:"networkGateway,omitempty"`
 	NativeTunnel   bool               `json:"nativeTunnel,omitempty"`
 	AppTunnel      *ApplicationTunnel `json:"applicationTunnel,omitempty"`
-	Locality       *Locality          `json:"locality,omitempty"`
+	Locality       *Locality          `json:"locality,omitempty"` // left out when all empty
 	// Capacity is always written, 1 when the workload names none.
 	Capacity uint32 `json:"capacity"`
 }
@@ -206,7 +206,7 @@ func Workloads(s workloadtable.Snapshot) []Workload {
 		if c := w.GetCapacity(); c != nil {
 			x.Capacity = c.GetValue()
 		}
-		if l := w.GetLocality(); l != nil {
+		if l := w.GetLocality(); l.GetRegion() != "" || l.GetZone() != "" || l.GetSubzone() != "" {
 			x.Locality = &Locality{Region: l.GetRegion(), Zone: l.GetZone(), Subzone: l.GetSubzone()}
 		}
 		if t := w.GetApplicationTunnel(); t != nil {

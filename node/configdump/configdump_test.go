@@ -88,6 +88,7 @@ func mesh(t *testing.T) workloadtable.Snapshot {
 			Uid: workloadapi.PodUID("Kubernetes", "monitoring", "node-exporter-x1"), Name: "node-exporter-x1", Namespace: "monitoring",
 			Addresses: ips(t, "172.18.0.2"), NetworkMode: workloadapi.NetworkMode_HOST_NETWORK, TrustDomain: "example.org",
 			Node: "node-a", WorkloadType: workloadapi.WorkloadType_POD, Status: workloadapi.WorkloadStatus_UNHEALTHY,
+			Locality: &workloadapi.Locality{}, // all empty: left out, as ztunnel leaves out a default locality
 		},
 		{
 			Uid: "Kubernetes/networking.istio.io/WorkloadEntry/legacy/vm-1", Name: "vm-1", Namespace: "legacy",
