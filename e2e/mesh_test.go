@@ -62,6 +62,7 @@ func TestMesh(t *testing.T) {
 		{"FreshNodesStartNoPodOutsideTheMesh", testFreshNodes},
 		{"InstallUnderChartIdentities", testChartIdentities},
 		{"DemoScenario", testDemoScenario},
+		{"IstioctlShowsWhatCanopyctlShows", testIstioctl},
 		{"StrictPeerAuthenticationRefusesPlaintext", testStrict},
 		{"AllowPolicyByServiceAccount", testAllowByServiceAccount},
 		{"UnlabelledNamespaceLeavesTheMesh", testUnlabel},
