@@ -261,7 +261,7 @@ func Uninstall(ctx context.Context, c *cluster.Cluster, opts UninstallOptions, w
 	}
 	if opts.Wait > 0 {
 		err = wait.PollUntilContextTimeout(ctx, time.Second, opts.Wait, true, func(ctx context.Context) (bool, error) {
-			pods, err := c.Client.CoreV1().Pods(opts.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + cluster.CNIAgentApp})
+			pods, err := c.Client.CoreV1().Pods(opts.Namespace).List(ctx, metav1.ListOptions{LabelSelector: cluster.Selector(cluster.CNIAgentApp)})
 			// A failed list is retried: giving up here would leave the
 			// agents gone and the rest of Canopy half deleted.
 			return err == nil && len(pods.Items) == 0, nil
@@ -277,7 +277,7 @@ func Uninstall(ctx context.Context, c *cluster.Cluster, opts UninstallOptions, w
 	if opts.Purge {
 		// A controller still stopping would publish the ConfigMaps again.
 		err := wait.PollUntilContextTimeout(ctx, time.Second, max(opts.Wait, 30*time.Second), true, func(ctx context.Context) (bool, error) {
-			pods, err := c.Client.CoreV1().Pods(opts.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + cluster.ControllerApp})
+			pods, err := c.Client.CoreV1().Pods(opts.Namespace).List(ctx, metav1.ListOptions{LabelSelector: cluster.Selector(cluster.ControllerApp)})
 			return err == nil && len(pods.Items) == 0, nil
 		})
 		if err != nil {

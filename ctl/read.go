@@ -227,7 +227,7 @@ func ProxyStatus(ctx context.Context, c PodReader, opts ProxyStatusOptions, out 
 		all = append(all, cs)
 	}
 	if len(all) == 0 {
-		return fmt.Errorf("no ready canopy-controller pod in namespace %s: see kubectl -n %s describe pods -l app=%s", opts.Namespace, opts.Namespace, cluster.ControllerApp)
+		return fmt.Errorf("no ready canopy-controller pod in namespace %s: see kubectl -n %s describe pods -l %s", opts.Namespace, opts.Namespace, cluster.Selector(cluster.ControllerApp))
 	}
 	if opts.Output.data() {
 		return printData(out, opts.Output, all)
@@ -341,7 +341,7 @@ func noReadyPodOnNode(pods []corev1.Pod, namespace, app, node string) error {
 	}
 	slices.Sort(nodes)
 	if len(nodes) == 0 {
-		return fmt.Errorf("no ready %s pod on node %s, nor on any other: see kubectl -n %s describe pods -l app=%s", app, node, namespace, app)
+		return fmt.Errorf("no ready %s pod on node %s, nor on any other: see kubectl -n %s describe pods -l %s", app, node, namespace, cluster.Selector(app))
 	}
 	return fmt.Errorf("no ready %s pod on node %s: ready ones run on %s (kubectl get nodes lists the nodes)", app, node, strings.Join(nodes, ", "))
 }
@@ -371,7 +371,7 @@ func pickPod(ctx context.Context, c PodReader, namespace, app, name, node string
 	if name != "" {
 		p, err := c.Pod(ctx, namespace, name)
 		if err != nil {
-			return nil, fmt.Errorf("%w: kubectl -n %s get pods -l app=%s lists them", err, namespace, app)
+			return nil, fmt.Errorf("%w: kubectl -n %s get pods -l %s lists them", err, namespace, cluster.Selector(app))
 		}
 		return p, nil
 	}
@@ -387,7 +387,7 @@ func pickPod(ctx context.Context, c PodReader, namespace, app, name, node string
 	if node != "" {
 		return nil, noReadyPodOnNode(pods, namespace, app, node)
 	}
-	return nil, fmt.Errorf("no ready %s pod in namespace %s (%d not ready): see kubectl -n %s describe pods -l app=%s", app, namespace, len(pods), namespace, app)
+	return nil, fmt.Errorf("no ready %s pod in namespace %s (%d not ready): see kubectl -n %s describe pods -l %s", app, namespace, len(pods), namespace, cluster.Selector(app))
 }
 
 func printData(w io.Writer, o Output, v any) error {

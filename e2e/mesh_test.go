@@ -62,6 +62,7 @@ func TestMesh(t *testing.T) {
 		{"FreshNodesStartNoPodOutsideTheMesh", testFreshNodes},
 		{"InstallUnderChartIdentities", testChartIdentities},
 		{"DemoScenario", testDemoScenario},
+		{"IstioctlShowsWhatCanopyctlShows", testIstioctl},
 		{"StrictPeerAuthenticationRefusesPlaintext", testStrict},
 		{"AllowPolicyByServiceAccount", testAllowByServiceAccount},
 		{"UnlabelledNamespaceLeavesTheMesh", testUnlabel},
@@ -316,7 +317,7 @@ func testDemoScenario(t *testing.T, m *mesh) {
 	}
 	// The debug views (the whole mesh's configuration) are not on the
 	// network: only a port-forward reaches them.
-	ctrl := m.pods(t, system, "app="+cluster.ControllerApp)[0]
+	ctrl := m.pods(t, system, cluster.Selector(cluster.ControllerApp))[0]
 	legacy := m.pods(t, "legacy", "app=legacy")[0]
 	if err := m.dial(t, &legacy, ctrl.Status.PodIP+":15015"); err == nil {
 		t.Error("the controller's debug port answers on the pod network")

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
 	"net/http"
 	"os"
 	"sync"
@@ -18,6 +17,7 @@ import (
 	"github.com/canopy-mesh/canopy/ca/pki"
 	"github.com/canopy-mesh/canopy/ca/rootstore"
 	"github.com/canopy-mesh/canopy/internal/testing/eventually"
+	"github.com/canopy-mesh/canopy/node/configdump"
 )
 
 // mirrorConfigMap writes key of a ConfigMap to path whenever it changes,
@@ -139,12 +139,10 @@ type dump struct {
 	TrustedRoots []struct{ PEM string }
 }
 
+// parsePEM decodes a dumped certificate (base64 of its PEM text); nil if
+// it is not one.
 func parsePEM(s string) *x509.Certificate {
-	b, _ := pem.Decode([]byte(s))
-	if b == nil {
-		return nil
-	}
-	c, _ := x509.ParseCertificate(b.Bytes)
+	c, _ := configdump.ParsePEM(s)
 	return c
 }
 

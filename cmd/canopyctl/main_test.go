@@ -59,7 +59,7 @@ func pod(name, app, node string, ready bool) corev1.Pod {
 		status = corev1.ConditionTrue
 	}
 	return corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "istio-system", Labels: map[string]string{"app": app}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "istio-system", Labels: map[string]string{cluster.ComponentLabel: app}},
 		Spec:       corev1.PodSpec{NodeName: node},
 		Status:     corev1.PodStatus{Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: status}}},
 	}
@@ -86,7 +86,7 @@ func newFakeCluster() *fakeCluster {
 func (f *fakeCluster) Pods(_ context.Context, namespace, app string) ([]corev1.Pod, error) {
 	var out []corev1.Pod
 	for _, p := range f.pods {
-		if p.Namespace == namespace && p.Labels["app"] == app {
+		if p.Namespace == namespace && p.Labels[cluster.ComponentLabel] == app {
 			out = append(out, p)
 		}
 	}

@@ -30,7 +30,16 @@ import (
 	"k8s.io/client-go/transport/spdy"
 )
 
-// Well-known pod labels and ports of Canopy's components.
+// ComponentLabel is the pod label whose value names a Canopy component
+// (ControllerApp, NodeProxyApp, CNIAgentApp). Pods are found by it, not
+// by "app", which the chart sets to the Istio component each replaces
+// (istiod, ztunnel) so that istioctl finds them.
+const ComponentLabel = "app.kubernetes.io/name"
+
+// Selector selects the pods of a component.
+func Selector(component string) string { return ComponentLabel + "=" + component }
+
+// Well-known components and ports of Canopy's components.
 const (
 	ControllerApp          = "canopy-controller"
 	NodeProxyApp           = "canopy-node"
@@ -136,10 +145,10 @@ func (c *Cluster) probe(ctx context.Context) error {
 	return fmt.Errorf("cannot reach the API server at %s: %w; is the cluster running? check --kubeconfig/--context", c.Config.Host, err)
 }
 
-// Pods lists the pods of a component (its "app" label) in namespace,
+// Pods lists the pods of a component (its ComponentLabel) in namespace,
 // ready ones first, then by name. No pod is an error that says what to do.
 func (c *Cluster) Pods(ctx context.Context, namespace, app string) ([]corev1.Pod, error) {
-	list, err := c.Client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + app})
+	list, err := c.Client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: Selector(app)})
 	if err != nil {
 		return nil, fmt.Errorf("list %s pods in namespace %s: %w", app, namespace, err)
 	}

@@ -68,6 +68,10 @@ func ProxyStatusTable(cs []ControllerStatus, verbose bool, now time.Time) Table 
 			for _, ts := range p.Types {
 				names = append(names, ts.Type)
 			}
+			// In istioctl's order, that of the types' URLs, which for
+			// every type it names (CDS, ECDS, EDS, LDS, RDS, WADS,
+			// WDS) is also their short names' order.
+			slices.Sort(names)
 			t.Rows = append(t.Rows, []string{p.ProxyID, p.Cluster, r.controller, orDash(p.Version), fmt.Sprintf("%d (%s)", len(names), strings.Join(names, ","))})
 			continue
 		}

@@ -72,7 +72,7 @@ func TestRenderShape(t *testing.T) {
 		"PodDisruptionBudget canopy-system/canopy-controller",
 		"Deployment canopy-system/canopy-controller",
 		"DaemonSet canopy-system/canopy-cni-agent",
-		"DaemonSet canopy-system/canopy-node",
+		"DaemonSet canopy-system/ztunnel",
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("objects (-want +got):\n%s", diff)
@@ -80,7 +80,7 @@ func TestRenderShape(t *testing.T) {
 	wantImages := map[string]string{
 		"canopy-controller": "example/mesh/canopy-controller:v0.9.0",
 		"canopy-cni-agent":  "example/mesh/canopy-cni-agent:v0.9.0",
-		"canopy-node":       "example/mesh/canopy-node:v0.9.0",
+		"ztunnel":           "example/mesh/canopy-node:v0.9.0", // the DaemonSet is named as Istio's node proxy
 	}
 	if diff := cmp.Diff(wantImages, images); diff != "" {
 		t.Errorf("images (-want +got):\n%s", diff)

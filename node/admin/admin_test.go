@@ -50,9 +50,10 @@ func TestConfigDumpShape(t *testing.T) {
 	want := map[string]any{
 		"workloads": []any{map[string]any{"uid": "u1", "workloadIps": []any{"10.244.1.5"}, "protocol": "HBONE", "networkMode": "Standard", "name": "web-1", "namespace": "apps",
 			"serviceAccount": "default", "trustDomain": "cluster.local", "workloadType": "deployment", "node": "node-1",
-			"services": []any{"apps/web.apps.svc.cluster.local"}, "status": "Healthy"}},
+			"services": []any{"apps/web.apps.svc.cluster.local"}, "status": "Healthy", "clusterId": "Kubernetes", "capacity": float64(1)}},
 		"services": []any{map[string]any{"name": "web", "namespace": "apps", "hostname": "web.apps.svc.cluster.local", "vips": []any{"/10.96.0.10"},
-			"ports": map[string]any{"80": float64(8080)}, "endpoints": map[string]any{"u1": map[string]any{"workloadUid": "u1", "status": "Healthy"}}}},
+			"ports": map[string]any{"80": float64(8080)}, "endpoints": map[string]any{"u1": map[string]any{"workloadUid": "u1", "port": map[string]any{}, "status": "Healthy"}},
+			"subjectAltNames": []any{}}},
 		"policies": []any{map[string]any{"name": "strict", "namespace": "istio-system", "scope": "Global", "action": "Deny", "dryRun": false,
 			"rules": []any{[]any{[]any{map[string]any{"notPrincipals": []any{map[string]any{"Presence": []any{}}}}}}}}},
 		"certificates": []any{}, "workloadState": map[string]any{}, "version": "test", "config": nil,

@@ -6,7 +6,10 @@ package configdump
 
 import (
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/pem"
+	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -36,10 +39,32 @@ type Workload struct {
 	Hostname              string   `json:"hostname,omitempty"`
 	Node                  string   `json:"node,omitempty"`
 	AuthorizationPolicies []string `json:"authorizationPolicies,omitempty"`
-	ClusterID             string   `json:"clusterId,omitempty"`
-	Services              []string `json:"services,omitempty"`
-	Status                string   `json:"status"`
-	Waypoint              *Gateway `json:"waypoint,omitempty"`
+	// ClusterID is always written, "Kubernetes" when the workload names
+	// none, as ztunnel applies that default.
+	ClusterID      string             `json:"clusterId"`
+	Services       []string           `json:"services,omitempty"`
+	Status         string             `json:"status"`
+	Waypoint       *Gateway           `json:"waypoint,omitempty"`
+	NetworkGateway *Gateway           `json:"networkGateway,omitempty"`
+	NativeTunnel   bool               `json:"nativeTunnel,omitempty"`
+	AppTunnel      *ApplicationTunnel `json:"applicationTunnel,omitempty"`
+	Locality       *Locality          `json:"locality,omitempty"` // left out when all empty
+	// Capacity is always written, 1 when the workload names none.
+	Capacity uint32 `json:"capacity"`
+}
+
+// Locality is where a workload runs.
+type Locality struct {
+	Region  string `json:"region"`
+	Zone    string `json:"zone"`
+	Subzone string `json:"subzone"`
+}
+
+// ApplicationTunnel is how a workload takes tunneled traffic itself:
+// protocol NONE or PROXY, and the port when it is not the default.
+type ApplicationTunnel struct {
+	Protocol string `json:"protocol"`
+	Port     uint32 `json:"port,omitempty"`
 }
 
 // Gateway is a waypoint or network gateway reference.
@@ -56,13 +81,32 @@ type Service struct {
 	VIPs      []string            `json:"vips"`
 	Ports     map[string]uint32   `json:"ports"`
 	Endpoints map[string]Endpoint `json:"endpoints"`
-	Waypoint  *Gateway            `json:"waypoint,omitempty"`
+	// SubjectAltNames is always written, an empty list when the service
+	// names none.
+	SubjectAltNames []string      `json:"subjectAltNames"`
+	Waypoint        *Gateway      `json:"waypoint,omitempty"`
+	LoadBalancer    *LoadBalancer `json:"loadBalancer,omitempty"`
+	// IPFamilies is Dual, IPv4 or IPv6; left out when automatic.
+	IPFamilies string `json:"ipFamilies,omitempty"`
 }
 
-// Endpoint is one workload of a service.
+// LoadBalancer is a service's endpoint selection, spelled as ztunnel's
+// variant names: routing preferences Region, Zone, Subzone, Node,
+// Cluster, Network; mode Standard, Strict, Failover, Passthrough; health
+// policy OnlyHealthy, AllowAll.
+type LoadBalancer struct {
+	RoutingPreferences []string `json:"routingPreferences"`
+	Mode               string   `json:"mode"`
+	HealthPolicy       string   `json:"healthPolicy"`
+}
+
+// Endpoint is one workload of a service, with the workload's own ports
+// for it (service port as a string -> target port; empty when the
+// workload names none and the service's apply).
 type Endpoint struct {
-	WorkloadUID string `json:"workloadUid"`
-	Status      string `json:"status"`
+	WorkloadUID string            `json:"workloadUid"`
+	Port        map[string]uint32 `json:"port"`
+	Status      string            `json:"status"`
 }
 
 // Policy is an authorization policy; Rules nest rules, clauses, matches.
@@ -76,7 +120,9 @@ type Policy struct {
 	DryRun    bool                 `json:"dryRun"`
 }
 
-// Certificate is one certificate of a chain.
+// Certificate is one certificate of a chain. PEM is the certificate's PEM
+// text encoded again in standard base64, as ztunnel writes it (istioctl
+// prints it as it is); the times are RFC 3339 in UTC, whole seconds.
 type Certificate struct {
 	PEM            string    `json:"pem"`
 	SerialNumber   string    `json:"serialNumber"`
@@ -152,6 +198,19 @@ func Workloads(s workloadtable.Snapshot) []Workload {
 			WorkloadType: strings.ToLower(w.GetWorkloadType().String()), CanonicalName: w.GetCanonicalName(), CanonicalRevision: w.GetCanonicalRevision(),
 			Hostname: w.GetHostname(), Node: w.GetNode(), AuthorizationPolicies: w.GetAuthorizationPolicies(), ClusterID: w.GetClusterId(),
 			Status: status(w.GetStatus()), Waypoint: gateway(w.GetWaypoint()), WorkloadIPs: []string{}, NetworkMode: "Standard",
+			NetworkGateway: gateway(w.GetNetworkGateway()), NativeTunnel: w.GetNativeTunnel(), Capacity: 1,
+		}
+		if x.ClusterID == "" {
+			x.ClusterID = defaultClusterID
+		}
+		if c := w.GetCapacity(); c != nil {
+			x.Capacity = c.GetValue()
+		}
+		if l := w.GetLocality(); l.GetRegion() != "" || l.GetZone() != "" || l.GetSubzone() != "" {
+			x.Locality = &Locality{Region: l.GetRegion(), Zone: l.GetZone(), Subzone: l.GetSubzone()}
+		}
+		if t := w.GetApplicationTunnel(); t != nil {
+			x.AppTunnel = &ApplicationTunnel{Protocol: t.GetProtocol().String(), Port: t.GetPort()}
 		}
 		if w.GetNetworkMode() == workloadapi.NetworkMode_HOST_NETWORK {
 			x.NetworkMode = "HostNetwork"
@@ -176,17 +235,78 @@ func Services(s workloadtable.Snapshot) []Service {
 	for _, svc := range s.Services {
 		key := workloadapi.ServiceKey(svc.GetNamespace(), svc.GetHostname())
 		x := Service{Name: svc.GetName(), Namespace: svc.GetNamespace(), Hostname: svc.GetHostname(), VIPs: []string{},
-			Ports: map[string]uint32{}, Endpoints: map[string]Endpoint{}, Waypoint: gateway(svc.GetWaypoint())}
+			Ports: ports(svc.GetPorts()), Endpoints: map[string]Endpoint{}, Waypoint: gateway(svc.GetWaypoint()),
+			SubjectAltNames: append([]string{}, svc.GetSubjectAltNames()...), LoadBalancer: loadBalancer(svc.GetLoadBalancing()),
+			IPFamilies: ipFamilies(svc.GetIpFamilies())}
 		x.VIPs = append(x.VIPs, workloadapi.Aliases(&workloadapi.Address{Type: &workloadapi.Address_Service{Service: svc}})...)
-		for _, p := range svc.GetPorts() {
-			x.Ports[strconv.FormatUint(uint64(p.GetServicePort()), 10)] = p.GetTargetPort()
-		}
 		for _, w := range s.Workloads {
-			if _, ok := w.GetServices()[key]; ok {
-				x.Endpoints[w.GetUid()] = Endpoint{WorkloadUID: w.GetUid(), Status: status(w.GetStatus())}
+			if pl, ok := w.GetServices()[key]; ok {
+				x.Endpoints[w.GetUid()] = Endpoint{WorkloadUID: w.GetUid(), Port: ports(pl.GetPorts()), Status: status(w.GetStatus())}
 			}
 		}
 		out = append(out, x)
+	}
+	return out
+}
+
+// defaultClusterID is the cluster a workload that names none is in, as
+// ztunnel defaults it.
+const defaultClusterID = "Kubernetes"
+
+// ports maps service ports (as strings, JSON object keys) to target ports.
+func ports(ps []*workloadapi.Port) map[string]uint32 {
+	out := map[string]uint32{}
+	for _, p := range ps {
+		out[strconv.FormatUint(uint64(p.GetServicePort()), 10)] = p.GetTargetPort()
+	}
+	return out
+}
+
+func ipFamilies(f workloadapi.IPFamilies) string {
+	switch f {
+	case workloadapi.IPFamilies_IPV4_ONLY:
+		return "IPv4"
+	case workloadapi.IPFamilies_IPV6_ONLY:
+		return "IPv6"
+	case workloadapi.IPFamilies_DUAL:
+		return "Dual"
+	}
+	return ""
+}
+
+func loadBalancer(lb *workloadapi.LoadBalancing) *LoadBalancer {
+	if lb == nil {
+		return nil
+	}
+	out := &LoadBalancer{RoutingPreferences: []string{}, Mode: "Standard", HealthPolicy: "OnlyHealthy"}
+	for _, sc := range lb.GetRoutingPreference() {
+		switch sc {
+		case workloadapi.LoadBalancing_REGION:
+			out.RoutingPreferences = append(out.RoutingPreferences, "Region")
+		case workloadapi.LoadBalancing_ZONE:
+			out.RoutingPreferences = append(out.RoutingPreferences, "Zone")
+		case workloadapi.LoadBalancing_SUBZONE:
+			out.RoutingPreferences = append(out.RoutingPreferences, "Subzone")
+		case workloadapi.LoadBalancing_NODE:
+			out.RoutingPreferences = append(out.RoutingPreferences, "Node")
+		case workloadapi.LoadBalancing_CLUSTER:
+			out.RoutingPreferences = append(out.RoutingPreferences, "Cluster")
+		case workloadapi.LoadBalancing_NETWORK:
+			out.RoutingPreferences = append(out.RoutingPreferences, "Network")
+		default:
+			out.RoutingPreferences = append(out.RoutingPreferences, sc.String())
+		}
+	}
+	switch lb.GetMode() {
+	case workloadapi.LoadBalancing_STRICT:
+		out.Mode = "Strict"
+	case workloadapi.LoadBalancing_FAILOVER:
+		out.Mode = "Failover"
+	case workloadapi.LoadBalancing_PASSTHROUGH:
+		out.Mode = "Passthrough"
+	}
+	if lb.GetHealthPolicy() == workloadapi.LoadBalancing_ALLOW_ALL {
+		out.HealthPolicy = "AllowAll"
 	}
 	return out
 }
@@ -305,6 +425,20 @@ func match(m *security.Match) map[string]any {
 
 // Cert converts a certificate.
 func Cert(c *x509.Certificate) Certificate {
-	return Certificate{PEM: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})),
-		SerialNumber: c.SerialNumber.String(), ValidFrom: c.NotBefore, ExpirationTime: c.NotAfter}
+	text := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
+	return Certificate{PEM: base64.StdEncoding.EncodeToString(text), SerialNumber: c.SerialNumber.String(),
+		ValidFrom: c.NotBefore.UTC().Truncate(time.Second), ExpirationTime: c.NotAfter.UTC().Truncate(time.Second)}
+}
+
+// ParsePEM decodes a Certificate's PEM field back into the certificate.
+func ParsePEM(s string) (*x509.Certificate, error) {
+	text, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		return nil, fmt.Errorf("decode base64: %w", err)
+	}
+	b, _ := pem.Decode(text)
+	if b == nil {
+		return nil, errors.New("no PEM block")
+	}
+	return x509.ParseCertificate(b.Bytes)
 }

@@ -3,6 +3,7 @@ package configdump_test
 import (
 	"bytes"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
 	"net/netip"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/emptypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/canopy-mesh/canopy/internal/testing/golden"
 	"github.com/canopy-mesh/canopy/internal/workloadtable"
@@ -74,6 +76,7 @@ func mesh(t *testing.T) workloadtable.Snapshot {
 			Addresses: ips(t, "10.244.1.5", "fd00::5"), TunnelProtocol: workloadapi.TunnelProtocol_HBONE, ServiceAccount: "echo",
 			Node: "node-a", CanonicalName: "echo", CanonicalRevision: "v1", WorkloadName: "echo", WorkloadType: workloadapi.WorkloadType_DEPLOYMENT,
 			ClusterId: "Kubernetes", AuthorizationPolicies: []string{"apps/allow-frontend"},
+			Locality: &workloadapi.Locality{Region: "eu", Zone: "eu-a"}, Capacity: wrapperspb.UInt32(3),
 			Waypoint: &workloadapi.GatewayAddress{Destination: &workloadapi.GatewayAddress_Hostname{Hostname: &workloadapi.NamespacedHostname{
 				Namespace: "apps", Hostname: "waypoint.apps.svc.cluster.local"}}, HboneMtlsPort: 15008},
 			Services: map[string]*workloadapi.PortList{
@@ -85,6 +88,7 @@ func mesh(t *testing.T) workloadtable.Snapshot {
 			Uid: workloadapi.PodUID("Kubernetes", "monitoring", "node-exporter-x1"), Name: "node-exporter-x1", Namespace: "monitoring",
 			Addresses: ips(t, "172.18.0.2"), NetworkMode: workloadapi.NetworkMode_HOST_NETWORK, TrustDomain: "example.org",
 			Node: "node-a", WorkloadType: workloadapi.WorkloadType_POD, Status: workloadapi.WorkloadStatus_UNHEALTHY,
+			Locality: &workloadapi.Locality{}, // all empty: left out, as ztunnel leaves out a default locality
 		},
 		{
 			Uid: "Kubernetes/networking.istio.io/WorkloadEntry/legacy/vm-1", Name: "vm-1", Namespace: "legacy",
@@ -97,8 +101,11 @@ func mesh(t *testing.T) workloadtable.Snapshot {
 	services := []*workloadapi.Service{
 		{
 			Name: "echo", Namespace: "apps", Hostname: "echo.apps.svc.cluster.local",
-			Addresses: []*workloadapi.NetworkAddress{netAddr("", "10.96.0.10"), netAddr("", "fd00:96::10")},
-			Ports:     []*workloadapi.Port{{ServicePort: 80, TargetPort: 8080}, {ServicePort: 443, TargetPort: 8443}},
+			Addresses:       []*workloadapi.NetworkAddress{netAddr("", "10.96.0.10"), netAddr("", "fd00:96::10")},
+			Ports:           []*workloadapi.Port{{ServicePort: 80, TargetPort: 8080}, {ServicePort: 443, TargetPort: 8443}},
+			SubjectAltNames: []string{"spiffe://cluster.local/ns/apps/sa/echo"}, IpFamilies: workloadapi.IPFamilies_DUAL,
+			LoadBalancing: &workloadapi.LoadBalancing{RoutingPreference: []workloadapi.LoadBalancing_Scope{workloadapi.LoadBalancing_NETWORK, workloadapi.LoadBalancing_ZONE},
+				Mode: workloadapi.LoadBalancing_FAILOVER},
 			Waypoint: &workloadapi.GatewayAddress{Destination: &workloadapi.GatewayAddress_Hostname{Hostname: &workloadapi.NamespacedHostname{
 				Namespace: "apps", Hostname: "waypoint.apps.svc.cluster.local"}}, HboneMtlsPort: 15008},
 		},
@@ -247,9 +254,15 @@ func TestCert(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			tt.want.PEM, tt.want.ValidFrom, tt.want.ExpirationTime = string(pemText), c.NotBefore, c.NotAfter
-			if diff := cmp.Diff(tt.want, configdump.Cert(c)); diff != "" {
+			// The PEM text in standard base64, as ztunnel writes it.
+			tt.want.PEM, tt.want.ValidFrom, tt.want.ExpirationTime = base64.StdEncoding.EncodeToString(pemText), c.NotBefore, c.NotAfter
+			got := configdump.Cert(c)
+			if diff := cmp.Diff(tt.want, got); diff != "" {
 				t.Errorf("Cert() mismatch (-want +got):\n%s", diff)
+			}
+			back, err := configdump.ParsePEM(got.PEM)
+			if err != nil || !back.Equal(c) {
+				t.Errorf("ParsePEM(Cert().PEM) = %v, %v; want the certificate back", back, err)
 			}
 		})
 	}
@@ -371,5 +384,70 @@ func TestIstioctlDecodesPolicies(t *testing.T) {
 	}
 	if diff := cmp.Diff([]saMatch{{"legacy", "admin"}}, notSAs); diff != "" {
 		t.Errorf("notServiceAccounts (-want +got):\n%s", diff)
+	}
+}
+
+// TestIstioctlReadsWhatZtunnelWrites: the fields istioctl ztunnel-config
+// decodes into typed structs without omitempty, and so shows as zero
+// values when missing, are written as ztunnel writes them: a workload's
+// clusterId ("Kubernetes" when it names none) and capacity (1 when it
+// names none), locality when known; a service's subjectAltNames (a list,
+// empty or not), ipFamilies and loadBalancer when set, and each
+// endpoint's ports.
+func TestIstioctlReadsWhatZtunnelWrites(t *testing.T) {
+	t.Parallel()
+	type locality struct{ Region, Zone, Subzone string }
+	type workload struct {
+		Name      string    `json:"name"`
+		ClusterID *string   `json:"clusterId"`
+		Capacity  *uint32   `json:"capacity"`
+		Locality  *locality `json:"locality"`
+	}
+	type endpoint struct {
+		WorkloadUID string            `json:"workloadUid"`
+		Port        map[string]uint32 `json:"port"`
+	}
+	type lb struct {
+		RoutingPreferences []string `json:"routingPreferences"`
+		Mode               string   `json:"mode"`
+		HealthPolicy       string   `json:"healthPolicy"`
+	}
+	type service struct {
+		Name            string              `json:"name"`
+		SubjectAltNames *[]string           `json:"subjectAltNames"`
+		IPFamilies      string              `json:"ipFamilies"`
+		LoadBalancer    *lb                 `json:"loadBalancer"`
+		Endpoints       map[string]endpoint `json:"endpoints"`
+	}
+	var got struct {
+		Workloads []workload `json:"workloads"`
+		Services  []service  `json:"services"`
+	}
+	if err := json.Unmarshal(encode(t, dump(t, mesh(t))), &got); err != nil {
+		t.Fatal(err)
+	}
+	ptr := func(s string) *string { return &s }
+	num := func(n uint32) *uint32 { return &n }
+	wantWorkloads := []workload{
+		{Name: "echo-0", ClusterID: ptr("Kubernetes"), Capacity: num(3), Locality: &locality{Region: "eu", Zone: "eu-a"}},
+		{Name: "node-exporter-x1", ClusterID: ptr("Kubernetes"), Capacity: num(1)},
+		{Name: "vm-1", ClusterID: ptr("Kubernetes"), Capacity: num(1)},
+	}
+	if diff := cmp.Diff(wantWorkloads, got.Workloads); diff != "" {
+		t.Errorf("workloads (-want +got):\n%s", diff)
+	}
+	echo := workloadapi.PodUID("Kubernetes", "apps", "echo-0")
+	vm := "Kubernetes/networking.istio.io/WorkloadEntry/legacy/vm-1"
+	wantServices := []service{
+		{Name: "echo-canary", SubjectAltNames: &[]string{}, Endpoints: map[string]endpoint{echo: {WorkloadUID: echo, Port: map[string]uint32{}}}},
+		{Name: "echo", SubjectAltNames: &[]string{"spiffe://cluster.local/ns/apps/sa/echo"}, IPFamilies: "Dual",
+			LoadBalancer: &lb{RoutingPreferences: []string{"Network", "Zone"}, Mode: "Failover", HealthPolicy: "OnlyHealthy"},
+			Endpoints: map[string]endpoint{
+				echo: {WorkloadUID: echo, Port: map[string]uint32{"80": 8080}},
+				vm:   {WorkloadUID: vm, Port: map[string]uint32{}},
+			}},
+	}
+	if diff := cmp.Diff(wantServices, got.Services); diff != "" {
+		t.Errorf("services (-want +got):\n%s", diff)
 	}
 }

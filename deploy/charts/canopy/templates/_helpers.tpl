@@ -3,9 +3,15 @@
 {{ .root.Values.image.hub }}/{{ .name }}:{{ .root.Values.image.tag | default .root.Chart.AppVersion }}
 {{- end }}
 
-{{/* Labels every object carries; "app" is what selectors and canopyctl use. */}}
+{{/*
+Labels every object carries. "app.kubernetes.io/name" is the component,
+which canopyctl finds pods by; "app" is the label of the Istio component
+it replaces where istioctl finds pods by it (.app: istiod for the
+controller, ztunnel for the node proxy), else the component's name. The
+workloads' selectors use "app".
+*/}}
 {{- define "canopy.labels" -}}
-app: {{ .name }}
+app: {{ .app | default .name }}
 app.kubernetes.io/name: {{ .name }}
 app.kubernetes.io/part-of: canopy
 app.kubernetes.io/instance: {{ .root.Release.Name }}
