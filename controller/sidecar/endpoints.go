@@ -65,9 +65,11 @@ func (m *Mesh) assignment(p Proxy, name string, k ClusterKey) *endpointv3.Cluste
 		key := loc.GetRegion() + "/" + loc.GetZone() + "/" + loc.GetSubzone()
 		group := byLocality[key]
 		if group == nil {
-			group = &endpointv3.LocalityLbEndpoints{LoadBalancingWeight: wrapperspb.UInt32(0)}
-			if loc != nil {
-				group.Locality = &corev3.Locality{Region: loc.GetRegion(), Zone: loc.GetZone(), SubZone: loc.GetSubzone()}
+			// Always a locality, if empty: a gRPC client rejects a group
+			// without one.
+			group = &endpointv3.LocalityLbEndpoints{
+				Locality:            &corev3.Locality{Region: loc.GetRegion(), Zone: loc.GetZone(), SubZone: loc.GetSubzone()},
+				LoadBalancingWeight: wrapperspb.UInt32(0),
 			}
 			byLocality[key] = group
 		}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
 	networkingapi "istio.io/api/networking/v1"
@@ -75,6 +76,7 @@ func testMesh() *Mesh {
 			pod("default", "reviews-v1", "10.244.1.1", "z1", reviews),
 			pod("default", "reviews-v2", "10.244.1.2", "z1", reviews),
 			pod("default", "reviews-v3", "10.244.2.3", "z2", reviews),
+			pod("default", "ratings-v1", "10.244.3.1", "", map[string][]uint32{"default/ratings.default.svc.cluster.local": {9080, 9090}}),
 		},
 		Labels: func(uid string) map[string]string { return labels[uid] },
 		VirtualServices: []*networkingv1.VirtualService{{
@@ -157,6 +159,14 @@ func TestGRPCResourcesGolden(t *testing.T) {
 		for _, n := range got[kind] {
 			if err := n.Resource.(validator).ValidateAll(); err != nil {
 				t.Errorf("%s %q: invalid: %v", kind, n.Name, err)
+			}
+			// grpc-go rejects a locality group without a locality.
+			if cla, ok := n.Resource.(*endpointv3.ClusterLoadAssignment); ok {
+				for _, g := range cla.GetEndpoints() {
+					if g.GetLocality() == nil {
+						t.Errorf("endpoints %q: a group without a locality", n.Name)
+					}
+				}
 			}
 			raw, err := protojson.Marshal(n.Resource)
 			if err != nil {
