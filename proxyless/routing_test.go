@@ -117,9 +117,6 @@ func (c *controller) nacks(t *testing.T) string {
 	return strings.Join(out, "; ")
 }
 
-// backend is a gRPC server standing for one pod.
-type backend struct{ addr string }
-
 // serveBackends listens on n loopback addresses with one port, each a
 // gRPC server with the health service (which callers address by port,
 // the peer telling which pod answered).

@@ -225,12 +225,3 @@ func sortedCopy(s []string) []string {
 	slices.Sort(out)
 	return slices.Compact(out)
 }
-
-// ptrValue dereferences p, or returns the zero value for nil.
-func ptrValue[T any](p *T) T {
-	var zero T
-	if p == nil {
-		return zero
-	}
-	return *p
-}

@@ -29,10 +29,14 @@ type ConfigDump struct {
 func (s *Server) ConfigDumps(proxyID string) []ConfigDump {
 	var out []ConfigDump
 	for _, c := range s.connections() {
-		if c.proxy.ProxyID != proxyID {
-			continue
+		if c.proxy.ProxyID == proxyID {
+			out = append(out, c.dump())
 		}
-		out = append(out, c.dump())
+	}
+	for _, c := range s.envoyConnections() {
+		if c.proxy.ProxyID == proxyID {
+			out = append(out, c.dump())
+		}
 	}
 	slices.SortFunc(out, func(a, b ConfigDump) int { return strings.Compare(a.Connection, b.Connection) })
 	return out
@@ -43,20 +47,25 @@ func (c *conn) dump() ConfigDump {
 	defer c.mu.Unlock()
 	d := ConfigDump{ProxyID: c.proxy.ProxyID, Connection: c.id, Types: map[string][]DumpedResource{}}
 	for typ, w := range c.watches {
-		rs := []DumpedResource{}
-		for name, r := range w.sent {
-			dr := DumpedResource{Name: name, Version: r.Version, Resource: json.RawMessage("null")}
-			if r.Body != nil {
-				if b, err := debugjson.Marshal(r.Body); err == nil {
-					dr.Resource = b
-				}
-			}
-			rs = append(rs, dr)
-		}
-		slices.SortFunc(rs, func(a, b DumpedResource) int { return strings.Compare(a.Name, b.Name) })
-		d.Types[shortType(typ)] = rs
+		d.Types[shortType(typ)] = dumpResources(w.sent)
 	}
 	return d
+}
+
+// dumpResources renders resources sent, by name, sorted by name.
+func dumpResources(sent map[string]*Resource) []DumpedResource {
+	rs := []DumpedResource{}
+	for name, r := range sent {
+		dr := DumpedResource{Name: name, Version: r.Version, Resource: json.RawMessage("null")}
+		if r.Body != nil {
+			if b, err := debugjson.Marshal(r.Body); err == nil {
+				dr.Resource = b
+			}
+		}
+		rs = append(rs, dr)
+	}
+	slices.SortFunc(rs, func(a, b DumpedResource) int { return strings.Compare(a.Name, b.Name) })
+	return rs
 }
 
 // DebugHandler serves proxy status and config dumps as JSON:

@@ -13,6 +13,7 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 
 	"github.com/canopy-mesh/canopy/controller/sidecar"
 )
@@ -56,16 +57,22 @@ func (c *meshCache) get(gen uint64) *sidecar.Mesh {
 // envoyWatch is one type's state-of-the-world subscription.
 type envoyWatch struct {
 	names []string
-	// sent maps each name last sent to its version.
-	sent          map[string]string
+	// sent is what was last sent, by name.
+	sent          map[string]*Resource
 	nonce         string
 	alwaysRespond bool
 }
 
-// envoyConn is one proxyless client's stream.
+// envoyConn is one proxyless client's stream. Its goroutine alone
+// changes it; mu lets proxy status and config dumps read it.
 type envoyConn struct {
-	proxy   Proxy
-	wake    chan struct{}
+	id          string
+	proxy       Proxy
+	peer        string
+	connectedAt time.Time
+	wake        chan struct{}
+
+	mu      sync.Mutex
 	watches map[string]*envoyWatch
 	states  map[string]*typeState
 	nonce   uint64
@@ -85,7 +92,14 @@ func (c *envoyConn) signal() {
 // changes the names (or by the warming rule), and a change of the mesh
 // sends each type whose resources changed.
 func (s *Server) serveEnvoy(stream grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse], proxy Proxy, first *discoveryv3.DiscoveryRequest) error {
-	c := &envoyConn{proxy: proxy, wake: make(chan struct{}, 1), watches: map[string]*envoyWatch{}, states: map[string]*typeState{}}
+	c := &envoyConn{
+		id:    proxy.ProxyID + "-" + strconv.FormatUint(s.connSeq.Add(1), 10),
+		proxy: proxy, connectedAt: s.cfg.Now(), wake: make(chan struct{}, 1),
+		watches: map[string]*envoyWatch{}, states: map[string]*typeState{},
+	}
+	if p, ok := peer.FromContext(stream.Context()); ok {
+		c.peer = p.Addr.String()
+	}
 	s.envoyMu.Lock()
 	s.envoyConns[c] = struct{}{}
 	s.envoyMu.Unlock()
@@ -136,20 +150,32 @@ func (s *Server) serveEnvoy(stream grpc.BidiStreamingServer[discoveryv3.Discover
 			return nil
 		case req = <-reqs:
 		case <-c.wake:
-			for _, typ := range envoyTypes {
-				if w := c.watches[typ]; w != nil {
-					if err := s.envoyRespond(ctx, c, stream, typ, w, false, cancel); err != nil {
-						return err
-					}
-				}
+			if err := s.envoyPush(ctx, c, stream, cancel); err != nil {
+				return err
 			}
 		}
 	}
 }
 
+// envoyPush sends every type whose resources changed, in push order.
+func (s *Server) envoyPush(ctx context.Context, c *envoyConn, stream grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse], cancel context.CancelCauseFunc) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, typ := range envoyTypes {
+		if w := c.watches[typ]; w != nil {
+			if err := s.envoyRespond(ctx, c, stream, typ, w, false, cancel); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // envoyRequest applies one request (sidecar wire contract §1.3).
 func (s *Server) envoyRequest(ctx context.Context, c *envoyConn, stream grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse], req *discoveryv3.DiscoveryRequest, cancel context.CancelCauseFunc) error {
 	typ := req.GetTypeUrl()
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if !isEnvoyType(typ) {
 		return s.streamError("type", codes.InvalidArgument, "unsupported type URL %q for a proxyless gRPC client", typ)
 	}
@@ -203,7 +229,8 @@ func (s *Server) envoyRequest(ctx context.Context, c *envoyConn, stream grpc.Bid
 }
 
 // envoyRespond sends the watch's resources: always when asked for, else
-// only when they differ from what was last sent.
+// only when they differ from what was last sent. The caller holds c.mu
+// (a send is bounded by the send timeout).
 func (s *Server) envoyRespond(ctx context.Context, c *envoyConn, stream grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse], typ string, w *envoyWatch, always bool, cancel context.CancelCauseFunc) error {
 	gen := s.envoyGen.Load()
 	out, err := s.generate(gen, c.proxy, typ, w.names)
@@ -211,16 +238,17 @@ func (s *Server) envoyRespond(ctx context.Context, c *envoyConn, stream grpc.Bid
 		return err
 	}
 	resp := &discoveryv3.DiscoveryResponse{TypeUrl: typ, VersionInfo: strconv.FormatUint(gen, 10), ControlPlane: s.controlPlane()}
-	sent := make(map[string]string, len(out))
+	sent := make(map[string]*Resource, len(out))
 	for _, n := range out {
 		r, err := NewResource(typ, n.Name, n.Resource)
 		if err != nil {
 			return s.streamError("internal", codes.Internal, "%v", err)
 		}
-		sent[n.Name] = r.Version
+		sent[n.Name] = r
 		resp.Resources = append(resp.Resources, r.Body)
 	}
-	if !always && maps.Equal(sent, w.sent) {
+	sameVersion := func(a, b *Resource) bool { return a.Version == b.Version }
+	if !always && maps.EqualFunc(sent, w.sent, sameVersion) {
 		return nil
 	}
 	c.nonce++
@@ -285,4 +313,46 @@ func (s *Server) envoyChanged() {
 	for c := range s.envoyConns {
 		c.signal()
 	}
+}
+
+// status is the connection's proxy status.
+func (c *envoyConn) status() ProxyStatus {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ps := ProxyStatus{
+		ProxyID: c.proxy.ProxyID, NodeID: c.proxy.ID, Connection: c.id, ProxyType: c.proxy.Type,
+		Cluster: c.proxy.ClusterID, Namespace: c.proxy.Namespace, Node: c.proxy.NodeName,
+		Version: c.proxy.IstioVersion, Peer: c.peer, ConnectedAt: c.connectedAt,
+	}
+	for _, typ := range envoyTypes {
+		w, st := c.watches[typ], c.states[typ]
+		if w == nil || st == nil {
+			continue
+		}
+		ps.Types = append(ps.Types, TypeStatus{
+			Type: shortType(typ), TypeURL: typ, Status: st.status(),
+			Subscribed: len(w.names), Resources: len(w.sent),
+			NonceSent: st.nonceSent, NonceAcked: st.nonceAcked, LastSent: st.sentAt, LastAcked: st.ackedAt,
+			NACK: st.nack, NACKAt: st.nackAt,
+		})
+	}
+	return ps
+}
+
+// dump is what the connection was last sent, by type.
+func (c *envoyConn) dump() ConfigDump {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d := ConfigDump{ProxyID: c.proxy.ProxyID, Connection: c.id, Types: map[string][]DumpedResource{}}
+	for typ, w := range c.watches {
+		d.Types[shortType(typ)] = dumpResources(w.sent)
+	}
+	return d
+}
+
+// envoyConnections returns the proxyless clients' connections.
+func (s *Server) envoyConnections() []*envoyConn {
+	s.envoyMu.Lock()
+	defer s.envoyMu.Unlock()
+	return slices.Collect(maps.Keys(s.envoyConns))
 }

@@ -3,6 +3,7 @@ package xds
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/canopy-mesh/canopy/controller/sidecar"
 	"github.com/canopy-mesh/canopy/workloadapi"
 )
 
@@ -14,6 +15,14 @@ func shortType(typeURL string) string {
 		return "WDS"
 	case workloadapi.AuthorizationTypeURL:
 		return "WADS"
+	case sidecar.ClusterType:
+		return "CDS"
+	case sidecar.EndpointType:
+		return "EDS"
+	case sidecar.ListenerType:
+		return "LDS"
+	case sidecar.RouteType:
+		return "RDS"
 	}
 	return typeURL
 }

@@ -67,6 +67,9 @@ func startMesh(t *testing.T, cfg xds.Config) *mesh {
 		t.Fatal(err)
 	}
 	x := index.New(ambient.Config{})
+	if cfg.Mesh == nil {
+		cfg.Mesh = x
+	}
 	m := newMesh(t, cfg, x)
 	m.index = x
 	w := kubeinput.New(kubeinput.Clients{Kube: env.Client, Istio: istio, Gateway: gw}, x, m.server.Changed, slog.New(slog.DiscardHandler))

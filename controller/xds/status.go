@@ -68,6 +68,9 @@ func (s *Server) Status() []ProxyStatus {
 	for _, c := range s.connections() {
 		out = append(out, c.status())
 	}
+	for _, c := range s.envoyConnections() {
+		out = append(out, c.status())
+	}
 	slices.SortFunc(out, func(a, b ProxyStatus) int {
 		return strings.Compare(a.ProxyID+"\x00"+a.Connection, b.ProxyID+"\x00"+b.Connection)
 	})
