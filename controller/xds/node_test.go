@@ -2,6 +2,7 @@ package xds
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -62,7 +63,31 @@ func TestParseNode(t *testing.T) {
 			name: "metadata wins over a placeholder ID (istioctl)",
 			node: node(t, "sidecar~10.0.0.1~test-1.default~default.svc.cluster.local", map[string]any{"NAMESPACE": "istio-system", "GENERATOR": "event"}),
 			want: Proxy{ID: "sidecar~10.0.0.1~test-1.default~default.svc.cluster.local", Type: "sidecar", IP: netip.MustParseAddr("10.0.0.1"),
-				ProxyID: "test-1.default", Name: "test-1", Namespace: "istio-system", DNSDomain: "default.svc.cluster.local"},
+				ProxyID: "test-1.default", Name: "test-1", Namespace: "istio-system", DNSDomain: "default.svc.cluster.local", Generator: "event"},
+		},
+		{
+			name: "proxyless gRPC client with labels",
+			node: node(t, "sidecar~10.0.0.2~echo-1.apps~apps.svc.cluster.local", map[string]any{
+				"GENERATOR": "grpc", "SERVICE_ACCOUNT": "echo", "LABELS": map[string]any{"app": "echo", "version": "v1"},
+			}),
+			want: Proxy{ID: "sidecar~10.0.0.2~echo-1.apps~apps.svc.cluster.local", Type: "sidecar", IP: netip.MustParseAddr("10.0.0.2"),
+				ProxyID: "echo-1.apps", Name: "echo-1", Namespace: "apps", DNSDomain: "apps.svc.cluster.local", ServiceAccount: "echo",
+				Generator: "grpc", Labels: map[string]string{"app": "echo", "version": "v1"}},
+		},
+		{
+			name:    "labels not an object",
+			node:    node(t, "sidecar~1.2.3.4~p.ns~ns.svc.cluster.local", map[string]any{"LABELS": "app=echo"}),
+			wantErr: "LABELS is not an object",
+		},
+		{
+			name:    "label not a string",
+			node:    node(t, "sidecar~1.2.3.4~p.ns~ns.svc.cluster.local", map[string]any{"LABELS": map[string]any{"replicas": 3}}),
+			wantErr: `LABELS["replicas"] is not a string`,
+		},
+		{
+			name:    "too many labels",
+			node:    node(t, "sidecar~1.2.3.4~p.ns~ns.svc.cluster.local", map[string]any{"LABELS": manyLabels(300)}),
+			wantErr: "LABELS has 300 keys, limit 256",
 		},
 		{
 			name:    "metadata not a string",
@@ -95,6 +120,14 @@ func TestParseNode(t *testing.T) {
 			}
 		})
 	}
+}
+
+func manyLabels(n int) map[string]any {
+	out := map[string]any{}
+	for i := range n {
+		out[fmt.Sprintf("label-%d", i)] = "v"
+	}
+	return out
 }
 
 func FuzzParseNode(f *testing.F) {
