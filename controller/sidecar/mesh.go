@@ -25,9 +25,16 @@ type Mesh struct {
 	RootNamespace string
 
 	peerAuthentications []*securityv1.PeerAuthentication
-	services            map[string][]*Service // by hostname, oldest first
-	virtualServices     []*networkingv1.VirtualService
-	destinationRules    []*networkingv1.DestinationRule
+	// drsByHost and vssByHost index the rules by the hostname they name,
+	// resolved once (a VirtualService by its position in
+	// virtualServices, which is their precedence); wildcardVSs are those
+	// naming a "*.suffix" host.
+	drsByHost        map[string][]*networkingv1.DestinationRule
+	vssByHost        map[string][]int
+	wildcardVSs      []wildcardVS
+	services         map[string][]*Service // by hostname, oldest first
+	virtualServices  []*networkingv1.VirtualService
+	destinationRules []*networkingv1.DestinationRule
 }
 
 // Service is a service of the workload tables with its endpoints.
@@ -73,6 +80,7 @@ func NewMesh(in Inputs) *Mesh {
 		virtualServices:     sortedConfigs(in.VirtualServices),
 		destinationRules:    sortedConfigs(in.DestinationRules),
 	}
+	m.indexRules()
 	byKey := map[string]*Service{}
 	for _, a := range in.Addresses {
 		if s := a.GetService(); s != nil {
@@ -118,6 +126,32 @@ func NewMesh(in Inputs) *Mesh {
 		})
 	}
 	return m
+}
+
+// wildcardVS is a VirtualService naming a wildcard host.
+type wildcardVS struct {
+	pattern string
+	index   int
+}
+
+// indexRules resolves each rule's hosts once.
+func (m *Mesh) indexRules() {
+	m.drsByHost = map[string][]*networkingv1.DestinationRule{}
+	for _, dr := range m.destinationRules {
+		h := fqdn(dr.Spec.GetHost(), dr.Namespace, m.DomainSuffix)
+		m.drsByHost[h] = append(m.drsByHost[h], dr)
+	}
+	m.vssByHost = map[string][]int{}
+	for i, vs := range m.virtualServices {
+		for _, h := range vs.Spec.GetHosts() {
+			h = fqdn(h, vs.Namespace, m.DomainSuffix)
+			if _, ok := cutWildcard(h); ok {
+				m.wildcardVSs = append(m.wildcardVSs, wildcardVS{h, i})
+			} else if idx := m.vssByHost[h]; len(idx) == 0 || idx[len(idx)-1] != i {
+				m.vssByHost[h] = append(idx, i)
+			}
+		}
+	}
 }
 
 // config is what Istio's configuration kinds share.
@@ -193,11 +227,8 @@ func exported(exportTo []string, cfgNS, ns string) bool {
 // exported to p (Istio's lookup order, without merging).
 func (m *Mesh) DestinationRule(p Proxy, hostname, serviceNS string) *networkingv1.DestinationRule {
 	var own, svc, other *networkingv1.DestinationRule
-	for _, dr := range m.destinationRules {
+	for _, dr := range m.drsByHost[hostname] {
 		if dr.Spec.GetWorkloadSelector() != nil || !exported(dr.Spec.GetExportTo(), dr.Namespace, p.Namespace) {
-			continue
-		}
-		if fqdn(dr.Spec.GetHost(), dr.Namespace, m.DomainSuffix) != hostname {
 			continue
 		}
 		switch {
@@ -216,16 +247,20 @@ func (m *Mesh) DestinationRule(p Proxy, hostname, serviceNS string) *networkingv
 // proxy p, in namespace and name order: those that name the host, apply
 // to sidecars ("mesh" gateway, the default), and are exported to p.
 func (m *Mesh) VirtualServices(p Proxy, hostname string) []*networkingv1.VirtualService {
-	var out []*networkingv1.VirtualService
-	for _, vs := range m.virtualServices {
-		if !exported(vs.Spec.GetExportTo(), vs.Namespace, p.Namespace) || !appliesToMesh(vs.Spec.GetGateways()) {
-			continue
+	idx := m.vssByHost[hostname]
+	for _, w := range m.wildcardVSs {
+		if hostMatches(w.pattern, hostname) {
+			idx = append(slices.Clip(idx), w.index)
 		}
-		for _, h := range vs.Spec.GetHosts() {
-			if hostMatches(fqdn(h, vs.Namespace, m.DomainSuffix), hostname) {
-				out = append(out, vs)
-				break
-			}
+	}
+	if len(m.wildcardVSs) > 0 {
+		idx = slices.Compact(slices.Sorted(slices.Values(idx)))
+	}
+	var out []*networkingv1.VirtualService
+	for _, i := range idx {
+		vs := m.virtualServices[i]
+		if exported(vs.Spec.GetExportTo(), vs.Namespace, p.Namespace) && appliesToMesh(vs.Spec.GetGateways()) {
+			out = append(out, vs)
 		}
 	}
 	return out
