@@ -24,10 +24,11 @@ type Mesh struct {
 	// RootNamespace holds mesh-wide policies ("istio-system").
 	RootNamespace string
 
-	peerAuthentications []*securityv1.PeerAuthentication
-	services            map[string][]*Service // by hostname, oldest first
-	virtualServices     []*networkingv1.VirtualService
-	destinationRules    []*networkingv1.DestinationRule
+	peerAuthentications   []*securityv1.PeerAuthentication
+	authorizationPolicies []*securityv1.AuthorizationPolicy
+	services              map[string][]*Service // by hostname, oldest first
+	virtualServices       []*networkingv1.VirtualService
+	destinationRules      []*networkingv1.DestinationRule
 }
 
 // Service is a service of the workload tables with its endpoints.
@@ -57,6 +58,8 @@ type Inputs struct {
 	VirtualServices     []*networkingv1.VirtualService
 	DestinationRules    []*networkingv1.DestinationRule
 	PeerAuthentications []*securityv1.PeerAuthentication
+	// AuthorizationPolicies become the RBAC filters of proxyless servers.
+	AuthorizationPolicies []*securityv1.AuthorizationPolicy
 }
 
 // NewMesh indexes in. The workload table's services become Services; each
@@ -64,14 +67,15 @@ type Inputs struct {
 // target ports listed there (a target port of 0 is the service port).
 func NewMesh(in Inputs) *Mesh {
 	m := &Mesh{
-		DomainSuffix:        cmp.Or(in.DomainSuffix, "cluster.local"),
-		ClusterID:           cmp.Or(in.ClusterID, "Kubernetes"),
-		TrustDomain:         cmp.Or(in.TrustDomain, "cluster.local"),
-		RootNamespace:       cmp.Or(in.RootNamespace, "istio-system"),
-		peerAuthentications: sortedConfigs(in.PeerAuthentications),
-		services:            map[string][]*Service{},
-		virtualServices:     sortedConfigs(in.VirtualServices),
-		destinationRules:    sortedConfigs(in.DestinationRules),
+		DomainSuffix:          cmp.Or(in.DomainSuffix, "cluster.local"),
+		ClusterID:             cmp.Or(in.ClusterID, "Kubernetes"),
+		TrustDomain:           cmp.Or(in.TrustDomain, "cluster.local"),
+		RootNamespace:         cmp.Or(in.RootNamespace, "istio-system"),
+		peerAuthentications:   sortedConfigs(in.PeerAuthentications),
+		authorizationPolicies: sortedConfigs(in.AuthorizationPolicies),
+		services:              map[string][]*Service{},
+		virtualServices:       sortedConfigs(in.VirtualServices),
+		destinationRules:      sortedConfigs(in.DestinationRules),
 	}
 	byKey := map[string]*Service{}
 	for _, a := range in.Addresses {
