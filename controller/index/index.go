@@ -43,7 +43,8 @@ type ChangeSet struct {
 	// Authorizations are "<namespace>/<name>" policy keys.
 	Authorizations Changes
 	// Traffic: a VirtualService, DestinationRule or PeerAuthentication
-	// changed, which only sidecar xDS reads as such.
+	// changed, which only sidecar xDS reads as such, or an
+	// AuthorizationPolicy changed, which sidecar xDS reads as written.
 	Traffic bool
 }
 

@@ -100,6 +100,7 @@ func TestIndexChangeSets(t *testing.T) {
 	check(t, "selector policy", x.UpsertAuthorizationPolicy(sel), ChangeSet{
 		Addresses:      Changes{Updated: []string{podA}},
 		Authorizations: Changes{Added: []string{"shop/allow-echo"}},
+		Traffic:        true,
 	})
 	if got := x.Address(podA).GetWorkload().GetAuthorizationPolicies(); !cmp.Equal(got, []string{"shop/allow-echo"}) {
 		t.Errorf("pod a policies = %v", got)
@@ -107,7 +108,9 @@ func TestIndexChangeSets(t *testing.T) {
 	nsPolicy := &securityv1.AuthorizationPolicy{ObjectMeta: metav1.ObjectMeta{Name: "ns-wide", Namespace: "shop"}}
 	check(t, "namespace policy touches no workload", x.UpsertAuthorizationPolicy(nsPolicy), ChangeSet{
 		Authorizations: Changes{Added: []string{"shop/ns-wide"}},
+		Traffic:        true,
 	})
+	check(t, "same policy again", x.UpsertAuthorizationPolicy(nsPolicy.DeepCopy()), ChangeSet{})
 	custom := &securityv1.AuthorizationPolicy{ObjectMeta: metav1.ObjectMeta{Name: "ext-authz", Namespace: "shop"}}
 	custom.Spec.Action = securityapi.AuthorizationPolicy_CUSTOM
 	check(t, "unsupported policy", x.UpsertAuthorizationPolicy(custom), ChangeSet{})
@@ -117,6 +120,7 @@ func TestIndexChangeSets(t *testing.T) {
 	check(t, "policy deleted", x.DeleteAuthorizationPolicy("shop", "allow-echo"), ChangeSet{
 		Addresses:      Changes{Updated: []string{podA}},
 		Authorizations: Changes{Removed: []string{"shop/allow-echo"}},
+		Traffic:        true,
 	})
 
 	pa := &securityv1.PeerAuthentication{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: "istio-system"}}

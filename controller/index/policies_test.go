@@ -79,6 +79,7 @@ func TestIndexServiceEntryEndpointPolicies(t *testing.T) {
 	check(t, "policy selecting the entry's labels", x.UpsertAuthorizationPolicy(selectorPolicy("shop", "allow-ext", lbls)), ChangeSet{
 		Addresses:      Changes{Updated: []string{ep}},
 		Authorizations: Changes{Added: []string{"shop/allow-ext"}},
+		Traffic:        true,
 	})
 	ns := &securityv1.PeerAuthentication{ObjectMeta: metav1.ObjectMeta{Name: "strict", Namespace: "shop"}}
 	ns.Spec.Mtls = &securityapi.PeerAuthentication_MutualTLS{Mode: securityapi.PeerAuthentication_MutualTLS_STRICT}
@@ -89,6 +90,7 @@ func TestIndexServiceEntryEndpointPolicies(t *testing.T) {
 	check(t, "policy deleted", x.DeleteAuthorizationPolicy("shop", "allow-ext"), ChangeSet{
 		Addresses:      Changes{Updated: []string{ep}},
 		Authorizations: Changes{Removed: []string{"shop/allow-ext"}},
+		Traffic:        true,
 	})
 	x.DeletePeerAuthentication("shop", "strict")
 	if got := policies(); len(got) != 0 {
@@ -121,6 +123,7 @@ func TestIndexUnlabelledEntryPolicies(t *testing.T) {
 	check(t, "policy selecting other labels", x.UpsertAuthorizationPolicy(selectorPolicy("shop", "allow-web", map[string]string{"app": "web"})), ChangeSet{
 		Addresses:      Changes{Updated: []string{epUID, weUID}},
 		Authorizations: Changes{Added: []string{"shop/allow-web"}},
+		Traffic:        true,
 	})
 	x.UpsertAuthorizationPolicy(selectorPolicy("istio-system", "root-web", map[string]string{"app": "web"}))
 	// Policies without a selector are not listed on any workload.
@@ -143,5 +146,6 @@ func TestIndexUnlabelledEntryPolicies(t *testing.T) {
 	check(t, "policy deleted", x.DeleteAuthorizationPolicy("shop", "allow-web"), ChangeSet{
 		Addresses:      Changes{Updated: []string{epUID, weUID}},
 		Authorizations: Changes{Removed: []string{"shop/allow-web"}},
+		Traffic:        true,
 	})
 }

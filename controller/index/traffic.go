@@ -56,7 +56,7 @@ func (x *Index) DeleteDestinationRule(namespace, name string) ChangeSet {
 
 // SidecarInputs is a consistent copy of what sidecar xDS is generated
 // from: the published workload table, the labels of its pods and
-// WorkloadEntries, and the traffic configuration. The objects are shared
+// WorkloadEntries, the traffic configuration and the security policies. The objects are shared
 // (informer objects and published protos are never modified).
 func (x *Index) SidecarInputs() sidecar.Inputs {
 	x.mu.RLock()
@@ -64,10 +64,11 @@ func (x *Index) SidecarInputs() sidecar.Inputs {
 	in := sidecar.Inputs{
 		DomainSuffix: x.cfg.DomainSuffix, ClusterID: x.cfg.ClusterID,
 		TrustDomain: x.cfg.TrustDomain, RootNamespace: x.cfg.RootNamespace,
-		Addresses:           make([]*workloadapi.Address, 0, len(x.addresses)),
-		VirtualServices:     slices.Collect(maps.Values(x.traffic.virtualServices)),
-		DestinationRules:    slices.Collect(maps.Values(x.traffic.destinationRules)),
-		PeerAuthentications: slices.Collect(maps.Values(x.peerAuths)),
+		Addresses:             make([]*workloadapi.Address, 0, len(x.addresses)),
+		VirtualServices:       slices.Collect(maps.Values(x.traffic.virtualServices)),
+		DestinationRules:      slices.Collect(maps.Values(x.traffic.destinationRules)),
+		PeerAuthentications:   slices.Collect(maps.Values(x.peerAuths)),
+		AuthorizationPolicies: slices.Collect(maps.Values(x.policies)),
 	}
 	labels := map[string]map[string]string{}
 	for _, a := range x.addresses {

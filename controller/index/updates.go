@@ -3,6 +3,8 @@ package index
 import (
 	"sort"
 
+	"google.golang.org/protobuf/proto"
+	securityapi "istio.io/api/security/v1beta1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -246,6 +248,11 @@ func (x *Index) policyChanged(k key, old, cur *securityv1.AuthorizationPolicy) C
 		}
 		x.setAuthorization(&c, k.String(), res.Authorization)
 	}
+	// Proxyless servers enforce the policy as written, HTTP fields too,
+	// which its Authorization may not show.
+	if sidecarPolicyChanged(old, cur) {
+		c.cs.Traffic = true
+	}
 	// Workloads list selector-bound policies: recompute those selected
 	// before or after. A root-namespace policy selects in every namespace.
 	if hasSelector(old) || hasSelector(cur) {
@@ -280,6 +287,28 @@ func (x *Index) policyChanged(k key, old, cur *securityv1.AuthorizationPolicy) C
 		}
 	}
 	return c.cs
+}
+
+// sidecarPolicyChanged reports whether the RBAC filters built from an
+// ALLOW or DENY policy may differ: it came, went, or its spec or dry-run
+// mark changed.
+func sidecarPolicyChanged(old, cur *securityv1.AuthorizationPolicy) bool {
+	if !rbacAction(old) && !rbacAction(cur) {
+		return false
+	}
+	if old == nil || cur == nil {
+		return true
+	}
+	const dryRun = "istio.io/dry-run"
+	return !proto.Equal(&old.Spec, &cur.Spec) || old.Annotations[dryRun] != cur.Annotations[dryRun]
+}
+
+func rbacAction(p *securityv1.AuthorizationPolicy) bool {
+	if p == nil {
+		return false
+	}
+	a := p.Spec.GetAction()
+	return a == securityapi.AuthorizationPolicy_ALLOW || a == securityapi.AuthorizationPolicy_DENY
 }
 
 func joinWarnings(w []string) string {

@@ -4,7 +4,8 @@
 // says GENERATOR "grpc" (docs/sidecar-xds.md).
 //
 // Everything here is pure: a Mesh (the services and endpoints of the
-// workload tables, with the labels subsets select on, and the
-// VirtualServices and DestinationRules that shape traffic) and a Proxy in,
+// workload tables, with the labels subsets select on, the VirtualServices
+// and DestinationRules that shape traffic, and the PeerAuthentications and
+// AuthorizationPolicies a server listener enforces) and a Proxy in,
 // go-control-plane protos out. Inputs are never modified; outputs are new.
 package sidecar

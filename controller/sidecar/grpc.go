@@ -93,7 +93,8 @@ func routerFilter() *hcmv3.HttpFilter {
 // grpcServerListener answers "ip:port" when the proxy serves a service on
 // that target port; its one chain is plaintext or mutual TLS as the
 // port's PeerAuthentication mode says (gRPC has no permissive mode: with
-// auto mTLS labels it is mutual TLS, without, plaintext).
+// auto mTLS labels it is mutual TLS, without, plaintext), and enforces
+// the AuthorizationPolicies that select the proxy.
 func (m *Mesh) grpcServerListener(p Proxy, name, addr string) *listenerv3.Listener {
 	host, port, err := hostPort(addr)
 	if err != nil || port == 0 {
@@ -105,14 +106,15 @@ func (m *Mesh) grpcServerListener(p Proxy, name, addr string) *listenerv3.Listen
 	if !m.servesTargetPort(p, port) {
 		return nil
 	}
+	filters := m.grpcRBACFilters(p)
 	var chain *listenerv3.FilterChain
 	if m.grpcServerMTLS(p, port) {
 		chain = grpcInboundChain("mtls", &tlsv3.DownstreamTlsContext{
 			CommonTlsContext:         providerTLSContext(nil),
 			RequireClientCertificate: wrapperspb.Bool(true),
-		})
+		}, filters)
 	} else {
-		chain = grpcInboundChain("plaintext", nil)
+		chain = grpcInboundChain("plaintext", nil, filters)
 	}
 	return &listenerv3.Listener{
 		Name:         name,
@@ -162,8 +164,9 @@ func (m *Mesh) grpcServerMTLS(p Proxy, port uint32) bool {
 	return false
 }
 
-// grpcInboundChain routes every request to the server itself.
-func grpcInboundChain(suffix string, tls *tlsv3.DownstreamTlsContext) *listenerv3.FilterChain {
+// grpcInboundChain routes every request to the server itself, through
+// the RBAC filters rbac and then the router.
+func grpcInboundChain(suffix string, tls *tlsv3.DownstreamTlsContext, rbac []*hcmv3.HttpFilter) *listenerv3.FilterChain {
 	hcm := &hcmv3.HttpConnectionManager{
 		RouteSpecifier: &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: &routev3.RouteConfiguration{
 			Name: "inbound",
@@ -175,7 +178,7 @@ func grpcInboundChain(suffix string, tls *tlsv3.DownstreamTlsContext) *listenerv
 				}},
 			}},
 		}},
-		HttpFilters: []*hcmv3.HttpFilter{routerFilter()},
+		HttpFilters: append(slices.Clone(rbac), routerFilter()),
 	}
 	fc := &listenerv3.FilterChain{
 		Name:    "inbound-" + suffix,

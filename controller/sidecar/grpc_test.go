@@ -127,7 +127,59 @@ func testMesh() *Mesh {
 				Mtls:     &securityapi.PeerAuthentication_MutualTLS{Mode: securityapi.PeerAuthentication_MutualTLS_STRICT},
 			},
 		}},
+		AuthorizationPolicies: testAuthorizationPolicies(),
 	})
+}
+
+// testAuthorizationPolicies: for reviews, a mesh-wide DENY from
+// "untrusted", an ALLOW of productpage's reads, and an allow-nothing
+// policy; policies that do not apply to reviews (another selector, another
+// namespace, dry run, CUSTOM, targetRefs) are left out.
+func testAuthorizationPolicies() []*securityv1.AuthorizationPolicy {
+	dryRun := meta("default", "dry-run", time.Hour)
+	dryRun.Annotations = map[string]string{"istio.io/dry-run": "true"}
+	return []*securityv1.AuthorizationPolicy{
+		{
+			ObjectMeta: meta("istio-system", "deny-untrusted", time.Hour),
+			Spec: securityapi.AuthorizationPolicy{
+				Action: securityapi.AuthorizationPolicy_DENY,
+				Rules:  []*securityapi.Rule{{From: []*securityapi.Rule_From{{Source: &securityapi.Source{Namespaces: []string{"untrusted"}}}}}},
+			},
+		},
+		{
+			ObjectMeta: meta("default", "reviews-readers", time.Hour),
+			Spec: securityapi.AuthorizationPolicy{
+				Selector: &typeapi.WorkloadSelector{MatchLabels: map[string]string{"app": "reviews"}},
+				Rules: []*securityapi.Rule{{
+					From: []*securityapi.Rule_From{{Source: &securityapi.Source{Principals: []string{"cluster.local/ns/default/sa/productpage"}}}},
+					To:   []*securityapi.Rule_To{{Operation: &securityapi.Operation{Paths: []string{"/reviews.Reviews/Get*"}, Ports: []string{"10080"}}}},
+					When: []*securityapi.Condition{{Key: "request.headers[x-tenant]", Values: []string{"a", "b"}}},
+				}},
+			},
+		},
+		{
+			ObjectMeta: meta("default", "allow-nothing", time.Hour),
+			Spec:       securityapi.AuthorizationPolicy{Selector: &typeapi.WorkloadSelector{MatchLabels: map[string]string{"version": "v1"}}},
+		},
+		{
+			ObjectMeta: meta("default", "ratings-only", time.Hour),
+			Spec: securityapi.AuthorizationPolicy{
+				Selector: &typeapi.WorkloadSelector{MatchLabels: map[string]string{"app": "ratings"}},
+				Action:   securityapi.AuthorizationPolicy_DENY,
+				Rules:    []*securityapi.Rule{{}},
+			},
+		},
+		{ObjectMeta: meta("other", "deny-all", time.Hour), Spec: securityapi.AuthorizationPolicy{Action: securityapi.AuthorizationPolicy_DENY, Rules: []*securityapi.Rule{{}}}},
+		{ObjectMeta: dryRun, Spec: securityapi.AuthorizationPolicy{Action: securityapi.AuthorizationPolicy_DENY, Rules: []*securityapi.Rule{{}}}},
+		{ObjectMeta: meta("default", "custom", time.Hour), Spec: securityapi.AuthorizationPolicy{Action: securityapi.AuthorizationPolicy_CUSTOM, Rules: []*securityapi.Rule{{}}}},
+		{
+			ObjectMeta: meta("default", "waypoint", time.Hour),
+			Spec: securityapi.AuthorizationPolicy{
+				TargetRefs: []*typeapi.PolicyTargetReference{{Kind: "Service", Name: "reviews"}},
+				Action:     securityapi.AuthorizationPolicy_DENY, Rules: []*securityapi.Rule{{}},
+			},
+		},
+	}
 }
 
 // TestGRPCResourcesGolden: what a proxyless client in "default" gets for

@@ -24,7 +24,8 @@ type Mesh struct {
 	// RootNamespace holds mesh-wide policies ("istio-system").
 	RootNamespace string
 
-	peerAuthentications []*securityv1.PeerAuthentication
+	peerAuthentications   []*securityv1.PeerAuthentication
+	authorizationPolicies []*securityv1.AuthorizationPolicy
 	// drsByHost and vssByHost index the rules by the hostname they name,
 	// resolved once (a VirtualService by its position in
 	// virtualServices, which is their precedence); wildcardVSs are those
@@ -64,6 +65,8 @@ type Inputs struct {
 	VirtualServices     []*networkingv1.VirtualService
 	DestinationRules    []*networkingv1.DestinationRule
 	PeerAuthentications []*securityv1.PeerAuthentication
+	// AuthorizationPolicies become the RBAC filters of proxyless servers.
+	AuthorizationPolicies []*securityv1.AuthorizationPolicy
 }
 
 // NewMesh indexes in. The workload table's services become Services; each
@@ -71,14 +74,15 @@ type Inputs struct {
 // target ports listed there (a target port of 0 is the service port).
 func NewMesh(in Inputs) *Mesh {
 	m := &Mesh{
-		DomainSuffix:        cmp.Or(in.DomainSuffix, "cluster.local"),
-		ClusterID:           cmp.Or(in.ClusterID, "Kubernetes"),
-		TrustDomain:         cmp.Or(in.TrustDomain, "cluster.local"),
-		RootNamespace:       cmp.Or(in.RootNamespace, "istio-system"),
-		peerAuthentications: sortedConfigs(in.PeerAuthentications),
-		services:            map[string][]*Service{},
-		virtualServices:     sortedConfigs(in.VirtualServices),
-		destinationRules:    sortedConfigs(in.DestinationRules),
+		DomainSuffix:          cmp.Or(in.DomainSuffix, "cluster.local"),
+		ClusterID:             cmp.Or(in.ClusterID, "Kubernetes"),
+		TrustDomain:           cmp.Or(in.TrustDomain, "cluster.local"),
+		RootNamespace:         cmp.Or(in.RootNamespace, "istio-system"),
+		peerAuthentications:   sortedConfigs(in.PeerAuthentications),
+		authorizationPolicies: sortedConfigs(in.AuthorizationPolicies),
+		services:              map[string][]*Service{},
+		virtualServices:       sortedConfigs(in.VirtualServices),
+		destinationRules:      sortedConfigs(in.DestinationRules),
 	}
 	m.indexRules()
 	byKey := map[string]*Service{}
