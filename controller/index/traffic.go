@@ -56,7 +56,8 @@ func (x *Index) DeleteDestinationRule(namespace, name string) ChangeSet {
 
 // SidecarInputs is a consistent copy of what sidecar xDS is generated
 // from: the published workload table, the labels of its pods and
-// WorkloadEntries, and the traffic configuration. The objects are shared
+// WorkloadEntries, which pods are being deleted, and the traffic
+// configuration. The objects are shared
 // (informer objects and published protos are never modified).
 func (x *Index) SidecarInputs() sidecar.Inputs {
 	x.mu.RLock()
@@ -70,6 +71,7 @@ func (x *Index) SidecarInputs() sidecar.Inputs {
 		PeerAuthentications: slices.Collect(maps.Values(x.peerAuths)),
 	}
 	labels := map[string]map[string]string{}
+	terminating := map[string]bool{}
 	for _, a := range x.addresses {
 		in.Addresses = append(in.Addresses, a)
 		w := a.GetWorkload()
@@ -84,6 +86,7 @@ func (x *Index) SidecarInputs() sidecar.Inputs {
 		case workloadapi.KindPod:
 			if p := x.pods[key{uid.Namespace, uid.Name}]; p != nil {
 				labels[w.GetUid()] = p.Labels
+				terminating[w.GetUid()] = p.DeletionTimestamp != nil
 			}
 		case workloadapi.KindWorkloadEntry:
 			if we := x.workloadEntries[key{uid.Namespace, uid.Name}]; we != nil {
@@ -92,5 +95,6 @@ func (x *Index) SidecarInputs() sidecar.Inputs {
 		}
 	}
 	in.Labels = func(uid string) map[string]string { return labels[uid] }
+	in.Terminating = func(uid string) bool { return terminating[uid] }
 	return in
 }

@@ -11,6 +11,7 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+	networkingapi "istio.io/api/networking/v1"
 	securityapi "istio.io/api/security/v1beta1"
 
 	"github.com/canopy-mesh/canopy/workloadapi"
@@ -20,11 +21,12 @@ import (
 const tlsModeLabel = "security.istio.io/tlsMode"
 
 // Endpoints answers cluster names with their endpoint assignments (sidecar
-// wire contract §3): the healthy workloads serving the service's port (and
-// carrying the subset's labels), at their target ports, grouped by
-// locality with the locality's weight the sum of its endpoints'. A name
-// that is a valid cluster name but matches no service gets an empty
-// assignment, so a client stops waiting for it.
+// wire contract §3): the workloads serving the service's port (and
+// carrying the subset's labels), at their target ports, HEALTHY or
+// UNHEALTHY but never terminating, grouped by locality with the
+// locality's weight the sum of its endpoints'. A name that is a valid
+// cluster name but matches no service gets an empty assignment, so a
+// client stops waiting for it.
 func (m *Mesh) Endpoints(p Proxy, names []string) []Named {
 	var out []Named
 	for _, name := range slices.Sorted(slices.Values(names)) {
@@ -44,17 +46,31 @@ func (m *Mesh) assignment(p Proxy, name string, k ClusterKey) *endpointv3.Cluste
 		return cla
 	}
 	var sel map[string]string
+	dr := m.DestinationRule(p, k.Hostname, svc.GetNamespace())
+	var policy *networkingapi.TrafficPolicy
+	if dr != nil {
+		policy = portPolicy(dr.Spec.GetTrafficPolicy(), k.Port)
+	}
 	if k.Subset != "" {
-		ss := subset(m.DestinationRule(p, k.Hostname, svc.GetNamespace()), k.Subset)
+		ss := subset(dr, k.Subset)
 		if ss == nil {
 			return cla
 		}
 		sel = ss.GetLabels()
+		policy = mergePolicy(policy, portPolicy(ss.GetTrafficPolicy(), k.Port))
 	}
+	// Unhealthy endpoints are sent (a client counts them towards the
+	// cluster's health), unless outlier detection with a minimum health
+	// percentage would then route to them below its panic threshold.
+	withUnhealthy := policy.GetOutlierDetection().GetMinHealthPercent() <= 0
 	byLocality := map[string]*endpointv3.LocalityLbEndpoints{}
 	for _, ep := range svc.Endpoints {
 		target, ok := ep.Ports[k.Port]
-		if !ok || ep.GetStatus() != workloadapi.WorkloadStatus_HEALTHY || !selects(sel, ep.Labels) {
+		if !ok || ep.Terminating || !selects(sel, ep.Labels) {
+			continue
+		}
+		healthy := ep.GetStatus() == workloadapi.WorkloadStatus_HEALTHY
+		if !healthy && !withUnhealthy {
 			continue
 		}
 		lbe := m.lbEndpoint(ep, target)
@@ -72,6 +88,9 @@ func (m *Mesh) assignment(p Proxy, name string, k ClusterKey) *endpointv3.Cluste
 				LoadBalancingWeight: wrapperspb.UInt32(0),
 			}
 			byLocality[key] = group
+		}
+		if !healthy {
+			lbe.HealthStatus = corev3.HealthStatus_UNHEALTHY
 		}
 		group.LbEndpoints = append(group.LbEndpoints, lbe)
 		// A client skips a locality without a weight: always set one.

@@ -204,9 +204,10 @@ func (m *Mesh) GRPCRoutes(p Proxy, names []string) []Named {
 		out = append(out, Named{name, &routev3.RouteConfiguration{
 			Name: name,
 			VirtualHosts: []*routev3.VirtualHost{{
-				Name:    k.Hostname + ":" + u32(k.Port),
-				Domains: m.grpcDomains(p, svc.Service, k.Port),
-				Routes:  m.routes(p, t),
+				Name:                       k.Hostname + ":" + u32(k.Port),
+				Domains:                    m.grpcDomains(p, svc.Service, k.Port),
+				Routes:                     m.routes(p, t),
+				IncludeRequestAttemptCount: true,
 			}},
 		}})
 	}
@@ -215,26 +216,31 @@ func (m *Mesh) GRPCRoutes(p Proxy, names []string) []Named {
 
 // grpcDomains are the names a client may call the service by, each also
 // with ":port" (a proxyless client matches the target's authority, port
-// included): the hostname, and for a Kubernetes Service of the client's
-// namespace the short forms, then its VIPs.
+// included): the hostname, its absolute form (with a trailing dot), for a
+// Kubernetes Service the short forms (the bare name only from the
+// service's own namespace), then its VIPs.
 func (m *Mesh) grpcDomains(p Proxy, s *workloadapi.Service, port uint32) []string {
 	host := s.GetHostname()
-	names := []string{host}
+	names := []string{host, host + "."}
 	suffix := "." + s.GetNamespace() + ".svc." + m.DomainSuffix
-	if short, ok := strings.CutSuffix(host, suffix); ok {
+	if short, ok := strings.CutSuffix(host, suffix); ok && !strings.Contains(short, ".") {
+		ns := short + "." + s.GetNamespace()
 		if s.GetNamespace() == p.Namespace {
-			names = append(names, short)
-		}
-		names = append(names, short+"."+s.GetNamespace()+".svc", short+"."+s.GetNamespace())
-	}
-	for _, a := range s.GetAddresses() {
-		if ip, ok := netip.AddrFromSlice(a.GetAddress()); ok {
-			names = append(names, ip.Unmap().String())
+			names = append(names, short, ns+".svc", ns)
+		} else {
+			names = append(names, ns, ns+".svc")
 		}
 	}
 	var out []string
 	for _, n := range names {
 		out = append(out, n, net.JoinHostPort(n, u32(port)))
+	}
+	for _, a := range s.GetAddresses() {
+		if ip, ok := netip.AddrFromSlice(a.GetAddress()); ok {
+			// An IPv6 address in brackets, as in a Host header.
+			hp := net.JoinHostPort(ip.Unmap().String(), u32(port))
+			out = append(out, hp[:strings.LastIndex(hp, ":")], hp)
+		}
 	}
 	return out
 }

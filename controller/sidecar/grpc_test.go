@@ -55,13 +55,21 @@ func pod(ns, name, ip, zone string, services map[string][]uint32) *workloadapi.A
 	return &workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: w}}
 }
 
+// unhealthy marks a workload not ready.
+func unhealthy(a *workloadapi.Address) *workloadapi.Address {
+	a.GetWorkload().Status = workloadapi.WorkloadStatus_UNHEALTHY
+	return a
+}
+
 func meta(ns, name string, age time.Duration) metav1.ObjectMeta {
 	return metav1.ObjectMeta{Namespace: ns, Name: name, CreationTimestamp: metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Add(-age))}
 }
 
-// testMesh: reviews (three versions over two zones) and ratings in
-// "default"; a VirtualService splitting reviews by header and weight, a
-// DestinationRule with subsets, STRICT mutual TLS in "default".
+// testMesh: reviews (three versions over two zones) and ratings (one
+// ready pod, one not ready, one terminating) in "default"; a
+// VirtualService splitting reviews by header and weight, a DestinationRule
+// with subsets (v2 hashed on the source address), one for ratings with
+// outlier detection and a port-level hash, STRICT mutual TLS in "default".
 func testMesh() *Mesh {
 	reviews := map[string][]uint32{"default/reviews.default.svc.cluster.local": {9080}}
 	labels := map[string]map[string]string{
@@ -77,8 +85,11 @@ func testMesh() *Mesh {
 			pod("default", "reviews-v2", "10.244.1.2", "z1", reviews),
 			pod("default", "reviews-v3", "10.244.2.3", "z2", reviews),
 			pod("default", "ratings-v1", "10.244.3.1", "", map[string][]uint32{"default/ratings.default.svc.cluster.local": {9080, 9090}}),
+			unhealthy(pod("default", "ratings-v2", "10.244.3.2", "", map[string][]uint32{"default/ratings.default.svc.cluster.local": {9080, 9090}})),
+			unhealthy(pod("default", "ratings-v3", "10.244.3.3", "", map[string][]uint32{"default/ratings.default.svc.cluster.local": {9080, 9090}})),
 		},
-		Labels: func(uid string) map[string]string { return labels[uid] },
+		Labels:      func(uid string) map[string]string { return labels[uid] },
+		Terminating: func(uid string) bool { return uid == workloadapi.PodUID("Kubernetes", "default", "ratings-v3") },
 		VirtualServices: []*networkingv1.VirtualService{{
 			ObjectMeta: meta("default", "reviews", time.Hour),
 			Spec: networkingapi.VirtualService{
@@ -115,8 +126,28 @@ func testMesh() *Mesh {
 					{Name: "v2", Labels: map[string]string{"version": "v2"}, TrafficPolicy: &networkingapi.TrafficPolicy{
 						Tls:            &networkingapi.ClientTLSSettings{Mode: networkingapi.ClientTLSSettings_ISTIO_MUTUAL},
 						ConnectionPool: &networkingapi.ConnectionPoolSettings{Http: &networkingapi.ConnectionPoolSettings_HTTPSettings{Http2MaxRequests: 100}},
+						LoadBalancer: &networkingapi.LoadBalancerSettings{LbPolicy: &networkingapi.LoadBalancerSettings_ConsistentHash{
+							ConsistentHash: &networkingapi.LoadBalancerSettings_ConsistentHashLB{HashKey: &networkingapi.LoadBalancerSettings_ConsistentHashLB_UseSourceIp{UseSourceIp: true}},
+						}},
 					}},
 					{Name: "v3", Labels: map[string]string{"version": "v3"}},
+				},
+			},
+		}, {
+			// ratings: hashed on a header on 9090 only; on 9080 unhealthy
+			// endpoints are withheld.
+			ObjectMeta: meta("default", "ratings", time.Hour),
+			Spec: networkingapi.DestinationRule{
+				Host: "ratings",
+				TrafficPolicy: &networkingapi.TrafficPolicy{
+					OutlierDetection: &networkingapi.OutlierDetection{MinHealthPercent: 50},
+					PortLevelSettings: []*networkingapi.TrafficPolicy_PortTrafficPolicy{{
+						Port:             &networkingapi.PortSelector{Number: 9090},
+						OutlierDetection: &networkingapi.OutlierDetection{},
+						LoadBalancer: &networkingapi.LoadBalancerSettings{LbPolicy: &networkingapi.LoadBalancerSettings_ConsistentHash{
+							ConsistentHash: &networkingapi.LoadBalancerSettings_ConsistentHashLB{HashKey: &networkingapi.LoadBalancerSettings_ConsistentHashLB_HttpHeaderName{HttpHeaderName: "x-user"}},
+						}},
+					}},
 				},
 			},
 		}},
@@ -141,7 +172,8 @@ func TestGRPCResourcesGolden(t *testing.T) {
 		"outbound|9080||reviews.default.svc.cluster.local", "outbound|9080|v1|reviews.default.svc.cluster.local",
 		"outbound|9080|v2|reviews.default.svc.cluster.local", "outbound|9080|v3|reviews.default.svc.cluster.local",
 		"outbound|9080|nosuch|reviews.default.svc.cluster.local", "outbound|9080||nosuch.default.svc.cluster.local",
-		"outbound|9090||ratings.default.svc.cluster.local", "outbound|9080|v1|ratings.default.svc.cluster.local",
+		"outbound|9090||ratings.default.svc.cluster.local", "outbound|9080||ratings.default.svc.cluster.local",
+		"outbound|9080|v1|ratings.default.svc.cluster.local",
 	}
 	got := map[string][]Named{
 		"listeners": m.GRPCListeners(client, []string{"reviews:9080", "ratings.default.svc.cluster.local", "nosuch:80", "reviews:bad"}),

@@ -45,6 +45,9 @@ type Endpoint struct {
 	// Labels are the workload's labels (a pod's, a WorkloadEntry's), which
 	// DestinationRule subsets select on.
 	Labels map[string]string
+	// Terminating: the workload is being deleted (it is UNHEALTHY in the
+	// workload table, and no endpoint at all here).
+	Terminating bool
 }
 
 // Inputs are a Mesh's parts.
@@ -53,7 +56,10 @@ type Inputs struct {
 	// Addresses is the workload table: services and workloads.
 	Addresses []*workloadapi.Address
 	// Labels returns a workload's labels by UID (nil when it has none).
-	Labels              func(uid string) map[string]string
+	Labels func(uid string) map[string]string
+	// Terminating reports whether a workload is being deleted, by UID
+	// (nil: none is).
+	Terminating         func(uid string) bool
 	VirtualServices     []*networkingv1.VirtualService
 	DestinationRules    []*networkingv1.DestinationRule
 	PeerAuthentications []*securityv1.PeerAuthentication
@@ -99,7 +105,8 @@ func NewMesh(in Inputs) *Mesh {
 			if in.Labels != nil {
 				lbls = in.Labels(w.GetUid())
 			}
-			svc.Endpoints = append(svc.Endpoints, Endpoint{Workload: w, Ports: ports, Labels: lbls})
+			terminating := in.Terminating != nil && in.Terminating(w.GetUid())
+			svc.Endpoints = append(svc.Endpoints, Endpoint{Workload: w, Ports: ports, Labels: lbls, Terminating: terminating})
 		}
 	}
 	for _, svcs := range m.services {

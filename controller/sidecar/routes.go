@@ -5,9 +5,12 @@ import (
 	"strconv"
 	"strings"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	previoushostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	networkingapi "istio.io/api/networking/v1"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
@@ -20,14 +23,22 @@ const defaultRetryOn = "connect-failure,refused-stream,unavailable,cancelled,ret
 // noTimeout is an explicit 0s: no timeout.
 var noTimeout = durationpb.New(0)
 
-// defaultRetry is the retry policy of a route that sets none.
-func defaultRetry() *routev3.RetryPolicy {
-	return &routev3.RetryPolicy{
+// defaultRetry is the retry policy of a route that sets none. A route to
+// one consistently hashed destination does not avoid the hosts it tried
+// before: the hash picks the same host again on purpose.
+func defaultRetry(hashed bool) *routev3.RetryPolicy {
+	p := &routev3.RetryPolicy{
 		RetryOn:                       defaultRetryOn,
 		NumRetries:                    wrapperspb.UInt32(2),
-		RetryHostPredicate:            []*routev3.RetryPolicy_RetryHostPredicate{{Name: "envoy.retry_host_predicates.previous_hosts"}},
 		HostSelectionRetryMaxAttempts: 5,
 	}
+	if !hashed {
+		p.RetryHostPredicate = []*routev3.RetryPolicy_RetryHostPredicate{{
+			Name:       "envoy.retry_host_predicates.previous_hosts",
+			ConfigType: &routev3.RetryPolicy_RetryHostPredicate_TypedConfig{TypedConfig: mustAny(&previoushostsv3.PreviousHostsPredicate{})},
+		}}
+	}
+	return p
 }
 
 // routeTarget is the service and port a route configuration serves.
@@ -36,14 +47,22 @@ type routeTarget struct {
 	port uint32
 }
 
-// defaultRoute sends everything to the service's port cluster.
-func (t routeTarget) defaultRoute() *routev3.Route {
+// defaultRoute sends everything to the service's port cluster, hashed as
+// the service's DestinationRule says. Its "no timeout" is the one a
+// VirtualService-less route of Istio's sidecars carries, max_grpc_timeout
+// 0s, which a proxyless client ignores as it ignores any 0s timeout.
+func (m *Mesh) defaultRoute(p Proxy, t routeTarget) *routev3.Route {
 	host := t.svc.GetHostname()
 	action := &routev3.RouteAction{
 		ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: ClusterName(Outbound, t.port, "", host)},
-		RetryPolicy:      defaultRetry(),
+		RetryPolicy:      defaultRetry(false),
+		Timeout:          noTimeout,
+		//lint:ignore SA1019 the field Istio's default route sets
+		MaxGrpcTimeout: noTimeout,
 	}
-	setTimeout(action, nil)
+	if hp := hashPolicy(m.destinationHash(p, host, t.port, "")); hp != nil {
+		action.HashPolicy = []*routev3.RouteAction_HashPolicy{hp}
+	}
 	return &routev3.Route{
 		Name:      "default",
 		Match:     &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
@@ -69,7 +88,7 @@ func setTimeout(a *routev3.RouteAction, d *durationpb.Duration) {
 func (m *Mesh) routes(p Proxy, t routeTarget) []*routev3.Route {
 	vss := m.VirtualServices(p, t.svc.GetHostname())
 	if len(vss) == 0 {
-		return []*routev3.Route{t.defaultRoute()}
+		return []*routev3.Route{m.defaultRoute(p, t)}
 	}
 	vs := vss[0]
 	var out []*routev3.Route
@@ -82,7 +101,7 @@ func (m *Mesh) routes(p Proxy, t routeTarget) []*routev3.Route {
 			if !matchApplies(mr, p, t.port) {
 				continue
 			}
-			r := m.translateRoute(vs, hr, mr, t)
+			r := m.translateRoute(p, vs, hr, mr, t)
 			out = append(out, r)
 			if isCatchAll(mr) {
 				// Nothing after a catch-all can match.
@@ -127,14 +146,15 @@ func isCatchAll(mr *networkingapi.HTTPMatchRequest) bool {
 }
 
 // translateRoute turns one HTTP route and one of its matches into a route.
-func (m *Mesh) translateRoute(vs *networkingv1.VirtualService, hr *networkingapi.HTTPRoute, mr *networkingapi.HTTPMatchRequest, t routeTarget) *routev3.Route {
+func (m *Mesh) translateRoute(p Proxy, vs *networkingv1.VirtualService, hr *networkingapi.HTTPRoute, mr *networkingapi.HTTPMatchRequest, t routeTarget) *routev3.Route {
 	name := hr.GetName()
 	if mr.GetName() != "" {
 		name += "." + mr.GetName()
 	}
 	out := &routev3.Route{
-		Name:  name,
-		Match: translateMatch(mr),
+		Name:     name,
+		Match:    translateMatch(mr),
+		Metadata: configMetadata(vs),
 	}
 	if rd := hr.GetRedirect(); rd != nil {
 		out.Action = &routev3.Route_Redirect{Redirect: translateRedirect(rd)}
@@ -142,6 +162,7 @@ func (m *Mesh) translateRoute(vs *networkingv1.VirtualService, hr *networkingapi
 	}
 	action := &routev3.RouteAction{}
 	var clusters []*routev3.WeightedCluster_ClusterWeight
+	hashed := false
 	for _, d := range hr.GetRoute() {
 		if len(hr.GetRoute()) > 1 && d.GetWeight() == 0 {
 			continue // a zero weight takes no traffic
@@ -155,6 +176,10 @@ func (m *Mesh) translateRoute(vs *networkingv1.VirtualService, hr *networkingapi
 			Name:   ClusterName(Outbound, port, d.GetDestination().GetSubset(), host),
 			Weight: wrapperspb.UInt32(uint32(max(d.GetWeight(), 0))),
 		})
+		if hp := hashPolicy(m.destinationHash(p, host, port, d.GetDestination().GetSubset())); hp != nil {
+			action.HashPolicy = append(action.HashPolicy, hp)
+			hashed = len(hr.GetRoute()) == 1
+		}
 	}
 	switch len(clusters) {
 	case 0:
@@ -167,7 +192,7 @@ func (m *Mesh) translateRoute(vs *networkingv1.VirtualService, hr *networkingapi
 		action.ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: &routev3.WeightedCluster{Clusters: clusters}}
 	}
 	setTimeout(action, hr.GetTimeout())
-	action.RetryPolicy = translateRetry(hr.GetRetries())
+	action.RetryPolicy = translateRetry(hr.GetRetries(), hashed)
 	if rw := hr.GetRewrite(); rw != nil {
 		if rw.GetUri() != "" {
 			action.PrefixRewrite = rw.GetUri()
@@ -200,14 +225,15 @@ func pathOf(m *routev3.RouteMatch) string {
 }
 
 // translateRetry: no policy is the default; attempts 0 turns retries off.
-func translateRetry(r *networkingapi.HTTPRetry) *routev3.RetryPolicy {
+// hashed: the route's one destination is consistently hashed.
+func translateRetry(r *networkingapi.HTTPRetry, hashed bool) *routev3.RetryPolicy {
 	if r == nil {
-		return defaultRetry()
+		return defaultRetry(hashed)
 	}
-	if r.GetAttempts() == 0 {
+	if r.GetAttempts() <= 0 {
 		return nil
 	}
-	p := defaultRetry()
+	p := defaultRetry(hashed)
 	p.NumRetries = wrapperspb.UInt32(uint32(r.GetAttempts()))
 	if r.GetPerTryTimeout() != nil {
 		p.PerTryTimeout = r.GetPerTryTimeout()
@@ -339,3 +365,72 @@ func translateRedirect(rd *networkingapi.HTTPRedirect) *routev3.RedirectAction {
 }
 
 func u32(v uint32) string { return strconv.FormatUint(uint64(v), 10) }
+
+// configMetadata names the VirtualService a route comes from, as
+// "/apis/<group>/<version>/namespaces/<ns>/virtual-service/<name>" under
+// filter_metadata "istio", key "config".
+func configMetadata(vs *networkingv1.VirtualService) *corev3.Metadata {
+	path := "/apis/networking.istio.io/v1/namespaces/" + vs.Namespace + "/virtual-service/" + vs.Name
+	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
+		"istio": {Fields: map[string]*structpb.Value{"config": structpb.NewStringValue(path)}},
+	}}
+}
+
+// destinationHash is the consistent hash the DestinationRule of host sets
+// for a route to port and subset: the subset's port-level setting, else the
+// subset's, else the rule's port-level setting, else the rule's.
+func (m *Mesh) destinationHash(p Proxy, host string, port uint32, subsetName string) *networkingapi.LoadBalancerSettings_ConsistentHashLB {
+	svcNS := ""
+	if svc := m.Service(p, host); svc != nil {
+		svcNS = svc.GetNamespace()
+	}
+	dr := m.DestinationRule(p, host, svcNS)
+	if dr == nil {
+		return nil
+	}
+	if subsetName != "" {
+		if ss := subset(dr, subsetName); ss != nil {
+			if h := portHash(ss.GetTrafficPolicy(), port); h != nil {
+				return h
+			}
+		}
+	}
+	return portHash(dr.Spec.GetTrafficPolicy(), port)
+}
+
+// portHash is a traffic policy's consistent hash for port: the port-level
+// one, else the policy's own.
+func portHash(tp *networkingapi.TrafficPolicy, port uint32) *networkingapi.LoadBalancerSettings_ConsistentHashLB {
+	for _, pl := range tp.GetPortLevelSettings() {
+		if pl.GetPort().GetNumber() == port {
+			if h := pl.GetLoadBalancer().GetConsistentHash(); h != nil {
+				return h
+			}
+			break
+		}
+	}
+	return tp.GetLoadBalancer().GetConsistentHash()
+}
+
+// hashPolicy is what a route hashes on for a consistent hash: a header, a
+// cookie, the source address or a query parameter; nil for none.
+func hashPolicy(h *networkingapi.LoadBalancerSettings_ConsistentHashLB) *routev3.RouteAction_HashPolicy {
+	switch k := h.GetHashKey().(type) {
+	case *networkingapi.LoadBalancerSettings_ConsistentHashLB_HttpHeaderName:
+		return &routev3.RouteAction_HashPolicy{PolicySpecifier: &routev3.RouteAction_HashPolicy_Header_{
+			Header: &routev3.RouteAction_HashPolicy_Header{HeaderName: k.HttpHeaderName}}}
+	case *networkingapi.LoadBalancerSettings_ConsistentHashLB_HttpCookie:
+		c := &routev3.RouteAction_HashPolicy_Cookie{Name: k.HttpCookie.GetName(), Ttl: k.HttpCookie.GetTtl(), Path: k.HttpCookie.GetPath()}
+		for _, a := range k.HttpCookie.GetAttributes() {
+			c.Attributes = append(c.Attributes, &routev3.RouteAction_HashPolicy_CookieAttribute{Name: a.GetName(), Value: a.GetValue()})
+		}
+		return &routev3.RouteAction_HashPolicy{PolicySpecifier: &routev3.RouteAction_HashPolicy_Cookie_{Cookie: c}}
+	case *networkingapi.LoadBalancerSettings_ConsistentHashLB_UseSourceIp:
+		return &routev3.RouteAction_HashPolicy{PolicySpecifier: &routev3.RouteAction_HashPolicy_ConnectionProperties_{
+			ConnectionProperties: &routev3.RouteAction_HashPolicy_ConnectionProperties{SourceIp: k.UseSourceIp}}}
+	case *networkingapi.LoadBalancerSettings_ConsistentHashLB_HttpQueryParameterName:
+		return &routev3.RouteAction_HashPolicy{PolicySpecifier: &routev3.RouteAction_HashPolicy_QueryParameter_{
+			QueryParameter: &routev3.RouteAction_HashPolicy_QueryParameter{Name: k.HttpQueryParameterName}}}
+	}
+	return nil
+}
