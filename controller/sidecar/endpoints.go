@@ -70,7 +70,8 @@ func (m *Mesh) assignment(p Proxy, name string, k ClusterKey) *endpointv3.Cluste
 			continue
 		}
 		healthy := ep.GetStatus() == workloadapi.WorkloadStatus_HEALTHY
-		if !healthy && !withUnhealthy {
+		if !healthy && (!withUnhealthy || isPod(ep) && !m.isKubernetesService(svc.Service)) {
+			// A ServiceEntry selects only ready pods.
 			continue
 		}
 		lbe := m.lbEndpoint(ep, target)
@@ -89,8 +90,12 @@ func (m *Mesh) assignment(p Proxy, name string, k ClusterKey) *endpointv3.Cluste
 			}
 			byLocality[key] = group
 		}
-		if !healthy {
+		switch {
+		case !healthy:
 			lbe.HealthStatus = corev3.HealthStatus_UNHEALTHY
+		case ep.Entry != nil:
+			// No health is known of a ServiceEntry's own endpoints.
+			lbe.HealthStatus = corev3.HealthStatus_UNKNOWN
 		}
 		group.LbEndpoints = append(group.LbEndpoints, lbe)
 		// A client skips a locality without a weight: always set one.
@@ -129,7 +134,7 @@ func (m *Mesh) lbEndpoint(ep Endpoint, port uint32) *endpointv3.LbEndpoint {
 	meta := map[string]*structpb.Struct{
 		"istio": {Fields: map[string]*structpb.Value{"workload": structpb.NewStringValue(m.workloadMetadata(ep))}},
 	}
-	if ep.Labels[tlsModeLabel] == "istio" && m.MTLSMode(ep.GetNamespace(), ep.Labels, port) != securityapi.PeerAuthentication_MutualTLS_DISABLE {
+	if tlsMode(ep) == "istio" && m.MTLSMode(ep.GetNamespace(), ep.Labels, port) != securityapi.PeerAuthentication_MutualTLS_DISABLE {
 		meta["envoy.transport_socket_match"] = &structpb.Struct{Fields: map[string]*structpb.Value{"tlsMode": structpb.NewStringValue("istio")}}
 	}
 	return &endpointv3.LbEndpoint{
@@ -140,14 +145,42 @@ func (m *Mesh) lbEndpoint(ep Endpoint, port uint32) *endpointv3.LbEndpoint {
 	}
 }
 
+// tlsMode is the endpoint's security.istio.io/tlsMode label; a
+// ServiceEntry's inline endpoint without one takes "istio" when it names a
+// service account.
+func tlsMode(ep Endpoint) string {
+	if v, ok := ep.Labels[tlsModeLabel]; ok || ep.Entry == nil {
+		return v
+	}
+	if ep.GetServiceAccount() != "" {
+		return "istio"
+	}
+	return ""
+}
+
+func isPod(ep Endpoint) bool {
+	uid, err := workloadapi.ParseWorkloadUID(ep.GetUid())
+	return err == nil && uid.Kind == workloadapi.KindPod
+}
+
+// isKubernetesService reports whether a service is a Kubernetes Service,
+// by its hostname "<name>.<namespace>.svc.<domain>" (a ServiceEntry's host
+// rarely takes that form).
+func (m *Mesh) isKubernetesService(s *workloadapi.Service) bool {
+	return s.GetHostname() == s.GetName()+"."+s.GetNamespace()+".svc."+m.DomainSuffix
+}
+
 // workloadMetadata is "<workload>;<namespace>;<canonical name>;<canonical
 // revision, empty when latest>;<cluster>", which telemetry reads.
 func (m *Mesh) workloadMetadata(ep Endpoint) string {
-	rev := ep.GetCanonicalRevision()
+	name, canonical, rev := ep.GetWorkloadName(), ep.GetCanonicalName(), ep.GetCanonicalRevision()
+	if e := ep.Entry; e != nil {
+		name, canonical, rev = e.Workload, e.CanonicalName, e.CanonicalRevision
+	}
 	if rev == "latest" {
 		rev = ""
 	}
-	return strings.Join([]string{ep.GetWorkloadName(), ep.GetNamespace(), ep.GetCanonicalName(), rev, cmp.Or(ep.GetClusterId(), m.ClusterID)}, ";")
+	return strings.Join([]string{name, ep.GetNamespace(), canonical, rev, cmp.Or(ep.GetClusterId(), m.ClusterID)}, ";")
 }
 
 func btoi(b bool) int {

@@ -188,7 +188,9 @@ func grpcInboundChain(suffix string, tls *tlsv3.DownstreamTlsContext) *listenerv
 }
 
 // GRPCRoutes answers route names "outbound|port||hostname": the one
-// virtual host of that service and port.
+// virtual host of that service and port. A port that carries no HTTP (TCP
+// or TLS), or a service or port that does not exist, gets a configuration
+// without virtual hosts, so a client fails its calls instead of waiting.
 func (m *Mesh) GRPCRoutes(p Proxy, names []string) []Named {
 	var out []Named
 	for _, name := range slices.Sorted(slices.Values(names)) {
@@ -196,34 +198,51 @@ func (m *Mesh) GRPCRoutes(p Proxy, names []string) []Named {
 		if err != nil || k.Direction != Outbound || k.Subset != "" {
 			continue
 		}
+		rc := &routev3.RouteConfiguration{Name: name}
+		out = append(out, Named{name, rc})
 		svc := m.Service(p, k.Hostname)
-		if svc == nil || !hasPort(svc.Service, k.Port) {
+		if svc == nil || !routesHTTP(svc.Service, k.Port) {
 			continue
 		}
 		t := routeTarget{svc: svc, port: k.Port}
-		out = append(out, Named{name, &routev3.RouteConfiguration{
-			Name: name,
-			VirtualHosts: []*routev3.VirtualHost{{
-				Name:                       k.Hostname + ":" + u32(k.Port),
-				Domains:                    m.grpcDomains(p, svc.Service, k.Port),
-				Routes:                     m.routes(p, t),
-				IncludeRequestAttemptCount: true,
-			}},
-		}})
+		rc.VirtualHosts = []*routev3.VirtualHost{{
+			Name:                       k.Hostname + ":" + u32(k.Port),
+			Domains:                    m.grpcDomains(p, svc.Service, k.Port),
+			Routes:                     m.routes(p, t),
+			IncludeRequestAttemptCount: true,
+		}}
 	}
 	return out
+}
+
+// routesHTTP reports whether the service has port and it may carry HTTP:
+// its protocol is HTTP, HTTP/2 or gRPC, or unknown (sniffed).
+func routesHTTP(s *workloadapi.Service, port uint32) bool {
+	for _, sp := range s.GetPorts() {
+		if sp.GetServicePort() == port {
+			switch sp.GetAppProtocol() {
+			case workloadapi.AppProtocol_TCP, workloadapi.AppProtocol_TLS:
+				return false
+			}
+			return true
+		}
+	}
+	return false
 }
 
 // grpcDomains are the names a client may call the service by, each also
 // with ":port" (a proxyless client matches the target's authority, port
 // included): the hostname, its absolute form (with a trailing dot), for a
 // Kubernetes Service the short forms (the bare name only from the
-// service's own namespace), then its VIPs.
+// service's own namespace), each also as "*.name" for a headless one, then
+// its VIPs.
 func (m *Mesh) grpcDomains(p Proxy, s *workloadapi.Service, port uint32) []string {
 	host := s.GetHostname()
 	names := []string{host, host + "."}
 	suffix := "." + s.GetNamespace() + ".svc." + m.DomainSuffix
-	if short, ok := strings.CutSuffix(host, suffix); ok && !strings.Contains(short, ".") {
+	short, kube := strings.CutSuffix(host, suffix)
+	kube = kube && !strings.Contains(short, ".")
+	if kube {
 		ns := short + "." + s.GetNamespace()
 		if s.GetNamespace() == p.Namespace {
 			names = append(names, short, ns+".svc", ns)
@@ -234,6 +253,12 @@ func (m *Mesh) grpcDomains(p Proxy, s *workloadapi.Service, port uint32) []strin
 	var out []string
 	for _, n := range names {
 		out = append(out, n, net.JoinHostPort(n, u32(port)))
+	}
+	if kube && len(s.GetAddresses()) == 0 {
+		// A headless Service: its pods' own names too.
+		for _, d := range slices.Clone(out) {
+			out = append(out, "*."+d)
+		}
 	}
 	for _, a := range s.GetAddresses() {
 		if ip, ok := netip.AddrFromSlice(a.GetAddress()); ok {

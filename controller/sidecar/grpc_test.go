@@ -55,6 +55,29 @@ func pod(ns, name, ip, zone string, services map[string][]uint32) *workloadapi.A
 	return &workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: w}}
 }
 
+func withProtocol(a *workloadapi.Address, p workloadapi.AppProtocol) *workloadapi.Address {
+	for _, port := range a.GetService().GetPorts() {
+		port.AppProtocol = p
+	}
+	return a
+}
+
+func entryService(ns, name, host string, port uint32) *workloadapi.Address {
+	return &workloadapi.Address{Type: &workloadapi.Address_Service{Service: &workloadapi.Service{
+		Name: name, Namespace: ns, Hostname: host, Ports: []*workloadapi.Port{{ServicePort: port, TargetPort: port}},
+	}}}
+}
+
+// entry is a ServiceEntry's inline endpoint, named as the workload table
+// names it.
+func entry(ns, name, ip, sa string, services map[string][]uint32) *workloadapi.Address {
+	a := pod(ns, name+"-xx", ip, "", services)
+	w := a.GetWorkload()
+	w.Uid = workloadapi.ServiceEntryUID("Kubernetes", ns, name, ip)
+	w.Name, w.WorkloadName, w.CanonicalName, w.CanonicalRevision, w.ServiceAccount = name, name, name, "latest", sa
+	return a
+}
+
 // unhealthy marks a workload not ready.
 func unhealthy(a *workloadapi.Address) *workloadapi.Address {
 	a.GetWorkload().Status = workloadapi.WorkloadStatus_UNHEALTHY
@@ -66,10 +89,11 @@ func meta(ns, name string, age time.Duration) metav1.ObjectMeta {
 }
 
 // testMesh: reviews (three versions over two zones) and ratings (one
-// ready pod, one not ready, one terminating) in "default"; a
-// VirtualService splitting reviews by header and weight, a DestinationRule
-// with subsets (v2 hashed on the source address), one for ratings with
-// outlier detection and a port-level hash, STRICT mutual TLS in "default".
+// ready pod, one not ready, one terminating) in "default", a TCP service,
+// a headless one and a ServiceEntry host; a VirtualService splitting
+// reviews by header and weight, a DestinationRule with subsets (v2 hashed
+// on the source address), one for ratings with outlier detection and a
+// port-level hash, STRICT mutual TLS in "default".
 func testMesh() *Mesh {
 	reviews := map[string][]uint32{"default/reviews.default.svc.cluster.local": {9080}}
 	labels := map[string]map[string]string{
@@ -87,6 +111,19 @@ func testMesh() *Mesh {
 			pod("default", "ratings-v1", "10.244.3.1", "", map[string][]uint32{"default/ratings.default.svc.cluster.local": {9080, 9090}}),
 			unhealthy(pod("default", "ratings-v2", "10.244.3.2", "", map[string][]uint32{"default/ratings.default.svc.cluster.local": {9080, 9090}})),
 			unhealthy(pod("default", "ratings-v3", "10.244.3.3", "", map[string][]uint32{"default/ratings.default.svc.cluster.local": {9080, 9090}})),
+			withProtocol(svc("default", "mongo", "10.96.0.12", 27017), workloadapi.AppProtocol_TCP),
+			svc("default", "reviews-headless", "", 9080),
+			// A ServiceEntry host with an inline endpoint and a selected
+			// pod that is not ready.
+			entryService("default", "ext", "ext.example.com", 80),
+			entry("default", "ext", "10.250.0.1", "ext-sa", map[string][]uint32{"default/ext.example.com": {80}}),
+			unhealthy(pod("default", "ext-pod", "10.244.4.1", "", map[string][]uint32{"default/ext.example.com": {80}})),
+		},
+		Entry: func(uid string) *EntryEndpoint {
+			if uid == workloadapi.ServiceEntryUID("Kubernetes", "default", "ext", "10.250.0.1") {
+				return &EntryEndpoint{Workload: "ext-0", CanonicalName: "ext-0", CanonicalRevision: "latest"}
+			}
+			return nil
 		},
 		Labels:      func(uid string) map[string]string { return labels[uid] },
 		Terminating: func(uid string) bool { return uid == workloadapi.PodUID("Kubernetes", "default", "ratings-v3") },
@@ -173,11 +210,15 @@ func TestGRPCResourcesGolden(t *testing.T) {
 		"outbound|9080|v2|reviews.default.svc.cluster.local", "outbound|9080|v3|reviews.default.svc.cluster.local",
 		"outbound|9080|nosuch|reviews.default.svc.cluster.local", "outbound|9080||nosuch.default.svc.cluster.local",
 		"outbound|9090||ratings.default.svc.cluster.local", "outbound|9080||ratings.default.svc.cluster.local",
-		"outbound|9080|v1|ratings.default.svc.cluster.local",
+		"outbound|9080|v1|ratings.default.svc.cluster.local", "outbound|80||ext.example.com",
 	}
 	got := map[string][]Named{
 		"listeners": m.GRPCListeners(client, []string{"reviews:9080", "ratings.default.svc.cluster.local", "nosuch:80", "reviews:bad"}),
-		"routes":    m.GRPCRoutes(client, []string{"outbound|9080||reviews.default.svc.cluster.local", "outbound|9090||ratings.default.svc.cluster.local", "garbage"}),
+		"routes": m.GRPCRoutes(client, []string{
+			"outbound|9080||reviews.default.svc.cluster.local", "outbound|9090||ratings.default.svc.cluster.local", "garbage",
+			"outbound|27017||mongo.default.svc.cluster.local", "outbound|9080||reviews-headless.default.svc.cluster.local",
+			"outbound|9080||nosuch.default.svc.cluster.local",
+		}),
 		"clusters":  m.GRPCClusters(client, clusters),
 		"endpoints": m.Endpoints(client, clusters),
 		"server listeners": m.GRPCListeners(server, []string{
