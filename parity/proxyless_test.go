@@ -26,17 +26,23 @@ const (
 var grpcLabels = map[string]string{"app": "client", "version": "v1"}
 
 // grpcListeners are the listener names the node asks for: the services
-// of the fixtures it calls, by full and short names, with and without a
-// port, a service of another namespace, one that does not exist, and the
-// server listeners of its own serving port and of a port it does not
-// serve.
+// of proxyless.yaml it calls, by full and short names, with and without a
+// port; services of cluster.yaml in another namespace (a TCP port, a
+// headless service) and ServiceEntry hosts; one that does not exist; and
+// the server listeners of its own serving port (any address and its own)
+// and of a port it does not serve.
 var grpcListeners = []string{
 	"greeter.rpc.svc.cluster.local:7070",
 	"greeter:7070",
 	"echo.rpc.svc.cluster.local",
 	"web.apps.svc.cluster.local:9090",
+	"protocols.apps.svc.cluster.local:2004",
+	"web-headless.apps.svc.cluster.local:80",
+	"static.example.com:80",
+	"selected.apps.mesh:80",
 	"missing.rpc.svc.cluster.local:7070",
 	"xds.istio.io/grpc/lds/inbound/0.0.0.0:7070",
+	"xds.istio.io/grpc/lds/inbound/10.244.3.10:7070",
 	"xds.istio.io/grpc/lds/inbound/0.0.0.0:7071",
 }
 
