@@ -133,9 +133,26 @@ func testMesh() *Mesh {
 				Hosts: []string{"reviews"},
 				Http: []*networkingapi.HTTPRoute{
 					{
-						Name:  "jason",
-						Match: []*networkingapi.HTTPMatchRequest{{Name: "user", Headers: map[string]*networkingapi.StringMatch{"end-user": {MatchType: &networkingapi.StringMatch_Exact{Exact: "jason"}}}}},
+						Name: "jason",
+						Match: []*networkingapi.HTTPMatchRequest{{Name: "user", Headers: map[string]*networkingapi.StringMatch{
+							"end-user": {MatchType: &networkingapi.StringMatch_Exact{Exact: "jason"}},
+							"x-any":    {MatchType: &networkingapi.StringMatch_Prefix{Prefix: ""}},
+							"x-star":   {MatchType: &networkingapi.StringMatch_Regex{Regex: "*"}},
+						}, QueryParams: map[string]*networkingapi.StringMatch{
+							"b": {MatchType: &networkingapi.StringMatch_Regex{Regex: "[0-9]+"}},
+							"a": {},
+						}}},
 						Route: []*networkingapi.HTTPRouteDestination{{Destination: &networkingapi.Destination{Host: "reviews", Subset: "v2"}}},
+						Fault: &networkingapi.HTTPFaultInjection{
+							Delay: &networkingapi.HTTPFaultInjection_Delay{
+								HttpDelayType: &networkingapi.HTTPFaultInjection_Delay_FixedDelay{FixedDelay: durationpb.New(time.Second)},
+								Percentage:    &networkingapi.Percent{Value: 5.5},
+							},
+							Abort: &networkingapi.HTTPFaultInjection_Abort{
+								ErrorType:  &networkingapi.HTTPFaultInjection_Abort_GrpcStatus{GrpcStatus: "UNAVAILABLE"},
+								Percentage: &networkingapi.Percent{Value: 10},
+							},
+						},
 					},
 					{
 						Name:    "split",
@@ -147,7 +164,10 @@ func testMesh() *Mesh {
 							{Destination: &networkingapi.Destination{Host: "reviews", Subset: "v2"}, Weight: 0},
 						},
 					},
-					{Name: "unreachable", Route: []*networkingapi.HTTPRouteDestination{{Destination: &networkingapi.Destination{Host: "ratings"}}}},
+					{Name: "unreachable", Route: []*networkingapi.HTTPRouteDestination{
+						{Destination: &networkingapi.Destination{Host: "ratings"}, Weight: 100},
+						{Destination: &networkingapi.Destination{Host: "reviews"}},
+					}},
 				},
 			},
 		}},

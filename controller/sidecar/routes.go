@@ -1,14 +1,20 @@
 package sidecar
 
 import (
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	commonfaultv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/fault/v3"
+	faultv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/fault/v3"
 	previoushostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -181,14 +187,15 @@ func (m *Mesh) translateRoute(p Proxy, vs *networkingv1.VirtualService, hr *netw
 			hashed = len(hr.GetRoute()) == 1
 		}
 	}
-	switch len(clusters) {
-	case 0:
+	switch {
+	case len(clusters) == 0:
 		// No destination: nothing to route to.
 		out.Action = &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{Status: 500}}
 		return out
-	case 1:
+	case len(hr.GetRoute()) == 1:
 		action.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: clusters[0].GetName()}
 	default:
+		// Weighted even when one destination is left (the others weigh 0).
 		action.ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: &routev3.WeightedCluster{Clusters: clusters}}
 	}
 	setTimeout(action, hr.GetTimeout())
@@ -202,6 +209,9 @@ func (m *Mesh) translateRoute(p Proxy, vs *networkingv1.VirtualService, hr *netw
 		}
 	}
 	out.Action = &routev3.Route_Route{Route: action}
+	if f := translateFault(hr.GetFault()); f != nil {
+		out.TypedPerFilterConfig = map[string]*anypb.Any{"envoy.filters.http.fault": mustAny(f)}
+	}
 	if c := action.GetCluster(); c != "" {
 		k, _ := ParseClusterName(c)
 		out.Decorator = &routev3.Decorator{Operation: k.Hostname + ":" + u32(k.Port) + pathOf(out.Match)}
@@ -299,6 +309,15 @@ func translateMatch(mr *networkingapi.HTTPMatchRequest) *routev3.RouteMatch {
 		out.PathSpecifier = &routev3.RouteMatch_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: u.Regex}}
 	}
 	out.CaseSensitive = wrapperspb.Bool(!mr.GetIgnoreUriCase())
+	for _, name := range slices.Sorted(maps.Keys(mr.GetQueryParams())) {
+		q := &routev3.QueryParameterMatcher{Name: name}
+		if sm := stringMatcher(mr.GetQueryParams()[name]); sm != nil {
+			q.QueryParameterMatchSpecifier = &routev3.QueryParameterMatcher_StringMatch{StringMatch: sm}
+		} else {
+			q.QueryParameterMatchSpecifier = &routev3.QueryParameterMatcher_PresentMatch{PresentMatch: true}
+		}
+		out.QueryParameters = append(out.QueryParameters, q)
+	}
 	for _, h := range []struct {
 		name string
 		sm   *networkingapi.StringMatch
@@ -310,29 +329,84 @@ func translateMatch(mr *networkingapi.HTTPMatchRequest) *routev3.RouteMatch {
 	return out
 }
 
-// headerMatch: an empty prefix or a ".*" regex only asks that the header
-// be present.
+// headerMatch: a match of no kind, an empty prefix or the regex "*" (not
+// a regular expression) only asks that the header be present.
 func headerMatch(name string, sm *networkingapi.StringMatch) *routev3.HeaderMatcher {
 	out := &routev3.HeaderMatcher{Name: name}
-	switch v := sm.GetMatchType().(type) {
-	case *networkingapi.StringMatch_Exact:
-		out.HeaderMatchSpecifier = &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: v.Exact}}}
-	case *networkingapi.StringMatch_Prefix:
-		if v.Prefix == "" {
-			out.HeaderMatchSpecifier = &routev3.HeaderMatcher_PresentMatch{PresentMatch: true}
-		} else {
-			out.HeaderMatchSpecifier = &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: v.Prefix}}}
-		}
-	case *networkingapi.StringMatch_Regex:
-		if v.Regex == ".*" || v.Regex == "*" {
-			out.HeaderMatchSpecifier = &routev3.HeaderMatcher_PresentMatch{PresentMatch: true}
-		} else {
-			out.HeaderMatchSpecifier = &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: v.Regex}}}}
-		}
-	default:
+	if m := stringMatcher(sm); m != nil {
+		out.HeaderMatchSpecifier = &routev3.HeaderMatcher_StringMatch{StringMatch: m}
+	} else {
 		out.HeaderMatchSpecifier = &routev3.HeaderMatcher_PresentMatch{PresentMatch: true}
 	}
 	return out
+}
+
+// stringMatcher is an exact, prefix or regex match as written; nil for a
+// match of no kind, an empty prefix or the regex "*", which match any
+// value. (Istio's control plane sends an empty prefix as written, which
+// Envoy's validation rejects: a prefix has at least one character.)
+func stringMatcher(sm *networkingapi.StringMatch) *matcherv3.StringMatcher {
+	switch v := sm.GetMatchType().(type) {
+	case *networkingapi.StringMatch_Exact:
+		return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: v.Exact}}
+	case *networkingapi.StringMatch_Prefix:
+		if v.Prefix != "" {
+			return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: v.Prefix}}
+		}
+	case *networkingapi.StringMatch_Regex:
+		if v.Regex != "*" {
+			return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: v.Regex}}}
+		}
+	}
+	return nil
+}
+
+// translateFault is a route's fault filter configuration: a fixed delay
+// and an HTTP or gRPC abort, each for a share of requests (percentages in
+// millionths; the deprecated integer percent in hundredths); nil when
+// neither is set. Exponential delays are not supported.
+func translateFault(in *networkingapi.HTTPFaultInjection) *faultv3.HTTPFault {
+	if in == nil {
+		return nil
+	}
+	out := &faultv3.HTTPFault{}
+	if d := in.GetDelay(); d.GetFixedDelay() != nil {
+		//lint:ignore SA1019 the deprecated integer percent still counts when no percentage is set
+		percent := d.GetPercent()
+		out.Delay = &commonfaultv3.FaultDelay{
+			FaultDelaySecifier: &commonfaultv3.FaultDelay_FixedDelay{FixedDelay: d.GetFixedDelay()},
+			Percentage:         percentage(d.GetPercentage(), percent),
+		}
+	}
+	if a := in.GetAbort(); a != nil {
+		abort := &faultv3.FaultAbort{}
+		if p := a.GetPercentage(); p != nil {
+			abort.Percentage = percentage(p, 0)
+		}
+		switch e := a.GetErrorType().(type) {
+		case *networkingapi.HTTPFaultInjection_Abort_HttpStatus:
+			abort.ErrorType = &faultv3.FaultAbort_HttpStatus{HttpStatus: uint32(e.HttpStatus)}
+			out.Abort = abort
+		case *networkingapi.HTTPFaultInjection_Abort_GrpcStatus:
+			var c codes.Code
+			if err := c.UnmarshalJSON([]byte(strconv.Quote(e.GrpcStatus))); err == nil {
+				abort.ErrorType = &faultv3.FaultAbort_GrpcStatus{GrpcStatus: uint32(c)}
+				out.Abort = abort
+			}
+		}
+	}
+	if out.Delay == nil && out.Abort == nil {
+		return nil
+	}
+	return out
+}
+
+// percentage is p in millionths, else the integer percent.
+func percentage(p *networkingapi.Percent, percent int32) *typev3.FractionalPercent {
+	if p != nil {
+		return &typev3.FractionalPercent{Numerator: uint32(p.GetValue() * 10000), Denominator: typev3.FractionalPercent_MILLION}
+	}
+	return &typev3.FractionalPercent{Numerator: uint32(percent), Denominator: typev3.FractionalPercent_HUNDRED}
 }
 
 func translateRedirect(rd *networkingapi.HTTPRedirect) *routev3.RedirectAction {
