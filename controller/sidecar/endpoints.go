@@ -11,7 +11,6 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
-	networkingapi "istio.io/api/networking/v1"
 	securityapi "istio.io/api/security/v1beta1"
 
 	"github.com/canopy-mesh/canopy/workloadapi"
@@ -45,19 +44,14 @@ func (m *Mesh) assignment(p Proxy, name string, k ClusterKey) *endpointv3.Cluste
 	if svc == nil || !hasPort(svc.Service, k.Port) {
 		return cla
 	}
-	var sel map[string]string
 	dr := m.DestinationRule(p, k.Hostname, svc.GetNamespace())
-	var policy *networkingapi.TrafficPolicy
-	if dr != nil {
-		policy = portPolicy(dr.Spec.GetTrafficPolicy(), k.Port)
+	policy, ok := clusterPolicy(dr, k.Port, k.Subset)
+	if !ok {
+		return cla
 	}
+	var sel map[string]string
 	if k.Subset != "" {
-		ss := subset(dr, k.Subset)
-		if ss == nil {
-			return cla
-		}
-		sel = ss.GetLabels()
-		policy = mergePolicy(policy, portPolicy(ss.GetTrafficPolicy(), k.Port))
+		sel = subset(dr, k.Subset).GetLabels()
 	}
 	// Unhealthy endpoints are sent (a client counts them towards the
 	// cluster's health), unless outlier detection with a minimum health

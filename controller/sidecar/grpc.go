@@ -284,17 +284,9 @@ func (m *Mesh) GRPCClusters(p Proxy, names []string) []Named {
 		if svc == nil || !hasPort(svc.Service, k.Port) {
 			continue
 		}
-		dr := m.DestinationRule(p, k.Hostname, svc.GetNamespace())
-		var policy *networkingapi.TrafficPolicy
-		if dr != nil {
-			policy = portPolicy(dr.Spec.GetTrafficPolicy(), k.Port)
-		}
-		if k.Subset != "" {
-			ss := subset(dr, k.Subset)
-			if ss == nil {
-				continue
-			}
-			policy = mergePolicy(policy, portPolicy(ss.GetTrafficPolicy(), k.Port))
+		policy, ok := clusterPolicy(m.DestinationRule(p, k.Hostname, svc.GetNamespace()), k.Port, k.Subset)
+		if !ok {
+			continue
 		}
 		out = append(out, Named{name, m.grpcCluster(name, svc, policy)})
 	}

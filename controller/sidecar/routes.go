@@ -182,7 +182,8 @@ func (m *Mesh) translateRoute(p Proxy, vs *networkingv1.VirtualService, hr *netw
 			Name:   ClusterName(Outbound, port, d.GetDestination().GetSubset(), host),
 			Weight: wrapperspb.UInt32(uint32(max(d.GetWeight(), 0))),
 		})
-		if hp := hashPolicy(m.destinationHash(p, host, port, d.GetDestination().GetSubset())); hp != nil {
+		// A port-level hash counts only for a destination naming its port.
+		if hp := hashPolicy(m.destinationHash(p, host, d.GetDestination().GetPort().GetNumber(), d.GetDestination().GetSubset())); hp != nil {
 			action.HashPolicy = append(action.HashPolicy, hp)
 			hashed = len(hr.GetRoute()) == 1
 		}
@@ -451,8 +452,9 @@ func configMetadata(vs *networkingv1.VirtualService) *corev3.Metadata {
 }
 
 // destinationHash is the consistent hash the DestinationRule of host sets
-// for a route to port and subset: the subset's port-level setting, else the
-// subset's, else the rule's port-level setting, else the rule's.
+// for a route to port (0: none named) and subset: the subset's port-level
+// setting, else the subset's, else the rule's port-level setting, else the
+// rule's.
 func (m *Mesh) destinationHash(p Proxy, host string, port uint32, subsetName string) *networkingapi.LoadBalancerSettings_ConsistentHashLB {
 	svcNS := ""
 	if svc := m.Service(p, host); svc != nil {
