@@ -75,6 +75,7 @@ type sotwSubscriber struct {
 	tables     map[string]map[string]*anypb.Any // type URL → name → resource
 	names      map[string][]string              // type URL → names subscribed, sorted
 	last       map[string]*discoveryv3.DiscoveryResponse
+	pending    map[string]bool // type URL → names changed since its last response
 	nacks      []string
 	lastChange time.Time
 	err        error
@@ -86,6 +87,7 @@ func subscribeSotW(ctx context.Context, name string, conn *grpc.ClientConn, node
 	s := &sotwSubscriber{
 		name: name, now: time.Now,
 		tables: map[string]map[string]*anypb.Any{}, names: map[string][]string{}, last: map[string]*discoveryv3.DiscoveryResponse{},
+		pending: map[string]bool{listenerType: true},
 	}
 	for _, typ := range envoyTypes {
 		s.tables[typ] = map[string]*anypb.Any{}
@@ -156,6 +158,7 @@ func (s *sotwSubscriber) apply(resp *discoveryv3.DiscoveryResponse) []*discovery
 	}
 	ack.VersionInfo = resp.GetVersionInfo()
 	s.last[typ] = resp
+	s.pending[typ] = false
 	changed := false
 	if typ == listenerType || typ == clusterType {
 		// Each response is the whole set.
@@ -183,6 +186,7 @@ func (s *sotwSubscriber) apply(resp *discoveryv3.DiscoveryResponse) []*discovery
 			continue
 		}
 		s.names[next] = want
+		s.pending[next] = true
 		s.lastChange = s.now()
 		req := &discoveryv3.DiscoveryRequest{TypeUrl: next, ResourceNames: want}
 		if prev := s.last[next]; prev != nil {
@@ -248,8 +252,8 @@ func referenced(typ string, table map[string]*anypb.Any) []string {
 	return slices.Sorted(maps.Keys(names))
 }
 
-// quietFor reports whether the subscriber has an answer of every type it
-// subscribes to and has seen no change for d; it fails once the stream
+// quietFor reports whether every request of the subscriber has been
+// answered and it has seen no change for d; it fails once the stream
 // has ended or it has NACKed.
 func (s *sotwSubscriber) quietFor(d time.Duration) (bool, error) {
 	s.mu.Lock()
@@ -261,7 +265,7 @@ func (s *sotwSubscriber) quietFor(d time.Duration) (bool, error) {
 		return false, fmt.Errorf("%s: rejected a response: %s", s.name, s.nacks[0])
 	}
 	for _, typ := range envoyTypes {
-		if len(s.names[typ]) > 0 && s.last[typ] == nil {
+		if s.pending[typ] {
 			return false, nil
 		}
 	}
