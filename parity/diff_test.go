@@ -8,6 +8,10 @@ import (
 	"sort"
 	"strings"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
@@ -27,7 +31,7 @@ const (
 // difference is one way the two control planes' tables differ: a field of
 // a resource both sent, or a resource only one sent.
 type difference struct {
-	Type     string `json:"type"`     // Address or Authorization
+	Type     string `json:"type"`     // the message name of the type: Address, Listener, ...
 	Resource string `json:"resource"` // the xDS resource name
 	Field    string `json:"field"`    // a field path, onlyIstiod or onlyCanopy
 }
@@ -67,6 +71,14 @@ func decode(typeURL string, a *anypb.Any) (proto.Message, error) {
 		m = &workloadapi.Address{}
 	case workloadapi.AuthorizationTypeURL:
 		m = &security.Authorization{}
+	case listenerType:
+		m = &listenerv3.Listener{}
+	case routeType:
+		m = &routev3.RouteConfiguration{}
+	case clusterType:
+		m = &clusterv3.Cluster{}
+	case endpointType:
+		m = &endpointv3.ClusterLoadAssignment{}
 	default:
 		return nil, fmt.Errorf("unknown type %s", typeURL)
 	}
@@ -112,6 +124,8 @@ func compareTables(typeURL string, istiod, canopy map[string]*anypb.Any) (score,
 		if err != nil {
 			return score{}, nil, fmt.Errorf("canopy's %s: %w", name, err)
 		}
+		normalize(want)
+		normalize(got)
 		fields := fieldDiffs(want, got)
 		if len(fields) == 0 {
 			sc.identical++
@@ -120,6 +134,26 @@ func compareTables(typeURL string, istiod, canopy map[string]*anypb.Any) (score,
 		diffs = append(diffs, resourceDiff{typ: typ, name: name, fields: fields, text: cmp.Diff(want, got, protocmp.Transform())})
 	}
 	return sc, diffs, nil
+}
+
+// normalize puts what either side may send in any order into one order:
+// the endpoints of each locality (istiod's order varies between pushes),
+// by address.
+func normalize(m proto.Message) {
+	cla, ok := m.(*endpointv3.ClusterLoadAssignment)
+	if !ok {
+		return
+	}
+	for _, loc := range cla.GetEndpoints() {
+		slices.SortStableFunc(loc.GetLbEndpoints(), func(a, b *endpointv3.LbEndpoint) int {
+			return strings.Compare(endpointKey(a), endpointKey(b))
+		})
+	}
+}
+
+func endpointKey(e *endpointv3.LbEndpoint) string {
+	sa := e.GetEndpoint().GetAddress().GetSocketAddress()
+	return fmt.Sprintf("%s %d", sa.GetAddress(), sa.GetPortValue())
 }
 
 // fieldDiffs lists the paths of the fields in which two messages differ,
@@ -183,9 +217,9 @@ func fieldPath(p cmp.Path) string {
 	return b.String()
 }
 
-// readAllowList reads and checks the allow-list: every entry names a type,
-// a resource and a field exactly, says why, and appears once.
-func readAllowList(path string) ([]allowed, error) {
+// readAllowList reads and checks an allow-list: every entry names one of
+// types, a resource and a field exactly, says why, and appears once.
+func readAllowList(path string, types ...string) ([]allowed, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
@@ -197,8 +231,8 @@ func readAllowList(path string) ([]allowed, error) {
 	seen := map[difference]bool{}
 	for i, a := range list {
 		switch {
-		case a.Type != "Address" && a.Type != "Authorization":
-			return nil, fmt.Errorf("%s: entry %d: type %q is neither Address nor Authorization", path, i, a.Type)
+		case !slices.Contains(types, a.Type):
+			return nil, fmt.Errorf("%s: entry %d: type %q is not one of %s", path, i, a.Type, strings.Join(types, ", "))
 		case a.Resource == "" || a.Field == "" || strings.TrimSpace(a.Why) == "":
 			return nil, fmt.Errorf("%s: entry %d (%s %s): resource, field and why are required", path, i, a.Type, a.Resource)
 		case seen[a.difference]:

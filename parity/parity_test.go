@@ -57,7 +57,7 @@ func TestCanopyMatchesIstiod(t *testing.T) {
 	} else if err != nil {
 		t.Fatal(err)
 	}
-	allowList, err := readAllowList(filepath.Join("testdata", "allowlist.yaml"))
+	allowList, err := readAllowList(filepath.Join("testdata", "allowlist.yaml"), "Address", "Authorization")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,8 +98,10 @@ func TestCanopyMatchesIstiod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.applyFile(ctx, filepath.Join("testdata", "cluster.yaml")); err != nil {
-		t.Fatalf("apply fixtures: %v", err)
+	for _, f := range []string{"cluster.yaml", "proxyless.yaml"} {
+		if err := a.applyFile(ctx, filepath.Join("testdata", f)); err != nil {
+			t.Fatalf("apply fixtures: %v", err)
+		}
 	}
 	if err := waitAdopted(ctx, env.Client, "apps", "edge"); err != nil {
 		t.Fatalf("ReplicaSets adopt their pods: %v", err)
@@ -137,6 +139,7 @@ func TestCanopyMatchesIstiod(t *testing.T) {
 	for _, a := range stale {
 		t.Errorf("testdata/allowlist.yaml lists %s %s %s, which no longer differs: remove the entry", a.Type, a.Resource, a.Field)
 	}
+	t.Run("proxyless", func(t *testing.T) { compareProxyless(t, ref.XDSAddr, canopyAddr) })
 	t.Logf("compared in %s", time.Since(start).Round(100*time.Millisecond))
 }
 
@@ -220,22 +223,7 @@ func subscribeIstiod(t *testing.T, addr string) *subscriber {
 func subscribeCanopy(t *testing.T, addr string) *subscriber {
 	t.Helper()
 	ctx := t.Context()
-	var root *corev1.ConfigMap
-	eventually.Within(t, settle, "Canopy's root ConfigMap", func() bool {
-		var err error
-		root, err = env.Client.CoreV1().ConfigMaps(canopyNamespace).Get(ctx, rootcm.ConfigMapName, metav1.GetOptions{})
-		return err == nil
-	})
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM([]byte(root.Data[rootcm.Key])) {
-		t.Fatalf("no certificate in %v", root.Data)
-	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
-		RootCAs: pool, ServerName: "canopy-controller." + canopyNamespace + ".svc", MinVersion: tls.VersionTLS12})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := dialCanopy(t, addr)
 	if _, err := env.Client.CoreV1().ServiceAccounts(canopyNamespace).Create(ctx,
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ztunnel"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -253,6 +241,30 @@ func subscribeCanopy(t *testing.T, addr string) *subscriber {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// dialCanopy connects to Canopy's TLS xDS port, verifying the controller
+// with the root it publishes.
+func dialCanopy(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	ctx := t.Context()
+	var root *corev1.ConfigMap
+	eventually.Within(t, settle, "Canopy's root ConfigMap", func() bool {
+		var err error
+		root, err = env.Client.CoreV1().ConfigMaps(canopyNamespace).Get(ctx, rootcm.ConfigMapName, metav1.GetOptions{})
+		return err == nil
+	})
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM([]byte(root.Data[rootcm.Key])) {
+		t.Fatalf("no certificate in %v", root.Data)
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
+		RootCAs: pool, ServerName: "canopy-controller." + canopyNamespace + ".svc", MinVersion: tls.VersionTLS12})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }
 
 func freeAddr(t *testing.T) string {

@@ -73,7 +73,7 @@ func BuildPodWorkload(in PodInput, cfg Config) *workloadapi.Workload {
 	if cfg.TrustDomain != workloadapi.DefaultTrustDomain {
 		w.TrustDomain = cfg.TrustDomain
 	}
-	w.CanonicalName, w.CanonicalRevision = canonicalNames(pod.Labels, w.WorkloadName)
+	w.CanonicalName, w.CanonicalRevision = CanonicalNames(pod.Labels, w.WorkloadName)
 	w.TunnelProtocol, w.NativeTunnel = tunnel(pod)
 	if pod.Spec.HostNetwork {
 		w.NetworkMode = workloadapi.NetworkMode_HOST_NETWORK

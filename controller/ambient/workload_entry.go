@@ -140,7 +140,7 @@ func entryWorkload(we *networkingapi.WorkloadEntry, namespace string, labels map
 	if strings.Contains(","+labels[LabelTunnel]+",", ",http,") {
 		w.TunnelProtocol, w.NativeTunnel = workloadapi.TunnelProtocol_HBONE, true
 	}
-	w.CanonicalName, w.CanonicalRevision = canonicalNames(labels, workloadName)
+	w.CanonicalName, w.CanonicalRevision = CanonicalNames(labels, workloadName)
 	return w
 }
 

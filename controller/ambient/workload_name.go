@@ -92,11 +92,11 @@ func entryWorkloadName(meta metav1.ObjectMeta, labels map[string]string) string 
 	return meta.Name
 }
 
-// canonicalNames picks the telemetry name and revision as istiod's
+// CanonicalNames picks the telemetry name and revision as istiod's
 // CanonicalService (Istio's pkg/kube/labels) does: the first of the labels
 // that is present, even with an empty value, else the workload name and
 // "latest".
-func canonicalNames(labels map[string]string, workloadName string) (name, revision string) {
+func CanonicalNames(labels map[string]string, workloadName string) (name, revision string) {
 	name, ok := firstLabel(labels, LabelCanonicalName, LabelAppName, LabelApp)
 	if !ok {
 		name = workloadName

@@ -79,9 +79,9 @@ func TestCanonicalNames(t *testing.T) {
 		{"present but empty", map[string]string{LabelApp: "", LabelVersion: ""}, "", ""},
 		{"empty canonical label wins over app", map[string]string{LabelCanonicalName: "", LabelApp: "a"}, "", "latest"},
 	} {
-		name, revision := canonicalNames(tt.labels, "workload")
+		name, revision := CanonicalNames(tt.labels, "workload")
 		if name != tt.wantName || revision != tt.wantRevision {
-			t.Errorf("%s: canonicalNames() = %q, %q; want %q, %q", tt.name, name, revision, tt.wantName, tt.wantRevision)
+			t.Errorf("%s: CanonicalNames() = %q, %q; want %q, %q", tt.name, name, revision, tt.wantName, tt.wantRevision)
 		}
 	}
 }

@@ -1,11 +1,14 @@
 package index
 
 import (
+	"cmp"
 	"maps"
 	"slices"
+	"strconv"
 
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 
+	"github.com/canopy-mesh/canopy/controller/ambient"
 	"github.com/canopy-mesh/canopy/controller/sidecar"
 	"github.com/canopy-mesh/canopy/workloadapi"
 )
@@ -55,8 +58,10 @@ func (x *Index) DeleteDestinationRule(namespace, name string) ChangeSet {
 }
 
 // SidecarInputs is a consistent copy of what sidecar xDS is generated
-// from: the published workload table, the labels of its pods and
-// WorkloadEntries, the traffic configuration and the security policies. The objects are shared
+// from: the published workload table, the labels of its pods,
+// WorkloadEntries and ServiceEntry endpoints, which pods are being deleted,
+// how Istio names ServiceEntry endpoints, the traffic configuration and
+// the security policies. The objects are shared
 // (informer objects and published protos are never modified).
 func (x *Index) SidecarInputs() sidecar.Inputs {
 	x.mu.RLock()
@@ -71,6 +76,8 @@ func (x *Index) SidecarInputs() sidecar.Inputs {
 		AuthorizationPolicies: slices.Collect(maps.Values(x.policies)),
 	}
 	labels := map[string]map[string]string{}
+	terminating := map[string]bool{}
+	entries := map[string]*sidecar.EntryEndpoint{}
 	for _, a := range x.addresses {
 		in.Addresses = append(in.Addresses, a)
 		w := a.GetWorkload()
@@ -85,13 +92,31 @@ func (x *Index) SidecarInputs() sidecar.Inputs {
 		case workloadapi.KindPod:
 			if p := x.pods[key{uid.Namespace, uid.Name}]; p != nil {
 				labels[w.GetUid()] = p.Labels
+				terminating[w.GetUid()] = p.DeletionTimestamp != nil
 			}
 		case workloadapi.KindWorkloadEntry:
 			if we := x.workloadEntries[key{uid.Namespace, uid.Name}]; we != nil {
 				labels[w.GetUid()] = entryLabels(we)
 			}
+		case workloadapi.KindServiceEntry:
+			se := x.serviceEntries[key{uid.Namespace, uid.Name}]
+			if se == nil {
+				continue
+			}
+			for i, ep := range se.Spec.GetEndpoints() {
+				if ep.GetAddress() != uid.Endpoint {
+					continue
+				}
+				labels[w.GetUid()] = ep.GetLabels()
+				name := cmp.Or(ep.GetLabels()[ambient.LabelWorkloadName], se.Name+"-"+strconv.Itoa(i))
+				canonical, rev := ambient.CanonicalNames(ep.GetLabels(), name)
+				entries[w.GetUid()] = &sidecar.EntryEndpoint{Workload: name, CanonicalName: canonical, CanonicalRevision: rev}
+				break
+			}
 		}
 	}
 	in.Labels = func(uid string) map[string]string { return labels[uid] }
+	in.Terminating = func(uid string) bool { return terminating[uid] }
+	in.Entry = func(uid string) *sidecar.EntryEndpoint { return entries[uid] }
 	return in
 }

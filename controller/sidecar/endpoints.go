@@ -20,11 +20,12 @@ import (
 const tlsModeLabel = "security.istio.io/tlsMode"
 
 // Endpoints answers cluster names with their endpoint assignments (sidecar
-// wire contract §3): the healthy workloads serving the service's port (and
-// carrying the subset's labels), at their target ports, grouped by
-// locality with the locality's weight the sum of its endpoints'. A name
-// that is a valid cluster name but matches no service gets an empty
-// assignment, so a client stops waiting for it.
+// wire contract §3): the workloads serving the service's port (and
+// carrying the subset's labels), at their target ports, HEALTHY or
+// UNHEALTHY but never terminating, grouped by locality with the
+// locality's weight the sum of its endpoints'. A name that is a valid
+// cluster name but matches no service gets an empty assignment, so a
+// client stops waiting for it.
 func (m *Mesh) Endpoints(p Proxy, names []string) []Named {
 	var out []Named
 	for _, name := range slices.Sorted(slices.Values(names)) {
@@ -43,18 +44,28 @@ func (m *Mesh) assignment(p Proxy, name string, k ClusterKey) *endpointv3.Cluste
 	if svc == nil || !hasPort(svc.Service, k.Port) {
 		return cla
 	}
+	dr := m.DestinationRule(p, k.Hostname, svc.GetNamespace())
+	policy, ok := clusterPolicy(dr, k.Port, k.Subset)
+	if !ok {
+		return cla
+	}
 	var sel map[string]string
 	if k.Subset != "" {
-		ss := subset(m.DestinationRule(p, k.Hostname, svc.GetNamespace()), k.Subset)
-		if ss == nil {
-			return cla
-		}
-		sel = ss.GetLabels()
+		sel = subset(dr, k.Subset).GetLabels()
 	}
+	// Unhealthy endpoints are sent (a client counts them towards the
+	// cluster's health), unless outlier detection with a minimum health
+	// percentage would then route to them below its panic threshold.
+	withUnhealthy := policy.GetOutlierDetection().GetMinHealthPercent() <= 0
 	byLocality := map[string]*endpointv3.LocalityLbEndpoints{}
 	for _, ep := range svc.Endpoints {
 		target, ok := ep.Ports[k.Port]
-		if !ok || ep.GetStatus() != workloadapi.WorkloadStatus_HEALTHY || !selects(sel, ep.Labels) {
+		if !ok || ep.Terminating || !selects(sel, ep.Labels) {
+			continue
+		}
+		healthy := ep.GetStatus() == workloadapi.WorkloadStatus_HEALTHY
+		if !healthy && (!withUnhealthy || isPod(ep) && !m.isKubernetesService(svc.Service)) {
+			// A ServiceEntry selects only ready pods.
 			continue
 		}
 		lbe := m.lbEndpoint(ep, target)
@@ -72,6 +83,13 @@ func (m *Mesh) assignment(p Proxy, name string, k ClusterKey) *endpointv3.Cluste
 				LoadBalancingWeight: wrapperspb.UInt32(0),
 			}
 			byLocality[key] = group
+		}
+		switch {
+		case !healthy:
+			lbe.HealthStatus = corev3.HealthStatus_UNHEALTHY
+		case ep.Entry != nil:
+			// No health is known of a ServiceEntry's own endpoints.
+			lbe.HealthStatus = corev3.HealthStatus_UNKNOWN
 		}
 		group.LbEndpoints = append(group.LbEndpoints, lbe)
 		// A client skips a locality without a weight: always set one.
@@ -110,7 +128,7 @@ func (m *Mesh) lbEndpoint(ep Endpoint, port uint32) *endpointv3.LbEndpoint {
 	meta := map[string]*structpb.Struct{
 		"istio": {Fields: map[string]*structpb.Value{"workload": structpb.NewStringValue(m.workloadMetadata(ep))}},
 	}
-	if ep.Labels[tlsModeLabel] == "istio" && m.MTLSMode(ep.GetNamespace(), ep.Labels, port) != securityapi.PeerAuthentication_MutualTLS_DISABLE {
+	if tlsMode(ep) == "istio" && m.MTLSMode(ep.GetNamespace(), ep.Labels, port) != securityapi.PeerAuthentication_MutualTLS_DISABLE {
 		meta["envoy.transport_socket_match"] = &structpb.Struct{Fields: map[string]*structpb.Value{"tlsMode": structpb.NewStringValue("istio")}}
 	}
 	return &endpointv3.LbEndpoint{
@@ -121,14 +139,42 @@ func (m *Mesh) lbEndpoint(ep Endpoint, port uint32) *endpointv3.LbEndpoint {
 	}
 }
 
+// tlsMode is the endpoint's security.istio.io/tlsMode label; a
+// ServiceEntry's inline endpoint without one takes "istio" when it names a
+// service account.
+func tlsMode(ep Endpoint) string {
+	if v, ok := ep.Labels[tlsModeLabel]; ok || ep.Entry == nil {
+		return v
+	}
+	if ep.GetServiceAccount() != "" {
+		return "istio"
+	}
+	return ""
+}
+
+func isPod(ep Endpoint) bool {
+	uid, err := workloadapi.ParseWorkloadUID(ep.GetUid())
+	return err == nil && uid.Kind == workloadapi.KindPod
+}
+
+// isKubernetesService reports whether a service is a Kubernetes Service,
+// by its hostname "<name>.<namespace>.svc.<domain>" (a ServiceEntry's host
+// rarely takes that form).
+func (m *Mesh) isKubernetesService(s *workloadapi.Service) bool {
+	return s.GetHostname() == s.GetName()+"."+s.GetNamespace()+".svc."+m.DomainSuffix
+}
+
 // workloadMetadata is "<workload>;<namespace>;<canonical name>;<canonical
 // revision, empty when latest>;<cluster>", which telemetry reads.
 func (m *Mesh) workloadMetadata(ep Endpoint) string {
-	rev := ep.GetCanonicalRevision()
+	name, canonical, rev := ep.GetWorkloadName(), ep.GetCanonicalName(), ep.GetCanonicalRevision()
+	if e := ep.Entry; e != nil {
+		name, canonical, rev = e.Workload, e.CanonicalName, e.CanonicalRevision
+	}
 	if rev == "latest" {
 		rev = ""
 	}
-	return strings.Join([]string{ep.GetWorkloadName(), ep.GetNamespace(), ep.GetCanonicalName(), rev, cmp.Or(ep.GetClusterId(), m.ClusterID)}, ";")
+	return strings.Join([]string{name, ep.GetNamespace(), canonical, rev, cmp.Or(ep.GetClusterId(), m.ClusterID)}, ";")
 }
 
 func btoi(b bool) int {

@@ -191,7 +191,9 @@ func grpcInboundChain(suffix string, tls *tlsv3.DownstreamTlsContext, rbac []*hc
 }
 
 // GRPCRoutes answers route names "outbound|port||hostname": the one
-// virtual host of that service and port.
+// virtual host of that service and port. A port that carries no HTTP (TCP
+// or TLS), or a service or port that does not exist, gets a configuration
+// without virtual hosts, so a client fails its calls instead of waiting.
 func (m *Mesh) GRPCRoutes(p Proxy, names []string) []Named {
 	var out []Named
 	for _, name := range slices.Sorted(slices.Values(names)) {
@@ -199,45 +201,74 @@ func (m *Mesh) GRPCRoutes(p Proxy, names []string) []Named {
 		if err != nil || k.Direction != Outbound || k.Subset != "" {
 			continue
 		}
+		rc := &routev3.RouteConfiguration{Name: name}
+		out = append(out, Named{name, rc})
 		svc := m.Service(p, k.Hostname)
-		if svc == nil || !hasPort(svc.Service, k.Port) {
+		if svc == nil || !routesHTTP(svc.Service, k.Port) {
 			continue
 		}
 		t := routeTarget{svc: svc, port: k.Port}
-		out = append(out, Named{name, &routev3.RouteConfiguration{
-			Name: name,
-			VirtualHosts: []*routev3.VirtualHost{{
-				Name:    k.Hostname + ":" + u32(k.Port),
-				Domains: m.grpcDomains(p, svc.Service, k.Port),
-				Routes:  m.routes(p, t),
-			}},
-		}})
+		rc.VirtualHosts = []*routev3.VirtualHost{{
+			Name:                       k.Hostname + ":" + u32(k.Port),
+			Domains:                    m.grpcDomains(p, svc.Service, k.Port),
+			Routes:                     m.routes(p, t),
+			IncludeRequestAttemptCount: true,
+		}}
 	}
 	return out
 }
 
+// routesHTTP reports whether the service has port and it may carry HTTP:
+// its protocol is HTTP, HTTP/2 or gRPC, or unknown (sniffed).
+func routesHTTP(s *workloadapi.Service, port uint32) bool {
+	for _, sp := range s.GetPorts() {
+		if sp.GetServicePort() == port {
+			switch sp.GetAppProtocol() {
+			case workloadapi.AppProtocol_TCP, workloadapi.AppProtocol_TLS:
+				return false
+			}
+			return true
+		}
+	}
+	return false
+}
+
 // grpcDomains are the names a client may call the service by, each also
 // with ":port" (a proxyless client matches the target's authority, port
-// included): the hostname, and for a Kubernetes Service of the client's
-// namespace the short forms, then its VIPs.
+// included): the hostname, its absolute form (with a trailing dot), for a
+// Kubernetes Service the short forms (the bare name only from the
+// service's own namespace), each also as "*.name" for a headless one, then
+// its VIPs.
 func (m *Mesh) grpcDomains(p Proxy, s *workloadapi.Service, port uint32) []string {
 	host := s.GetHostname()
-	names := []string{host}
+	names := []string{host, host + "."}
 	suffix := "." + s.GetNamespace() + ".svc." + m.DomainSuffix
-	if short, ok := strings.CutSuffix(host, suffix); ok {
+	short, kube := strings.CutSuffix(host, suffix)
+	kube = kube && !strings.Contains(short, ".")
+	if kube {
+		ns := short + "." + s.GetNamespace()
 		if s.GetNamespace() == p.Namespace {
-			names = append(names, short)
-		}
-		names = append(names, short+"."+s.GetNamespace()+".svc", short+"."+s.GetNamespace())
-	}
-	for _, a := range s.GetAddresses() {
-		if ip, ok := netip.AddrFromSlice(a.GetAddress()); ok {
-			names = append(names, ip.Unmap().String())
+			names = append(names, short, ns+".svc", ns)
+		} else {
+			names = append(names, ns, ns+".svc")
 		}
 	}
 	var out []string
 	for _, n := range names {
 		out = append(out, n, net.JoinHostPort(n, u32(port)))
+	}
+	if kube && len(s.GetAddresses()) == 0 {
+		// A headless Service: its pods' own names too.
+		for _, d := range slices.Clone(out) {
+			out = append(out, "*."+d)
+		}
+	}
+	for _, a := range s.GetAddresses() {
+		if ip, ok := netip.AddrFromSlice(a.GetAddress()); ok {
+			// An IPv6 address in brackets, as in a Host header.
+			hp := net.JoinHostPort(ip.Unmap().String(), u32(port))
+			out = append(out, hp[:strings.LastIndex(hp, ":")], hp)
+		}
 	}
 	return out
 }
@@ -256,17 +287,9 @@ func (m *Mesh) GRPCClusters(p Proxy, names []string) []Named {
 		if svc == nil || !hasPort(svc.Service, k.Port) {
 			continue
 		}
-		dr := m.DestinationRule(p, k.Hostname, svc.GetNamespace())
-		var policy *networkingapi.TrafficPolicy
-		if dr != nil {
-			policy = portPolicy(dr.Spec.GetTrafficPolicy(), k.Port)
-		}
-		if k.Subset != "" {
-			ss := subset(dr, k.Subset)
-			if ss == nil {
-				continue
-			}
-			policy = mergePolicy(policy, portPolicy(ss.GetTrafficPolicy(), k.Port))
+		policy, ok := clusterPolicy(m.DestinationRule(p, k.Hostname, svc.GetNamespace()), k.Port, k.Subset)
+		if !ok {
+			continue
 		}
 		out = append(out, Named{name, m.grpcCluster(name, svc, policy)})
 	}

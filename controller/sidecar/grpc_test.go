@@ -55,13 +55,45 @@ func pod(ns, name, ip, zone string, services map[string][]uint32) *workloadapi.A
 	return &workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: w}}
 }
 
+func withProtocol(a *workloadapi.Address, p workloadapi.AppProtocol) *workloadapi.Address {
+	for _, port := range a.GetService().GetPorts() {
+		port.AppProtocol = p
+	}
+	return a
+}
+
+func entryService(ns, name, host string, port uint32) *workloadapi.Address {
+	return &workloadapi.Address{Type: &workloadapi.Address_Service{Service: &workloadapi.Service{
+		Name: name, Namespace: ns, Hostname: host, Ports: []*workloadapi.Port{{ServicePort: port, TargetPort: port}},
+	}}}
+}
+
+// entry is a ServiceEntry's inline endpoint, named as the workload table
+// names it.
+func entry(ns, name, ip, sa string, services map[string][]uint32) *workloadapi.Address {
+	a := pod(ns, name+"-xx", ip, "", services)
+	w := a.GetWorkload()
+	w.Uid = workloadapi.ServiceEntryUID("Kubernetes", ns, name, ip)
+	w.Name, w.WorkloadName, w.CanonicalName, w.CanonicalRevision, w.ServiceAccount = name, name, name, "latest", sa
+	return a
+}
+
+// unhealthy marks a workload not ready.
+func unhealthy(a *workloadapi.Address) *workloadapi.Address {
+	a.GetWorkload().Status = workloadapi.WorkloadStatus_UNHEALTHY
+	return a
+}
+
 func meta(ns, name string, age time.Duration) metav1.ObjectMeta {
 	return metav1.ObjectMeta{Namespace: ns, Name: name, CreationTimestamp: metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Add(-age))}
 }
 
-// testMesh: reviews (three versions over two zones) and ratings in
-// "default"; a VirtualService splitting reviews by header and weight, a
-// DestinationRule with subsets, STRICT mutual TLS in "default".
+// testMesh: reviews (three versions over two zones) and ratings (one
+// ready pod, one not ready, one terminating) in "default", a TCP service,
+// a headless one and a ServiceEntry host; a VirtualService splitting
+// reviews by header and weight, a DestinationRule with subsets (v2 hashed
+// on the source address), one for ratings with outlier detection and a
+// port-level hash, STRICT mutual TLS in "default".
 func testMesh() *Mesh {
 	reviews := map[string][]uint32{"default/reviews.default.svc.cluster.local": {9080}}
 	labels := map[string]map[string]string{
@@ -77,17 +109,50 @@ func testMesh() *Mesh {
 			pod("default", "reviews-v2", "10.244.1.2", "z1", reviews),
 			pod("default", "reviews-v3", "10.244.2.3", "z2", reviews),
 			pod("default", "ratings-v1", "10.244.3.1", "", map[string][]uint32{"default/ratings.default.svc.cluster.local": {9080, 9090}}),
+			unhealthy(pod("default", "ratings-v2", "10.244.3.2", "", map[string][]uint32{"default/ratings.default.svc.cluster.local": {9080, 9090}})),
+			unhealthy(pod("default", "ratings-v3", "10.244.3.3", "", map[string][]uint32{"default/ratings.default.svc.cluster.local": {9080, 9090}})),
+			withProtocol(svc("default", "mongo", "10.96.0.12", 27017), workloadapi.AppProtocol_TCP),
+			svc("default", "reviews-headless", "", 9080),
+			// A ServiceEntry host with an inline endpoint and a selected
+			// pod that is not ready.
+			entryService("default", "ext", "ext.example.com", 80),
+			entry("default", "ext", "10.250.0.1", "ext-sa", map[string][]uint32{"default/ext.example.com": {80}}),
+			unhealthy(pod("default", "ext-pod", "10.244.4.1", "", map[string][]uint32{"default/ext.example.com": {80}})),
 		},
-		Labels: func(uid string) map[string]string { return labels[uid] },
+		Entry: func(uid string) *EntryEndpoint {
+			if uid == workloadapi.ServiceEntryUID("Kubernetes", "default", "ext", "10.250.0.1") {
+				return &EntryEndpoint{Workload: "ext-0", CanonicalName: "ext-0", CanonicalRevision: "latest"}
+			}
+			return nil
+		},
+		Labels:      func(uid string) map[string]string { return labels[uid] },
+		Terminating: func(uid string) bool { return uid == workloadapi.PodUID("Kubernetes", "default", "ratings-v3") },
 		VirtualServices: []*networkingv1.VirtualService{{
 			ObjectMeta: meta("default", "reviews", time.Hour),
 			Spec: networkingapi.VirtualService{
 				Hosts: []string{"reviews"},
 				Http: []*networkingapi.HTTPRoute{
 					{
-						Name:  "jason",
-						Match: []*networkingapi.HTTPMatchRequest{{Name: "user", Headers: map[string]*networkingapi.StringMatch{"end-user": {MatchType: &networkingapi.StringMatch_Exact{Exact: "jason"}}}}},
+						Name: "jason",
+						Match: []*networkingapi.HTTPMatchRequest{{Name: "user", Headers: map[string]*networkingapi.StringMatch{
+							"end-user": {MatchType: &networkingapi.StringMatch_Exact{Exact: "jason"}},
+							"x-any":    {MatchType: &networkingapi.StringMatch_Prefix{Prefix: ""}},
+							"x-star":   {MatchType: &networkingapi.StringMatch_Regex{Regex: "*"}},
+						}, QueryParams: map[string]*networkingapi.StringMatch{
+							"b": {MatchType: &networkingapi.StringMatch_Regex{Regex: "[0-9]+"}},
+							"a": {},
+						}}},
 						Route: []*networkingapi.HTTPRouteDestination{{Destination: &networkingapi.Destination{Host: "reviews", Subset: "v2"}}},
+						Fault: &networkingapi.HTTPFaultInjection{
+							Delay: &networkingapi.HTTPFaultInjection_Delay{
+								HttpDelayType: &networkingapi.HTTPFaultInjection_Delay_FixedDelay{FixedDelay: durationpb.New(time.Second)},
+								Percentage:    &networkingapi.Percent{Value: 5.5},
+							},
+							Abort: &networkingapi.HTTPFaultInjection_Abort{
+								ErrorType:  &networkingapi.HTTPFaultInjection_Abort_GrpcStatus{GrpcStatus: "UNAVAILABLE"},
+								Percentage: &networkingapi.Percent{Value: 10},
+							},
+						},
 					},
 					{
 						Name:    "split",
@@ -99,7 +164,10 @@ func testMesh() *Mesh {
 							{Destination: &networkingapi.Destination{Host: "reviews", Subset: "v2"}, Weight: 0},
 						},
 					},
-					{Name: "unreachable", Route: []*networkingapi.HTTPRouteDestination{{Destination: &networkingapi.Destination{Host: "ratings"}}}},
+					{Name: "unreachable", Route: []*networkingapi.HTTPRouteDestination{
+						{Destination: &networkingapi.Destination{Host: "ratings"}, Weight: 100},
+						{Destination: &networkingapi.Destination{Host: "reviews"}},
+					}},
 				},
 			},
 		}},
@@ -115,8 +183,28 @@ func testMesh() *Mesh {
 					{Name: "v2", Labels: map[string]string{"version": "v2"}, TrafficPolicy: &networkingapi.TrafficPolicy{
 						Tls:            &networkingapi.ClientTLSSettings{Mode: networkingapi.ClientTLSSettings_ISTIO_MUTUAL},
 						ConnectionPool: &networkingapi.ConnectionPoolSettings{Http: &networkingapi.ConnectionPoolSettings_HTTPSettings{Http2MaxRequests: 100}},
+						LoadBalancer: &networkingapi.LoadBalancerSettings{LbPolicy: &networkingapi.LoadBalancerSettings_ConsistentHash{
+							ConsistentHash: &networkingapi.LoadBalancerSettings_ConsistentHashLB{HashKey: &networkingapi.LoadBalancerSettings_ConsistentHashLB_UseSourceIp{UseSourceIp: true}},
+						}},
 					}},
 					{Name: "v3", Labels: map[string]string{"version": "v3"}},
+				},
+			},
+		}, {
+			// ratings: hashed on a header on 9090 only; on 9080 unhealthy
+			// endpoints are withheld.
+			ObjectMeta: meta("default", "ratings", time.Hour),
+			Spec: networkingapi.DestinationRule{
+				Host: "ratings",
+				TrafficPolicy: &networkingapi.TrafficPolicy{
+					OutlierDetection: &networkingapi.OutlierDetection{MinHealthPercent: 50},
+					PortLevelSettings: []*networkingapi.TrafficPolicy_PortTrafficPolicy{{
+						Port:             &networkingapi.PortSelector{Number: 9090},
+						OutlierDetection: &networkingapi.OutlierDetection{},
+						LoadBalancer: &networkingapi.LoadBalancerSettings{LbPolicy: &networkingapi.LoadBalancerSettings_ConsistentHash{
+							ConsistentHash: &networkingapi.LoadBalancerSettings_ConsistentHashLB{HashKey: &networkingapi.LoadBalancerSettings_ConsistentHashLB_HttpHeaderName{HttpHeaderName: "x-user"}},
+						}},
+					}},
 				},
 			},
 		}},
@@ -193,11 +281,16 @@ func TestGRPCResourcesGolden(t *testing.T) {
 		"outbound|9080||reviews.default.svc.cluster.local", "outbound|9080|v1|reviews.default.svc.cluster.local",
 		"outbound|9080|v2|reviews.default.svc.cluster.local", "outbound|9080|v3|reviews.default.svc.cluster.local",
 		"outbound|9080|nosuch|reviews.default.svc.cluster.local", "outbound|9080||nosuch.default.svc.cluster.local",
-		"outbound|9090||ratings.default.svc.cluster.local", "outbound|9080|v1|ratings.default.svc.cluster.local",
+		"outbound|9090||ratings.default.svc.cluster.local", "outbound|9080||ratings.default.svc.cluster.local",
+		"outbound|9080|v1|ratings.default.svc.cluster.local", "outbound|80||ext.example.com",
 	}
 	got := map[string][]Named{
 		"listeners": m.GRPCListeners(client, []string{"reviews:9080", "ratings.default.svc.cluster.local", "nosuch:80", "reviews:bad"}),
-		"routes":    m.GRPCRoutes(client, []string{"outbound|9080||reviews.default.svc.cluster.local", "outbound|9090||ratings.default.svc.cluster.local", "garbage"}),
+		"routes": m.GRPCRoutes(client, []string{
+			"outbound|9080||reviews.default.svc.cluster.local", "outbound|9090||ratings.default.svc.cluster.local", "garbage",
+			"outbound|27017||mongo.default.svc.cluster.local", "outbound|9080||reviews-headless.default.svc.cluster.local",
+			"outbound|9080||nosuch.default.svc.cluster.local",
+		}),
 		"clusters":  m.GRPCClusters(client, clusters),
 		"endpoints": m.Endpoints(client, clusters),
 		"server listeners": m.GRPCListeners(server, []string{

@@ -53,6 +53,23 @@ type Endpoint struct {
 	// Labels are the workload's labels (a pod's, a WorkloadEntry's), which
 	// DestinationRule subsets select on.
 	Labels map[string]string
+	// Terminating: the workload is being deleted (it is UNHEALTHY in the
+	// workload table, and no endpoint at all here).
+	Terminating bool
+	// Entry is set for a ServiceEntry's inline endpoint.
+	Entry *EntryEndpoint
+}
+
+// EntryEndpoint is how Istio's endpoint metadata names a ServiceEntry's
+// inline endpoint: as a WorkloadEntry "<serviceentry>-<index>", so
+// unlike the workload table, which names it after the ServiceEntry.
+type EntryEndpoint struct {
+	// Workload is the endpoint's workload-name label, else
+	// "<serviceentry>-<index>".
+	Workload string
+	// CanonicalName and CanonicalRevision come from the endpoint's labels,
+	// else Workload and "latest".
+	CanonicalName, CanonicalRevision string
 }
 
 // Inputs are a Mesh's parts.
@@ -61,7 +78,13 @@ type Inputs struct {
 	// Addresses is the workload table: services and workloads.
 	Addresses []*workloadapi.Address
 	// Labels returns a workload's labels by UID (nil when it has none).
-	Labels              func(uid string) map[string]string
+	Labels func(uid string) map[string]string
+	// Terminating reports whether a workload is being deleted, by UID
+	// (nil: none is).
+	Terminating func(uid string) bool
+	// Entry describes a ServiceEntry's inline endpoint by UID (nil, or nil
+	// returned, for other workloads).
+	Entry               func(uid string) *EntryEndpoint
 	VirtualServices     []*networkingv1.VirtualService
 	DestinationRules    []*networkingv1.DestinationRule
 	PeerAuthentications []*securityv1.PeerAuthentication
@@ -111,7 +134,12 @@ func NewMesh(in Inputs) *Mesh {
 			if in.Labels != nil {
 				lbls = in.Labels(w.GetUid())
 			}
-			svc.Endpoints = append(svc.Endpoints, Endpoint{Workload: w, Ports: ports, Labels: lbls})
+			ep := Endpoint{Workload: w, Ports: ports, Labels: lbls}
+			ep.Terminating = in.Terminating != nil && in.Terminating(w.GetUid())
+			if in.Entry != nil {
+				ep.Entry = in.Entry(w.GetUid())
+			}
+			svc.Endpoints = append(svc.Endpoints, ep)
 		}
 	}
 	for _, svcs := range m.services {

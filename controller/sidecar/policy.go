@@ -9,39 +9,27 @@ import (
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 )
 
-// portPolicy is a traffic policy with its port-level settings for port
-// applied over the rest (Istio replaces each top-level field a port-level
-// policy sets).
-func portPolicy(tp *networkingapi.TrafficPolicy, port uint32) *networkingapi.TrafficPolicy {
-	if tp == nil {
-		return nil
-	}
+// portPolicy is a traffic policy as it applies to port. Port-level
+// settings for port, when there are any, replace the policy's connection
+// pool, load balancer, outlier detection and TLS as a whole: a field they
+// leave out takes its default, not the policy's (as in Istio). portLevel
+// says whether they did.
+func portPolicy(tp *networkingapi.TrafficPolicy, port uint32) (_ *networkingapi.TrafficPolicy, portLevel bool) {
 	for _, pl := range tp.GetPortLevelSettings() {
-		if pl.GetPort().GetNumber() != port {
-			continue
+		if pl.GetPort().GetNumber() == port {
+			return &networkingapi.TrafficPolicy{
+				LoadBalancer: pl.GetLoadBalancer(), ConnectionPool: pl.GetConnectionPool(),
+				OutlierDetection: pl.GetOutlierDetection(), Tls: pl.GetTls(),
+			}, true
 		}
-		out := proto.Clone(tp).(*networkingapi.TrafficPolicy)
-		out.PortLevelSettings = nil
-		if pl.GetLoadBalancer() != nil {
-			out.LoadBalancer = pl.GetLoadBalancer()
-		}
-		if pl.GetConnectionPool() != nil {
-			out.ConnectionPool = pl.GetConnectionPool()
-		}
-		if pl.GetOutlierDetection() != nil {
-			out.OutlierDetection = pl.GetOutlierDetection()
-		}
-		if pl.GetTls() != nil {
-			out.Tls = pl.GetTls()
-		}
-		return out
 	}
-	return tp
+	return tp, false
 }
 
-// mergePolicy lays a subset's policy over its rule's: each field the
-// subset sets replaces the rule's.
-func mergePolicy(base, over *networkingapi.TrafficPolicy) *networkingapi.TrafficPolicy {
+// mergePolicy lays a subset's policy (for the port) over its rule's: each
+// field the subset sets replaces the rule's; with portLevel (the subset's
+// policy came from port-level settings) all four fields do.
+func mergePolicy(base, over *networkingapi.TrafficPolicy, portLevel bool) *networkingapi.TrafficPolicy {
 	if over == nil {
 		return base
 	}
@@ -49,19 +37,38 @@ func mergePolicy(base, over *networkingapi.TrafficPolicy) *networkingapi.Traffic
 		return over
 	}
 	out := proto.Clone(base).(*networkingapi.TrafficPolicy)
-	if over.GetLoadBalancer() != nil {
+	if over.GetLoadBalancer() != nil || portLevel {
 		out.LoadBalancer = over.GetLoadBalancer()
 	}
-	if over.GetConnectionPool() != nil {
+	if over.GetConnectionPool() != nil || portLevel {
 		out.ConnectionPool = over.GetConnectionPool()
 	}
-	if over.GetOutlierDetection() != nil {
+	if over.GetOutlierDetection() != nil || portLevel {
 		out.OutlierDetection = over.GetOutlierDetection()
 	}
-	if over.GetTls() != nil {
+	if over.GetTls() != nil || portLevel {
 		out.Tls = over.GetTls()
 	}
 	return out
+}
+
+// clusterPolicy is the traffic policy of a rule's cluster for port and
+// subset ("" for none): the rule's, for the port, under the subset's, for
+// the port. ok is false for a subset the rule does not have.
+func clusterPolicy(dr *networkingv1.DestinationRule, port uint32, subsetName string) (_ *networkingapi.TrafficPolicy, ok bool) {
+	var policy *networkingapi.TrafficPolicy
+	if dr != nil {
+		policy, _ = portPolicy(dr.Spec.GetTrafficPolicy(), port)
+	}
+	if subsetName == "" {
+		return policy, true
+	}
+	ss := subset(dr, subsetName)
+	if ss == nil {
+		return nil, false
+	}
+	sp, portLevel := portPolicy(ss.GetTrafficPolicy(), port)
+	return mergePolicy(policy, sp, portLevel), true
 }
 
 // subset returns the rule's subset called name, or nil.

@@ -1,13 +1,22 @@
 package sidecar
 
 import (
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	commonfaultv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/fault/v3"
+	faultv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/fault/v3"
+	previoushostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	networkingapi "istio.io/api/networking/v1"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
@@ -20,14 +29,22 @@ const defaultRetryOn = "connect-failure,refused-stream,unavailable,cancelled,ret
 // noTimeout is an explicit 0s: no timeout.
 var noTimeout = durationpb.New(0)
 
-// defaultRetry is the retry policy of a route that sets none.
-func defaultRetry() *routev3.RetryPolicy {
-	return &routev3.RetryPolicy{
+// defaultRetry is the retry policy of a route that sets none. A route to
+// one consistently hashed destination does not avoid the hosts it tried
+// before: the hash picks the same host again on purpose.
+func defaultRetry(hashed bool) *routev3.RetryPolicy {
+	p := &routev3.RetryPolicy{
 		RetryOn:                       defaultRetryOn,
 		NumRetries:                    wrapperspb.UInt32(2),
-		RetryHostPredicate:            []*routev3.RetryPolicy_RetryHostPredicate{{Name: "envoy.retry_host_predicates.previous_hosts"}},
 		HostSelectionRetryMaxAttempts: 5,
 	}
+	if !hashed {
+		p.RetryHostPredicate = []*routev3.RetryPolicy_RetryHostPredicate{{
+			Name:       "envoy.retry_host_predicates.previous_hosts",
+			ConfigType: &routev3.RetryPolicy_RetryHostPredicate_TypedConfig{TypedConfig: mustAny(&previoushostsv3.PreviousHostsPredicate{})},
+		}}
+	}
+	return p
 }
 
 // routeTarget is the service and port a route configuration serves.
@@ -36,14 +53,22 @@ type routeTarget struct {
 	port uint32
 }
 
-// defaultRoute sends everything to the service's port cluster.
-func (t routeTarget) defaultRoute() *routev3.Route {
+// defaultRoute sends everything to the service's port cluster, hashed as
+// the service's DestinationRule says. Its "no timeout" is the one a
+// VirtualService-less route of Istio's sidecars carries, max_grpc_timeout
+// 0s, which a proxyless client ignores as it ignores any 0s timeout.
+func (m *Mesh) defaultRoute(p Proxy, t routeTarget) *routev3.Route {
 	host := t.svc.GetHostname()
 	action := &routev3.RouteAction{
 		ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: ClusterName(Outbound, t.port, "", host)},
-		RetryPolicy:      defaultRetry(),
+		RetryPolicy:      defaultRetry(false),
+		Timeout:          noTimeout,
+		//lint:ignore SA1019 the field Istio's default route sets
+		MaxGrpcTimeout: noTimeout,
 	}
-	setTimeout(action, nil)
+	if hp := hashPolicy(m.destinationHash(p, host, t.port, "")); hp != nil {
+		action.HashPolicy = []*routev3.RouteAction_HashPolicy{hp}
+	}
 	return &routev3.Route{
 		Name:      "default",
 		Match:     &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
@@ -69,7 +94,7 @@ func setTimeout(a *routev3.RouteAction, d *durationpb.Duration) {
 func (m *Mesh) routes(p Proxy, t routeTarget) []*routev3.Route {
 	vss := m.VirtualServices(p, t.svc.GetHostname())
 	if len(vss) == 0 {
-		return []*routev3.Route{t.defaultRoute()}
+		return []*routev3.Route{m.defaultRoute(p, t)}
 	}
 	vs := vss[0]
 	var out []*routev3.Route
@@ -82,7 +107,7 @@ func (m *Mesh) routes(p Proxy, t routeTarget) []*routev3.Route {
 			if !matchApplies(mr, p, t.port) {
 				continue
 			}
-			r := m.translateRoute(vs, hr, mr, t)
+			r := m.translateRoute(p, vs, hr, mr, t)
 			out = append(out, r)
 			if isCatchAll(mr) {
 				// Nothing after a catch-all can match.
@@ -127,14 +152,15 @@ func isCatchAll(mr *networkingapi.HTTPMatchRequest) bool {
 }
 
 // translateRoute turns one HTTP route and one of its matches into a route.
-func (m *Mesh) translateRoute(vs *networkingv1.VirtualService, hr *networkingapi.HTTPRoute, mr *networkingapi.HTTPMatchRequest, t routeTarget) *routev3.Route {
+func (m *Mesh) translateRoute(p Proxy, vs *networkingv1.VirtualService, hr *networkingapi.HTTPRoute, mr *networkingapi.HTTPMatchRequest, t routeTarget) *routev3.Route {
 	name := hr.GetName()
 	if mr.GetName() != "" {
 		name += "." + mr.GetName()
 	}
 	out := &routev3.Route{
-		Name:  name,
-		Match: translateMatch(mr),
+		Name:     name,
+		Match:    translateMatch(mr),
+		Metadata: configMetadata(vs),
 	}
 	if rd := hr.GetRedirect(); rd != nil {
 		out.Action = &routev3.Route_Redirect{Redirect: translateRedirect(rd)}
@@ -142,6 +168,7 @@ func (m *Mesh) translateRoute(vs *networkingv1.VirtualService, hr *networkingapi
 	}
 	action := &routev3.RouteAction{}
 	var clusters []*routev3.WeightedCluster_ClusterWeight
+	hashed := false
 	for _, d := range hr.GetRoute() {
 		if len(hr.GetRoute()) > 1 && d.GetWeight() == 0 {
 			continue // a zero weight takes no traffic
@@ -155,19 +182,25 @@ func (m *Mesh) translateRoute(vs *networkingv1.VirtualService, hr *networkingapi
 			Name:   ClusterName(Outbound, port, d.GetDestination().GetSubset(), host),
 			Weight: wrapperspb.UInt32(uint32(max(d.GetWeight(), 0))),
 		})
+		// A port-level hash counts only for a destination naming its port.
+		if hp := hashPolicy(m.destinationHash(p, host, d.GetDestination().GetPort().GetNumber(), d.GetDestination().GetSubset())); hp != nil {
+			action.HashPolicy = append(action.HashPolicy, hp)
+			hashed = len(hr.GetRoute()) == 1
+		}
 	}
-	switch len(clusters) {
-	case 0:
+	switch {
+	case len(clusters) == 0:
 		// No destination: nothing to route to.
 		out.Action = &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{Status: 500}}
 		return out
-	case 1:
+	case len(hr.GetRoute()) == 1:
 		action.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: clusters[0].GetName()}
 	default:
+		// Weighted even when one destination is left (the others weigh 0).
 		action.ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: &routev3.WeightedCluster{Clusters: clusters}}
 	}
 	setTimeout(action, hr.GetTimeout())
-	action.RetryPolicy = translateRetry(hr.GetRetries())
+	action.RetryPolicy = translateRetry(hr.GetRetries(), hashed)
 	if rw := hr.GetRewrite(); rw != nil {
 		if rw.GetUri() != "" {
 			action.PrefixRewrite = rw.GetUri()
@@ -177,6 +210,9 @@ func (m *Mesh) translateRoute(vs *networkingv1.VirtualService, hr *networkingapi
 		}
 	}
 	out.Action = &routev3.Route_Route{Route: action}
+	if f := translateFault(hr.GetFault()); f != nil {
+		out.TypedPerFilterConfig = map[string]*anypb.Any{"envoy.filters.http.fault": mustAny(f)}
+	}
 	if c := action.GetCluster(); c != "" {
 		k, _ := ParseClusterName(c)
 		out.Decorator = &routev3.Decorator{Operation: k.Hostname + ":" + u32(k.Port) + pathOf(out.Match)}
@@ -200,14 +236,15 @@ func pathOf(m *routev3.RouteMatch) string {
 }
 
 // translateRetry: no policy is the default; attempts 0 turns retries off.
-func translateRetry(r *networkingapi.HTTPRetry) *routev3.RetryPolicy {
+// hashed: the route's one destination is consistently hashed.
+func translateRetry(r *networkingapi.HTTPRetry, hashed bool) *routev3.RetryPolicy {
 	if r == nil {
-		return defaultRetry()
+		return defaultRetry(hashed)
 	}
-	if r.GetAttempts() == 0 {
+	if r.GetAttempts() <= 0 {
 		return nil
 	}
-	p := defaultRetry()
+	p := defaultRetry(hashed)
 	p.NumRetries = wrapperspb.UInt32(uint32(r.GetAttempts()))
 	if r.GetPerTryTimeout() != nil {
 		p.PerTryTimeout = r.GetPerTryTimeout()
@@ -273,6 +310,15 @@ func translateMatch(mr *networkingapi.HTTPMatchRequest) *routev3.RouteMatch {
 		out.PathSpecifier = &routev3.RouteMatch_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: u.Regex}}
 	}
 	out.CaseSensitive = wrapperspb.Bool(!mr.GetIgnoreUriCase())
+	for _, name := range slices.Sorted(maps.Keys(mr.GetQueryParams())) {
+		q := &routev3.QueryParameterMatcher{Name: name}
+		if sm := stringMatcher(mr.GetQueryParams()[name]); sm != nil {
+			q.QueryParameterMatchSpecifier = &routev3.QueryParameterMatcher_StringMatch{StringMatch: sm}
+		} else {
+			q.QueryParameterMatchSpecifier = &routev3.QueryParameterMatcher_PresentMatch{PresentMatch: true}
+		}
+		out.QueryParameters = append(out.QueryParameters, q)
+	}
 	for _, h := range []struct {
 		name string
 		sm   *networkingapi.StringMatch
@@ -284,29 +330,84 @@ func translateMatch(mr *networkingapi.HTTPMatchRequest) *routev3.RouteMatch {
 	return out
 }
 
-// headerMatch: an empty prefix or a ".*" regex only asks that the header
-// be present.
+// headerMatch: a match of no kind, an empty prefix or the regex "*" (not
+// a regular expression) only asks that the header be present.
 func headerMatch(name string, sm *networkingapi.StringMatch) *routev3.HeaderMatcher {
 	out := &routev3.HeaderMatcher{Name: name}
-	switch v := sm.GetMatchType().(type) {
-	case *networkingapi.StringMatch_Exact:
-		out.HeaderMatchSpecifier = &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: v.Exact}}}
-	case *networkingapi.StringMatch_Prefix:
-		if v.Prefix == "" {
-			out.HeaderMatchSpecifier = &routev3.HeaderMatcher_PresentMatch{PresentMatch: true}
-		} else {
-			out.HeaderMatchSpecifier = &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: v.Prefix}}}
-		}
-	case *networkingapi.StringMatch_Regex:
-		if v.Regex == ".*" || v.Regex == "*" {
-			out.HeaderMatchSpecifier = &routev3.HeaderMatcher_PresentMatch{PresentMatch: true}
-		} else {
-			out.HeaderMatchSpecifier = &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: v.Regex}}}}
-		}
-	default:
+	if m := stringMatcher(sm); m != nil {
+		out.HeaderMatchSpecifier = &routev3.HeaderMatcher_StringMatch{StringMatch: m}
+	} else {
 		out.HeaderMatchSpecifier = &routev3.HeaderMatcher_PresentMatch{PresentMatch: true}
 	}
 	return out
+}
+
+// stringMatcher is an exact, prefix or regex match as written; nil for a
+// match of no kind, an empty prefix or the regex "*", which match any
+// value. (Istio's control plane sends an empty prefix as written, which
+// Envoy's validation rejects: a prefix has at least one character.)
+func stringMatcher(sm *networkingapi.StringMatch) *matcherv3.StringMatcher {
+	switch v := sm.GetMatchType().(type) {
+	case *networkingapi.StringMatch_Exact:
+		return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: v.Exact}}
+	case *networkingapi.StringMatch_Prefix:
+		if v.Prefix != "" {
+			return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: v.Prefix}}
+		}
+	case *networkingapi.StringMatch_Regex:
+		if v.Regex != "*" {
+			return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: v.Regex}}}
+		}
+	}
+	return nil
+}
+
+// translateFault is a route's fault filter configuration: a fixed delay
+// and an HTTP or gRPC abort, each for a share of requests (percentages in
+// millionths; the deprecated integer percent in hundredths); nil when
+// neither is set. Exponential delays are not supported.
+func translateFault(in *networkingapi.HTTPFaultInjection) *faultv3.HTTPFault {
+	if in == nil {
+		return nil
+	}
+	out := &faultv3.HTTPFault{}
+	if d := in.GetDelay(); d.GetFixedDelay() != nil {
+		//lint:ignore SA1019 the deprecated integer percent still counts when no percentage is set
+		percent := d.GetPercent()
+		out.Delay = &commonfaultv3.FaultDelay{
+			FaultDelaySecifier: &commonfaultv3.FaultDelay_FixedDelay{FixedDelay: d.GetFixedDelay()},
+			Percentage:         percentage(d.GetPercentage(), percent),
+		}
+	}
+	if a := in.GetAbort(); a != nil {
+		abort := &faultv3.FaultAbort{}
+		if p := a.GetPercentage(); p != nil {
+			abort.Percentage = percentage(p, 0)
+		}
+		switch e := a.GetErrorType().(type) {
+		case *networkingapi.HTTPFaultInjection_Abort_HttpStatus:
+			abort.ErrorType = &faultv3.FaultAbort_HttpStatus{HttpStatus: uint32(e.HttpStatus)}
+			out.Abort = abort
+		case *networkingapi.HTTPFaultInjection_Abort_GrpcStatus:
+			var c codes.Code
+			if err := c.UnmarshalJSON([]byte(strconv.Quote(e.GrpcStatus))); err == nil {
+				abort.ErrorType = &faultv3.FaultAbort_GrpcStatus{GrpcStatus: uint32(c)}
+				out.Abort = abort
+			}
+		}
+	}
+	if out.Delay == nil && out.Abort == nil {
+		return nil
+	}
+	return out
+}
+
+// percentage is p in millionths, else the integer percent.
+func percentage(p *networkingapi.Percent, percent int32) *typev3.FractionalPercent {
+	if p != nil {
+		return &typev3.FractionalPercent{Numerator: uint32(p.GetValue() * 10000), Denominator: typev3.FractionalPercent_MILLION}
+	}
+	return &typev3.FractionalPercent{Numerator: uint32(percent), Denominator: typev3.FractionalPercent_HUNDRED}
 }
 
 func translateRedirect(rd *networkingapi.HTTPRedirect) *routev3.RedirectAction {
@@ -339,3 +440,73 @@ func translateRedirect(rd *networkingapi.HTTPRedirect) *routev3.RedirectAction {
 }
 
 func u32(v uint32) string { return strconv.FormatUint(uint64(v), 10) }
+
+// configMetadata names the VirtualService a route comes from, as
+// "/apis/<group>/<version>/namespaces/<ns>/virtual-service/<name>" under
+// filter_metadata "istio", key "config".
+func configMetadata(vs *networkingv1.VirtualService) *corev3.Metadata {
+	path := "/apis/networking.istio.io/v1/namespaces/" + vs.Namespace + "/virtual-service/" + vs.Name
+	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
+		"istio": {Fields: map[string]*structpb.Value{"config": structpb.NewStringValue(path)}},
+	}}
+}
+
+// destinationHash is the consistent hash the DestinationRule of host sets
+// for a route to port (0: none named) and subset: the subset's port-level
+// setting, else the subset's, else the rule's port-level setting, else the
+// rule's.
+func (m *Mesh) destinationHash(p Proxy, host string, port uint32, subsetName string) *networkingapi.LoadBalancerSettings_ConsistentHashLB {
+	svcNS := ""
+	if svc := m.Service(p, host); svc != nil {
+		svcNS = svc.GetNamespace()
+	}
+	dr := m.DestinationRule(p, host, svcNS)
+	if dr == nil {
+		return nil
+	}
+	if subsetName != "" {
+		if ss := subset(dr, subsetName); ss != nil {
+			if h := portHash(ss.GetTrafficPolicy(), port); h != nil {
+				return h
+			}
+		}
+	}
+	return portHash(dr.Spec.GetTrafficPolicy(), port)
+}
+
+// portHash is a traffic policy's consistent hash for port: the port-level
+// one, else the policy's own.
+func portHash(tp *networkingapi.TrafficPolicy, port uint32) *networkingapi.LoadBalancerSettings_ConsistentHashLB {
+	for _, pl := range tp.GetPortLevelSettings() {
+		if pl.GetPort().GetNumber() == port {
+			if h := pl.GetLoadBalancer().GetConsistentHash(); h != nil {
+				return h
+			}
+			break
+		}
+	}
+	return tp.GetLoadBalancer().GetConsistentHash()
+}
+
+// hashPolicy is what a route hashes on for a consistent hash: a header, a
+// cookie, the source address or a query parameter; nil for none.
+func hashPolicy(h *networkingapi.LoadBalancerSettings_ConsistentHashLB) *routev3.RouteAction_HashPolicy {
+	switch k := h.GetHashKey().(type) {
+	case *networkingapi.LoadBalancerSettings_ConsistentHashLB_HttpHeaderName:
+		return &routev3.RouteAction_HashPolicy{PolicySpecifier: &routev3.RouteAction_HashPolicy_Header_{
+			Header: &routev3.RouteAction_HashPolicy_Header{HeaderName: k.HttpHeaderName}}}
+	case *networkingapi.LoadBalancerSettings_ConsistentHashLB_HttpCookie:
+		c := &routev3.RouteAction_HashPolicy_Cookie{Name: k.HttpCookie.GetName(), Ttl: k.HttpCookie.GetTtl(), Path: k.HttpCookie.GetPath()}
+		for _, a := range k.HttpCookie.GetAttributes() {
+			c.Attributes = append(c.Attributes, &routev3.RouteAction_HashPolicy_CookieAttribute{Name: a.GetName(), Value: a.GetValue()})
+		}
+		return &routev3.RouteAction_HashPolicy{PolicySpecifier: &routev3.RouteAction_HashPolicy_Cookie_{Cookie: c}}
+	case *networkingapi.LoadBalancerSettings_ConsistentHashLB_UseSourceIp:
+		return &routev3.RouteAction_HashPolicy{PolicySpecifier: &routev3.RouteAction_HashPolicy_ConnectionProperties_{
+			ConnectionProperties: &routev3.RouteAction_HashPolicy_ConnectionProperties{SourceIp: k.UseSourceIp}}}
+	case *networkingapi.LoadBalancerSettings_ConsistentHashLB_HttpQueryParameterName:
+		return &routev3.RouteAction_HashPolicy{PolicySpecifier: &routev3.RouteAction_HashPolicy_QueryParameter_{
+			QueryParameter: &routev3.RouteAction_HashPolicy_QueryParameter{Name: k.HttpQueryParameterName}}}
+	}
+	return nil
+}

@@ -1,0 +1,117 @@
+package parity
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/canopy-mesh/canopy/internal/testing/eventually"
+	"github.com/canopy-mesh/canopy/internal/testing/testenv"
+)
+
+// The proxyless node: pod client-0 of testdata/proxyless.yaml.
+const (
+	grpcNamespace = "rpc"
+	grpcPod       = "client-0"
+	grpcAccount   = "client"
+	grpcIP        = "10.244.3.10"
+)
+
+// grpcLabels are the pod's labels, which the node sends.
+var grpcLabels = map[string]string{"app": "client", "version": "v1"}
+
+// grpcListeners are the listener names the node asks for: the services
+// of proxyless.yaml it calls, by full and short names, with and without a
+// port; services of cluster.yaml in another namespace (a TCP port, a
+// headless service) and ServiceEntry hosts; one that does not exist; and
+// the server listeners of its own serving port (any address and its own)
+// and of a port it does not serve.
+var grpcListeners = []string{
+	"greeter.rpc.svc.cluster.local:7070",
+	"greeter:7070",
+	"echo.rpc.svc.cluster.local",
+	"web.apps.svc.cluster.local:9090",
+	"protocols.apps.svc.cluster.local:2004",
+	"web-headless.apps.svc.cluster.local:80",
+	"static.example.com:80",
+	"selected.apps.mesh:80",
+	"missing.rpc.svc.cluster.local:7070",
+	"xds.istio.io/grpc/lds/inbound/0.0.0.0:7070",
+	"xds.istio.io/grpc/lds/inbound/10.244.3.10:7070",
+	"xds.istio.io/grpc/lds/inbound/0.0.0.0:7071",
+}
+
+// compareProxyless subscribes to both control planes as the proxyless
+// gRPC client of pod rpc/client-0 and fails on every difference of the
+// four Envoy types that testdata/proxyless-allowlist.yaml does not list.
+func compareProxyless(t *testing.T, istiodAddr, canopyAddr string) {
+	allowPath := filepath.Join("testdata", "proxyless-allowlist.yaml")
+	allowList, err := readAllowList(allowPath, "Listener", "RouteConfiguration", "Cluster", "ClusterLoadAssignment")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	node, err := grpcNode(grpcNamespace, grpcPod, grpcAccount, grpcIP, grpcLabels)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	conn, err := grpc.NewClient(istiodAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	fromIstiod, err := subscribeSotW(ctx, "istiod", conn, node, metadata.MD{}, grpcListeners)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	token, err := env.Token(ctx, grpcNamespace, grpcAccount, testenv.TokenOptions{Audiences: []string{"istio-ca"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromCanopy, err := subscribeSotW(ctx, "canopy", dialCanopy(t, canopyAddr), node,
+		metadata.Pairs("authorization", "Bearer "+token, "clusterid", "Kubernetes"), grpcListeners)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	eventually.Within(t, settle, fmt.Sprintf("both proxyless views unchanged for %s", quiet), func() bool {
+		for _, s := range []*sotwSubscriber{fromIstiod, fromCanopy} {
+			ok, err := s.quietFor(quiet)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !ok {
+				return false
+			}
+		}
+		return true
+	})
+
+	var all []resourceDiff
+	for _, typ := range envoyTypes {
+		sc, diffs, err := compareTables(typ, fromIstiod.table(typ), fromCanopy.table(typ))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("proxyless %s: %d of %d resources identical", sc.typ, sc.identical, sc.total)
+		all = append(all, diffs...)
+	}
+	unexpected, stale := judge(all, allowList)
+	for _, d := range unexpected {
+		t.Errorf("%s %s differs in %s, which %s does not list (-istiod +canopy):\n%s",
+			d.typ, d.name, strings.Join(d.fields, ", "), allowPath, d.text)
+	}
+	if len(unexpected) > 0 {
+		t.Logf("allow-list entries for these, to review and give reasons:\n%s", suggest(unexpected))
+	}
+	for _, a := range stale {
+		t.Errorf("%s lists %s %s %s, which no longer differs: remove the entry", allowPath, a.Type, a.Resource, a.Field)
+	}
+}
