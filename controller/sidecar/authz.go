@@ -62,18 +62,23 @@ func (m *Mesh) AuthorizationPolicies(ns string, lbls map[string]string) (deny, a
 }
 
 // grpcRBACFilters are the RBAC filters for a proxyless server: a DENY
-// filter when a DENY policy applies, then an ALLOW filter when an ALLOW
+// filter when a DENY policy has a rule, then an ALLOW filter when an ALLOW
 // policy applies. Each rule i of policy ns/name is the RBAC policy
-// "<ns>-<name>-<i>"; a policy without rules is one that never matches, so
-// an ALLOW policy without rules allows nothing.
+// "<ns>-<name>-<i>".
+//
+// A DENY policy without rules denies nothing, so it adds no RBAC policy
+// (and alone no filter), as istiod does. An ALLOW policy without rules
+// allows nothing: it is one RBAC policy that never matches. istiod leaves
+// it out, which on a server with no other ALLOW policy drops the ALLOW
+// filter and so allows everything.
 func (m *Mesh) grpcRBACFilters(p Proxy) []*hcmv3.HttpFilter {
 	deny, allow := m.AuthorizationPolicies(p.Namespace, p.Labels)
 	var out []*hcmv3.HttpFilter
-	if len(deny) > 0 {
-		out = append(out, rbacFilter(RBACDenyFilter, rbacRules(rbacv3.RBAC_DENY, deny)))
+	if rules := rbacRules(rbacv3.RBAC_DENY, deny); len(rules.Policies) > 0 {
+		out = append(out, rbacFilter(RBACDenyFilter, rules))
 	}
-	if len(allow) > 0 {
-		out = append(out, rbacFilter(RBACAllowFilter, rbacRules(rbacv3.RBAC_ALLOW, allow)))
+	if rules := rbacRules(rbacv3.RBAC_ALLOW, allow); len(rules.Policies) > 0 {
+		out = append(out, rbacFilter(RBACAllowFilter, rules))
 	}
 	return out
 }
@@ -86,7 +91,7 @@ func rbacRules(action rbacv3.RBAC_Action, policies []*securityv1.AuthorizationPo
 	out := &rbacv3.RBAC{Action: action, Policies: map[string]*rbacv3.Policy{}}
 	for _, ap := range policies {
 		rules := ap.Spec.GetRules()
-		if len(rules) == 0 {
+		if len(rules) == 0 && action == rbacv3.RBAC_ALLOW {
 			out.Policies[rbacPolicyName(ap, 0)] = neverPolicy()
 		}
 		for i, r := range rules {
@@ -103,8 +108,8 @@ func rbacPolicyName(ap *securityv1.AuthorizationPolicy, i int) string {
 
 func neverPolicy() *rbacv3.Policy {
 	return &rbacv3.Policy{
-		Permissions: []*rbacv3.Permission{{Rule: &rbacv3.Permission_NotRule{NotRule: anyPermission()}}},
-		Principals:  []*rbacv3.Principal{neverPrincipal()},
+		Permissions: []*rbacv3.Permission{notPermission(anyPermission())},
+		Principals:  []*rbacv3.Principal{notPrincipal(anyPrincipal())},
 	}
 }
 
@@ -114,15 +119,31 @@ func anyPermission() *rbacv3.Permission {
 func anyPrincipal() *rbacv3.Principal {
 	return &rbacv3.Principal{Identifier: &rbacv3.Principal_Any{Any: true}}
 }
-func neverPrincipal() *rbacv3.Principal {
-	return &rbacv3.Principal{Identifier: &rbacv3.Principal_NotId{NotId: anyPrincipal()}}
+func notPermission(p *rbacv3.Permission) *rbacv3.Permission {
+	return &rbacv3.Permission{Rule: &rbacv3.Permission_NotRule{NotRule: p}}
+}
+func notPrincipal(p *rbacv3.Principal) *rbacv3.Principal {
+	return &rbacv3.Principal{Identifier: &rbacv3.Principal_NotId{NotId: p}}
 }
 
 // rbacPolicy translates one rule: it matches when one of its "to"
 // operations and one of its "from" sources match, each with all "when"
-// conditions. A condition gRPC cannot evaluate makes an ALLOW rule match
-// nothing (allowing less) and is dropped from a DENY rule (denying more),
-// as Istio treats conditions a proxy cannot enforce.
+// conditions.
+//
+// The shape is the one istiod gives a proxyless server, so that the two
+// control planes send the same bytes: each operation (source) is an
+// and_rules (and_ids) of its fields, followed by the "when" conditions,
+// or of {any: true} when there are none; a field's values are an or_rules
+// (or_ids), even a single one, and its excluded values the not_rule
+// (not_id) of one; the request authentication attributes are the JWT
+// metadata matchers istiod writes (which grpc-go never matches, see
+// requestPrincipals).
+//
+// A value gRPC cannot evaluate, or would reject, makes an ALLOW rule match
+// nothing (allowing less) and drops its field or condition from a DENY
+// rule (denying more), as Istio treats conditions a proxy cannot enforce.
+// istiod sends such values as they are, and grpc-go then rejects the whole
+// listener.
 func rbacPolicy(action rbacv3.RBAC_Action, ns string, r *securityapi.Rule) *rbacv3.Policy {
 	var whenPerms []*rbacv3.Permission
 	var whenPrincs []*rbacv3.Principal
@@ -166,20 +187,58 @@ func rbacPolicy(action rbacv3.RBAC_Action, ns string, r *securityapi.Rule) *rbac
 	return &rbacv3.Policy{Permissions: perms, Principals: princs}
 }
 
+// permField turns the values of one field into one permission.
+type permField func(values []string) (*rbacv3.Permission, error)
+
+// princField turns the values of one field into one principal.
+type princField func(values []string) (*rbacv3.Principal, error)
+
+// eachPermission is a field matched by any of its values, one permission
+// each.
+func eachPermission(one func(string) (*rbacv3.Permission, error)) permField {
+	return func(values []string) (*rbacv3.Permission, error) {
+		or := make([]*rbacv3.Permission, 0, len(values))
+		for _, v := range values {
+			p, err := one(v)
+			if err != nil {
+				return nil, err
+			}
+			or = append(or, p)
+		}
+		return &rbacv3.Permission{Rule: &rbacv3.Permission_OrRules{OrRules: &rbacv3.Permission_Set{Rules: or}}}, nil
+	}
+}
+
+// eachPrincipal is a field matched by any of its values, one principal
+// each.
+func eachPrincipal(one func(string) (*rbacv3.Principal, error)) princField {
+	return func(values []string) (*rbacv3.Principal, error) {
+		or := make([]*rbacv3.Principal, 0, len(values))
+		for _, v := range values {
+			p, err := one(v)
+			if err != nil {
+				return nil, err
+			}
+			or = append(or, p)
+		}
+		return orPrincipals(or), nil
+	}
+}
+
 // operation is the permissions an operation requires: one of its hosts,
 // methods, paths and ports each, and none of the excluded ones.
 func operation(action rbacv3.RBAC_Action, o *securityapi.Operation) ([]*rbacv3.Permission, error) {
 	var out []*rbacv3.Permission
 	for _, f := range []struct {
 		values, not []string
-		one         func(string) (*rbacv3.Permission, error)
+		field       permField
 	}{
-		{o.GetHosts(), o.GetNotHosts(), hostPermission},
-		{o.GetMethods(), o.GetNotMethods(), methodPermission},
-		{o.GetPaths(), o.GetNotPaths(), pathPermission},
-		{o.GetPorts(), o.GetNotPorts(), portPermission},
+		{o.GetHosts(), o.GetNotHosts(), eachPermission(hostPermission)},
+		{o.GetMethods(), o.GetNotMethods(), eachPermission(methodPermission)},
+		{o.GetPaths(), o.GetNotPaths(), eachPermission(pathPermission)},
+		{o.GetPorts(), o.GetNotPorts(), eachPermission(portPermission)},
 	} {
-		perm, err := permissionCondition(f.values, f.not, f.one)
+		perm, err := permissionCondition(f.values, f.not, f.field)
 		if err != nil {
 			if action == rbacv3.RBAC_ALLOW {
 				return nil, err
@@ -196,17 +255,17 @@ func source(action rbacv3.RBAC_Action, ns string, s *securityapi.Source) ([]*rba
 	var out []*rbacv3.Principal
 	for _, f := range []struct {
 		values, not []string
-		one         func(string) (*rbacv3.Principal, error)
+		field       princField
 	}{
-		{s.GetPrincipals(), s.GetNotPrincipals(), principalPrincipal},
-		{s.GetRequestPrincipals(), s.GetNotRequestPrincipals(), requestAuthPrincipal},
-		{s.GetServiceAccounts(), s.GetNotServiceAccounts(), func(v string) (*rbacv3.Principal, error) { return serviceAccountPrincipal(ns, v) }},
-		{s.GetTrustDomains(), s.GetNotTrustDomains(), trustDomainPrincipal},
-		{s.GetNamespaces(), s.GetNotNamespaces(), namespacePrincipal},
-		{s.GetRemoteIpBlocks(), s.GetNotRemoteIpBlocks(), remoteIPPrincipal},
-		{s.GetIpBlocks(), s.GetNotIpBlocks(), directIPPrincipal},
+		{s.GetPrincipals(), s.GetNotPrincipals(), eachPrincipal(principalPrincipal)},
+		{s.GetRequestPrincipals(), s.GetNotRequestPrincipals(), requestPrincipals},
+		{s.GetServiceAccounts(), s.GetNotServiceAccounts(), eachPrincipal(func(v string) (*rbacv3.Principal, error) { return serviceAccountPrincipal(ns, v) })},
+		{s.GetTrustDomains(), s.GetNotTrustDomains(), eachPrincipal(trustDomainPrincipal)},
+		{s.GetNamespaces(), s.GetNotNamespaces(), eachPrincipal(namespacePrincipal)},
+		{s.GetRemoteIpBlocks(), s.GetNotRemoteIpBlocks(), eachPrincipal(remoteIPPrincipal)},
+		{s.GetIpBlocks(), s.GetNotIpBlocks(), eachPrincipal(directIPPrincipal)},
 	} {
-		princ, err := principalCondition(f.values, f.not, f.one)
+		princ, err := principalCondition(f.values, f.not, f.field)
 		if err != nil {
 			if action == rbacv3.RBAC_ALLOW {
 				return nil, err
@@ -221,140 +280,131 @@ func source(action rbacv3.RBAC_Action, ns string, s *securityapi.Source) ([]*rba
 // whenCondition is a "when" condition as permissions or principals.
 func whenCondition(ns string, c *securityapi.Condition) ([]*rbacv3.Permission, []*rbacv3.Principal, error) {
 	k, vs, nvs := c.GetKey(), c.GetValues(), c.GetNotValues()
-	perm := func(one func(string) (*rbacv3.Permission, error)) ([]*rbacv3.Permission, []*rbacv3.Principal, error) {
-		p, err := permissionCondition(vs, nvs, one)
+	perm := func(f permField) ([]*rbacv3.Permission, []*rbacv3.Principal, error) {
+		p, err := permissionCondition(vs, nvs, f)
 		return p, nil, err
 	}
-	princ := func(one func(string) (*rbacv3.Principal, error)) ([]*rbacv3.Permission, []*rbacv3.Principal, error) {
-		p, err := principalCondition(vs, nvs, one)
+	princ := func(f princField) ([]*rbacv3.Permission, []*rbacv3.Principal, error) {
+		p, err := principalCondition(vs, nvs, f)
 		return nil, p, err
 	}
 	switch {
 	case k == "destination.ip":
-		return perm(destinationIPPermission)
+		return perm(eachPermission(destinationIPPermission))
 	case k == "destination.port":
-		return perm(portPermission)
+		return perm(eachPermission(portPermission))
 	case k == "connection.sni":
-		return perm(sniPermission)
+		return perm(eachPermission(sniPermission))
 	case k == "source.ip":
-		return princ(directIPPrincipal)
+		return princ(eachPrincipal(directIPPrincipal))
 	case k == "remote.ip":
-		return princ(remoteIPPrincipal)
+		return princ(eachPrincipal(remoteIPPrincipal))
 	case k == "source.namespace":
-		return princ(namespacePrincipal)
+		return princ(eachPrincipal(namespacePrincipal))
 	case k == "source.principal":
-		return princ(principalPrincipal)
+		return princ(eachPrincipal(principalPrincipal))
 	case k == "source.serviceAccount":
-		return princ(func(v string) (*rbacv3.Principal, error) { return serviceAccountPrincipal(ns, v) })
+		return princ(eachPrincipal(func(v string) (*rbacv3.Principal, error) { return serviceAccountPrincipal(ns, v) }))
 	case k == "source.trustDomain":
-		return princ(trustDomainPrincipal)
-	case k == "request.auth.principal", k == "request.auth.audiences", k == "request.auth.presenter",
-		strings.HasPrefix(k, "request.auth.claims["):
-		return princ(requestAuthPrincipal)
+		return princ(eachPrincipal(trustDomainPrincipal))
+	case k == "request.auth.principal":
+		return princ(requestPrincipals)
+	case k == "request.auth.audiences":
+		return princ(jwtClaim([]string{"aud"}))
+	case k == "request.auth.presenter":
+		return princ(jwtClaim([]string{"azp"}))
+	case strings.HasPrefix(k, "request.auth.claims["):
+		path, err := claimPath(strings.TrimPrefix(k, "request.auth.claims"))
+		if err != nil {
+			return nil, nil, fmt.Errorf("condition key %q: %w", k, err)
+		}
+		return princ(jwtClaim(path))
 	case strings.HasPrefix(k, "request.headers["):
 		name, ok := strings.CutSuffix(strings.TrimPrefix(k, "request.headers["), "]")
 		if !ok || name == "" {
 			return nil, nil, fmt.Errorf("condition key %q: %w", k, errUnsupported)
 		}
-		return princ(func(v string) (*rbacv3.Principal, error) {
+		return princ(eachPrincipal(func(v string) (*rbacv3.Principal, error) {
 			h, err := headerMatcher(name, v, false)
 			if err != nil {
 				return nil, err
 			}
 			return &rbacv3.Principal{Identifier: &rbacv3.Principal_Header{Header: h}}, nil
-		})
+		}))
 	}
+	// Also experimental.envoy.filters.*: Envoy filter metadata, which a
+	// gRPC server does not have.
 	return nil, nil, fmt.Errorf("condition key %q: %w", k, errUnsupported)
 }
 
-// permissionCondition: one of values, and none of notValues.
-func permissionCondition(values, notValues []string, one func(string) (*rbacv3.Permission, error)) ([]*rbacv3.Permission, error) {
+// permissionCondition: a match of values, and none of notValues.
+func permissionCondition(values, notValues []string, f permField) ([]*rbacv3.Permission, error) {
 	var out []*rbacv3.Permission
-	for i, vs := range [][]string{values, notValues} {
-		if len(vs) == 0 {
-			continue
-		}
-		var or []*rbacv3.Permission
-		for _, v := range vs {
-			p, err := one(v)
-			if err != nil {
-				return nil, err
-			}
-			or = append(or, p)
-		}
-		p := orPermissions(or)
-		if i == 1 {
-			p = &rbacv3.Permission{Rule: &rbacv3.Permission_NotRule{NotRule: p}}
+	if len(values) > 0 {
+		p, err := f(values)
+		if err != nil {
+			return nil, err
 		}
 		out = append(out, p)
+	}
+	if len(notValues) > 0 {
+		p, err := f(notValues)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, notPermission(p))
 	}
 	return out, nil
 }
 
-// principalCondition: one of values, and none of notValues.
-func principalCondition(values, notValues []string, one func(string) (*rbacv3.Principal, error)) ([]*rbacv3.Principal, error) {
+// principalCondition: a match of values, and none of notValues.
+func principalCondition(values, notValues []string, f princField) ([]*rbacv3.Principal, error) {
 	var out []*rbacv3.Principal
-	for i, vs := range [][]string{values, notValues} {
-		if len(vs) == 0 {
-			continue
-		}
-		var or []*rbacv3.Principal
-		for _, v := range vs {
-			p, err := one(v)
-			if err != nil {
-				return nil, err
-			}
-			or = append(or, p)
-		}
-		p := orPrincipals(or)
-		if i == 1 {
-			p = &rbacv3.Principal{Identifier: &rbacv3.Principal_NotId{NotId: p}}
+	if len(values) > 0 {
+		p, err := f(values)
+		if err != nil {
+			return nil, err
 		}
 		out = append(out, p)
+	}
+	if len(notValues) > 0 {
+		p, err := f(notValues)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, notPrincipal(p))
 	}
 	return out, nil
 }
 
-func orPermissions(ps []*rbacv3.Permission) *rbacv3.Permission {
-	if len(ps) == 1 {
-		return ps[0]
-	}
-	return &rbacv3.Permission{Rule: &rbacv3.Permission_OrRules{OrRules: &rbacv3.Permission_Set{Rules: ps}}}
-}
-
+// andPermissions: all of ps; {any: true} when there are none.
 func andPermissions(ps []*rbacv3.Permission) *rbacv3.Permission {
-	switch len(ps) {
-	case 0:
-		return anyPermission()
-	case 1:
-		return ps[0]
+	if len(ps) == 0 {
+		ps = []*rbacv3.Permission{anyPermission()}
 	}
 	return &rbacv3.Permission{Rule: &rbacv3.Permission_AndRules{AndRules: &rbacv3.Permission_Set{Rules: ps}}}
 }
 
 func orPrincipals(ps []*rbacv3.Principal) *rbacv3.Principal {
-	if len(ps) == 1 {
-		return ps[0]
-	}
 	return &rbacv3.Principal{Identifier: &rbacv3.Principal_OrIds{OrIds: &rbacv3.Principal_Set{Ids: ps}}}
 }
 
+// andPrincipals: all of ps; {any: true} when there are none.
 func andPrincipals(ps []*rbacv3.Principal) *rbacv3.Principal {
-	switch len(ps) {
-	case 0:
-		return anyPrincipal()
-	case 1:
-		return ps[0]
+	if len(ps) == 0 {
+		ps = []*rbacv3.Principal{anyPrincipal()}
 	}
 	return &rbacv3.Principal{Identifier: &rbacv3.Principal_AndIds{AndIds: &rbacv3.Principal_Set{Ids: ps}}}
 }
 
 // wildcard is Istio's value match: "*" any non-empty value, "*x" a
 // suffix, "x*" a prefix, else exact; prefix is prepended to the value.
+// "*" ignores prefix: as a principal it is any authenticated identity,
+// SPIFFE ID or not, and istiod writes it so.
 func wildcard(v, prefix string) *matcherv3.StringMatcher {
 	switch {
 	case v == "*":
-		return regexMatcher(regexp.QuoteMeta(prefix) + ".+")
+		return regexMatcher(".+")
 	case strings.HasPrefix(v, "*") && prefix == "":
 		return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Suffix{Suffix: v[1:]}}
 	case strings.HasPrefix(v, "*"):
@@ -405,16 +455,152 @@ func trustDomainPrincipal(v string) (*rbacv3.Principal, error) {
 	case !strings.Contains(v, "*"):
 		return authenticated(&matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: "spiffe://" + v + "/"}}), nil
 	}
-	parts := strings.Split(v, "*")
-	for i := range parts {
-		parts[i] = regexp.QuoteMeta(parts[i])
-	}
-	return authenticated(regexMatcher("spiffe://" + strings.Join(parts, "[^/]*") + "/.*")), nil
+	// Only the first "*" is a wildcard; a second one is a literal, as in
+	// istiod (validation allows one).
+	before, after, _ := strings.Cut(v, "*")
+	return authenticated(regexMatcher("spiffe://" + regexp.QuoteMeta(before) + "[^/]*" + regexp.QuoteMeta(after) + "/.*")), nil
 }
 
-// requestAuthPrincipal: a request principal, audience, presenter or claim.
-// A proxyless server authenticates no requests, so none matches.
-func requestAuthPrincipal(string) (*rbacv3.Principal, error) { return neverPrincipal(), nil }
+// JWT claims are matched in the dynamic metadata Envoy's JWT filter
+// writes: filter jwtFilter, key jwtPayload, then the claim's path.
+const (
+	jwtFilter  = "envoy.filters.http.jwt_authn"
+	jwtPayload = "payload"
+)
+
+// requestPrincipals: source.requestPrincipals and request.auth.principal,
+// "<iss>/<sub>" (the issuer may contain "/"; the last one splits), as
+// istiod writes them: each value the issuer and subject claims' metadata
+// matchers, any value matching.
+//
+// A proxyless server authenticates no requests and has no metadata:
+// grpc-go never matches a metadata matcher (and always matches its
+// not_id), so a request principal never matches, which is what the
+// attribute means on a server without request authentication.
+func requestPrincipals(values []string) (*rbacv3.Principal, error) {
+	or := make([]*rbacv3.Principal, 0, len(values))
+	for _, v := range values {
+		iss, sub := requestPrincipalMatchers(v)
+		or = append(or, andPrincipals([]*rbacv3.Principal{
+			metadataPrincipal(jwtMetadata([]string{"iss"}, stringValue(iss))),
+			metadataPrincipal(jwtMetadata([]string{"sub"}, stringValue(sub))),
+		}))
+	}
+	if len(or) == 1 {
+		return or[0], nil
+	}
+	return orPrincipals(or), nil
+}
+
+// requestPrincipalMatchers are the issuer and subject matchers of a
+// request principal: "*" anything, a leading "*" a suffix, a trailing "*"
+// a prefix, of the issuer or subject the "/" splits off (or of the
+// subject, or issuer, without one).
+func requestPrincipalMatchers(v string) (iss, sub *matcherv3.StringMatcher) {
+	anyValue := func() *matcherv3.StringMatcher { return regexMatcher(".+") }
+	i := strings.LastIndex(v, "/")
+	hasSub := i >= 0
+	issuer, subject := v, ""
+	if hasSub {
+		issuer, subject = v[:i], v[i+1:]
+	}
+	switch {
+	case v == "*":
+		return anyValue(), anyValue()
+	case strings.HasPrefix(v, "*") && hasSub:
+		if issuer == "*" {
+			return anyValue(), exactMatcher(subject)
+		}
+		return suffixMatcher(issuer[1:]), exactMatcher(subject)
+	case strings.HasPrefix(v, "*"):
+		return anyValue(), suffixMatcher(v[1:])
+	case strings.HasSuffix(v, "*") && hasSub:
+		if subject == "*" {
+			return exactMatcher(issuer), anyValue()
+		}
+		return exactMatcher(issuer), prefixMatcher(subject[:len(subject)-1])
+	case strings.HasSuffix(v, "*"):
+		return prefixMatcher(v[:len(v)-1]), anyValue()
+	}
+	return exactMatcher(issuer), exactMatcher(subject)
+}
+
+// jwtClaim: request.auth.audiences, presenter and claims[...], a claim at
+// path matching one of the values, whether it is a list or a single
+// string. Never matches on a proxyless server (see requestPrincipals).
+func jwtClaim(path []string) princField {
+	return func(values []string) (*rbacv3.Principal, error) {
+		value := func() *matcherv3.ValueMatcher {
+			if len(values) == 1 {
+				return stringValue(wildcard(values[0], ""))
+			}
+			or := make([]*matcherv3.ValueMatcher, 0, len(values))
+			for _, v := range values {
+				or = append(or, stringValue(wildcard(v, "")))
+			}
+			return &matcherv3.ValueMatcher{MatchPattern: &matcherv3.ValueMatcher_OrMatch{OrMatch: &matcherv3.OrMatcher{ValueMatchers: or}}}
+		}
+		listOrString := &matcherv3.ValueMatcher{MatchPattern: &matcherv3.ValueMatcher_OrMatch{OrMatch: &matcherv3.OrMatcher{ValueMatchers: []*matcherv3.ValueMatcher{
+			{MatchPattern: &matcherv3.ValueMatcher_ListMatch{ListMatch: &matcherv3.ListMatcher{MatchPattern: &matcherv3.ListMatcher_OneOf{OneOf: value()}}}},
+			value(),
+		}}}}
+		return metadataPrincipal(jwtMetadata(path, listOrString)), nil
+	}
+}
+
+// claimPath is the claim path of a request.auth.claims key's brackets:
+// "[a][b]" is a, then b. Anything else inside one pair of brackets is one
+// claim name ("[a.b]", "[a[b]]").
+func claimPath(brackets string) ([]string, error) {
+	var path []string
+	for rest := brackets; rest != ""; {
+		name, after, ok := strings.Cut(strings.TrimPrefix(rest, "["), "]")
+		if !strings.HasPrefix(rest, "[") || !ok || strings.Contains(name, "[") {
+			path = nil
+			break
+		}
+		path = append(path, name)
+		rest = after
+	}
+	if path != nil {
+		return path, nil
+	}
+	if inner, ok := strings.CutPrefix(brackets, "["); ok {
+		if name, ok := strings.CutSuffix(inner, "]"); ok {
+			return []string{name}, nil
+		}
+	}
+	return nil, fmt.Errorf("claim %q: want [<name>]", brackets)
+}
+
+func jwtMetadata(path []string, value *matcherv3.ValueMatcher) *matcherv3.MetadataMatcher {
+	segs := make([]*matcherv3.MetadataMatcher_PathSegment, 0, len(path)+1)
+	for _, k := range append([]string{jwtPayload}, path...) {
+		segs = append(segs, &matcherv3.MetadataMatcher_PathSegment{Segment: &matcherv3.MetadataMatcher_PathSegment_Key{Key: k}})
+	}
+	return &matcherv3.MetadataMatcher{Filter: jwtFilter, Path: segs, Value: value}
+}
+
+func metadataPrincipal(m *matcherv3.MetadataMatcher) *rbacv3.Principal {
+	//lint:ignore SA1019 the field istiod writes and grpc-go reads (it has no sourced_metadata)
+	return &rbacv3.Principal{Identifier: &rbacv3.Principal_Metadata{Metadata: m}}
+}
+
+func stringValue(m *matcherv3.StringMatcher) *matcherv3.ValueMatcher {
+	return &matcherv3.ValueMatcher{MatchPattern: &matcherv3.ValueMatcher_StringMatch{StringMatch: m}}
+}
+
+func exactMatcher(s string) *matcherv3.StringMatcher {
+	return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s}}
+}
+
+func prefixMatcher(s string) *matcherv3.StringMatcher {
+	return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: s}}
+}
+
+func suffixMatcher(s string) *matcherv3.StringMatcher {
+	return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Suffix{Suffix: s}}
+}
 
 func starRegex(v string) string {
 	parts := strings.Split(v, "*")

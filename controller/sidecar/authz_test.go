@@ -59,20 +59,31 @@ func TestAuthorizationPoliciesSelection(t *testing.T) {
 
 func authn(m *matcherv3.StringMatcher) *rbacv3.Principal { return authenticated(m) }
 
-func exact(s string) *matcherv3.StringMatcher {
-	return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s}}
-}
+func exact(s string) *matcherv3.StringMatcher  { return exactMatcher(s) }
+func prefix(s string) *matcherv3.StringMatcher { return prefixMatcher(s) }
+func suffix(s string) *matcherv3.StringMatcher { return suffixMatcher(s) }
 
-func prefix(s string) *matcherv3.StringMatcher {
-	return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: s}}
+func andPerm(ps ...*rbacv3.Permission) *rbacv3.Permission { return andPermissions(ps) }
+func orPerm(ps ...*rbacv3.Permission) *rbacv3.Permission {
+	return &rbacv3.Permission{Rule: &rbacv3.Permission_OrRules{OrRules: &rbacv3.Permission_Set{Rules: ps}}}
 }
+func andPrinc(ps ...*rbacv3.Principal) *rbacv3.Principal { return andPrincipals(ps) }
+func orPrinc(ps ...*rbacv3.Principal) *rbacv3.Principal  { return orPrincipals(ps) }
 
-func suffix(s string) *matcherv3.StringMatcher {
-	return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Suffix{Suffix: s}}
-}
-
+// anyOnly is a rule without conditions, as istiod shapes it.
 func anyOnly() *rbacv3.Policy {
-	return &rbacv3.Policy{Permissions: []*rbacv3.Permission{anyPermission()}, Principals: []*rbacv3.Principal{anyPrincipal()}}
+	return &rbacv3.Policy{Permissions: []*rbacv3.Permission{andPerm()}, Principals: []*rbacv3.Principal{andPrinc()}}
+}
+
+func jwtString(claim string, m *matcherv3.StringMatcher) *rbacv3.Principal {
+	return metadataPrincipal(&matcherv3.MetadataMatcher{
+		Filter: "envoy.filters.http.jwt_authn",
+		Path: []*matcherv3.MetadataMatcher_PathSegment{
+			{Segment: &matcherv3.MetadataMatcher_PathSegment_Key{Key: "payload"}},
+			{Segment: &matcherv3.MetadataMatcher_PathSegment_Key{Key: claim}},
+		},
+		Value: &matcherv3.ValueMatcher{MatchPattern: &matcherv3.ValueMatcher_StringMatch{StringMatch: m}},
+	})
 }
 
 func TestRBACPolicy(t *testing.T) {
@@ -84,13 +95,16 @@ func TestRBACPolicy(t *testing.T) {
 		return &securityapi.Rule{To: []*securityapi.Rule_To{{Operation: o}}}
 	}
 	withPrincipal := func(p *rbacv3.Principal) *rbacv3.Policy {
-		return &rbacv3.Policy{Permissions: []*rbacv3.Permission{anyPermission()}, Principals: []*rbacv3.Principal{p}}
+		return &rbacv3.Policy{Permissions: []*rbacv3.Permission{andPerm()}, Principals: []*rbacv3.Principal{p}}
 	}
 	withPermission := func(p *rbacv3.Permission) *rbacv3.Policy {
-		return &rbacv3.Policy{Permissions: []*rbacv3.Permission{p}, Principals: []*rbacv3.Principal{anyPrincipal()}}
+		return &rbacv3.Policy{Permissions: []*rbacv3.Permission{p}, Principals: []*rbacv3.Principal{andPrinc()}}
 	}
 	header := func(name string, m *matcherv3.StringMatcher) *routev3.HeaderMatcher {
 		return &routev3.HeaderMatcher{Name: name, HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: m}}
+	}
+	ip := func(a string, bits uint32) *corev3.CidrRange {
+		return &corev3.CidrRange{AddressPrefix: a, PrefixLen: wrapperspb.UInt32(bits)}
 	}
 	for _, tt := range []struct {
 		name   string
@@ -102,45 +116,60 @@ func TestRBACPolicy(t *testing.T) {
 		{
 			name: "principals: exact, prefix, suffix, any",
 			rule: from(&securityapi.Source{Principals: []string{"td/ns/a/sa/b", "td/ns/a/*", "*/sa/b", "*"}}),
-			want: withPrincipal(&rbacv3.Principal{Identifier: &rbacv3.Principal_OrIds{OrIds: &rbacv3.Principal_Set{Ids: []*rbacv3.Principal{
+			want: withPrincipal(andPrinc(orPrinc(
 				authn(exact("spiffe://td/ns/a/sa/b")),
 				authn(prefix("spiffe://td/ns/a/")),
 				authn(regexMatcher(`spiffe://.*/sa/b`)),
-				authn(regexMatcher(`spiffe://.+`)),
-			}}}}),
+				authn(regexMatcher(`.+`)),
+			))),
 		},
 		{
 			name: "namespaces and not principals",
 			rule: from(&securityapi.Source{Namespaces: []string{"prod-*"}, NotPrincipals: []string{"td/ns/prod-a/sa/bad"}}),
-			want: withPrincipal(andPrincipals([]*rbacv3.Principal{
-				{Identifier: &rbacv3.Principal_NotId{NotId: authn(exact("spiffe://td/ns/prod-a/sa/bad"))}},
-				authn(regexMatcher(`.*/ns/prod-.*/.*`)),
-			})),
+			want: withPrincipal(andPrinc(
+				notPrincipal(orPrinc(authn(exact("spiffe://td/ns/prod-a/sa/bad")))),
+				orPrinc(authn(regexMatcher(`.*/ns/prod-.*/.*`))),
+			)),
 		},
 		{
 			name: "service accounts, trust domains, ip blocks",
-			rule: from(&securityapi.Source{ServiceAccounts: []string{"web"}, TrustDomains: []string{"td"}, IpBlocks: []string{"10.0.0.0/8"}, RemoteIpBlocks: []string{"192.0.2.1"}}),
-			want: withPrincipal(andPrincipals([]*rbacv3.Principal{
-				authn(regexMatcher(`spiffe://.+/ns/shop/(.+/|)sa/web(/.+)?`)),
-				authn(prefix("spiffe://td/")),
-				{Identifier: &rbacv3.Principal_RemoteIp{RemoteIp: &corev3.CidrRange{AddressPrefix: "192.0.2.1", PrefixLen: wrapperspb.UInt32(32)}}},
-				{Identifier: &rbacv3.Principal_DirectRemoteIp{DirectRemoteIp: &corev3.CidrRange{AddressPrefix: "10.0.0.0", PrefixLen: wrapperspb.UInt32(8)}}},
-			})),
+			rule: from(&securityapi.Source{
+				ServiceAccounts: []string{"web"}, TrustDomains: []string{"td", "*.corp", "a*b*"},
+				IpBlocks: []string{"10.0.0.0/8"}, NotIpBlocks: []string{"10.0.0.7"}, RemoteIpBlocks: []string{"192.0.2.1"},
+			}),
+			want: withPrincipal(andPrinc(
+				orPrinc(authn(regexMatcher(`spiffe://.+/ns/shop/(.+/|)sa/web(/.+)?`))),
+				orPrinc(
+					authn(prefix("spiffe://td/")),
+					authn(regexMatcher(`spiffe://[^/]*\.corp/.*`)),
+					authn(regexMatcher(`spiffe://a[^/]*b\*/.*`)),
+				),
+				orPrinc(&rbacv3.Principal{Identifier: &rbacv3.Principal_RemoteIp{RemoteIp: ip("192.0.2.1", 32)}}),
+				orPrinc(&rbacv3.Principal{Identifier: &rbacv3.Principal_DirectRemoteIp{DirectRemoteIp: ip("10.0.0.0", 8)}}),
+				notPrincipal(orPrinc(&rbacv3.Principal{Identifier: &rbacv3.Principal_DirectRemoteIp{DirectRemoteIp: ip("10.0.0.7", 32)}})),
+			)),
 		},
 		{
-			name: "request principals never match a proxyless server",
-			rule: from(&securityapi.Source{RequestPrincipals: []string{"iss/sub"}}),
-			want: withPrincipal(neverPrincipal()),
+			name: "request principals are JWT metadata, which grpc-go never matches",
+			rule: from(&securityapi.Source{RequestPrincipals: []string{"https://iss/sub"}, NotRequestPrincipals: []string{"*", "iss/*", "*-dev"}}),
+			want: withPrincipal(andPrinc(
+				andPrinc(jwtString("iss", exact("https://iss")), jwtString("sub", exact("sub"))),
+				notPrincipal(orPrinc(
+					andPrinc(jwtString("iss", regexMatcher(".+")), jwtString("sub", regexMatcher(".+"))),
+					andPrinc(jwtString("iss", exact("iss")), jwtString("sub", regexMatcher(".+"))),
+					andPrinc(jwtString("iss", regexMatcher(".+")), jwtString("sub", suffix("-dev"))),
+				)),
+			)),
 		},
 		{
 			name: "operation: hosts, methods, paths, ports",
 			rule: to(&securityapi.Operation{Hosts: []string{"*.example.com"}, Methods: []string{"POST"}, Paths: []string{"/pkg.Svc/Get"}, NotPorts: []string{"8080"}}),
-			want: withPermission(andPermissions([]*rbacv3.Permission{
-				{Rule: &rbacv3.Permission_Header{Header: header(":authority", &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Suffix{Suffix: ".example.com"}, IgnoreCase: true})}},
-				{Rule: &rbacv3.Permission_Header{Header: header(":method", exact("POST"))}},
-				{Rule: &rbacv3.Permission_UrlPath{UrlPath: &matcherv3.PathMatcher{Rule: &matcherv3.PathMatcher_Path{Path: exact("/pkg.Svc/Get")}}}},
-				{Rule: &rbacv3.Permission_NotRule{NotRule: &rbacv3.Permission{Rule: &rbacv3.Permission_DestinationPort{DestinationPort: 8080}}}},
-			})),
+			want: withPermission(andPerm(
+				orPerm(&rbacv3.Permission{Rule: &rbacv3.Permission_Header{Header: header(":authority", &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Suffix{Suffix: ".example.com"}, IgnoreCase: true})}}),
+				orPerm(&rbacv3.Permission{Rule: &rbacv3.Permission_Header{Header: header(":method", exact("POST"))}}),
+				orPerm(&rbacv3.Permission{Rule: &rbacv3.Permission_UrlPath{UrlPath: &matcherv3.PathMatcher{Rule: &matcherv3.PathMatcher_Path{Path: exact("/pkg.Svc/Get")}}}}),
+				notPermission(orPerm(&rbacv3.Permission{Rule: &rbacv3.Permission_DestinationPort{DestinationPort: 8080}})),
+			)),
 		},
 		{
 			name: "two operations are alternatives",
@@ -150,10 +179,10 @@ func TestRBACPolicy(t *testing.T) {
 			}},
 			want: &rbacv3.Policy{
 				Permissions: []*rbacv3.Permission{
-					{Rule: &rbacv3.Permission_UrlPath{UrlPath: &matcherv3.PathMatcher{Rule: &matcherv3.PathMatcher_Path{Path: suffix("/Get")}}}},
-					{Rule: &rbacv3.Permission_DestinationPort{DestinationPort: 9000}},
+					andPerm(orPerm(&rbacv3.Permission{Rule: &rbacv3.Permission_UrlPath{UrlPath: &matcherv3.PathMatcher{Rule: &matcherv3.PathMatcher_Path{Path: suffix("/Get")}}}})),
+					andPerm(orPerm(&rbacv3.Permission{Rule: &rbacv3.Permission_DestinationPort{DestinationPort: 9000}})),
 				},
-				Principals: []*rbacv3.Principal{anyPrincipal()},
+				Principals: []*rbacv3.Principal{andPrinc()},
 			},
 		},
 		{
@@ -166,14 +195,28 @@ func TestRBACPolicy(t *testing.T) {
 				},
 			},
 			want: &rbacv3.Policy{
-				Permissions: []*rbacv3.Permission{{Rule: &rbacv3.Permission_DestinationPort{DestinationPort: 9000}}},
-				Principals: []*rbacv3.Principal{andPrincipals([]*rbacv3.Principal{
-					authn(regexMatcher(`.*/ns/a/.*`)),
-					{Identifier: &rbacv3.Principal_NotId{NotId: &rbacv3.Principal{Identifier: &rbacv3.Principal_Header{Header: &routev3.HeaderMatcher{
+				Permissions: []*rbacv3.Permission{andPerm(orPerm(&rbacv3.Permission{Rule: &rbacv3.Permission_DestinationPort{DestinationPort: 9000}}))},
+				Principals: []*rbacv3.Principal{andPrinc(
+					orPrinc(authn(regexMatcher(`.*/ns/a/.*`))),
+					notPrincipal(orPrinc(&rbacv3.Principal{Identifier: &rbacv3.Principal_Header{Header: &routev3.HeaderMatcher{
 						Name: "x-user", HeaderMatchSpecifier: &routev3.HeaderMatcher_PresentMatch{PresentMatch: true},
-					}}}}},
-				})},
+					}}})),
+				)},
 			},
+		},
+		{
+			name: "when: JWT claims, one value or several, as a list or a string",
+			rule: &securityapi.Rule{When: []*securityapi.Condition{
+				{Key: "request.auth.claims[groups][0]", Values: []string{"admin"}},
+				{Key: "request.auth.audiences", NotValues: []string{"a", "b*"}},
+			}},
+			want: withPrincipal(andPrinc(
+				metadataPrincipal(jwtMetadata([]string{"groups", "0"}, orValue(listOneOf(stringValue(exact("admin"))), stringValue(exact("admin"))))),
+				notPrincipal(metadataPrincipal(jwtMetadata([]string{"aud"}, orValue(
+					listOneOf(orValue(stringValue(exact("a")), stringValue(prefix("b")))),
+					orValue(stringValue(exact("a")), stringValue(prefix("b"))),
+				)))),
+			)),
 		},
 		{
 			name: "ALLOW: a path template matches nothing",
@@ -181,10 +224,10 @@ func TestRBACPolicy(t *testing.T) {
 			want: neverPolicy(),
 		},
 		{
-			name:   "DENY: a path template is dropped",
+			name:   "DENY: a path template drops the paths",
 			action: rbacv3.RBAC_DENY,
-			rule:   to(&securityapi.Operation{Paths: []string{"/pkg.Svc/{*}"}}),
-			want:   anyOnly(),
+			rule:   to(&securityapi.Operation{Paths: []string{"/pkg.Svc/{*}"}, Ports: []string{"7070"}}),
+			want:   withPermission(andPerm(orPerm(&rbacv3.Permission{Rule: &rbacv3.Permission_DestinationPort{DestinationPort: 7070}}))),
 		},
 		{
 			name: "ALLOW: a grpc- header matches nothing",
@@ -198,7 +241,7 @@ func TestRBACPolicy(t *testing.T) {
 				From: []*securityapi.Rule_From{{Source: &securityapi.Source{Principals: []string{"td/ns/a/sa/b"}}}},
 				When: []*securityapi.Condition{{Key: "experimental.envoy.filters.x[y]", Values: []string{"z"}}},
 			},
-			want: withPrincipal(authn(exact("spiffe://td/ns/a/sa/b"))),
+			want: withPrincipal(andPrinc(orPrinc(authn(exact("spiffe://td/ns/a/sa/b"))))),
 		},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -211,5 +254,53 @@ func TestRBACPolicy(t *testing.T) {
 				t.Errorf("invalid policy: %v", err)
 			}
 		})
+	}
+}
+
+func orValue(vs ...*matcherv3.ValueMatcher) *matcherv3.ValueMatcher {
+	return &matcherv3.ValueMatcher{MatchPattern: &matcherv3.ValueMatcher_OrMatch{OrMatch: &matcherv3.OrMatcher{ValueMatchers: vs}}}
+}
+
+func listOneOf(v *matcherv3.ValueMatcher) *matcherv3.ValueMatcher {
+	return &matcherv3.ValueMatcher{MatchPattern: &matcherv3.ValueMatcher_ListMatch{ListMatch: &matcherv3.ListMatcher{MatchPattern: &matcherv3.ListMatcher_OneOf{OneOf: v}}}}
+}
+
+func TestClaimPath(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		in      string
+		want    []string
+		wantErr bool
+	}{
+		{in: "[iss]", want: []string{"iss"}},
+		{in: "[a][b]", want: []string{"a", "b"}},
+		{in: "[a.b]", want: []string{"a.b"}},
+		{in: "[a[b]]", want: []string{"a[b]"}},
+		{in: "[a]x", wantErr: true},
+		{in: "a", wantErr: true},
+	} {
+		t.Run(tt.in, func(t *testing.T) {
+			t.Parallel()
+			got, err := claimPath(tt.in)
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("claimPath(%q) error = %v, want error %v", tt.in, err, tt.wantErr)
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("claimPath(%q) (-want +got):\n%s", tt.in, diff)
+			}
+		})
+	}
+}
+
+func TestRBACRulesWithoutRules(t *testing.T) {
+	t.Parallel()
+	ap := &securityv1.AuthorizationPolicy{}
+	ap.Namespace, ap.Name = "shop", "none"
+	if got := rbacRules(rbacv3.RBAC_DENY, []*securityv1.AuthorizationPolicy{ap}); len(got.Policies) != 0 {
+		t.Errorf("DENY policy without rules: got policies %v, want none (it denies nothing)", got.Policies)
+	}
+	got := rbacRules(rbacv3.RBAC_ALLOW, []*securityv1.AuthorizationPolicy{ap})
+	if diff := cmp.Diff(map[string]*rbacv3.Policy{"shop-none-0": neverPolicy()}, got.Policies, protocmp.Transform()); diff != "" {
+		t.Errorf("ALLOW policy without rules (-want +got):\n%s", diff)
 	}
 }
