@@ -17,11 +17,12 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	networkingapi "istio.io/api/networking/v1"
-	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 
+	"github.com/canopy-mesh/canopy/ca/authn"
 	"github.com/canopy-mesh/canopy/controller/index"
 	"github.com/canopy-mesh/canopy/controller/sidecar"
 	"github.com/canopy-mesh/canopy/controller/sidecar/sidecartest"
@@ -50,7 +51,7 @@ func (s *meshSource) SidecarInputs() sidecar.Inputs {
 	return in
 }
 
-func (s *meshSource) Address(string) *workloadapi.Address         { return nil }
+func (s *meshSource) Address(string) *workloadapi.Address          { return nil }
 func (s *meshSource) AddressNames() []string                       { return nil }
 func (s *meshSource) Authorization(string) *security.Authorization { return nil }
 func (s *meshSource) AuthorizationNames() []string                 { return nil }
@@ -89,7 +90,12 @@ func (s *meshSource) reweigh(round int) {
 	panic("no VirtualService svc-0")
 }
 
-var _ = networkingv1.VirtualService{}
+// namespaceToken authenticates a caller whose token is its namespace.
+type namespaceToken struct{}
+
+func (namespaceToken) Authenticate(_ context.Context, token, _ string) (authn.Caller, error) {
+	return authn.Caller{Cluster: "Kubernetes", Namespace: token, ServiceAccount: "client"}, nil
+}
 
 type proxylessBench struct {
 	src    *meshSource
@@ -101,7 +107,7 @@ func startProxyless(b *testing.B) *proxylessBench {
 	b.Helper()
 	src := newMeshSource()
 	s, err := xds.New(xds.Config{Quiet: time.Millisecond, MaxDelay: time.Millisecond, MaxStreamsPerCaller: -1, StreamsPerSecond: -1, Mesh: src},
-		src, allowAll{}, slog.New(slog.DiscardHandler))
+		src, namespaceToken{}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -130,6 +136,19 @@ type grpcClient struct {
 	cancel context.CancelFunc
 	synced chan struct{}
 	got    chan string
+	// ended is closed, with err set, when the stream ends.
+	ended chan struct{}
+	err   error
+}
+
+// wait blocks until the client is synced, failing b if its stream ends
+// first.
+func (c *grpcClient) wait(b *testing.B) {
+	select {
+	case <-c.synced:
+	case <-c.ended:
+		b.Fatalf("stream ended before the client synced: %v", c.err)
+	}
 }
 
 func (bn *proxylessBench) connect(b *testing.B, k int) *grpcClient {
@@ -137,28 +156,30 @@ func (bn *proxylessBench) connect(b *testing.B, k int) *grpcClient {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ns := fmt.Sprintf("ns-%d", k%10)
+	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+ns))
 	st, err := discoveryv3.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources(ctx)
 	if err != nil {
 		b.Fatal(err)
 	}
-	ns := fmt.Sprintf("ns-%d", k%10)
 	md, _ := structpb.NewStruct(map[string]any{"GENERATOR": "grpc", "NAMESPACE": ns})
 	node := &corev3.Node{Id: fmt.Sprintf("sidecar~10.250.0.%d~client-%d.%s~%s.svc.cluster.local", k%250, k, ns, ns), Metadata: md}
 	var listeners []string
 	for i := k % 10; i < 100; i += 10 {
 		listeners = append(listeners, fmt.Sprintf("svc-%d.%s.svc.cluster.local:8080", i, ns))
 	}
-	c := &grpcClient{conn: cc, cancel: cancel, synced: make(chan struct{}), got: make(chan string, 64)}
+	c := &grpcClient{conn: cc, cancel: cancel, synced: make(chan struct{}), got: make(chan string, 64), ended: make(chan struct{})}
 	if err := st.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: sidecar.ListenerType, ResourceNames: listeners}); err != nil {
 		b.Fatal(err)
 	}
 	go func() {
+		defer close(c.ended)
 		acked := map[string]bool{}
 		names := map[string][]string{sidecar.ListenerType: listeners}
 		for {
 			resp, err := st.Recv()
 			if err != nil {
+				c.err = err
 				return
 			}
 			typ := resp.GetTypeUrl()
@@ -235,7 +256,7 @@ func BenchmarkProxylessInitialPush(b *testing.B) {
 			clients[i] = bn.connect(b, i)
 		}
 		for _, c := range clients {
-			<-c.synced
+			c.wait(b)
 		}
 		b.StopTimer()
 		perClient = float64(heapInUse()-before) / n
@@ -270,7 +291,7 @@ func BenchmarkProxylessChange(b *testing.B) {
 				clients[i] = bn.connect(b, i)
 			}
 			for _, c := range clients {
-				<-c.synced
+				c.wait(b)
 			}
 			defer func() {
 				for _, c := range clients {

@@ -7,6 +7,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -36,22 +37,84 @@ func isEnvoyType(t string) bool { return slices.Contains(envoyTypes, t) }
 // wait forever for an answer it already has.
 var warms = map[string]string{sidecar.ClusterType: sidecar.EndpointType, sidecar.ListenerType: sidecar.RouteType}
 
-// meshCache builds the generators' Mesh once per generation and shares it
-// between connections.
+// meshCache builds the generators' Mesh once per generation and shares
+// it, and what it generates, between connections: clients that see the
+// mesh alike (same namespace and labels; for a server listener, also the
+// same addresses) get the same *Resource, generated and marshalled once
+// per generation.
 type meshCache struct {
-	src  MeshSource
-	mu   sync.Mutex
-	gen  uint64
-	mesh *sidecar.Mesh
+	src MeshSource
+	mu  sync.Mutex
+	cur *generation
 }
 
-func (c *meshCache) get(gen uint64) *sidecar.Mesh {
+// maxCachedPerGeneration bounds what one generation keeps: past it,
+// resources are generated for each client again rather than held.
+const maxCachedPerGeneration = 1 << 20
+
+// generation is one Mesh and the resources generated from it.
+type generation struct {
+	gen  uint64
+	mesh *sidecar.Mesh
+
+	mu      sync.Mutex
+	entries map[string]*cached
+}
+
+// cached is one name's resources for one class of client.
+type cached struct {
+	once sync.Once
+	res  []*Resource
+	err  error
+}
+
+func (c *meshCache) get(gen uint64) *generation {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.mesh == nil || c.gen != gen {
-		c.mesh, c.gen = sidecar.NewMesh(c.src.SidecarInputs()), gen
+	if c.cur == nil || c.cur.gen != gen {
+		c.cur = &generation{gen: gen, mesh: sidecar.NewMesh(c.src.SidecarInputs()), entries: map[string]*cached{}}
 	}
-	return c.mesh
+	return c.cur
+}
+
+// entry returns the cache entry of key, or a fresh one when the
+// generation holds too many.
+func (g *generation) entry(key string) *cached {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	e := g.entries[key]
+	if e == nil {
+		e = &cached{}
+		if len(g.entries) < maxCachedPerGeneration {
+			g.entries[key] = e
+		}
+	}
+	return e
+}
+
+// classKey is what a name's resources depend on besides the mesh: the
+// client's namespace and labels, and for a server listener its
+// addresses.
+func classKey(p Proxy, typ, name string) string {
+	var b strings.Builder
+	b.WriteString(typ)
+	b.WriteByte(0)
+	b.WriteString(p.Namespace)
+	for _, k := range slices.Sorted(maps.Keys(p.Labels)) {
+		b.WriteByte(0)
+		b.WriteString(k)
+		b.WriteByte('=')
+		b.WriteString(p.Labels[k])
+	}
+	if typ == sidecar.ListenerType && strings.HasPrefix(name, sidecar.ServerListenerPrefix) {
+		for _, ip := range sidecarProxy(p).IPs {
+			b.WriteByte(0)
+			b.WriteString(ip.String())
+		}
+	}
+	b.WriteByte(0)
+	b.WriteString(name)
+	return b.String()
 }
 
 // envoyWatch is one type's state-of-the-world subscription.
@@ -233,19 +296,22 @@ func (s *Server) envoyRequest(ctx context.Context, c *envoyConn, stream grpc.Bid
 // (a send is bounded by the send timeout).
 func (s *Server) envoyRespond(ctx context.Context, c *envoyConn, stream grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse], typ string, w *envoyWatch, always bool, cancel context.CancelCauseFunc) error {
 	gen := s.envoyGen.Load()
-	out, err := s.generate(gen, c.proxy, typ, w.names)
-	if err != nil {
-		return err
-	}
+	g := s.mesh.get(gen)
 	resp := &discoveryv3.DiscoveryResponse{TypeUrl: typ, VersionInfo: strconv.FormatUint(gen, 10), ControlPlane: s.controlPlane()}
-	sent := make(map[string]*Resource, len(out))
-	for _, n := range out {
-		r, err := NewResource(typ, n.Name, n.Resource)
-		if err != nil {
-			return s.streamError("internal", codes.Internal, "%v", err)
+	sent := make(map[string]*Resource, len(w.names))
+	for _, name := range w.names {
+		e := g.entry(classKey(c.proxy, typ, name))
+		e.once.Do(func() { e.res, e.err = s.generate(g.mesh, c.proxy, typ, name) })
+		if e.err != nil {
+			return e.err
 		}
-		sent[n.Name] = r
-		resp.Resources = append(resp.Resources, r.Body)
+		for _, r := range e.res {
+			if _, dup := sent[r.Name]; dup {
+				continue // two names asked for the same resource
+			}
+			sent[r.Name] = r
+			resp.Resources = append(resp.Resources, r.Body)
+		}
 	}
 	sameVersion := func(a, b *Resource) bool { return a.Version == b.Version }
 	if !always && maps.EqualFunc(sent, w.sent, sameVersion) {
@@ -270,17 +336,25 @@ func (s *Server) envoyRespond(ctx context.Context, c *envoyConn, stream grpc.Bid
 	return nil
 }
 
-// generate runs the generators for one proxy. A panic there is a bug
-// that input reached: it ends this stream with Internal and is logged,
-// and the controller keeps serving everyone else.
-func (s *Server) generate(gen uint64, p Proxy, typ string, names []string) (out []sidecar.Named, err error) {
+// generate runs the generators for one name of one proxy and marshals
+// what they return. A panic there is a bug that input reached: it ends
+// this stream with Internal and is logged, and the controller keeps
+// serving everyone else.
+func (s *Server) generate(mesh *sidecar.Mesh, p Proxy, typ, name string) (out []*Resource, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			s.log.Error("generating Envoy resources failed", "proxy", p.ProxyID, "type", shortType(typ), "panic", r, "stack", string(debug.Stack()))
-			err = s.streamError("internal", codes.Internal, "generating %s failed", shortType(typ))
+			s.log.Error("generating Envoy resources failed", "proxy", p.ProxyID, "type", shortType(typ), "name", name, "panic", r, "stack", string(debug.Stack()))
+			out, err = nil, s.streamError("internal", codes.Internal, "generating %s %q failed", shortType(typ), name)
 		}
 	}()
-	return s.mesh.get(gen).Generate(sidecarProxy(p), typ, names), nil
+	for _, n := range mesh.Generate(sidecarProxy(p), typ, []string{name}) {
+		r, err := NewResource(typ, n.Name, n.Resource)
+		if err != nil {
+			return nil, s.streamError("internal", codes.Internal, "%v", err)
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 // sendDeadline cuts a proxy off when a send does not complete within the
