@@ -2,6 +2,7 @@ package xds
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"runtime/debug"
@@ -197,53 +198,78 @@ func (s *Server) serveEnvoy(stream grpc.BidiStreamingServer[discoveryv3.Discover
 	case <-ctx.Done():
 		return nil
 	}
+	send := func(resps []*discoveryv3.DiscoveryResponse) error {
+		for _, resp := range resps {
+			if err := s.envoySend(ctx, c, stream, resp, cancel); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	req := first
 	for {
 		if req != nil {
-			if err := s.envoyRequest(ctx, c, stream, req, cancel); err != nil {
+			resp, err := s.envoyRequest(c, req)
+			if err != nil {
 				return err
+			}
+			if resp != nil {
+				if err := send([]*discoveryv3.DiscoveryResponse{resp}); err != nil {
+					return err
+				}
 			}
 			req = nil
 		}
 		select {
 		case <-ctx.Done():
-			if err := context.Cause(ctx); err != nil && err != context.Canceled {
+			if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
 				return err
 			}
 			return nil
 		case req = <-reqs:
 		case <-c.wake:
-			if err := s.envoyPush(ctx, c, stream, cancel); err != nil {
+			resps, err := s.envoyPush(c)
+			if err != nil {
+				return err
+			}
+			if err := send(resps); err != nil {
 				return err
 			}
 		}
 	}
 }
 
-// envoyPush sends every type whose resources changed, in push order.
-func (s *Server) envoyPush(ctx context.Context, c *envoyConn, stream grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse], cancel context.CancelCauseFunc) error {
+// envoyPush builds a response for every type whose resources changed, in
+// push order.
+func (s *Server) envoyPush(c *envoyConn) ([]*discoveryv3.DiscoveryResponse, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	var out []*discoveryv3.DiscoveryResponse
 	for _, typ := range envoyTypes {
 		if w := c.watches[typ]; w != nil {
-			if err := s.envoyRespond(ctx, c, stream, typ, w, false, cancel); err != nil {
-				return err
+			resp, err := s.envoyRespond(c, typ, w, false)
+			if err != nil {
+				return nil, err
+			}
+			if resp != nil {
+				out = append(out, resp)
 			}
 		}
 	}
-	return nil
+	return out, nil
 }
 
 // envoyRequest applies one request (sidecar wire contract §1.3).
-func (s *Server) envoyRequest(ctx context.Context, c *envoyConn, stream grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse], req *discoveryv3.DiscoveryRequest, cancel context.CancelCauseFunc) error {
+// It returns the response to send, if any.
+func (s *Server) envoyRequest(c *envoyConn, req *discoveryv3.DiscoveryRequest) (*discoveryv3.DiscoveryResponse, error) {
 	typ := req.GetTypeUrl()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !isEnvoyType(typ) {
-		return s.streamError("type", codes.InvalidArgument, "unsupported type URL %q for a proxyless gRPC client", typ)
+		return nil, s.streamError("type", codes.InvalidArgument, "unsupported type URL %q for a proxyless gRPC client", typ)
 	}
 	if len(req.GetResourceNames()) > s.cfg.MaxSubscriptions {
-		return s.streamError("limit", codes.ResourceExhausted, "%s: %d names, limit %d", shortType(typ), len(req.GetResourceNames()), s.cfg.MaxSubscriptions)
+		return nil, s.streamError("limit", codes.ResourceExhausted, "%s: %d names, limit %d", shortType(typ), len(req.GetResourceNames()), s.cfg.MaxSubscriptions)
 	}
 	st := c.states[typ]
 	if st == nil {
@@ -258,13 +284,13 @@ func (s *Server) envoyRequest(ctx context.Context, c *envoyConn, stream grpc.Bid
 			s.log.Warn("proxy rejected a response", "proxy", c.proxy.ProxyID, "type", shortType(typ), "nonce", nonce, "error", req.GetErrorDetail().GetMessage())
 		}
 		st.nack, st.nackNonce, st.nackAt = req.GetErrorDetail().GetMessage(), nonce, s.cfg.Now()
-		return nil
+		return nil, nil
 	}
 	names := slices.Compact(slices.Sorted(slices.Values(req.GetResourceNames())))
 	if len(names) == 0 {
 		// Nothing wanted any more: the type is unsubscribed.
 		delete(c.watches, typ)
-		return nil
+		return nil, nil
 	}
 	if nonce == "" || w == nil {
 		// A new watch (or a reconnecting client's first request).
@@ -273,28 +299,29 @@ func (s *Server) envoyRequest(ctx context.Context, c *envoyConn, stream grpc.Bid
 		if other := c.watches[warms[typ]]; other != nil {
 			other.alwaysRespond = true
 		}
-		return s.envoyRespond(ctx, c, stream, typ, w, true, cancel)
+		return s.envoyRespond(c, typ, w, true)
 	}
 	if nonce != w.nonce {
-		return nil // stale: an answer to a response since replaced
+		return nil, nil // stale: an answer to a response since replaced
 	}
 	st.nonceAcked, st.ackedAt = nonce, s.cfg.Now()
 	st.nack, st.nackNonce = "", ""
 	if !slices.Equal(names, w.names) {
 		w.names = names
-		return s.envoyRespond(ctx, c, stream, typ, w, true, cancel)
+		return s.envoyRespond(c, typ, w, true)
 	}
 	if w.alwaysRespond {
 		w.alwaysRespond = false
-		return s.envoyRespond(ctx, c, stream, typ, w, true, cancel)
+		return s.envoyRespond(c, typ, w, true)
 	}
-	return nil
+	return nil, nil
 }
 
-// envoyRespond sends the watch's resources: always when asked for, else
-// only when they differ from what was last sent. The caller holds c.mu
-// (a send is bounded by the send timeout).
-func (s *Server) envoyRespond(ctx context.Context, c *envoyConn, stream grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse], typ string, w *envoyWatch, always bool, cancel context.CancelCauseFunc) error {
+// envoyRespond builds the watch's response: always when asked for, else
+// only when its resources differ from what was last sent (nil then). The
+// caller holds c.mu; the response is sent after it is released, so a
+// slow client never holds up its proxy status.
+func (s *Server) envoyRespond(c *envoyConn, typ string, w *envoyWatch, always bool) (*discoveryv3.DiscoveryResponse, error) {
 	gen := s.envoyGen.Load()
 	g := s.mesh.get(gen)
 	resp := &discoveryv3.DiscoveryResponse{TypeUrl: typ, VersionInfo: strconv.FormatUint(gen, 10), ControlPlane: s.controlPlane()}
@@ -303,7 +330,7 @@ func (s *Server) envoyRespond(ctx context.Context, c *envoyConn, stream grpc.Bid
 		e := g.entry(classKey(c.proxy, typ, name))
 		e.once.Do(func() { e.res, e.err = s.generate(g.mesh, c.proxy, typ, name) })
 		if e.err != nil {
-			return e.err
+			return nil, e.err
 		}
 		for _, r := range e.res {
 			if _, dup := sent[r.Name]; dup {
@@ -315,13 +342,18 @@ func (s *Server) envoyRespond(ctx context.Context, c *envoyConn, stream grpc.Bid
 	}
 	sameVersion := func(a, b *Resource) bool { return a.Version == b.Version }
 	if !always && maps.EqualFunc(sent, w.sent, sameVersion) {
-		return nil
+		return nil, nil
 	}
 	c.nonce++
 	resp.Nonce = strconv.FormatUint(c.nonce, 10)
 	w.sent, w.nonce = sent, resp.Nonce
 	st := c.states[typ]
 	st.nonceSent, st.sentAt = resp.Nonce, s.cfg.Now()
+	return resp, nil
+}
+
+// envoySend sends one response within the send timeout.
+func (s *Server) envoySend(ctx context.Context, c *envoyConn, stream grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse], resp *discoveryv3.DiscoveryResponse, cancel context.CancelCauseFunc) error {
 	timer := sendDeadline(s, c.proxy.ProxyID, cancel)
 	defer timer.Stop()
 	if err := stream.Send(resp); err != nil {
@@ -330,9 +362,9 @@ func (s *Server) envoyRespond(ctx context.Context, c *envoyConn, stream grpc.Bid
 		}
 		return fmt.Errorf("send: %w", err)
 	}
-	short := shortType(typ)
+	short := shortType(resp.GetTypeUrl())
 	s.metrics.pushes.WithLabelValues(short).Inc()
-	s.metrics.resourcesSent.WithLabelValues(short).Add(float64(len(resp.Resources)))
+	s.metrics.resourcesSent.WithLabelValues(short).Add(float64(len(resp.GetResources())))
 	return nil
 }
 
