@@ -32,6 +32,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/canopy-mesh/canopy/ca/rootcm"
 	"github.com/canopy-mesh/canopy/internal/testing/eventually"
@@ -324,4 +325,29 @@ func calls(ctx context.Context, conn *grpc.ClientConn, n int, headers ...string)
 		got[host]++
 	}
 	return got
+}
+
+// echoApp creates a namespace with service accounts "client" and "echo",
+// n loopback gRPC backends and Service "echo" (port 7070 to the backends'
+// port, selecting app=echo); it returns the namespace and the backends'
+// addresses, at which the caller creates the pods.
+func echoApp(t *testing.T, n int) (string, []string) {
+	t.Helper()
+	ctx := t.Context()
+	ns := env.Namespace(t, "apps", nil)
+	for _, sa := range []string{"client", "echo"} {
+		if _, err := env.Client.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ips, port := serveBackends(t, n)
+	if _, err := env.Client.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "echo"},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "echo"}, Ports: []corev1.ServicePort{
+			{Name: "grpc", Port: 7070, TargetPort: intstr.FromInt32(int32(port))},
+		}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return ns, ips
 }

@@ -6,9 +6,7 @@ import (
 	networkingapi "istio.io/api/networking/v1"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	istioclient "istio.io/client-go/pkg/clientset/versioned"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/canopy-mesh/canopy/internal/testing/eventually"
 	"github.com/canopy-mesh/canopy/internal/testing/testenv"
@@ -26,21 +24,7 @@ func TestProxylessClientRouting(t *testing.T) {
 	ctx := t.Context()
 	sys := env.Namespace(t, "canopy-system", nil)
 	c := startController(t, sys)
-	ns := env.Namespace(t, "apps", nil)
-	for _, sa := range []string{"client", "echo"} {
-		if _, err := env.Client.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ips, port := serveBackends(t, 2)
-	if _, err := env.Client.CoreV1().Services(ns).Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: "echo"},
-		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "echo"}, Ports: []corev1.ServicePort{
-			{Name: "grpc", Port: 7070, TargetPort: intstr.FromInt32(int32(port))},
-		}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	ns, ips := echoApp(t, 2)
 	podAt(t, ns, "echo-v1", ips[0], map[string]string{"app": "echo", "version": "v1"})
 	podAt(t, ns, "echo-v2", ips[1], map[string]string{"app": "echo", "version": "v2"})
 

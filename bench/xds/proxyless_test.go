@@ -3,13 +3,11 @@ package xds_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/netip"
 	"slices"
 	"sync"
 	"testing"
-	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -106,25 +104,8 @@ type proxylessBench struct {
 func startProxyless(b *testing.B) *proxylessBench {
 	b.Helper()
 	src := newMeshSource()
-	s, err := xds.New(xds.Config{Quiet: time.Millisecond, MaxDelay: time.Millisecond, MaxStreamsPerCaller: -1, StreamsPerSecond: -1, Mesh: src},
-		src, namespaceToken{}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		b.Fatal(err)
-	}
-	g := grpc.NewServer()
-	s.Register(g)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	synced := make(chan struct{})
-	close(synced)
-	go func() { _ = s.Run(ctx, synced) }()
-	go func() { _ = g.Serve(lis) }()
-	b.Cleanup(func() { cancel(); g.Stop() })
-	<-s.Ready()
-	return &proxylessBench{src: src, server: s, addr: lis.Addr().String()}
+	s, addr := serve(b, xds.Config{Mesh: src}, src, namespaceToken{})
+	return &proxylessBench{src: src, server: s, addr: addr}
 }
 
 // grpcClient is a raw state-of-the-world stream that asks as grpc-go

@@ -99,11 +99,19 @@ type bench struct {
 func start(b *testing.B) *bench {
 	b.Helper()
 	src := &source{rounds: map[int]int{}}
-	// A 1ms debounce: the figures are the pipeline's, not the quiet period's.
-	// Every proxy here is one caller (allowAll), and they connect all at
-	// once: no stream limits.
-	s, err := xds.New(xds.Config{Quiet: time.Millisecond, MaxDelay: time.Millisecond, MaxStreamsPerCaller: -1, StreamsPerSecond: -1},
-		src, allowAll{}, slog.New(slog.DiscardHandler))
+	// Every proxy here is one caller (allowAll).
+	s, addr := serve(b, xds.Config{}, src, allowAll{})
+	return &bench{src: src, server: s, addr: addr}
+}
+
+// serve runs an xDS server over source on a loopback port until the
+// benchmark ends, with a 1ms debounce (the figures are the pipeline's,
+// not the quiet period's) and no stream limits (every client connects at
+// once), and returns it once its tables are loaded.
+func serve(b *testing.B, cfg xds.Config, source xds.Source, auth xds.Authenticator) (*xds.Server, string) {
+	b.Helper()
+	cfg.Quiet, cfg.MaxDelay, cfg.MaxStreamsPerCaller, cfg.StreamsPerSecond = time.Millisecond, time.Millisecond, -1, -1
+	s, err := xds.New(cfg, source, auth, slog.New(slog.DiscardHandler))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -120,7 +128,7 @@ func start(b *testing.B) *bench {
 	go func() { _ = g.Serve(lis) }()
 	b.Cleanup(func() { cancel(); g.Stop() })
 	<-s.Ready()
-	return &bench{src: src, server: s, addr: lis.Addr().String()}
+	return s, lis.Addr().String()
 }
 
 // proxy is a raw Delta stream that ACKs every response and reports the

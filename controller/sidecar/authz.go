@@ -337,9 +337,10 @@ func whenCondition(ns string, c *securityapi.Condition) ([]*rbacv3.Permission, [
 	return nil, nil, fmt.Errorf("condition key %q: %w", k, errUnsupported)
 }
 
-// permissionCondition: a match of values, and none of notValues.
-func permissionCondition(values, notValues []string, f permField) ([]*rbacv3.Permission, error) {
-	var out []*rbacv3.Permission
+// condition is a match of values, and none of notValues: f matches
+// values, not negates a match.
+func condition[T any](values, notValues []string, f func([]string) (T, error), not func(T) T) ([]T, error) {
+	var out []T
 	if len(values) > 0 {
 		p, err := f(values)
 		if err != nil {
@@ -352,29 +353,19 @@ func permissionCondition(values, notValues []string, f permField) ([]*rbacv3.Per
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, notPermission(p))
+		out = append(out, not(p))
 	}
 	return out, nil
 }
 
-// principalCondition: a match of values, and none of notValues.
+// permissionCondition is condition over permissions.
+func permissionCondition(values, notValues []string, f permField) ([]*rbacv3.Permission, error) {
+	return condition(values, notValues, f, notPermission)
+}
+
+// principalCondition is condition over principals.
 func principalCondition(values, notValues []string, f princField) ([]*rbacv3.Principal, error) {
-	var out []*rbacv3.Principal
-	if len(values) > 0 {
-		p, err := f(values)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, p)
-	}
-	if len(notValues) > 0 {
-		p, err := f(notValues)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, notPrincipal(p))
-	}
-	return out, nil
+	return condition(values, notValues, f, notPrincipal)
 }
 
 // andPermissions: all of ps; {any: true} when there are none.
