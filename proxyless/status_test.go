@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/canopy-mesh/canopy/internal/testing/ci"
 	"github.com/canopy-mesh/canopy/internal/testing/eventually"
 	"github.com/canopy-mesh/canopy/internal/testing/istiod"
