@@ -60,6 +60,9 @@ type StartupTaint interface {
 type RemovalWatch interface {
 	Run(ctx context.Context) error
 	Removed(ctx context.Context) (bool, error)
+	// Synced is closed once Removed can answer without asking the API
+	// server (an uninstall may have revoked the agent's access by then).
+	Synced() <-chan struct{}
 }
 
 // ProxyServer serves ZDS to the node proxy; *zds.Server implements it.
@@ -234,19 +237,26 @@ func readyNode(ctx context.Context, retry time.Duration, c Components, log *slog
 }
 
 // monitorHandler serves the monitoring port: metrics, liveness, readiness
-// (the agent has seen the node's pods) and the version.
+// (the agent has seen the node's pods and watches its DaemonSet, so it can
+// tell an uninstall) and the version.
 func monitorHandler(c Components) http.Handler {
 	monitor := http.NewServeMux()
 	monitor.Handle("GET /metrics", promhttp.HandlerFor(c.Metrics, promhttp.HandlerOpts{}))
 	monitor.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	monitor.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, version.Get()) })
 	monitor.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		select {
-		case <-c.Agent.Synced():
-			fmt.Fprintln(w, "ok")
-		default:
-			http.Error(w, "not synced", http.StatusServiceUnavailable)
+		for _, s := range []struct {
+			what string
+			done <-chan struct{}
+		}{{"the node's pods", c.Agent.Synced()}, {"the agent's DaemonSet", c.Removal.Synced()}} {
+			select {
+			case <-s.done:
+			default:
+				http.Error(w, "not synced: "+s.what, http.StatusServiceUnavailable)
+				return
+			}
 		}
+		fmt.Fprintln(w, "ok")
 	})
 	return monitor
 }

@@ -158,7 +158,16 @@ type fakeRemoval struct {
 	err     error
 	// ctxErr is the context's error when Removed was asked.
 	ctxErr error
+	// synced is closed by sync; newLifecycle syncs it unless a test wants
+	// to.
+	synced   chan struct{}
+	syncOnce sync.Once
 }
+
+// Synced implements agent.RemovalWatch.
+func (r *fakeRemoval) Synced() <-chan struct{} { return r.synced }
+
+func (r *fakeRemoval) sync() { r.syncOnce.Do(func() { close(r.synced) }) }
 
 // Run implements agent.RemovalWatch.
 func (r *fakeRemoval) Run(ctx context.Context) error {
@@ -197,8 +206,10 @@ func newLifecycle(t *testing.T) *lifecycle {
 	t.Helper()
 	rec := &record{}
 	dir := t.TempDir()
+	removal := &fakeRemoval{rec: rec, synced: make(chan struct{})}
+	removal.sync()
 	return &lifecycle{
-		rec: rec, agent: newFakeAgent(rec), plugin: &fakePlugin{rec: rec}, removal: &fakeRemoval{rec: rec},
+		rec: rec, agent: newFakeAgent(rec), plugin: &fakePlugin{rec: rec}, removal: removal,
 		cfg: agent.LifecycleConfig{
 			PluginSocket: filepath.Join(dir, "cni.sock"),
 			ZDSSocket:    filepath.Join(dir, "ztunnel", "ztunnel.sock"),
@@ -287,6 +298,32 @@ func TestLifecycleStarts(t *testing.T) {
 	}
 	if got := readyz(l.cfg.MonitorAddr); got != http.StatusOK {
 		t.Errorf("/readyz after sync = %d, want 200", got)
+	}
+	signal()
+	if err := wait(); err != nil {
+		t.Errorf("RunLifecycle() = %v, want nil", err)
+	}
+}
+
+// TestNotReadyUntilUninstallCanBeTold: an agent whose pods are synced is
+// still not ready until it watches its DaemonSet: an uninstaller that
+// revokes the agent's access first would otherwise leave the plugin in
+// every node's chain.
+func TestNotReadyUntilUninstallCanBeTold(t *testing.T) {
+	t.Parallel()
+	l := newLifecycle(t)
+	l.removal.synced = make(chan struct{})
+	l.removal.syncOnce = sync.Once{}
+	signal, wait := l.start(t)
+	eventually.True(t, "the agent synced and the monitoring port answers", func() bool {
+		return l.rec.has("zds serves") && readyz(l.cfg.MonitorAddr) != 0
+	})
+	if got := readyz(l.cfg.MonitorAddr); got != http.StatusServiceUnavailable {
+		t.Errorf("/readyz before the DaemonSet is watched = %d, want 503", got)
+	}
+	l.removal.sync()
+	if got := readyz(l.cfg.MonitorAddr); got != http.StatusOK {
+		t.Errorf("/readyz once the DaemonSet is watched = %d, want 200", got)
 	}
 	signal()
 	if err := wait(); err != nil {

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -35,18 +36,31 @@ type Watcher struct {
 
 	owner   atomic.Pointer[metav1.OwnerReference]
 	removed atomic.Bool
+	// synced is closed once the watch can tell an uninstall (or knows it
+	// never will have to).
+	synced     chan struct{}
+	syncedOnce sync.Once
 }
 
 // New returns a Watcher for the pod namespace/pod.
 func New(kube kubernetes.Interface, namespace, pod string, log *slog.Logger) *Watcher {
-	return &Watcher{kube: kube, namespace: namespace, pod: pod, log: log}
+	return &Watcher{kube: kube, namespace: namespace, pod: pod, log: log, synced: make(chan struct{})}
 }
+
+// Synced is closed once the owning DaemonSet is known and watched (or the
+// agent is not run by one). Until then an uninstall that revokes the
+// agent's access first could not be told from an upgrade, so the agent is
+// not ready before.
+func (w *Watcher) Synced() <-chan struct{} { return w.synced }
+
+func (w *Watcher) markSynced() { w.syncedOnce.Do(func() { close(w.synced) }) }
 
 // Run finds the owning DaemonSet and watches it until ctx ends. A pod not
 // owned by a DaemonSet (run by hand) is never removed.
 func (w *Watcher) Run(ctx context.Context) error {
 	if w.namespace == "" || w.pod == "" {
 		w.log.Info("no pod name and namespace (not run as a pod): stopping never uninstalls")
+		w.markSynced()
 		return nil
 	}
 	var owner *metav1.OwnerReference
@@ -55,6 +69,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 		if err == nil {
 			if owner = metav1.GetControllerOf(pod); owner == nil || owner.Kind != "DaemonSet" {
 				w.log.Info("not run by a DaemonSet: stopping never uninstalls")
+				w.markSynced()
 				<-ctx.Done()
 				return nil
 			}
@@ -83,6 +98,11 @@ func (w *Watcher) Run(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("removal: watch DaemonSet %s: %w", owner.Name, err)
 	}
+	go func() {
+		if cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+			w.markSynced()
+		}
+	}()
 	inf.Run(ctx.Done())
 	return nil
 }

@@ -85,6 +85,8 @@ func TestNotAPod(t *testing.T) {
 			if tt.wantRead {
 				eventually(t, "own pod read", func() bool { return len(kube.Actions()) > 0 })
 			}
+			// Nothing to watch: the agent may be ready.
+			eventually(t, "synced", func() bool { return closed(w.Synced()) })
 			if removed, err := w.Removed(t.Context()); removed || err == nil {
 				t.Errorf("Removed() = %v, %v; want false with an error (stay installed)", removed, err)
 			}
@@ -94,6 +96,16 @@ func TestNotAPod(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// closed reports whether ch is closed.
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -266,9 +278,12 @@ func TestWatch(t *testing.T) {
 			w := removal.New(a.kube, a.ns, podName, slog.New(slog.DiscardHandler))
 			run(t, w)
 			select {
-			case <-a.listed:
+			case <-w.Synced():
 			case <-time.After(30 * time.Second):
-				t.Fatal("the agent never listed its DaemonSet")
+				t.Fatal("the watch never synced")
+			}
+			if !closed(a.listed) {
+				t.Fatal("synced before the agent listed its DaemonSet")
 			}
 			if removed, err := w.Removed(t.Context()); removed || err != nil {
 				t.Fatalf("Removed() before any change = %v, %v; want false", removed, err)
