@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"testing"
+	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
@@ -20,6 +22,8 @@ import (
 
 	"github.com/canopy-mesh/canopy/workloadapi"
 	"github.com/canopy-mesh/canopy/workloadapi/security"
+
+	"github.com/canopy-mesh/canopy/internal/testing/eventually"
 )
 
 // The Field of a difference that is a whole resource sent by one side only.
@@ -284,4 +288,56 @@ func suggest(diffs []resourceDiff) string {
 		}
 	}
 	return b.String()
+}
+
+// view is what the test reads of a subscriber: whether its tables have
+// stayed unchanged for a while, and a type's table.
+type view interface {
+	quietFor(d time.Duration) (bool, error)
+	table(typ string) map[string]*anypb.Any
+}
+
+// waitQuiet waits until every view has been unchanged for quiet.
+func waitQuiet(t *testing.T, what string, views ...view) {
+	t.Helper()
+	eventually.Within(t, settle, fmt.Sprintf("%s unchanged for %s", what, quiet), func() bool {
+		for _, v := range views {
+			ok, err := v.quietFor(quiet)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !ok {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// compareViews diffs istiod's and Canopy's tables of each type, logs each
+// type's score (prefixed by label), and fails on every difference
+// allowPath's list does not have and on every entry of it that no longer
+// differs.
+func compareViews(t *testing.T, label string, types []string, istiod, canopy view, allowList []allowed, allowPath string) {
+	t.Helper()
+	var all []resourceDiff
+	for _, typ := range types {
+		sc, diffs, err := compareTables(typ, istiod.table(typ), canopy.table(typ))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s%s: %d of %d resources identical", label, sc.typ, sc.identical, sc.total)
+		all = append(all, diffs...)
+	}
+	unexpected, stale := judge(all, allowList)
+	for _, d := range unexpected {
+		t.Errorf("%s %s differs in %s, which %s does not list (-istiod +canopy):\n%s",
+			d.typ, d.name, strings.Join(d.fields, ", "), allowPath, d.text)
+	}
+	if len(unexpected) > 0 {
+		t.Logf("allow-list entries for these, to review and give reasons:\n%s", suggest(unexpected))
+	}
+	for _, a := range stale {
+		t.Errorf("%s lists %s %s %s, which no longer differs: remove the entry", allowPath, a.Type, a.Resource, a.Field)
+	}
 }

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -106,39 +105,8 @@ func TestCanopyMatchesIstiod(t *testing.T) {
 	if err := waitAdopted(ctx, env.Client, "apps", "edge"); err != nil {
 		t.Fatalf("ReplicaSets adopt their pods: %v", err)
 	}
-	eventually.Within(t, settle, fmt.Sprintf("both tables unchanged for %s", quiet), func() bool {
-		for _, s := range []*subscriber{fromIstiod, fromCanopy} {
-			ok, err := s.quietFor(quiet)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !ok {
-				return false
-			}
-		}
-		return true
-	})
-
-	var all []resourceDiff
-	for _, typ := range types {
-		sc, diffs, err := compareTables(typ, fromIstiod.table(typ), fromCanopy.table(typ))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("%s: %d of %d resources identical", sc.typ, sc.identical, sc.total)
-		all = append(all, diffs...)
-	}
-	unexpected, stale := judge(all, allowList)
-	for _, d := range unexpected {
-		t.Errorf("%s %s differs in %s, which testdata/allowlist.yaml does not list (-istiod +canopy):\n%s",
-			d.typ, d.name, strings.Join(d.fields, ", "), d.text)
-	}
-	if len(unexpected) > 0 {
-		t.Logf("allow-list entries for these, to review and give reasons:\n%s", suggest(unexpected))
-	}
-	for _, a := range stale {
-		t.Errorf("testdata/allowlist.yaml lists %s %s %s, which no longer differs: remove the entry", a.Type, a.Resource, a.Field)
-	}
+	waitQuiet(t, "both tables", fromIstiod, fromCanopy)
+	compareViews(t, "", types, fromIstiod, fromCanopy, allowList, "testdata/allowlist.yaml")
 	t.Run("proxyless", func(t *testing.T) { compareProxyless(t, ref.XDSAddr, canopyAddr) })
 	t.Logf("compared in %s", time.Since(start).Round(100*time.Millisecond))
 }

@@ -1,16 +1,13 @@
 package parity
 
 import (
-	"fmt"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
-	"github.com/canopy-mesh/canopy/internal/testing/eventually"
 	"github.com/canopy-mesh/canopy/internal/testing/testenv"
 )
 
@@ -81,37 +78,6 @@ func compareProxyless(t *testing.T, istiodAddr, canopyAddr string) {
 		t.Fatal(err)
 	}
 
-	eventually.Within(t, settle, fmt.Sprintf("both proxyless views unchanged for %s", quiet), func() bool {
-		for _, s := range []*sotwSubscriber{fromIstiod, fromCanopy} {
-			ok, err := s.quietFor(quiet)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !ok {
-				return false
-			}
-		}
-		return true
-	})
-
-	var all []resourceDiff
-	for _, typ := range envoyTypes {
-		sc, diffs, err := compareTables(typ, fromIstiod.table(typ), fromCanopy.table(typ))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("proxyless %s: %d of %d resources identical", sc.typ, sc.identical, sc.total)
-		all = append(all, diffs...)
-	}
-	unexpected, stale := judge(all, allowList)
-	for _, d := range unexpected {
-		t.Errorf("%s %s differs in %s, which %s does not list (-istiod +canopy):\n%s",
-			d.typ, d.name, strings.Join(d.fields, ", "), allowPath, d.text)
-	}
-	if len(unexpected) > 0 {
-		t.Logf("allow-list entries for these, to review and give reasons:\n%s", suggest(unexpected))
-	}
-	for _, a := range stale {
-		t.Errorf("%s lists %s %s %s, which no longer differs: remove the entry", allowPath, a.Type, a.Resource, a.Field)
-	}
+	waitQuiet(t, "both proxyless views", fromIstiod, fromCanopy)
+	compareViews(t, "proxyless ", envoyTypes, fromIstiod, fromCanopy, allowList, allowPath)
 }

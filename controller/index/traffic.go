@@ -21,39 +21,37 @@ type traffic struct {
 
 // UpsertVirtualService stores a VirtualService.
 func (x *Index) UpsertVirtualService(vs *networkingv1.VirtualService) ChangeSet {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if x.traffic.virtualServices == nil {
-		x.traffic.virtualServices = map[key]*networkingv1.VirtualService{}
-	}
-	x.traffic.virtualServices[key{vs.Namespace, vs.Name}] = vs
-	return ChangeSet{Traffic: true}
+	return setTraffic(x, &x.traffic.virtualServices, key{vs.Namespace, vs.Name}, vs)
 }
 
 // DeleteVirtualService forgets a VirtualService.
 func (x *Index) DeleteVirtualService(namespace, name string) ChangeSet {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	delete(x.traffic.virtualServices, key{namespace, name})
-	return ChangeSet{Traffic: true}
+	return setTraffic(x, &x.traffic.virtualServices, key{namespace, name}, nil)
 }
 
 // UpsertDestinationRule stores a DestinationRule.
 func (x *Index) UpsertDestinationRule(dr *networkingv1.DestinationRule) ChangeSet {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if x.traffic.destinationRules == nil {
-		x.traffic.destinationRules = map[key]*networkingv1.DestinationRule{}
-	}
-	x.traffic.destinationRules[key{dr.Namespace, dr.Name}] = dr
-	return ChangeSet{Traffic: true}
+	return setTraffic(x, &x.traffic.destinationRules, key{dr.Namespace, dr.Name}, dr)
 }
 
 // DeleteDestinationRule forgets a DestinationRule.
 func (x *Index) DeleteDestinationRule(namespace, name string) ChangeSet {
+	return setTraffic(x, &x.traffic.destinationRules, key{namespace, name}, nil)
+}
+
+// setTraffic stores obj under k in *objs (nil forgets it), under x's lock. Only sidecar
+// xDS reads these, so the change is Traffic alone.
+func setTraffic[T any](x *Index, objs *map[key]*T, k key, obj *T) ChangeSet {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	delete(x.traffic.destinationRules, key{namespace, name})
+	if obj == nil {
+		delete(*objs, k)
+		return ChangeSet{Traffic: true}
+	}
+	if *objs == nil {
+		*objs = map[key]*T{}
+	}
+	(*objs)[k] = obj
 	return ChangeSet{Traffic: true}
 }
 
