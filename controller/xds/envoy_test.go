@@ -11,7 +11,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -183,5 +185,38 @@ func TestProxylessAckRules(t *testing.T) {
 	l4 := p.recv()
 	if l4.GetTypeUrl() != sidecar.ListenerType || len(l4.GetResources()) != 2 {
 		t.Fatalf("after a port was added: %s with %d resources, want both listeners", l4.GetTypeUrl(), len(l4.GetResources()))
+	}
+}
+
+// TestProxylessLimits: a proxyless client asking for more names than a
+// connection may hold is refused with ResourceExhausted; an Envoy sidecar
+// (no GENERATOR "grpc") asking for an Envoy type is told it is not served.
+func TestProxylessLimits(t *testing.T) {
+	m := startMesh(t, xds.Config{MaxSubscriptions: 10})
+	for _, tt := range []struct {
+		name      string
+		generator string
+		names     int
+		want      codes.Code
+	}{
+		{"too many names", "grpc", 11, codes.ResourceExhausted},
+		{"an Envoy sidecar", "", 1, codes.Unimplemented},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := m.proxyless(t, "client")
+			md, _ := structpb.NewStruct(map[string]any{"GENERATOR": tt.generator, "NAMESPACE": m.ns, "SERVICE_ACCOUNT": "default"})
+			node := &corev3.Node{Id: fmt.Sprintf("sidecar~10.9.9.9~client.%s~%s.svc.cluster.local", m.ns, m.ns), Metadata: md}
+			var names []string
+			for i := range tt.names {
+				names = append(names, fmt.Sprintf("svc-%d:80", i))
+			}
+			p.send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: sidecar.ListenerType, ResourceNames: names})
+			if r, ok := <-p.in; ok {
+				t.Fatalf("answered: %v", r)
+			}
+			if _, err := p.st.Recv(); status.Code(err) != tt.want {
+				t.Errorf("stream ended with %v, want %v", err, tt.want)
+			}
+		})
 	}
 }
