@@ -425,22 +425,15 @@ func (s *Server) envoyChanged() {
 func (c *envoyConn) status() ProxyStatus {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	ps := ProxyStatus{
-		ProxyID: c.proxy.ProxyID, NodeID: c.proxy.ID, Connection: c.id, ProxyType: c.proxy.Type,
-		Cluster: c.proxy.ClusterID, Namespace: c.proxy.Namespace, Node: c.proxy.NodeName,
-		Version: c.proxy.IstioVersion, Peer: c.peer, ConnectedAt: c.connectedAt,
-	}
+	ps := newProxyStatus(c.proxy, c.id, c.peer, c.connectedAt)
 	for _, typ := range envoyTypes {
 		w, st := c.watches[typ], c.states[typ]
 		if w == nil || st == nil {
 			continue
 		}
-		ps.Types = append(ps.Types, TypeStatus{
-			Type: shortType(typ), TypeURL: typ, Status: st.status(),
-			Subscribed: len(w.names), Resources: len(w.sent),
-			NonceSent: st.nonceSent, NonceAcked: st.nonceAcked, LastSent: st.sentAt, LastAcked: st.ackedAt,
-			NACK: st.nack, NACKAt: st.nackAt,
-		})
+		ts := st.typeStatus(typ)
+		ts.Subscribed, ts.Resources = len(w.names), len(w.sent)
+		ps.Types = append(ps.Types, ts)
 	}
 	return ps
 }

@@ -80,24 +80,35 @@ func (s *Server) Status() []ProxyStatus {
 func (c *conn) status() ProxyStatus {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	ps := ProxyStatus{
-		ProxyID: c.proxy.ProxyID, NodeID: c.proxy.ID, Connection: c.id, ProxyType: c.proxy.Type,
-		Cluster: c.proxy.ClusterID, Namespace: c.proxy.Namespace, Node: c.proxy.NodeName,
-		Version: c.proxy.IstioVersion, Peer: c.peer, ConnectedAt: c.connectedAt,
-	}
+	ps := newProxyStatus(c.proxy, c.id, c.peer, c.connectedAt)
 	for _, typ := range types {
 		w, st := c.watches[typ], c.states[typ]
 		if w == nil {
 			continue
 		}
-		ps.Types = append(ps.Types, TypeStatus{
-			Type: shortType(typ), TypeURL: typ, Status: st.status(),
-			Wildcard: w.wildcard, Subscribed: len(w.subscribed), Resources: len(w.sent),
-			NonceSent: st.nonceSent, NonceAcked: st.nonceAcked, LastSent: st.sentAt, LastAcked: st.ackedAt,
-			NACK: st.nack, NACKAt: st.nackAt,
-		})
+		ts := st.typeStatus(typ)
+		ts.Wildcard, ts.Subscribed, ts.Resources = w.wildcard, len(w.subscribed), len(w.sent)
+		ps.Types = append(ps.Types, ts)
 	}
 	return ps
+}
+
+// newProxyStatus is a connection's status without its types.
+func newProxyStatus(p Proxy, conn, peer string, connectedAt time.Time) ProxyStatus {
+	return ProxyStatus{
+		ProxyID: p.ProxyID, NodeID: p.ID, Connection: conn, ProxyType: p.Type,
+		Cluster: p.ClusterID, Namespace: p.Namespace, Node: p.NodeName,
+		Version: p.IstioVersion, Peer: peer, ConnectedAt: connectedAt,
+	}
+}
+
+// typeStatus is one type's sync state, without what the watch holds.
+func (st *typeState) typeStatus(typ string) TypeStatus {
+	return TypeStatus{
+		Type: shortType(typ), TypeURL: typ, Status: st.status(),
+		NonceSent: st.nonceSent, NonceAcked: st.nonceAcked, LastSent: st.sentAt, LastAcked: st.ackedAt,
+		NACK: st.nack, NACKAt: st.nackAt,
+	}
 }
 
 // status is the wire contract §8.3 state: a rejection of the last response is
