@@ -282,7 +282,7 @@ func (s *Server) sendLoop(ctx context.Context, c *conn, stream grpc.BidiStreamin
 			if resp == nil {
 				break
 			}
-			if err := s.send(ctx, c, stream, resp); err != nil {
+			if err := sendWithin(ctx, s, c.id, c.cancel, stream.Send, resp); err != nil {
 				return err
 			}
 			if short := shortType(resp.TypeUrl); !strings.HasPrefix(resp.TypeUrl, debugPrefix) {
@@ -341,17 +341,18 @@ func (s *Server) nextResponse(c *conn) (*discoveryv3.DeltaDiscoveryResponse, tim
 	return nil, time.Time{}
 }
 
-// send sends one response. A proxy that does not take it within the send
-// timeout is disconnected: the stream's end unblocks Send, and the proxy
-// never holds more than one response's memory here.
-func (s *Server) send(ctx context.Context, c *conn, stream grpc.BidiStreamingServer[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse], resp *discoveryv3.DeltaDiscoveryResponse) error {
+// sendWithin sends one response with send. A proxy that does not take it
+// within the send timeout is disconnected (cancel): the stream's end
+// unblocks Send, and the proxy never holds more than one response's
+// memory here.
+func sendWithin[R any](ctx context.Context, s *Server, connID string, cancel context.CancelCauseFunc, send func(R) error, resp R) error {
 	timer := time.AfterFunc(s.cfg.SendTimeout, func() {
 		s.metrics.cutOff.Inc()
-		s.log.Warn("proxy too slow to read; disconnecting", "proxy", c.proxy.ProxyID, "conn", c.id, "timeout", s.cfg.SendTimeout)
-		c.cancel(s.streamError("slow", codes.ResourceExhausted, "proxy did not read a response within %s", s.cfg.SendTimeout))
+		s.log.Warn("proxy too slow to read; disconnecting", "conn", connID, "timeout", s.cfg.SendTimeout)
+		cancel(s.streamError("slow", codes.ResourceExhausted, "proxy did not read a response within %s", s.cfg.SendTimeout))
 	})
 	defer timer.Stop()
-	if err := stream.Send(resp); err != nil {
+	if err := send(resp); err != nil {
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}

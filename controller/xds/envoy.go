@@ -3,7 +3,6 @@ package xds
 import (
 	"context"
 	"errors"
-	"fmt"
 	"maps"
 	"runtime/debug"
 	"slices"
@@ -354,13 +353,8 @@ func (s *Server) envoyRespond(c *envoyConn, typ string, w *envoyWatch, always bo
 
 // envoySend sends one response within the send timeout.
 func (s *Server) envoySend(ctx context.Context, c *envoyConn, stream grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse], resp *discoveryv3.DiscoveryResponse, cancel context.CancelCauseFunc) error {
-	timer := sendDeadline(s, c.proxy.ProxyID, cancel)
-	defer timer.Stop()
-	if err := stream.Send(resp); err != nil {
-		if ctx.Err() != nil {
-			return context.Cause(ctx)
-		}
-		return fmt.Errorf("send: %w", err)
+	if err := sendWithin(ctx, s, c.id, cancel, stream.Send, resp); err != nil {
+		return err
 	}
 	short := shortType(resp.GetTypeUrl())
 	s.metrics.pushes.WithLabelValues(short).Inc()
@@ -387,16 +381,6 @@ func (s *Server) generate(mesh *sidecar.Mesh, p Proxy, typ, name string) (out []
 		out = append(out, r)
 	}
 	return out, nil
-}
-
-// sendDeadline cuts a proxy off when a send does not complete within the
-// send timeout: the stream's end unblocks Send.
-func sendDeadline(s *Server, proxyID string, cancel context.CancelCauseFunc) *time.Timer {
-	return time.AfterFunc(s.cfg.SendTimeout, func() {
-		s.metrics.cutOff.Inc()
-		s.log.Warn("proxy too slow to read; disconnecting", "proxy", proxyID, "timeout", s.cfg.SendTimeout)
-		cancel(s.streamError("slow", codes.ResourceExhausted, "proxy did not read a response within %s", s.cfg.SendTimeout))
-	})
 }
 
 // sidecarProxy is the generators' view of a proxy.
