@@ -36,6 +36,8 @@ type Watcher struct {
 
 	owner   atomic.Pointer[metav1.OwnerReference]
 	removed atomic.Bool
+	// gone is closed when removed is first set.
+	gone chan struct{}
 	// synced is closed once the watch can tell an uninstall (or knows it
 	// never will have to).
 	synced     chan struct{}
@@ -44,7 +46,7 @@ type Watcher struct {
 
 // New returns a Watcher for the pod namespace/pod.
 func New(kube kubernetes.Interface, namespace, pod string, log *slog.Logger) *Watcher {
-	return &Watcher{kube: kube, namespace: namespace, pod: pod, log: log, synced: make(chan struct{})}
+	return &Watcher{kube: kube, namespace: namespace, pod: pod, log: log, synced: make(chan struct{}), gone: make(chan struct{})}
 }
 
 // Synced is closed once the owning DaemonSet is known and watched (or the
@@ -110,11 +112,17 @@ func (w *Watcher) Run(ctx context.Context) error {
 func (w *Watcher) mark(why string) {
 	if !w.removed.Swap(true) {
 		w.log.Info("uninstall under way: stopping will take the node out of the mesh", "why", why)
+		close(w.gone)
 	}
 }
 
 // Removed reports whether the DaemonSet is being deleted: as watched, or,
-// when the watch has not seen it (yet), as the API server says now.
+// when the watch has not seen it (yet), as the API server says now. When
+// the API server cannot say, the watch is given until ctx ends: an
+// uninstaller that revoked the agent's access first cannot be asked, and
+// on a busy node the kubelet's SIGTERM (the DaemonSet's deletion, then
+// the garbage collector's, then the kubelet's watch) can outrun the
+// agent's own watch event.
 func (w *Watcher) Removed(ctx context.Context) (bool, error) {
 	if w.removed.Load() {
 		return true, nil
@@ -128,7 +136,12 @@ func (w *Watcher) Removed(ctx context.Context) (bool, error) {
 	case apierrors.IsNotFound(err):
 		return true, nil
 	case err != nil:
-		return false, fmt.Errorf("get DaemonSet %s: %w", owner.Name, err)
+		select {
+		case <-w.gone:
+			return true, nil
+		case <-ctx.Done():
+			return false, fmt.Errorf("get DaemonSet %s: %w", owner.Name, err)
+		}
 	}
 	return ds.DeletionTimestamp != nil || ds.UID != owner.UID, nil
 }

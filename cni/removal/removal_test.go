@@ -293,13 +293,18 @@ func TestWatch(t *testing.T) {
 			if !tt.want {
 				// The updates were delivered before the RBAC change took
 				// effect; an upgrade must not have been taken for removal.
-				if removed, err := w.Removed(t.Context()); removed || err == nil {
+				// Unanswered, Removed gives the watch until its context ends.
+				ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+				defer cancel()
+				if removed, err := w.Removed(ctx); removed || err == nil {
 					t.Errorf("Removed() after an upgrade = %v, %v; want false with an error (nothing can be asked)", removed, err)
 				}
 				return
 			}
 			eventually(t, "the watch sees the removal", func() bool {
-				removed, _ := w.Removed(t.Context())
+				ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+				defer cancel()
+				removed, _ := w.Removed(ctx)
 				return removed
 			})
 		})

@@ -1,9 +1,11 @@
 package removal
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -37,8 +39,9 @@ func TestRemovedDecision(t *testing.T) {
 		objects []runtime.Object
 		// getErr, if set, is what a get of the DaemonSet returns.
 		getErr error
-		// marked: the watch already saw the removal.
-		marked  bool
+		// marked: the watch already saw the removal; markedLate: it sees
+		// it while Removed waits.
+		marked, markedLate bool
 		noOwner bool
 		want    bool
 		wantErr bool
@@ -51,6 +54,8 @@ func TestRemovedDecision(t *testing.T) {
 		{name: "service account already deleted", getErr: apierrors.NewUnauthorized("invalid token"), wantErr: true},
 		{name: "API server unreachable", getErr: errors.New("dial tcp: connection refused"), wantErr: true},
 		// The watch's answer stands even when nothing can be asked any more.
+		{name: "RBAC deleted, the watch a moment late", markedLate: true, getErr: apierrors.NewForbidden(dsResource, name, errors.New("no role")), want: true},
+		{name: "service account deleted, the watch a moment late", markedLate: true, getErr: apierrors.NewUnauthorized("invalid token"), want: true},
 		{name: "seen by the watch, RBAC deleted since", marked: true, getErr: apierrors.NewForbidden(dsResource, name, errors.New("no role")), want: true},
 		{name: "seen by the watch, recreated since", marked: true, objects: []runtime.Object{ds("uid-1", false)}, want: true},
 		// Not run by a DaemonSet, or its pod never read: never uninstall.
@@ -71,7 +76,14 @@ func TestRemovedDecision(t *testing.T) {
 			if tt.marked {
 				w.mark("test")
 			}
-			got, err := w.Removed(t.Context())
+			if tt.markedLate {
+				time.AfterFunc(100*time.Millisecond, func() { w.mark("test") })
+			}
+			// Unanswered, Removed waits for the watch until its context
+			// ends: as long as a stopping agent would.
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+			defer cancel()
+			got, err := w.Removed(ctx)
 			if (err != nil) != tt.wantErr || got != tt.want {
 				t.Errorf("Removed() = %v, %v; want %v, error %v", got, err, tt.want, tt.wantErr)
 			}

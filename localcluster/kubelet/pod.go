@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -394,8 +395,58 @@ func (r *podRuntime) teardown() {
 			r.log.Warn("remove pod network namespace failed", "err", err)
 		}
 	}
+	r.keepLogs()
 	if err := os.RemoveAll(r.dir); err != nil {
 		r.log.Warn("remove pod directory failed", "err", err)
+	}
+}
+
+// keptLogs is how many deleted pods' logs a node keeps: enough to explain
+// what a DaemonSet's pods did during an uninstall, bounded for a cluster
+// that runs for days.
+const keptLogs = 64
+
+// keepLogs moves the pod's container logs to <StateDir>/terminated, as a
+// kubelet keeps a deleted pod's logs for a while: a pod's last words
+// (say, a CNI agent deciding at SIGTERM whether it is being uninstalled)
+// are what explains a failure, and they would go with the pod's directory.
+// The oldest kept logs beyond keptLogs are removed.
+func (r *podRuntime) keepLogs() {
+	src := filepath.Join(r.dir, "logs")
+	if entries, err := os.ReadDir(src); err != nil || len(entries) == 0 {
+		return
+	}
+	dir := filepath.Join(r.p.cfg.StateDir, "terminated")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		r.log.Warn("keep the pod's logs failed", "err", err)
+		return
+	}
+	name := fmt.Sprintf("%s_%s_%s", r.pod.Namespace, r.pod.Name, r.pod.UID)
+	dst := filepath.Join(dir, name)
+	if err := os.Rename(src, dst); err != nil {
+		r.log.Warn("keep the pod's logs failed", "err", err)
+		return
+	}
+	// The time the pod ended orders the kept logs.
+	now := time.Now()
+	_ = os.Chtimes(dst, now, now)
+	kept, err := os.ReadDir(dir)
+	if err != nil || len(kept) <= keptLogs {
+		return
+	}
+	type aged struct {
+		path string
+		mod  time.Time
+	}
+	var all []aged
+	for _, e := range kept {
+		if info, err := e.Info(); err == nil {
+			all = append(all, aged{filepath.Join(dir, e.Name()), info.ModTime()})
+		}
+	}
+	slices.SortFunc(all, func(a, b aged) int { return a.mod.Compare(b.mod) })
+	for _, a := range all[:max(0, len(all)-keptLogs)] {
+		_ = os.RemoveAll(a.path)
 	}
 }
 
