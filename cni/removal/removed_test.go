@@ -42,9 +42,9 @@ func TestRemovedDecision(t *testing.T) {
 		// marked: the watch already saw the removal; markedLate: it sees
 		// it while Removed waits.
 		marked, markedLate bool
-		noOwner bool
-		want    bool
-		wantErr bool
+		noOwner            bool
+		want               bool
+		wantErr            bool
 	}{
 		{name: "unchanged (an upgrade replaces only the pod)", objects: []runtime.Object{ds("uid-1", false)}, want: false},
 		{name: "being deleted", objects: []runtime.Object{ds("uid-1", true)}, want: true},
