@@ -1,0 +1,18 @@
+package sidecar
+
+// GenerateSidecar answers typeURL for an Envoy sidecar (Istio's proxyv2
+// image). Clusters and listeners are wildcard types for a sidecar: names
+// are ignored and every cluster (listener) the proxy may see is returned.
+// Endpoints and routes answer the names asked for.
+func (m *Mesh) GenerateSidecar(p Proxy, typeURL string, names []string) []Named {
+	switch typeURL {
+	case EndpointType:
+		return m.Endpoints(p, names)
+	}
+	return nil
+}
+
+// IsWildcard reports whether a sidecar subscribes to typeURL as a whole
+// (clusters and listeners) rather than by name (wire contract: sidecar
+// §1.1).
+func IsWildcard(typeURL string) bool { return typeURL == ClusterType || typeURL == ListenerType }
