@@ -6,8 +6,14 @@ package sidecar
 // Endpoints and routes answer the names asked for.
 func (m *Mesh) GenerateSidecar(p Proxy, typeURL string, names []string) []Named {
 	switch typeURL {
+	case ClusterType:
+		return m.SidecarClusters(p)
 	case EndpointType:
 		return m.Endpoints(p, names)
+	case ListenerType:
+		return m.SidecarListeners(p)
+	case RouteType:
+		return m.SidecarRoutes(p, names)
 	}
 	return nil
 }

@@ -1,0 +1,113 @@
+package sidecar
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/netip"
+	"slices"
+	"testing"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	goldenfile "github.com/canopy-mesh/canopy/internal/testing/golden"
+)
+
+// sidecarProxy is reviews-v1's sidecar in testMesh.
+var sidecarProxy = Proxy{Namespace: "default", Labels: map[string]string{"app": "reviews", "version": "v1", tlsModeLabel: "istio"}, IPs: []netip.Addr{netip.MustParseAddr("10.244.1.1")}}
+
+// TestSidecarResourcesGolden: everything a sidecar gets from testMesh,
+// each resource valid.
+func TestSidecarResourcesGolden(t *testing.T) {
+	m := testMesh()
+	got := map[string][]Named{
+		"clusters":  m.GenerateSidecar(sidecarProxy, ClusterType, nil),
+		"listeners": m.GenerateSidecar(sidecarProxy, ListenerType, []string{"ignored"}),
+		"routes":    m.GenerateSidecar(sidecarProxy, RouteType, []string{"9080", "9090", "80", "reviews.default.svc.cluster.local:9080", "garbage"}),
+	}
+	var buf bytes.Buffer
+	for _, kind := range []string{"clusters", "listeners", "routes"} {
+		buf.WriteString("# " + kind + "\n")
+		for _, n := range got[kind] {
+			if err := n.Resource.(validator).ValidateAll(); err != nil {
+				t.Errorf("%s %q: invalid: %v", kind, n.Name, err)
+			}
+			raw, err := protojson.Marshal(n.Resource)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var v any
+			if err := json.Unmarshal(raw, &v); err != nil {
+				t.Fatal(err)
+			}
+			out, _ := json.MarshalIndent(map[string]any{"name": n.Name, "resource": v}, "", "  ")
+			buf.Write(out)
+			buf.WriteString("\n")
+		}
+	}
+	goldenfile.Check(t, "sidecar.golden", buf.Bytes())
+}
+
+func namedNames(ns []Named) []string {
+	var out []string
+	for _, n := range ns {
+		out = append(out, n.Name)
+	}
+	return out
+}
+
+// TestSidecarNames: the resources a sidecar gets are named as Istio's
+// sidecars expect them.
+func TestSidecarNames(t *testing.T) {
+	m := testMesh()
+	clusters := namedNames(m.SidecarClusters(sidecarProxy))
+	for _, want := range []string{
+		BlackHoleCluster, PassthroughCluster, InboundPassthroughCluster,
+		"outbound|9080||reviews.default.svc.cluster.local", "outbound|9080|v1|reviews.default.svc.cluster.local",
+		"outbound|27017||mongo.default.svc.cluster.local", "inbound|10080||",
+	} {
+		if !slices.Contains(clusters, want) {
+			t.Errorf("no cluster %q in %v", want, clusters)
+		}
+	}
+	listeners := namedNames(m.SidecarListeners(sidecarProxy))
+	for _, want := range []string{VirtualOutbound, VirtualInbound, "0.0.0.0_9080", "10.96.0.12_27017"} {
+		if !slices.Contains(listeners, want) {
+			t.Errorf("no listener %q in %v", want, listeners)
+		}
+	}
+}
+
+// TestSidecarMutualTLS: a cluster takes Istio mutual TLS towards endpoints
+// labelled for it, unless a rule decides; the inbound port of a STRICT
+// workload takes only mutual TLS.
+func TestSidecarMutualTLS(t *testing.T) {
+	m := testMesh()
+	byName := map[string]*clusterv3.Cluster{}
+	for _, n := range m.SidecarClusters(sidecarProxy) {
+		byName[n.Name] = n.Resource.(*clusterv3.Cluster)
+	}
+	var matches []string
+	for _, tsm := range byName["outbound|9080||ratings.default.svc.cluster.local"].GetTransportSocketMatches() {
+		matches = append(matches, tsm.GetName())
+	}
+	if diff := cmp.Diff([]string{"tlsMode-istio", "tlsMode-disabled"}, matches); diff != "" {
+		t.Errorf("auto mutual TLS matches (-want +got):\n%s", diff)
+	}
+	if c := byName["outbound|80||ext.example.com"]; c == nil {
+		t.Error("no cluster for the ServiceEntry host")
+	}
+	var inbound *listenerv3.Listener
+	for _, n := range m.SidecarListeners(sidecarProxy) {
+		if n.Name == VirtualInbound {
+			inbound = n.Resource.(*listenerv3.Listener)
+		}
+	}
+	for _, fc := range inbound.GetFilterChains() {
+		if fc.GetFilterChainMatch().GetDestinationPort().GetValue() == 10080 && fc.GetTransportSocket() == nil && m.MTLSMode("default", sidecarProxy.Labels, 10080).String() == "STRICT" {
+			t.Errorf("chain %s of a STRICT port takes plaintext", fc.GetName())
+		}
+	}
+}
