@@ -209,7 +209,9 @@ func (m *Mesh) outboundCluster(name string, svc *Service, port uint32, subsetNam
 		}
 		c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: typ}
 		c.DnsLookupFamily = clusterv3.Cluster_V4_ONLY
+		//lint:ignore SA1019 the fields Istio's sidecars are configured by
 		c.RespectDnsTtl = true
+		//lint:ignore SA1019 as above
 		c.DnsRefreshRate = durationpb.New(60e9)
 		c.LoadAssignment = dnsAssignment(name, svc, port)
 		applyLoadBalancer(c, policy)
