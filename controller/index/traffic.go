@@ -20,6 +20,7 @@ import (
 type traffic struct {
 	virtualServices  map[key]*networkingv1.VirtualService
 	destinationRules map[key]*networkingv1.DestinationRule
+	sidecars         map[key]*networkingv1.Sidecar
 }
 
 // UpsertVirtualService stores a VirtualService.
@@ -40,6 +41,16 @@ func (x *Index) UpsertDestinationRule(dr *networkingv1.DestinationRule) ChangeSe
 // DeleteDestinationRule forgets a DestinationRule.
 func (x *Index) DeleteDestinationRule(namespace, name string) ChangeSet {
 	return setTraffic(x, &x.traffic.destinationRules, key{namespace, name}, nil)
+}
+
+// UpsertSidecar stores a Sidecar resource.
+func (x *Index) UpsertSidecar(sc *networkingv1.Sidecar) ChangeSet {
+	return setTraffic(x, &x.traffic.sidecars, key{sc.Namespace, sc.Name}, sc)
+}
+
+// DeleteSidecar forgets a Sidecar resource.
+func (x *Index) DeleteSidecar(namespace, name string) ChangeSet {
+	return setTraffic(x, &x.traffic.sidecars, key{namespace, name}, nil)
 }
 
 // setTraffic stores obj under k in *objs (nil forgets it), under x's lock. Only sidecar
@@ -73,6 +84,7 @@ func (x *Index) SidecarInputs() sidecar.Inputs {
 		Addresses:             make([]*workloadapi.Address, 0, len(x.addresses)),
 		VirtualServices:       slices.Collect(maps.Values(x.traffic.virtualServices)),
 		DestinationRules:      slices.Collect(maps.Values(x.traffic.destinationRules)),
+		Sidecars:              slices.Collect(maps.Values(x.traffic.sidecars)),
 		PeerAuthentications:   slices.Collect(maps.Values(x.peerAuths)),
 		AuthorizationPolicies: slices.Collect(maps.Values(x.policies)),
 	}

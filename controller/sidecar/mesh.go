@@ -36,6 +36,7 @@ type Mesh struct {
 	services         map[string][]*Service // by hostname, oldest first
 	virtualServices  []*networkingv1.VirtualService
 	destinationRules []*networkingv1.DestinationRule
+	sidecars         []*networkingv1.Sidecar
 }
 
 // Service is a service of the workload tables with its endpoints.
@@ -129,6 +130,8 @@ type Inputs struct {
 	PeerAuthentications []*securityv1.PeerAuthentication
 	// AuthorizationPolicies become the RBAC filters of proxyless servers.
 	AuthorizationPolicies []*securityv1.AuthorizationPolicy
+	// Sidecars scope what each proxy sees (egress hosts).
+	Sidecars []*networkingv1.Sidecar
 	// Info describes a service by namespace and hostname (nil, or the zero
 	// ServiceInfo: as the table says).
 	Info func(namespace, hostname string) ServiceInfo
@@ -148,6 +151,7 @@ func NewMesh(in Inputs) *Mesh {
 		services:              map[string][]*Service{},
 		virtualServices:       sortedConfigs(in.VirtualServices),
 		destinationRules:      sortedConfigs(in.DestinationRules),
+		sidecars:              sortedConfigs(in.Sidecars),
 	}
 	m.indexRules()
 	byKey := map[string]*Service{}

@@ -86,11 +86,14 @@ func kindOf(protocol string) portKind {
 // http2 reports whether a protocol is always HTTP/2 upstream.
 func http2(protocol string) bool { return protocol == "HTTP2" || protocol == "GRPC" }
 
-// visibleServices are the services proxy p may send to, by hostname.
+// visibleServices are the services proxy p may send to, by hostname:
+// those exported to its namespace that its Sidecar resource's egress
+// hosts import.
 func (m *Mesh) visibleServices(p Proxy) []*Service {
+	scope := m.SidecarScope(p)
 	var out []*Service
 	for _, h := range slices.Sorted(maps.Keys(m.services)) {
-		if s := m.Service(p, h); s != nil {
+		if s := m.Service(p, h); s != nil && egressAllows(scope, h, s.GetNamespace()) {
 			out = append(out, s)
 		}
 	}
