@@ -22,7 +22,6 @@ func sidecarResource(ns, name string, age time.Duration, selector map[string]str
 	return sc
 }
 
-
 // TestSidecarScope: which services a proxy's clusters cover, by the
 // Sidecar resources of its namespace and of the root namespace.
 func TestSidecarScope(t *testing.T) {
