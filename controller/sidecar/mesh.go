@@ -262,6 +262,10 @@ type Proxy struct {
 	Labels map[string]string
 	// IPs are its addresses; a server listener is answered for them.
 	IPs []netip.Addr
+	// HBONE: the proxy tunnels to endpoints that take HBONE (workloads of
+	// the ambient mesh) through its connect_originate listener. Envoy
+	// sidecars do (GenerateSidecar sets it); gRPC clients cannot.
+	HBONE bool
 }
 
 // Service returns the service named hostname that proxy p may see: the

@@ -136,7 +136,7 @@ func (m *Mesh) SidecarClusters(p Proxy) []Named {
 					continue
 				}
 				name := ClusterName(Outbound, port, ss, svc.GetHostname())
-				out = append(out, Named{name, m.outboundCluster(name, svc, port, ss, protocol, policy, dr)})
+				out = append(out, Named{name, m.outboundCluster(p, name, svc, port, ss, protocol, policy, dr)})
 			}
 		}
 	}
@@ -155,6 +155,9 @@ func (m *Mesh) SidecarClusters(p Proxy) []Named {
 		Named{PassthroughCluster, passthroughCluster(PassthroughCluster, false)},
 		Named{InboundPassthroughCluster, passthroughCluster(InboundPassthroughCluster, true)},
 	)
+	if p.HBONE {
+		out = append(out, Named{ConnectOriginate, connectOriginateCluster(m.TrustDomain)})
+	}
 	return out
 }
 
@@ -198,7 +201,7 @@ func (m *Mesh) inboundPorts(p Proxy) []inboundPort {
 // DestinationRule sets one.
 const defaultConnectTimeout = 10e9
 
-func (m *Mesh) outboundCluster(name string, svc *Service, port uint32, subsetName, protocol string, policy *networkingapi.TrafficPolicy, dr *networkingv1.DestinationRule) *clusterv3.Cluster {
+func (m *Mesh) outboundCluster(p Proxy, name string, svc *Service, port uint32, subsetName, protocol string, policy *networkingapi.TrafficPolicy, dr *networkingv1.DestinationRule) *clusterv3.Cluster {
 	c := baseCluster(name, policy)
 	original := svc.Info.Resolution == None || m.isHeadless(svc)
 	switch {
@@ -244,16 +247,86 @@ func (m *Mesh) outboundCluster(name string, svc *Service, port uint32, subsetNam
 			Sni:              cmp.Or(policy.GetTls().GetSni(), sniName(port, subsetName, svc.GetHostname())),
 		}
 	}
-	switch mode := policy.GetTls().GetMode(); {
-	case mode == networkingapi.ClientTLSSettings_ISTIO_MUTUAL:
-		c.TransportSocket = tlsSocket(tlsContext())
-	case policy.GetTls() == nil && !svc.Info.External && !original:
-		c.TransportSocketMatches = []*clusterv3.Cluster_TransportSocketMatch{
-			{Name: "tlsMode-istio", Match: tlsModeMatch(), TransportSocket: tlsSocket(tlsContext())},
-			{Name: "tlsMode-disabled", Match: &structpb.Struct{}, TransportSocket: rawBufferSocket()},
+	var matches []*clusterv3.Cluster_TransportSocketMatch
+	switch tls := policy.GetTls(); {
+	case tls.GetMode() == networkingapi.ClientTLSSettings_ISTIO_MUTUAL:
+		if p.HBONE {
+			matches = append(matches, &clusterv3.Cluster_TransportSocketMatch{Name: "tlsMode-istio", Match: &structpb.Struct{}, TransportSocket: tlsSocket(tlsContext())})
+		} else {
+			c.TransportSocket = tlsSocket(tlsContext())
 		}
+	case tls.GetMode() == networkingapi.ClientTLSSettings_SIMPLE || tls.GetMode() == networkingapi.ClientTLSSettings_MUTUAL:
+		c.TransportSocket = tlsSocket(originationTLS(tls, svc.GetHostname(), protocol))
+	case tls == nil && !svc.Info.External && !original:
+		matches = append(matches,
+			&clusterv3.Cluster_TransportSocketMatch{Name: "tlsMode-istio", Match: tlsModeMatch(), TransportSocket: tlsSocket(tlsContext())},
+			&clusterv3.Cluster_TransportSocketMatch{Name: "tlsMode-disabled", Match: &structpb.Struct{}, TransportSocket: rawBufferSocket()})
+	case p.HBONE:
+		matches = append(matches, &clusterv3.Cluster_TransportSocketMatch{Name: "tlsMode-disabled", Match: &structpb.Struct{}, TransportSocket: rawBufferSocket()})
 	}
+	if p.HBONE && c.TransportSocket == nil {
+		matches = append([]*clusterv3.Cluster_TransportSocketMatch{hboneMatch()}, matches...)
+	}
+	c.TransportSocketMatches = matches
 	return c
+}
+
+// originationTLS is the TLS a rule's SIMPLE or MUTUAL mode originates:
+// the roots and client certificate as files the sidecar's agent serves
+// over SDS ("file-root:<path>", "file-cert:<cert>~<key>"), the system
+// roots when the rule names none, or a credential secret
+// ("kubernetes://<name>") over ADS. Canopy does not serve credential
+// secrets yet, so such a cluster stays warming and carries no traffic:
+// never plaintext where TLS was asked for.
+func originationTLS(tls *networkingapi.ClientTLSSettings, hostname, protocol string) *tlsv3.UpstreamTlsContext {
+	var alpn []string
+	if http2(protocol) {
+		alpn = []string{"h2"}
+	}
+	ctx := &tlsv3.CommonTlsContext{
+		TlsParams: &tlsv3.TlsParameters{
+			TlsMinimumProtocolVersion: tlsv3.TlsParameters_TLSv1_2,
+			TlsMaximumProtocolVersion: tlsv3.TlsParameters_TLSv1_3,
+		},
+		AlpnProtocols: alpn,
+	}
+	var sans []*matcherv3.StringMatcher
+	for _, s := range tls.GetSubjectAltNames() {
+		sans = append(sans, &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s}})
+	}
+	validation := &tlsv3.CertificateValidationContext{}
+	if len(sans) > 0 {
+		//lint:ignore SA1019 Istio's sidecars check identities in this field
+		validation.MatchSubjectAltNames = sans
+	}
+	roots := "file-root:system"
+	switch {
+	case tls.GetCredentialName() != "":
+		secret := &tlsv3.SdsSecretConfig{Name: "kubernetes://" + tls.GetCredentialName(), SdsConfig: adsSource()}
+		ctx.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{secret}
+		roots = "kubernetes://" + tls.GetCredentialName() + "-cacert"
+		if tls.GetMode() == networkingapi.ClientTLSSettings_SIMPLE {
+			ctx.TlsCertificateSdsSecretConfigs = nil
+			roots = "kubernetes://" + tls.GetCredentialName()
+		}
+		ctx.ValidationContextType = &tlsv3.CommonTlsContext_CombinedValidationContext{CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
+			DefaultValidationContext: validation, ValidationContextSdsSecretConfig: &tlsv3.SdsSecretConfig{Name: roots, SdsConfig: adsSource()},
+		}}
+	default:
+		if tls.GetCaCertificates() != "" {
+			roots = "file-root:" + tls.GetCaCertificates()
+		}
+		if tls.GetMode() == networkingapi.ClientTLSSettings_MUTUAL {
+			ctx.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{sds("file-cert:" + tls.GetClientCertificate() + "~" + tls.GetPrivateKey())}
+		}
+		ctx.ValidationContextType = &tlsv3.CommonTlsContext_CombinedValidationContext{CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
+			DefaultValidationContext: validation, ValidationContextSdsSecretConfig: sds(roots),
+		}}
+	}
+	if tls.GetInsecureSkipVerify().GetValue() {
+		ctx.ValidationContextType = nil
+	}
+	return &tlsv3.UpstreamTlsContext{CommonTlsContext: ctx, Sni: cmp.Or(tls.GetSni(), hostname)}
 }
 
 // isHeadless reports a Kubernetes Service without a cluster IP.

@@ -81,6 +81,9 @@ func (m *Mesh) SidecarListeners(p Proxy) []Named {
 		out = append(out, Named{n, byName[n]})
 	}
 	out = append(out, Named{VirtualOutbound, virtualOutbound()}, Named{VirtualInbound, m.virtualInbound(p)})
+	if p.HBONE {
+		out = append(out, Named{ConnectOriginate, connectOriginateListener()})
+	}
 	return out
 }
 

@@ -8,11 +8,13 @@ import (
 	"testing"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	goldenfile "github.com/canopy-mesh/canopy/internal/testing/golden"
+	"github.com/canopy-mesh/canopy/workloadapi"
 )
 
 // sidecarProxy is reviews-v1's sidecar in testMesh.
@@ -109,5 +111,61 @@ func TestSidecarMutualTLS(t *testing.T) {
 		if fc.GetFilterChainMatch().GetDestinationPort().GetValue() == 10080 && fc.GetTransportSocket() == nil && m.MTLSMode("default", sidecarProxy.Labels, 10080).String() == "STRICT" {
 			t.Errorf("chain %s of a STRICT port takes plaintext", fc.GetName())
 		}
+	}
+}
+
+// TestSidecarReachesAmbientOverHBONE: a sidecar reaches a workload of the
+// ambient mesh through its connect_originate listener, and every other
+// endpoint as before; a gRPC client never tunnels.
+func TestSidecarReachesAmbientOverHBONE(t *testing.T) {
+	ambient := pod("default", "ratings-v9", "10.244.5.9", "", map[string][]uint32{"default/ratings.default.svc.cluster.local": {9080}})
+	ambient.GetWorkload().TunnelProtocol = workloadapi.TunnelProtocol_HBONE
+	m := NewMesh(Inputs{Addresses: []*workloadapi.Address{
+		svc("default", "ratings", "10.96.0.11", 9080),
+		pod("default", "ratings-v1", "10.244.3.1", "", map[string][]uint32{"default/ratings.default.svc.cluster.local": {9080}}),
+		ambient,
+	}})
+	const cluster = "outbound|9080||ratings.default.svc.cluster.local"
+	addresses := func(p Proxy) []string {
+		var out []string
+		for _, n := range m.GenerateSidecar(p, EndpointType, []string{cluster}) {
+			for _, g := range n.Resource.(*endpointv3.ClusterLoadAssignment).GetEndpoints() {
+				for _, e := range g.GetLbEndpoints() {
+					a := e.GetEndpoint().GetAddress()
+					if in := a.GetEnvoyInternalAddress(); in != nil {
+						out = append(out, in.GetServerListenerName()+"/"+in.GetEndpointId()+" tunnel="+e.GetMetadata().GetFilterMetadata()["envoy.transport_socket_match"].GetFields()["tunnel"].GetStringValue())
+					} else {
+						out = append(out, a.GetSocketAddress().GetAddress())
+					}
+				}
+			}
+		}
+		return out
+	}
+	p := Proxy{Namespace: "default"}
+	if diff := cmp.Diff([]string{"10.244.3.1", "connect_originate/10.244.5.9:10080 tunnel=http"}, addresses(p)); diff != "" {
+		t.Errorf("a sidecar's endpoints (-want +got):\n%s", diff)
+	}
+	var grpcAddrs []string
+	for _, n := range m.Endpoints(p, []string{cluster}) {
+		for _, g := range n.Resource.(*endpointv3.ClusterLoadAssignment).GetEndpoints() {
+			for _, e := range g.GetLbEndpoints() {
+				grpcAddrs = append(grpcAddrs, e.GetEndpoint().GetAddress().GetSocketAddress().GetAddress())
+			}
+		}
+	}
+	if diff := cmp.Diff([]string{"10.244.3.1", "10.244.5.9"}, grpcAddrs); diff != "" {
+		t.Errorf("a gRPC client's endpoints (-want +got):\n%s", diff)
+	}
+	var first string
+	var haveOriginate bool
+	for _, n := range m.GenerateSidecar(p, ClusterType, nil) {
+		if n.Name == cluster {
+			first = n.Resource.(*clusterv3.Cluster).GetTransportSocketMatches()[0].GetName()
+		}
+		haveOriginate = haveOriginate || n.Name == ConnectOriginate
+	}
+	if first != "hbone" || !haveOriginate {
+		t.Errorf("first socket match %q, connect_originate cluster %v; want hbone, true", first, haveOriginate)
 	}
 }
