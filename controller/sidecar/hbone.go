@@ -50,8 +50,8 @@ func hboneMatch() *clusterv3.Cluster_TransportSocketMatch {
 // original destination.
 func connectOriginateListener() *listenerv3.Listener {
 	return &listenerv3.Listener{
-		Name:             ConnectOriginate,
-		UseOriginalDst:   wrapperspb.Bool(false),
+		Name:              ConnectOriginate,
+		UseOriginalDst:    wrapperspb.Bool(false),
 		ListenerSpecifier: &listenerv3.Listener_InternalListener{InternalListener: &listenerv3.Listener_InternalListenerConfig{}},
 		ListenerFilters: []*listenerv3.ListenerFilter{{
 			Name:       originalDstMetadata,
