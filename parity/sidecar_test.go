@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -17,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -135,7 +139,9 @@ func dumpView(t *testing.T, path string, v view) {
 // a cluster's discovery type, load balancer, EDS service name and
 // transport sockets; a listener's address, filter chain names and
 // matches, transport sockets, network filter names, the route
-// configuration or cluster each chain sends to; a route configuration's
+// configuration or cluster each chain sends to (not the HTTP filters:
+// Istio's own Envoy build has telemetry filters Canopy does not configure);
+// a route configuration's
 // virtual hosts (names, domains) and their routes' matches and
 // destinations; endpoint assignments whole.
 type keyFields struct{ view }
@@ -200,6 +206,15 @@ func project(m proto.Message) proto.Message {
 			rc.VirtualHosts = append(rc.VirtualHosts, v)
 		}
 		return rc
+	case *endpointv3.ClusterLoadAssignment:
+		// Within a locality the order of endpoints means nothing.
+		cla := proto.Clone(r).(*endpointv3.ClusterLoadAssignment)
+		for _, g := range cla.GetEndpoints() {
+			slices.SortFunc(g.LbEndpoints, func(a, b *endpointv3.LbEndpoint) int {
+				return strings.Compare(prototext.Format(a.GetEndpoint().GetAddress()), prototext.Format(b.GetEndpoint().GetAddress()))
+			})
+		}
+		return cla
 	}
 	return m
 }
@@ -218,9 +233,6 @@ func projectChain(fc *listenerv3.FilterChain) *listenerv3.FilterChain {
 			k := &hcmv3.HttpConnectionManager{}
 			if hcm.GetRds() != nil {
 				k.RouteSpecifier = &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{RouteConfigName: hcm.GetRds().GetRouteConfigName()}}
-			}
-			for _, hf := range hcm.GetHttpFilters() {
-				k.HttpFilters = append(k.HttpFilters, &hcmv3.HttpFilter{Name: hf.GetName()})
 			}
 			pf.ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: mustAnyOf(k)}
 		case f.GetTypedConfig().MessageIs(&tcp) && f.GetTypedConfig().UnmarshalTo(&tcp) == nil:

@@ -173,7 +173,10 @@ func kubeServiceInfo(svc *corev1.Service) sidecar.ServiceInfo {
 
 func serviceEntryInfo(se *networkingv1.ServiceEntry, hostname string) sidecar.ServiceInfo {
 	spec := se.Spec.GetResolution()
-	info := sidecar.ServiceInfo{Protocols: map[uint32]string{}, External: se.Spec.GetLocation() == networkingapi.ServiceEntry_MESH_EXTERNAL}
+	info := sidecar.ServiceInfo{
+		Protocols: map[uint32]string{}, External: se.Spec.GetLocation() == networkingapi.ServiceEntry_MESH_EXTERNAL,
+		AutoAllocated: len(se.Spec.GetAddresses()) == 0,
+	}
 	switch spec {
 	case networkingapi.ServiceEntry_DNS:
 		info.Resolution = sidecar.DNS

@@ -189,7 +189,13 @@ func (m *Mesh) workloadMetadata(ep Endpoint) string {
 	if rev == "latest" {
 		rev = ""
 	}
-	return strings.Join([]string{name, ep.GetNamespace(), canonical, rev, cmp.Or(ep.GetClusterId(), m.ClusterID)}, ";")
+	ns := ep.GetNamespace()
+	if uid, err := workloadapi.ParseWorkloadUID(ep.GetUid()); err == nil && uid.Kind == workloadapi.KindEndpointSlice && name == "" {
+		// An address of an EndpointSlice that names no workload: nothing
+		// to attribute it to, not even a namespace.
+		ns = ""
+	}
+	return strings.Join([]string{name, ns, canonical, rev, cmp.Or(ep.GetClusterId(), m.ClusterID)}, ";")
 }
 
 func btoi(b bool) int {

@@ -36,10 +36,13 @@ func hboneMatch() *clusterv3.Cluster_TransportSocketMatch {
 		Match: &structpb.Struct{Fields: map[string]*structpb.Value{"tunnel": structpb.NewStringValue("http")}},
 		TransportSocket: &corev3.TransportSocket{Name: "envoy.transport_sockets.internal_upstream", ConfigType: &corev3.TransportSocket_TypedConfig{
 			TypedConfig: mustAny(&internalupstreamv3.InternalUpstreamTransport{
-				PassthroughMetadata: []*internalupstreamv3.InternalUpstreamTransport_MetadataValueSource{{
-					Kind: &metadatav3.MetadataKind{Kind: &metadatav3.MetadataKind_Host_{Host: &metadatav3.MetadataKind_Host{}}},
-					Name: originalDstMetadata,
-				}},
+				// The tunnel's destination, and the peer metadata Istio's
+				// telemetry reads on both ends.
+				PassthroughMetadata: []*internalupstreamv3.InternalUpstreamTransport_MetadataValueSource{
+					{Kind: hostMetadata(), Name: originalDstMetadata},
+					{Kind: &metadatav3.MetadataKind{Kind: &metadatav3.MetadataKind_Cluster_{Cluster: &metadatav3.MetadataKind_Cluster{}}}, Name: "istio"},
+					{Kind: hostMetadata(), Name: "istio"},
+				},
 				TransportSocket: rawBufferSocket(),
 			}),
 		}},
@@ -99,4 +102,8 @@ func connectOriginateCluster(trustDomain string) *clusterv3.Cluster {
 	}
 	c.TransportSocket = &corev3.TransportSocket{Name: "tls", ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(&tlsv3.UpstreamTlsContext{CommonTlsContext: ctx})}}
 	return c
+}
+
+func hostMetadata() *metadatav3.MetadataKind {
+	return &metadatav3.MetadataKind{Kind: &metadatav3.MetadataKind_Host_{Host: &metadatav3.MetadataKind_Host{}}}
 }

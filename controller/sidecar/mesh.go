@@ -63,6 +63,9 @@ type ServiceInfo struct {
 	Resolution Resolution
 	// External marks a ServiceEntry of location MESH_EXTERNAL.
 	External bool
+	// AutoAllocated: the service's addresses were allocated by the mesh
+	// (a ServiceEntry that declares none), not declared.
+	AutoAllocated bool
 	// DNSHosts are the names a DNS-resolved service's endpoints are looked
 	// up by, with their ports by service port (0: the service port).
 	DNSHosts []DNSHost

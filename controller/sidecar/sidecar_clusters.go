@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"maps"
 	"math"
-	"net/netip"
 	"slices"
 	"strings"
 
@@ -84,7 +83,9 @@ func kindOf(protocol string) portKind {
 }
 
 // http2 reports whether a protocol is always HTTP/2 upstream.
-func http2(protocol string) bool { return protocol == "HTTP2" || protocol == "GRPC" }
+func http2(protocol string) bool {
+	return protocol == "HTTP2" || protocol == "GRPC" || protocol == "GRPC-Web"
+}
 
 // visibleServices are the services proxy p may send to, by hostname:
 // those exported to its namespace that its Sidecar resource's egress
@@ -227,6 +228,7 @@ func (m *Mesh) outboundCluster(p Proxy, name string, svc *Service, port uint32, 
 		applyLoadBalancer(c, policy)
 	}
 	c.CommonLbConfig = &clusterv3.Cluster_CommonLbConfig{}
+	c.Filters = []*clusterv3.Filter{{Name: "istio.metadata_exchange", TypedConfig: metadataExchangeConfig()}}
 	setProtocolOptions(c, protocol)
 	c.Metadata = clusterMetadata(svc, m.DomainSuffix, dr, subsetName)
 
@@ -251,7 +253,7 @@ func (m *Mesh) outboundCluster(p Proxy, name string, svc *Service, port uint32, 
 	switch tls := policy.GetTls(); {
 	case tls.GetMode() == networkingapi.ClientTLSSettings_ISTIO_MUTUAL:
 		if p.HBONE {
-			matches = append(matches, &clusterv3.Cluster_TransportSocketMatch{Name: "tlsMode-istio", Match: &structpb.Struct{}, TransportSocket: tlsSocket(tlsContext())})
+			matches = append(matches, &clusterv3.Cluster_TransportSocketMatch{Name: "tlsMode-istio", TransportSocket: tlsSocket(tlsContext())})
 		} else {
 			c.TransportSocket = tlsSocket(tlsContext())
 		}
@@ -562,14 +564,4 @@ func adsSourceNoWait() *corev3.ConfigSource {
 		InitialFetchTimeout:   durationpb.New(0),
 		ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
 	}
-}
-
-// vipOf is a service's first address, or false.
-func vipOf(s *workloadapi.Service) (netip.Addr, bool) {
-	for _, a := range s.GetAddresses() {
-		if ip, ok := netip.AddrFromSlice(a.GetAddress()); ok {
-			return ip.Unmap(), true
-		}
-	}
-	return netip.Addr{}, false
 }

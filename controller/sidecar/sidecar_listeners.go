@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	udpatypev1 "github.com/cncf/xds/go/udpa/type/v1"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
@@ -15,13 +16,19 @@ import (
 	originaldstv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/original_dst/v3"
 	tlsinspectorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/tls_inspector/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	mongov3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/mongo_proxy/v3"
 	rbacnetv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/rbac/v3"
 	tcpproxyv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	securityapi "istio.io/api/security/v1beta1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+
+	"github.com/canopy-mesh/canopy/workloadapi"
 )
 
 // The sidecar's own listeners (sidecar wire contract §4).
@@ -63,9 +70,13 @@ func (m *Mesh) SidecarListeners(p Proxy) []Named {
 			case kindHTTP:
 				add(httpOutboundListener(port))
 			case kindTCP:
-				m.addTCPOutbound(add, svc, port)
+				m.addTCPOutbound(add, svc, port, protocol)
 			case kindSniffed:
-				ip, ok := vipOf(svc.Service)
+				ip, ok := netip.Addr{}, false
+				if addrs := sidecarAddresses(svc); len(addrs) > 0 {
+					ip, ok = netip.AddrFromSlice(addrs[0].GetAddress())
+					ip = ip.Unmap()
+				}
 				if !ok {
 					// Without an address nothing tells its traffic apart
 					// from other services' on the port: HTTP by host.
@@ -112,27 +123,48 @@ func httpOutboundListener(port uint32) *listenerv3.Listener {
 	return l
 }
 
-// addTCPOutbound adds a TCP service's listener: on its address, else on
-// the port with the service's CIDR ranges (a ServiceEntry of addresses),
-// else on the port for everything.
-func (m *Mesh) addTCPOutbound(add func(*listenerv3.Listener) *listenerv3.Listener, svc *Service, port uint32) {
+// addTCPOutbound adds a TCP service's listener: on its address; else,
+// for a service of several addresses or ranges, on the port with a chain
+// matching them; else, for TLS, on the port with a chain matching its
+// hostname as SNI; else on the port for everything not matched otherwise.
+func (m *Mesh) addTCPOutbound(add func(*listenerv3.Listener) *listenerv3.Listener, svc *Service, port uint32, protocol string) {
 	cluster := ClusterName(Outbound, port, "", svc.GetHostname())
-	if ip, ok := vipOf(svc.Service); ok && len(svc.GetAddresses()) == 1 && isHostAddress(svc, ip) {
-		l := outboundListener(ip.String(), port)
-		l.FilterChains = []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{tcpProxy(cluster)}}}
-		add(l)
-		return
+	filters := []*listenerv3.Filter{tcpProxy(cluster)}
+	if protocol == "Mongo" {
+		filters = append([]*listenerv3.Filter{{Name: "envoy.filters.network.mongo_proxy", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(&mongov3.MongoProxy{
+			StatPrefix: cluster,
+		})}}}, filters...)
+	}
+	addrs := sidecarAddresses(svc)
+	if len(addrs) == 1 {
+		if ip, ok := netip.AddrFromSlice(addrs[0].GetAddress()); ok && (addrs[0].GetLength() == 0 || int(addrs[0].GetLength()) == ip.BitLen()) {
+			l := outboundListener(ip.Unmap().String(), port)
+			l.FilterChains = []*listenerv3.FilterChain{{Filters: filters}}
+			add(l)
+			return
+		}
 	}
 	l := add(outboundListener("0.0.0.0", port))
-	chain := &listenerv3.FilterChain{Filters: []*listenerv3.Filter{tcpProxy(cluster)}}
-	for _, a := range svc.GetAddresses() {
+	chain := &listenerv3.FilterChain{Filters: filters}
+	for _, a := range addrs {
 		if ip, ok := netip.AddrFromSlice(a.GetAddress()); ok {
+			ip = ip.Unmap()
+			bits := uint32(a.GetLength())
+			if bits == 0 {
+				bits = uint32(ip.BitLen())
+			}
 			if chain.FilterChainMatch == nil {
 				chain.FilterChainMatch = &listenerv3.FilterChainMatch{}
 			}
 			chain.FilterChainMatch.PrefixRanges = append(chain.FilterChainMatch.PrefixRanges, &corev3.CidrRange{
-				AddressPrefix: ip.Unmap().String(), PrefixLen: wrapperspb.UInt32(uint32(max(a.GetLength(), 0))),
+				AddressPrefix: ip.String(), PrefixLen: wrapperspb.UInt32(bits),
 			})
+		}
+	}
+	if chain.FilterChainMatch == nil && (protocol == "TLS" || protocol == "HTTPS") {
+		chain.FilterChainMatch = &listenerv3.FilterChainMatch{ServerNames: []string{svc.GetHostname()}}
+		if !slices.ContainsFunc(l.ListenerFilters, func(f *listenerv3.ListenerFilter) bool { return f.GetName() == tlsInspectorName }) {
+			l.ListenerFilters = append(l.ListenerFilters, tlsInspector())
 		}
 	}
 	if chain.FilterChainMatch == nil && slices.ContainsFunc(l.FilterChains, func(fc *listenerv3.FilterChain) bool { return fc.FilterChainMatch == nil }) {
@@ -144,14 +176,34 @@ func (m *Mesh) addTCPOutbound(add func(*listenerv3.Listener) *listenerv3.Listene
 	}
 }
 
-// isHostAddress: the service's address is a single host (not a range).
-func isHostAddress(svc *Service, ip netip.Addr) bool {
-	for _, a := range svc.GetAddresses() {
-		if l := a.GetLength(); l != 0 && int(l) != ip.BitLen() {
-			return false
-		}
+// sidecarAddresses are the addresses a sidecar captures a service by:
+// none for addresses the mesh allocated (a sidecar resolves those names
+// only with DNS capture, which Canopy does not configure for sidecars).
+func sidecarAddresses(svc *Service) []*workloadapi.NetworkAddress {
+	if svc.Info.AutoAllocated {
+		return nil
 	}
-	return true
+	return svc.GetAddresses()
+}
+
+const tlsInspectorName = "envoy.filters.listener.tls_inspector"
+
+func tlsInspector() *listenerv3.ListenerFilter {
+	return &listenerv3.ListenerFilter{Name: tlsInspectorName, ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&tlsinspectorv3.TlsInspector{})}}
+}
+
+// metadataExchange is Istio's peer metadata exchange, a filter of Istio's
+// own Envoy build that its telemetry reads.
+func metadataExchange() *listenerv3.Filter {
+	return &listenerv3.Filter{Name: "istio.metadata_exchange", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: metadataExchangeConfig()}}
+}
+
+func metadataExchangeConfig() *anypb.Any {
+	v, err := structpb.NewStruct(map[string]any{"protocol": "istio-peer-exchange", "enable_discovery": true})
+	if err != nil {
+		panic(err)
+	}
+	return mustAny(&udpatypev1.TypedStruct{TypeUrl: "type.googleapis.com/envoy.tcp.metadataexchange.config.MetadataExchange", Value: v})
 }
 
 // sniffedOutboundListener carries a port of unknown protocol on the
@@ -161,18 +213,16 @@ func sniffedOutboundListener(svc *Service, ip netip.Addr, port uint32) *listener
 	l := outboundListener(ip.String(), port)
 	l.ListenerFilters = []*listenerv3.ListenerFilter{httpInspector()}
 	route := svc.GetHostname() + ":" + u32(port)
-	l.FilterChains = []*listenerv3.FilterChain{
-		{Filters: []*listenerv3.Filter{tcpProxy(ClusterName(Outbound, port, "", svc.GetHostname()))}},
-		{
-			FilterChainMatch: &listenerv3.FilterChainMatch{ApplicationProtocols: plainHTTPProtocols},
-			Filters:          []*listenerv3.Filter{outboundHCM(route, port)},
-		},
-	}
+	l.FilterChains = []*listenerv3.FilterChain{{
+		FilterChainMatch: &listenerv3.FilterChainMatch{TransportProtocol: "raw_buffer", ApplicationProtocols: plainHTTPProtocols},
+		Filters:          []*listenerv3.Filter{outboundHCM(route, port)},
+	}}
+	l.DefaultFilterChain = &listenerv3.FilterChain{Filters: []*listenerv3.Filter{tcpProxy(ClusterName(Outbound, port, "", svc.GetHostname()))}}
 	return l
 }
 
 func passthroughChain() *listenerv3.FilterChain {
-	return &listenerv3.FilterChain{Name: "PassthroughFilterChain", Filters: []*listenerv3.Filter{tcpProxy(PassthroughCluster)}}
+	return &listenerv3.FilterChain{Name: "PassthroughFilterChain", FilterChainMatch: &listenerv3.FilterChainMatch{}, Filters: []*listenerv3.Filter{tcpProxy(PassthroughCluster)}}
 }
 
 func tcpProxy(cluster string) *listenerv3.Filter {
@@ -242,7 +292,7 @@ func (m *Mesh) virtualInbound(p Proxy) *listenerv3.Listener {
 		TrafficDirection: corev3.TrafficDirection_INBOUND,
 		ListenerFilters: []*listenerv3.ListenerFilter{
 			{Name: "envoy.filters.listener.original_dst", ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&originaldstv3.OriginalDst{})}},
-			{Name: "envoy.filters.listener.tls_inspector", ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&tlsinspectorv3.TlsInspector{})}},
+			tlsInspector(),
 			httpInspector(),
 		},
 		ListenerFiltersTimeout:           durationpb.New(0),
@@ -253,7 +303,7 @@ func (m *Mesh) virtualInbound(p Proxy) *listenerv3.Listener {
 		FilterChainMatch: &listenerv3.FilterChainMatch{DestinationPort: wrapperspb.UInt32(virtualInboundPort)},
 		Filters:          []*listenerv3.Filter{tcpProxy(BlackHoleCluster)},
 	})
-	rbac := m.networkRBAC(p)
+	rbac := inboundFilters{network: m.networkRBAC(p), http: m.httpRBAC(p), trustDomain: m.TrustDomain}
 	// The passthrough chains, for ports no service names, by the
 	// workload's mode.
 	mode := m.MTLSMode(p.Namespace, p.Labels, 0)
@@ -269,7 +319,14 @@ func (m *Mesh) virtualInbound(p Proxy) *listenerv3.Listener {
 // inboundChains are the chains of one destination port (0: any): by
 // mode, mutual TLS chains (HTTP, TCP) and plaintext ones, for the
 // protocol (HTTP, TCP, or both when it is detected).
-func inboundChains(name string, port uint32, protocol, cluster string, mode securityapi.PeerAuthentication_MutualTLS_Mode, rbac []*listenerv3.Filter, httpName string) []*listenerv3.FilterChain {
+// inboundFilters are what every inbound chain enforces.
+type inboundFilters struct {
+	network     []*listenerv3.Filter
+	http        []*hcmv3.HttpFilter
+	trustDomain string
+}
+
+func inboundChains(name string, port uint32, protocol, cluster string, mode securityapi.PeerAuthentication_MutualTLS_Mode, rbac inboundFilters, httpName string) []*listenerv3.FilterChain {
 	kind := kindOf(protocol)
 	httpOK, tcpOK := kind != kindTCP, kind != kindHTTP
 	mtls := mode != securityapi.PeerAuthentication_MutualTLS_DISABLE
@@ -282,7 +339,7 @@ func inboundChains(name string, port uint32, protocol, cluster string, mode secu
 		return m
 	}
 	tcpFilters := func() []*listenerv3.Filter {
-		return append(slices.Clone(rbac), tcpProxy(cluster))
+		return append(append([]*listenerv3.Filter{metadataExchange()}, rbac.network...), tcpProxy(cluster))
 	}
 	var out []*listenerv3.FilterChain
 	if port != 0 && kind == kindHTTP {
@@ -291,25 +348,25 @@ func inboundChains(name string, port uint32, protocol, cluster string, mode secu
 		if mtls {
 			out = append(out, &listenerv3.FilterChain{
 				Name: httpName, FilterChainMatch: match("tls", mtlsAnyProtocols),
-				TransportSocket: inboundTLS(true), Filters: []*listenerv3.Filter{inboundHCM(port, cluster)},
+				TransportSocket: inboundTLS(true, rbac.trustDomain), Filters: []*listenerv3.Filter{metadataExchange(), inboundHCM(port, cluster, rbac.http)},
 			})
 		}
 		if plain {
-			out = append(out, &listenerv3.FilterChain{Name: httpName, FilterChainMatch: match("raw_buffer", nil), Filters: []*listenerv3.Filter{inboundHCM(port, cluster)}})
+			out = append(out, &listenerv3.FilterChain{Name: httpName, FilterChainMatch: match("raw_buffer", nil), Filters: []*listenerv3.Filter{metadataExchange(), inboundHCM(port, cluster, rbac.http)}})
 		}
 		return out
 	}
 	if httpOK {
 		if mtls {
-			out = append(out, &listenerv3.FilterChain{Name: httpName, FilterChainMatch: match("tls", mtlsHTTPProtocols), TransportSocket: inboundTLS(true), Filters: []*listenerv3.Filter{inboundHCM(port, cluster)}})
+			out = append(out, &listenerv3.FilterChain{Name: httpName, FilterChainMatch: match("tls", mtlsHTTPProtocols), TransportSocket: inboundTLS(true, rbac.trustDomain), Filters: []*listenerv3.Filter{metadataExchange(), inboundHCM(port, cluster, rbac.http)}})
 		}
 		if plain {
-			out = append(out, &listenerv3.FilterChain{Name: httpName, FilterChainMatch: match("raw_buffer", plainHTTPProtocols), Filters: []*listenerv3.Filter{inboundHCM(port, cluster)}})
+			out = append(out, &listenerv3.FilterChain{Name: httpName, FilterChainMatch: match("raw_buffer", plainHTTPProtocols), Filters: []*listenerv3.Filter{metadataExchange(), inboundHCM(port, cluster, rbac.http)}})
 		}
 	}
 	if tcpOK {
 		if mtls {
-			out = append(out, &listenerv3.FilterChain{Name: name, FilterChainMatch: match("tls", mtlsTCPProtocols), TransportSocket: inboundTLS(false), Filters: tcpFilters()})
+			out = append(out, &listenerv3.FilterChain{Name: name, FilterChainMatch: match("tls", mtlsTCPProtocols), TransportSocket: inboundTLS(false, rbac.trustDomain), Filters: tcpFilters()})
 		}
 		if plain {
 			out = append(out,
@@ -324,12 +381,17 @@ func inboundChains(name string, port uint32, protocol, cluster string, mode secu
 
 // inboundTLS terminates Istio mutual TLS: the sidecar's certificate and
 // roots from its agent, a client certificate required.
-func inboundTLS(http bool) *corev3.TransportSocket {
+func inboundTLS(http bool, trustDomain string) *corev3.TransportSocket {
 	alpn := []string{"h2", "http/1.1"}
 	if !http {
 		alpn = []string{"istio-peer-exchange", "h2", "http/1.1"}
 	}
 	ctx := sdsTLSContext(nil, alpn)
+	// Any identity of the trust domain; authorization decides the rest.
+	//lint:ignore SA1019 Istio's sidecars check identities in this field
+	ctx.GetCombinedValidationContext().GetDefaultValidationContext().MatchSubjectAltNames = []*matcherv3.StringMatcher{{
+		MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: "spiffe://" + trustDomain + "/"},
+	}}
 	ctx.TlsParams.CipherSuites = []string{
 		"ECDHE-ECDSA-AES256-GCM-SHA384", "ECDHE-RSA-AES256-GCM-SHA384",
 		"ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-RSA-AES128-GCM-SHA256",
@@ -340,7 +402,7 @@ func inboundTLS(http bool) *corev3.TransportSocket {
 
 // inboundHCM routes every request to cluster, through the HTTP RBAC
 // filters.
-func inboundHCM(port uint32, cluster string) *listenerv3.Filter {
+func inboundHCM(port uint32, cluster string, rbac []*hcmv3.HttpFilter) *listenerv3.Filter {
 	hcm := &hcmv3.HttpConnectionManager{
 		StatPrefix: "inbound_0.0.0.0_" + u32(port),
 		CodecType:  hcmv3.HttpConnectionManager_AUTO,
@@ -363,7 +425,7 @@ func inboundHCM(port uint32, cluster string) *listenerv3.Filter {
 				}},
 			}},
 		}},
-		HttpFilters:                  []*hcmv3.HttpFilter{faultFilter(), routerFilter()},
+		HttpFilters:                  append(slices.Clone(rbac), faultFilter(), routerFilter()),
 		UseRemoteAddress:             wrapperspb.Bool(false),
 		NormalizePath:                wrapperspb.Bool(true),
 		PathWithEscapedSlashesAction: hcmv3.HttpConnectionManager_KEEP_UNCHANGED,
@@ -391,8 +453,22 @@ func (m *Mesh) networkRBAC(p Proxy) []*listenerv3.Filter {
 			continue
 		}
 		out = append(out, &listenerv3.Filter{Name: "envoy.filters.network.rbac", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(&rbacnetv3.RBAC{
-			StatPrefix: "tcp.", Rules: rbacRules(f.action, f.policies),
+			StatPrefix: "tcp.", Rules: rbacRules(f.action, f.policies, envoyPolicyName),
 		})}})
+	}
+	return out
+}
+
+// httpRBAC are the HTTP RBAC filters of the AuthorizationPolicies that
+// select the proxy: DENY rules first, then ALLOW rules.
+func (m *Mesh) httpRBAC(p Proxy) []*hcmv3.HttpFilter {
+	deny, allow := m.AuthorizationPolicies(p.Namespace, p.Labels)
+	var out []*hcmv3.HttpFilter
+	if rules := rbacRules(rbacv3.RBAC_DENY, deny, envoyPolicyName); len(rules.Policies) > 0 {
+		out = append(out, rbacFilter("envoy.filters.http.rbac", rules))
+	}
+	if len(allow) > 0 {
+		out = append(out, rbacFilter("envoy.filters.http.rbac", rbacRules(rbacv3.RBAC_ALLOW, allow, envoyPolicyName)))
 	}
 	return out
 }
@@ -405,6 +481,9 @@ func (m *Mesh) sidecarDomains(p Proxy, s *Service, port uint32) []string {
 	for _, d := range m.grpcDomains(p, s.Service, port) {
 		if _, _, err := net.SplitHostPort(d); err == nil && !strings.HasSuffix(d, "]") {
 			continue
+		}
+		if _, err := netip.ParseAddr(strings.Trim(d, "[]")); err == nil && s.Info.AutoAllocated {
+			continue // not captured by address (sidecarAddresses)
 		}
 		out = append(out, d)
 	}

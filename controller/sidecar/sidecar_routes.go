@@ -44,7 +44,7 @@ func (m *Mesh) SidecarRoutes(p Proxy, names []string) []Named {
 				continue
 			}
 			k := kindOf(portProtocol(svc, port))
-			if k != kindHTTP && !(k == kindSniffed && len(svc.GetAddresses()) == 0) {
+			if k != kindHTTP && !(k == kindSniffed && len(sidecarAddresses(svc)) == 0) {
 				continue
 			}
 			rc.VirtualHosts = append(rc.VirtualHosts, &routev3.VirtualHost{
