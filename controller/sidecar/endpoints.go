@@ -88,8 +88,9 @@ func (m *Mesh) assignment(p Proxy, name string, k ClusterKey) *endpointv3.Cluste
 		switch {
 		case !healthy:
 			lbe.HealthStatus = corev3.HealthStatus_UNHEALTHY
-		case ep.Entry != nil:
-			// No health is known of a ServiceEntry's own endpoints.
+		case ep.Entry != nil || isWorkloadEntry(ep):
+			// No health is known of a ServiceEntry's own endpoints, nor
+			// of a WorkloadEntry without health checks.
 			lbe.HealthStatus = corev3.HealthStatus_UNKNOWN
 		}
 		group.LbEndpoints = append(group.LbEndpoints, lbe)
@@ -155,16 +156,21 @@ func (m *Mesh) lbEndpoint(ep Endpoint, port uint32, hbone bool) *endpointv3.LbEn
 }
 
 // tlsMode is the endpoint's security.istio.io/tlsMode label; a
-// ServiceEntry's inline endpoint without one takes "istio" when it names a
-// service account.
+// ServiceEntry's inline endpoint or a WorkloadEntry without one takes
+// "istio" when it names a service account.
 func tlsMode(ep Endpoint) string {
-	if v, ok := ep.Labels[tlsModeLabel]; ok || ep.Entry == nil {
+	if v, ok := ep.Labels[tlsModeLabel]; ok || (ep.Entry == nil && !isWorkloadEntry(ep)) {
 		return v
 	}
 	if ep.GetServiceAccount() != "" {
 		return "istio"
 	}
 	return ""
+}
+
+func isWorkloadEntry(ep Endpoint) bool {
+	uid, err := workloadapi.ParseWorkloadUID(ep.GetUid())
+	return err == nil && uid.Kind == workloadapi.KindWorkloadEntry
 }
 
 func isPod(ep Endpoint) bool {

@@ -301,7 +301,7 @@ func (m *Mesh) virtualInbound(p Proxy) *listenerv3.Listener {
 	l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{
 		Name:             VirtualInbound + "-blackhole",
 		FilterChainMatch: &listenerv3.FilterChainMatch{DestinationPort: wrapperspb.UInt32(virtualInboundPort)},
-		Filters:          []*listenerv3.Filter{tcpProxy(BlackHoleCluster)},
+		Filters:          []*listenerv3.Filter{metadataExchange(), tcpProxy(BlackHoleCluster)},
 	})
 	rbac := inboundFilters{network: m.networkRBAC(p), http: m.httpRBAC(p), trustDomain: m.TrustDomain}
 	// The passthrough chains, for ports no service names, by the

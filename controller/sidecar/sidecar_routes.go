@@ -43,8 +43,10 @@ func (m *Mesh) SidecarRoutes(p Proxy, names []string) []Named {
 			if !hasPort(svc.Service, port) {
 				continue
 			}
-			k := kindOf(portProtocol(svc, port))
-			if k != kindHTTP && !(k == kindSniffed && len(sidecarAddresses(svc)) == 0) {
+			// HTTP ports, and ports of detected protocol: their own
+			// listener routes by "<hostname>:<port>", but a connection to
+			// another address on the port may be for them too.
+			if k := kindOf(portProtocol(svc, port)); k != kindHTTP && k != kindSniffed {
 				continue
 			}
 			rc.VirtualHosts = append(rc.VirtualHosts, &routev3.VirtualHost{
