@@ -39,6 +39,10 @@ func (m *Mesh) SidecarRoutes(p Proxy, names []string) []Named {
 		if err != nil {
 			continue
 		}
+		// Envoy refuses a configuration in which two virtual hosts share
+		// a domain: the first service (by hostname) keeps it, as when
+		// one ServiceEntry gives several hosts one address.
+		seen := map[string]bool{"*": true}
 		for _, svc := range m.visibleServices(p) {
 			if !hasPort(svc.Service, port) {
 				continue
@@ -49,9 +53,19 @@ func (m *Mesh) SidecarRoutes(p Proxy, names []string) []Named {
 			if k := kindOf(portProtocol(svc, port)); k != kindHTTP && k != kindSniffed {
 				continue
 			}
+			var domains []string
+			for _, d := range m.sidecarDomains(p, svc, port) {
+				if !seen[d] {
+					seen[d] = true
+					domains = append(domains, d)
+				}
+			}
+			if len(domains) == 0 {
+				continue
+			}
 			rc.VirtualHosts = append(rc.VirtualHosts, &routev3.VirtualHost{
 				Name:    svc.GetHostname() + ":" + u32(port),
-				Domains: m.sidecarDomains(p, svc, port),
+				Domains: domains,
 				Routes:  m.routes(p, routeTarget{svc: svc, port: port}),
 			})
 		}

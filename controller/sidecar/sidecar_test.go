@@ -9,6 +9,7 @@ import (
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -167,5 +168,31 @@ func TestSidecarReachesAmbientOverHBONE(t *testing.T) {
 	}
 	if first != "hbone" || !haveOriginate {
 		t.Errorf("first socket match %q, connect_originate cluster %v; want hbone, true", first, haveOriginate)
+	}
+}
+
+// TestSidecarRouteDomainsUnique: one address given to two hosts (a
+// ServiceEntry of several hosts) stays with the first: Envoy refuses a
+// route configuration whose virtual hosts share a domain.
+func TestSidecarRouteDomainsUnique(t *testing.T) {
+	a := svc("default", "a", "10.96.0.20", 80)
+	b := svc("default", "b", "10.96.0.20", 80)
+	m := NewMesh(Inputs{Addresses: []*workloadapi.Address{withProtocol(a, workloadapi.AppProtocol_HTTP11), withProtocol(b, workloadapi.AppProtocol_HTTP11)}})
+	seen := map[string]string{}
+	for _, n := range m.SidecarRoutes(Proxy{Namespace: "default"}, []string{"80"}) {
+		if err := n.Resource.(validator).ValidateAll(); err != nil {
+			t.Fatal(err)
+		}
+		for _, vh := range n.Resource.(*routev3.RouteConfiguration).GetVirtualHosts() {
+			for _, d := range vh.GetDomains() {
+				if other, dup := seen[d]; dup {
+					t.Errorf("domain %q in virtual hosts %s and %s", d, other, vh.GetName())
+				}
+				seen[d] = vh.GetName()
+			}
+		}
+	}
+	if seen["10.96.0.20"] != "a.default.svc.cluster.local:80" {
+		t.Errorf("the shared address went to %q, want the first host's", seen["10.96.0.20"])
 	}
 }
