@@ -439,16 +439,14 @@ func inboundHCM(port uint32, cluster string, rbac []*hcmv3.HttpFilter) *listener
 
 // networkRBAC are the network RBAC filters of the AuthorizationPolicies
 // that select the proxy, for its TCP chains: DENY rules first, then
-// ALLOW rules. The rules are the proxyless translation's, so a rule with
-// HTTP-only fields is enforced on TCP as gRPC would, never looser (see
-// docs/sidecar-xds.md).
+// ALLOW rules, as they apply to TCP (tcpPolicies).
 func (m *Mesh) networkRBAC(p Proxy) []*listenerv3.Filter {
 	deny, allow := m.AuthorizationPolicies(p.Namespace, p.Labels)
 	var out []*listenerv3.Filter
 	for _, f := range []struct {
 		action   rbacv3.RBAC_Action
 		policies []*securityv1.AuthorizationPolicy
-	}{{rbacv3.RBAC_DENY, deny}, {rbacv3.RBAC_ALLOW, allow}} {
+	}{{rbacv3.RBAC_DENY, tcpPolicies(true, deny)}, {rbacv3.RBAC_ALLOW, tcpPolicies(false, allow)}} {
 		if len(f.policies) == 0 {
 			continue
 		}
