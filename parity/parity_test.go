@@ -1,27 +1,21 @@
 package parity
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/canopy-mesh/canopy/ca/rootcm"
+	"github.com/canopy-mesh/canopy/internal/testing/canopy"
 	"github.com/canopy-mesh/canopy/internal/testing/ci"
 	"github.com/canopy-mesh/canopy/internal/testing/eventually"
 	"github.com/canopy-mesh/canopy/internal/testing/istiod"
@@ -133,38 +127,24 @@ func createNamespace(t *testing.T, name string, labels map[string]string) {
 func startCanopy(t *testing.T) (string, func() bool) {
 	t.Helper()
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "canopy-controller")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/canopy-controller").CombinedOutput(); err != nil {
-		t.Fatalf("build canopy-controller: %v\n%s", err, out)
-	}
-	monitor, secure := freeAddr(t), freeAddr(t)
-	logPath := filepath.Join(dir, "canopy-controller.log")
-	logs, err := os.Create(logPath)
+	bin, err := canopy.Build(t.Context(), dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "--kubeconfig="+env.KubeconfigPath, "--monitoring-addr="+monitor, "--debug-addr=", "--secure-addr="+secure,
-		"--ca-namespace="+canopyNamespace, "--cacerts-dir="+filepath.Join(dir, "cacerts"), "--push-quiet=20ms", "--id=canopy-under-test")
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
+	c, err := canopy.Start(canopy.Options{Binary: bin, Kubeconfig: env.KubeconfigPath, CANamespace: canopyNamespace, Dir: dir,
+		Args: []string{"--push-quiet=20ms"}})
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		logs.Close()
+		if err := c.Stop(); err != nil {
+			t.Errorf("stop canopy-controller: %v", err)
+		}
 		if t.Failed() {
-			t.Logf("canopy-controller log: %s", keepLog(t, logPath))
+			t.Logf("canopy-controller log: %s", keepLog(t, c.LogPath))
 		}
 	})
-	return secure, func() bool {
-		resp, err := http.Get("http://" + monitor + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	}
+	return c.SecureAddr, func() bool { return c.Ready(t.Context()) == nil }
 }
 
 // subscribeIstiod subscribes on istiod's plaintext port, which
@@ -216,34 +196,16 @@ func subscribeCanopy(t *testing.T, addr string) *subscriber {
 // with the root it publishes.
 func dialCanopy(t *testing.T, addr string) *grpc.ClientConn {
 	t.Helper()
-	ctx := t.Context()
-	var root *corev1.ConfigMap
-	eventually.Within(t, settle, "Canopy's root ConfigMap", func() bool {
-		var err error
-		root, err = env.Client.CoreV1().ConfigMaps(canopyNamespace).Get(ctx, rootcm.ConfigMapName, metav1.GetOptions{})
-		return err == nil
-	})
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM([]byte(root.Data[rootcm.Key])) {
-		t.Fatalf("no certificate in %v", root.Data)
+	roots, err := canopy.RootPool(t.Context(), env.Client, canopyNamespace, settle)
+	if err != nil {
+		t.Fatal(err)
 	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
-		RootCAs: pool, ServerName: "canopy-controller." + canopyNamespace + ".svc", MinVersion: tls.VersionTLS12})))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(canopy.Credentials(roots, canopyNamespace)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
 	return conn
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // keepLog copies a component's log out of the test's temporary directory,

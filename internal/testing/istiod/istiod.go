@@ -171,6 +171,9 @@ func (d *Istiod) waitReady(ctx context.Context, timeout time.Duration) error {
 	})
 }
 
+// PID is istiod's process ID, e.g. to read its memory from /proc.
+func (d *Istiod) PID() int { return d.proc.Cmd.Process.Pid }
+
 // Exited reports whether istiod has ended, and how.
 func (d *Istiod) Exited() (bool, error) { return d.proc.Exited() }
 

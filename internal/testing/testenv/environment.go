@@ -48,6 +48,11 @@ type Options struct {
 	// ExtraControllers are run besides the base set, e.g. "daemonset" for
 	// a cluster with kubelets.
 	ExtraControllers []string
+	// ControllerManagerArgs are extra kube-controller-manager flags, e.g.
+	// "--kube-api-qps=500" for a benchmark that creates thousands of
+	// objects (the default of 20 writes per second would make the
+	// EndpointSlice controller its bottleneck).
+	ControllerManagerArgs []string
 	// Detached starts the components as long-lived processes in their own
 	// session that outlive the caller (a local cluster's "up"); otherwise
 	// the kernel kills them when the caller dies.
@@ -144,7 +149,7 @@ func Start(ctx context.Context, opts Options) (_ *Environment, err error) {
 		return nil, fmt.Errorf("install CRDs: %w", err)
 	}
 	controllers := strings.Join(append([]string{baseControllers}, opts.ExtraControllers...), ",")
-	if err := e.startControllerManager(ctx, bins.controllerManager, controllers); err != nil {
+	if err := e.startControllerManager(ctx, bins.controllerManager, controllers, opts.ControllerManagerArgs); err != nil {
 		return nil, err
 	}
 	e.log.Info("test environment ready", "server", e.Config.Host, "dir", e.dir)
@@ -311,15 +316,16 @@ func (e *Environment) startAPIServer(ctx context.Context, path string, opts Opti
 	return writeKubeconfig(e.KubeconfigPath, e.Config)
 }
 
-func (e *Environment) startControllerManager(ctx context.Context, path, controllers string) error {
-	p, err := e.start("kube-controller-manager", path,
-		"--kubeconfig="+e.KubeconfigPath,
-		"--controllers="+controllers,
-		"--service-account-private-key-file="+filepath.Join(e.dir, "sa.key"),
-		"--root-ca-file="+filepath.Join(e.dir, "apiserver", "apiserver.crt"),
+func (e *Environment) startControllerManager(ctx context.Context, path, controllers string, extra []string) error {
+	args := append([]string{
+		"--kubeconfig=" + e.KubeconfigPath,
+		"--controllers=" + controllers,
+		"--service-account-private-key-file=" + filepath.Join(e.dir, "sa.key"),
+		"--root-ca-file=" + filepath.Join(e.dir, "apiserver", "apiserver.crt"),
 		"--leader-elect=false",
 		"--secure-port=0",
-	)
+	}, extra...)
+	p, err := e.start("kube-controller-manager", path, args...)
 	if err != nil {
 		return err
 	}
