@@ -1,0 +1,35 @@
+// Package controlplane_test benchmarks Canopy's control plane against
+// Istio's side by side: canopy-controller (built from the tree) and istiod
+// (pilot-discovery, pinned in tools/istio) run as processes against one
+// real API server (internal/testing/testenv) holding the same mesh, and
+// the same clients connect to each in turn. Run it with
+//
+//	go test ./bench/controlplane -run '^$' -bench . -benchtime 1x -timeout 30m
+//
+// (about 10 minutes on 2 cores; CANOPY_ISTIO_BIN_DIR and
+// CANOPY_KUBE_BIN_DIR point at the pinned binaries, else hack/tools.sh
+// builds them). Every figure is reported for canopy and istiod and as the
+// ratio canopy/istiod; ns/op is dropped, since an iteration's wall time
+// is mostly connecting and waiting for the controllers to be at rest.
+//
+// The pieces are meant for more scenarios than the one there is:
+// mesh (fixture_test.go) writes Namespaces, Nodes, Ready pods, Services,
+// DestinationRules and VirtualServices with a bounded pool of writers and
+// waits for kube-controller-manager's EndpointSlices; controlPlanes
+// (controlplanes_test.go) starts the environment and both controllers
+// with the same push tuning and gives each as a side (how to dial it, its
+// process for memory and CPU from /proc, its connected-streams gauge);
+// proc_test.go reads RSS and CPU time and waits for the controllers to be
+// at rest. BenchmarkProxyless (proxyless_test.go) drives raw
+// state-of-the-world ADS clients that subscribe as grpc-go's xDS client
+// does (sotw_client_test.go). An ambient scenario would add Delta
+// clients of istio.workload.Address and Authorization as ztunnel
+// subscribes, and a mesh with NamespaceLabels for ambient enrollment.
+//
+// Differences of setup that the figures carry: clients reach Canopy over
+// TLS with a service-account token (reviewed once per token, then cached)
+// and istiod on its plaintext port (no TLS and no authentication, since
+// its CA is off); a pod's readiness reaches istiod through the
+// EndpointSlice kube-controller-manager writes and Canopy from the pod
+// itself (the endpoint figure reports the slice's delay separately).
+package controlplane_test
