@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -45,6 +46,13 @@ const (
 	debounceQuiet = "100ms"
 	debounceMax   = "1s"
 )
+
+// keep reports whether logs are to be kept even when the benchmark
+// passes, as the test environment's are (CANOPY_TESTENV_KEEP).
+func keep() bool {
+	v, err := strconv.ParseBool(os.Getenv(testenv.EnvKeep))
+	return err == nil && v
+}
 
 // side is one control plane under comparison, as its clients and the
 // benchmark see it.
@@ -113,7 +121,7 @@ func startControlPlanes(b *testing.B, m mesh) *controlPlanes {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() {
-		if b.Failed() {
+		if b.Failed() || keep() {
 			b.Logf("controller logs kept in %s", dir)
 			return
 		}
@@ -142,10 +150,10 @@ func startControlPlanes(b *testing.B, m mesh) *controlPlanes {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() {
-		if err := env.Stop(b.Failed()); err != nil {
+		if err := env.Stop(b.Failed() || keep()); err != nil {
 			b.Errorf("stop test environment: %v", err)
 		}
-		if b.Failed() {
+		if b.Failed() || keep() {
 			b.Logf("test environment logs kept in %s", env.Dir())
 		}
 	})

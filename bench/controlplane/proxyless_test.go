@@ -129,7 +129,7 @@ func BenchmarkProxyless(b *testing.B) {
 				cp.waitIdle(b)
 				clients, d := cp.connectProxyless(b, s)
 				took[s.name] = append(took[s.name], d)
-				b.Logf("%s: %d clients synced in %s", s.name, len(clients), d.Round(time.Millisecond))
+				b.Logf("%s: %d clients synced in %s; sent %s", s.name, len(clients), d.Round(time.Millisecond), since(nil, clients))
 				cp.disconnect(b, s, clients)
 			}
 			round++
@@ -148,8 +148,9 @@ func BenchmarkProxyless(b *testing.B) {
 		for b.Loop() {
 			for _, s := range cp.sides(round) {
 				clients, _ := cp.connectProxyless(b, s)
+				cp.waitIdle(b)
 				for range endpointRounds {
-					cp.waitIdle(b)
+					before := totals(clients)
 					ready = !ready
 					sliced, stop, err := watchSliceReady(ctx, cp.env.Client, ns, m.service(svc), ip, ready)
 					if err != nil {
@@ -167,7 +168,9 @@ func BenchmarkProxyless(b *testing.B) {
 					}
 					took[s.name] = append(took[s.name], d)
 					slice = append(slice, sd.Sub(d.start))
-					b.Logf("%s: pod %s ready=%t reached %d clients in %s (EndpointSlice after %s)", s.name, name, ready, len(clients), d.took.Round(time.Millisecond), sd.Sub(d.start).Round(time.Millisecond))
+					cp.waitIdle(b)
+					b.Logf("%s: pod %s ready=%t reached %d clients in %s (EndpointSlice after %s); sent %s", s.name, name, ready, len(clients),
+						d.took.Round(time.Millisecond), sd.Sub(d.start).Round(time.Millisecond), since(before, clients))
 				}
 				cp.disconnect(b, s, clients)
 			}
@@ -186,8 +189,9 @@ func BenchmarkProxyless(b *testing.B) {
 		for b.Loop() {
 			for _, s := range cp.sides(round) {
 				clients, _ := cp.connectProxyless(b, s)
+				cp.waitIdle(b)
 				for range routeRounds {
-					cp.waitIdle(b)
+					before := totals(clients)
 					change++
 					weight := int32(10 + (7*change)%80) // never the initial 90, never the previous
 					d := cp.measure(b, s, clients, routeType, func(tbl table) bool {
@@ -202,7 +206,9 @@ func BenchmarkProxyless(b *testing.B) {
 						return err
 					})
 					took[s.name] = append(took[s.name], d)
-					b.Logf("%s: VirtualService %s/%s weight %d reached %d clients in %s", s.name, ns, name, weight, len(clients), d.took.Round(time.Millisecond))
+					cp.waitIdle(b)
+					b.Logf("%s: VirtualService %s/%s weight %d reached %d clients in %s; sent %s", s.name, ns, name, weight, len(clients),
+						d.took.Round(time.Millisecond), since(before, clients))
 				}
 				cp.disconnect(b, s, clients)
 			}
@@ -321,6 +327,33 @@ func closeAll(clients []*sotwClient) {
 			c.close()
 		}
 	}
+}
+
+// totals sums what clients have received so far, by type.
+func totals(clients []*sotwClient) map[string]traffic {
+	sum := map[string]traffic{}
+	for _, c := range clients {
+		for typ, t := range c.traffic() {
+			s := sum[typ]
+			s.Responses += t.Responses
+			s.Resources += t.Resources
+			s.Bytes += t.Bytes
+			sum[typ] = s
+		}
+	}
+	return sum
+}
+
+// since describes what clients received after totals returned before.
+func since(before map[string]traffic, clients []*sotwClient) string {
+	now := totals(clients)
+	var out []string
+	for _, typ := range chain {
+		t, b := now[typ], before[typ]
+		out = append(out, fmt.Sprintf("%s %d responses (%d resources, %.2f MB)", typ[strings.LastIndexByte(typ, '.')+1:],
+			t.Responses-b.Responses, t.Resources-b.Resources, mb(int64(t.Bytes-b.Bytes))))
+	}
+	return strings.Join(out, ", ")
 }
 
 // timed is one measured change: when it was written and how long until

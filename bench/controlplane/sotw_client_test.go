@@ -85,6 +85,12 @@ type sotwClient struct {
 	pending  map[string]bool // type → asked, not answered yet
 	nack     error
 	expects  []*expectation
+	received map[string]traffic
+}
+
+// traffic counts what a client received of one type.
+type traffic struct {
+	Responses, Resources, Bytes int
 }
 
 // expectation is a condition on one type's table that a response is
@@ -102,6 +108,7 @@ func dialSotW(ctx context.Context, name string, conn *grpc.ClientConn, md metada
 	c := &sotwClient{
 		name: name, conn: conn, cancel: cancel, synced: make(chan struct{}), ended: make(chan struct{}),
 		names: map[string][]string{}, tables: map[string]table{}, last: map[string]*discoveryv3.DiscoveryResponse{}, pending: map[string]bool{},
+		received: map[string]traffic{},
 	}
 	for _, typ := range chain {
 		c.tables[typ] = table{}
@@ -152,6 +159,11 @@ func (c *sotwClient) apply(resp *discoveryv3.DiscoveryResponse, at time.Time) []
 	if !ok {
 		return nil
 	}
+	tr := c.received[typ]
+	tr.Responses++
+	tr.Resources += len(resp.GetResources())
+	tr.Bytes += proto.Size(resp)
+	c.received[typ] = tr
 	fresh := table{}
 	for _, r := range resp.GetResources() {
 		name, m, err := decode(typ, r.GetTypeUrl(), r.GetValue())
@@ -327,6 +339,13 @@ func (c *sotwClient) snapshot(typ string) table {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return maps.Clone(c.tables[typ])
+}
+
+// traffic returns what the client has received so far, by type.
+func (c *sotwClient) traffic() map[string]traffic {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.received)
 }
 
 // failure is why the stream ended, or the NACK it sent.
