@@ -97,8 +97,8 @@ crds: ## copy the CRDs Canopy reads from the pinned API modules into deploy/char
 BENCH_PKGS = $(shell grep -rl --include='*_test.go' '^func Benchmark' . | xargs -r -n1 dirname | sort -u)
 
 # bench/controlplane runs an API server, canopy-controller and istiod (the
-# pinned tools) for about 10 minutes on 2 cores, beyond go test's default
-# timeout.
+# pinned tools) for about 6 minutes on 2 cores, more on a loaded machine:
+# too close to go test's default timeout of 10 minutes.
 bench: modules ## Go benchmarks (bench/controlplane: canopy-controller against istiod)
 	env $(TOOLS_ENV) $(GO) test -run '^$$' -bench . -benchmem -timeout 30m $(BENCH_PKGS)
 

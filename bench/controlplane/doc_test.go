@@ -6,7 +6,7 @@
 //
 //	go test ./bench/controlplane -run '^$' -bench . -benchtime 1x -timeout 30m
 //
-// (about 10 minutes on 2 cores; CANOPY_ISTIO_BIN_DIR and
+// (about 6 minutes on 2 cores; CANOPY_ISTIO_BIN_DIR and
 // CANOPY_KUBE_BIN_DIR point at the pinned binaries, else hack/tools.sh
 // builds them). Every figure is reported for canopy and istiod and as the
 // ratio canopy/istiod; ns/op is dropped, since an iteration's wall time
