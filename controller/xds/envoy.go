@@ -168,7 +168,10 @@ type envoyWatch struct {
 	// answer are Delta names subscribed since the last response: one the
 	// generators do not answer is sent as removed, so the client stops
 	// waiting for it.
-	answer        map[string]struct{}
+	answer map[string]struct{}
+	// initial: the Delta watch's first response is still to be sent; it
+	// leaves out what the client holds at the same version.
+	initial       bool
 	nonce         string
 	alwaysRespond bool
 }
@@ -509,4 +512,9 @@ func (s *Server) envoyConnections() []*envoyConn {
 // sotwCount is what a state-of-the-world response counts in metrics.
 func sotwCount(r *discoveryv3.DiscoveryResponse) (string, int) {
 	return r.GetTypeUrl(), len(r.GetResources())
+}
+
+// deltaCount is what a Delta response counts in metrics.
+func deltaCount(r *discoveryv3.DeltaDiscoveryResponse) (string, int) {
+	return r.GetTypeUrl(), len(r.GetResources()) + len(r.GetRemovedResources())
 }
