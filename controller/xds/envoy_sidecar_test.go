@@ -24,8 +24,8 @@ import (
 
 // TestSidecarStateOfTheWorld: an Envoy sidecar over state-of-the-world
 // ADS. Clusters and listeners are wildcard: no names is a subscription to
-// all of them, and names are ignored (a change of them is answered with
-// the same set). Endpoints are by name: an ACK dropping a name is not
+// all of them, and names are ignored (any change of them is answered
+// with the same set). Endpoints are by name: an ACK dropping a name is not
 // answered and the dropped name is not pushed again; no names
 // unsubscribes.
 func TestSidecarStateOfTheWorld(t *testing.T) {
@@ -52,7 +52,9 @@ func TestSidecarStateOfTheWorld(t *testing.T) {
 	s.send(&discoveryv3.DiscoveryRequest{TypeUrl: cds, ResponseNonce: c1.GetNonce(), VersionInfo: c1.GetVersionInfo()})
 	l = nothingForSotW(t, s, lds, l.GetNonce(), "an ACK of clusters")
 	s.send(&discoveryv3.DiscoveryRequest{TypeUrl: cds, ResponseNonce: c1.GetNonce(), ResourceNames: []string{"c1"}})
-	expect("names are ignored", reply{Type: "CDS", Resources: res("c1", own, "c2", own)})
+	c2 := expect("names are ignored", reply{Type: "CDS", Resources: res("c1", own, "c2", own)})
+	s.send(&discoveryv3.DiscoveryRequest{TypeUrl: cds, ResponseNonce: c2.GetNonce()})
+	expect("a name dropped", reply{Type: "CDS", Resources: res("c1", own, "c2", own)})
 
 	s.send(&discoveryv3.DiscoveryRequest{TypeUrl: eds, ResourceNames: []string{"e1", "e2"}})
 	e := expect("endpoints by name", reply{Type: "EDS", Resources: res("e1", "sidecar v1", "e2", "sidecar v1")})
@@ -170,6 +172,8 @@ func TestEnvoyLimits(t *testing.T) {
 		{name: "Delta: too many names in all", delta: []*discoveryv3.DeltaDiscoveryRequest{
 			{Node: sidecarNode, TypeUrl: eds, ResourceNamesSubscribe: names(6, "a")},
 			{TypeUrl: eds, ResourceNamesSubscribe: names(6, "b")}}, code: codes.ResourceExhausted, msg: "12 subscribed names, limit 10"},
+		{name: "Delta: too many names held and subscribed to", delta: []*discoveryv3.DeltaDiscoveryRequest{
+			{Node: sidecarNode, TypeUrl: eds, InitialResourceVersions: versions(6), ResourceNamesSubscribe: names(6, "e")}}, code: codes.ResourceExhausted, msg: "12 subscribed names, limit 10"},
 		{name: "Delta: too many names on a wildcard type", delta: []*discoveryv3.DeltaDiscoveryRequest{
 			{Node: sidecarNode, TypeUrl: cds, ResourceNamesSubscribe: names(6, "a")},
 			{TypeUrl: cds, ResourceNamesSubscribe: names(6, "b")}}, code: codes.ResourceExhausted, msg: "12 subscribed names, limit 10"},
