@@ -231,7 +231,7 @@ func TestEnvoyLimits(t *testing.T) {
 }
 
 // TestSidecarProxyStatus: sidecars, over Delta and state of the world,
-// show in proxy status (/debug/syncz, as canopyctl proxy-status prints
+// count as connected proxies and show in proxy status (/debug/syncz, as canopyctl proxy-status prints
 // it, and istio.io/debug/syncz, as istioctl proxy-status reads it) with
 // their CDS, EDS, LDS and RDS SYNCED, and in /debug/config_dump.
 func TestSidecarProxyStatus(t *testing.T) {
@@ -267,6 +267,9 @@ func TestSidecarProxyStatus(t *testing.T) {
 	ids := []string{"app-delta." + m.ns, "app-sotw." + m.ns}
 	for _, id := range ids {
 		eventuallySynced(t, m, id, 4)
+	}
+	if got := gauge(t, m, "canopy_xds_connected_proxies"); got != 2 {
+		t.Errorf("canopy_xds_connected_proxies = %v, want 2", got)
 	}
 
 	type typeRow struct {
@@ -410,4 +413,20 @@ func TestSidecarEndpointsFromTheMesh(t *testing.T) {
 			until("the pod deleted", "")
 		})
 	}
+}
+
+// gauge is a gauge's value in the mesh's registry.
+func gauge(t *testing.T, m *mesh, name string) float64 {
+	t.Helper()
+	mfs, err := m.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no gauge %s", name)
+	return 0
 }
