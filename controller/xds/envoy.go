@@ -193,7 +193,6 @@ type envoyConn struct {
 	// sidecar: served by GenerateSidecar, with wildcard clusters and
 	// listeners; else a proxyless gRPC client, served by Generate.
 	sidecar bool
-	delta   bool
 
 	mu      sync.Mutex
 	watches map[string]*envoyWatch
@@ -260,7 +259,7 @@ func (s *Server) newEnvoyConn(ctx context.Context, proxy Proxy, delta bool) (*en
 	c := &envoyConn{
 		id:    proxy.ProxyID + "-" + strconv.FormatUint(s.connSeq.Add(1), 10),
 		proxy: proxy, connectedAt: s.cfg.Now(), wake: make(chan struct{}, 1),
-		sidecar: forSidecar, delta: delta,
+		sidecar: forSidecar,
 		watches: map[string]*envoyWatch{}, states: map[string]*typeState{},
 	}
 	if p, ok := peer.FromContext(ctx); ok {
