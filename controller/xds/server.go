@@ -193,8 +193,11 @@ func New(cfg Config, source Source, auth Authenticator, log *slog.Logger) (*Serv
 	}
 	m, err := newMetrics(s.cfg.Registerer, func() float64 {
 		s.connMu.RLock()
-		defer s.connMu.RUnlock()
-		return float64(len(s.conns))
+		n := len(s.conns)
+		s.connMu.RUnlock()
+		s.envoyMu.Lock()
+		defer s.envoyMu.Unlock()
+		return float64(n + len(s.envoyConns))
 	})
 	if err != nil {
 		return nil, fmt.Errorf("xds metrics: %w", err)
