@@ -108,6 +108,7 @@ func TestCanopyMatchesIstiod(t *testing.T) {
 	waitQuiet(t, "both tables", fromIstiod, fromCanopy)
 	compareViews(t, "", types, fromIstiod, fromCanopy, allowList, "testdata/allowlist.yaml")
 	t.Run("proxyless", func(t *testing.T) { compareProxyless(t, ref.XDSAddr, canopyAddr) })
+	t.Run("sidecar", func(t *testing.T) { compareSidecar(t, ref.XDSAddr, canopyAddr) })
 	t.Logf("compared in %s", time.Since(start).Round(100*time.Millisecond))
 }
 

@@ -70,6 +70,10 @@ func grpcNode(ns, pod, sa, ip string, labels map[string]string) (*corev3.Node, e
 type sotwSubscriber struct {
 	name string
 	now  func() time.Time
+	// sidecar: subscribe as an Envoy sidecar does instead: clusters and
+	// listeners as wildcards, then the endpoints the clusters name and
+	// the routes the listeners name.
+	sidecar bool
 
 	mu         sync.Mutex
 	tables     map[string]map[string]*anypb.Any // type URL → name → resource
@@ -101,6 +105,41 @@ func subscribeSotW(ctx context.Context, name string, conn *grpc.ClientConn, node
 		return nil, fmt.Errorf("subscribe %s to listeners: %w", name, err)
 	}
 	s.lastChange = s.now()
+	s.start(ctx, stream)
+	return s, nil
+}
+
+// subscribeSidecar opens the stream and subscribes as an Envoy sidecar
+// over state-of-the-world ADS until ctx ends: clusters and listeners as
+// wildcards (no names), then what they name.
+func subscribeSidecar(ctx context.Context, name string, conn *grpc.ClientConn, node *corev3.Node, md metadata.MD) (*sotwSubscriber, error) {
+	s := &sotwSubscriber{
+		name: name, now: time.Now, sidecar: true,
+		tables: map[string]map[string]*anypb.Any{}, names: map[string][]string{}, last: map[string]*discoveryv3.DiscoveryResponse{},
+		pending: map[string]bool{clusterType: true, listenerType: true},
+	}
+	for _, typ := range envoyTypes {
+		s.tables[typ] = map[string]*anypb.Any{}
+	}
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(metadata.NewOutgoingContext(ctx, md))
+	if err != nil {
+		return nil, fmt.Errorf("open %s stream: %w", name, err)
+	}
+	for i, typ := range []string{clusterType, listenerType} {
+		req := &discoveryv3.DiscoveryRequest{TypeUrl: typ}
+		if i == 0 {
+			req.Node = node
+		}
+		if err := stream.Send(req); err != nil {
+			return nil, fmt.Errorf("subscribe %s to %s: %w", name, shortType(typ), err)
+		}
+	}
+	s.lastChange = s.now()
+	s.start(ctx, stream)
+	return s, nil
+}
+
+func (s *sotwSubscriber) start(ctx context.Context, stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient) {
 	go func() {
 		err := s.run(stream)
 		s.mu.Lock()
@@ -109,7 +148,6 @@ func subscribeSotW(ctx context.Context, name string, conn *grpc.ClientConn, node
 			s.err = err
 		}
 	}()
-	return s, nil
 }
 
 func (s *sotwSubscriber) run(stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient) error {
@@ -179,8 +217,12 @@ func (s *sotwSubscriber) apply(resp *discoveryv3.DiscoveryResponse) []*discovery
 		s.lastChange = s.now()
 	}
 	out := []*discoveryv3.DiscoveryRequest{ack}
-	for i, dep := range envoyTypes[:len(envoyTypes)-1] {
-		next := envoyTypes[i+1]
+	deps := [][2]string{{listenerType, routeType}, {routeType, clusterType}, {clusterType, endpointType}}
+	if s.sidecar {
+		deps = [][2]string{{clusterType, endpointType}, {listenerType, routeType}}
+	}
+	for _, d := range deps {
+		dep, next := d[0], d[1]
 		want := referenced(dep, s.tables[dep])
 		if slices.Equal(want, s.names[next]) {
 			continue
@@ -231,6 +273,16 @@ func referenced(typ string, table map[string]*anypb.Any) []string {
 			var hcm hcmv3.HttpConnectionManager
 			if r.GetApiListener().GetApiListener().UnmarshalTo(&hcm) == nil && hcm.GetRds() != nil {
 				names[hcm.GetRds().GetRouteConfigName()] = true
+			}
+			// A sidecar's listeners hold their connection managers in
+			// filter chains.
+			for _, fc := range append(slices.Clone(r.GetFilterChains()), r.GetDefaultFilterChain()) {
+				for _, f := range fc.GetFilters() {
+					var hcm hcmv3.HttpConnectionManager
+					if f.GetTypedConfig().UnmarshalTo(&hcm) == nil && hcm.GetRds() != nil {
+						names[hcm.GetRds().GetRouteConfigName()] = true
+					}
+				}
 			}
 		case *routev3.RouteConfiguration:
 			for _, vh := range r.GetVirtualHosts() {

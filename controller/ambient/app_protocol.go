@@ -85,3 +85,58 @@ func wellKnownTCPPort(port int32) bool {
 	}
 	return false
 }
+
+// IstioProtocol is a Kubernetes Service port's protocol as Istio names it
+// (HTTP, HTTP2, GRPC, GRPC-Web, TCP, TLS, HTTPS, Mongo, Redis, MySQL,
+// HTTP_PROXY, UDP), by the same rules as servicePortAppProtocol; "" when
+// nothing names it (its protocol is then detected).
+func IstioProtocol(p corev1.ServicePort) string {
+	if p.Protocol == corev1.ProtocolUDP {
+		return "UDP"
+	}
+	name := p.Name
+	if p.AppProtocol != nil {
+		name = *p.AppProtocol
+		switch name {
+		case "kubernetes.io/h2c":
+			return "HTTP2"
+		case "kubernetes.io/ws":
+			return "HTTP"
+		case "kubernetes.io/wss":
+			return "HTTPS"
+		}
+	}
+	const grpcWeb = "grpc-web"
+	if len(name) >= len(grpcWeb) && strings.EqualFold(name[:len(grpcWeb)], grpcWeb) {
+		return "GRPC-Web"
+	}
+	prefix, _, _ := strings.Cut(name, "-")
+	switch strings.ToLower(prefix) {
+	case "http":
+		return "HTTP"
+	case "http2":
+		return "HTTP2"
+	case "grpc":
+		return "GRPC"
+	case "tcp":
+		return "TCP"
+	case "tls":
+		return "TLS"
+	case "https":
+		return "HTTPS"
+	case "mongo":
+		return "Mongo"
+	case "redis":
+		return "Redis"
+	case "mysql":
+		return "MySQL"
+	case "http_proxy":
+		return "HTTP_PROXY"
+	case "udp":
+		return "UDP"
+	}
+	if wellKnownTCPPort(p.Port) {
+		return "TCP"
+	}
+	return ""
+}

@@ -5,8 +5,11 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 
+	networkingapi "istio.io/api/networking/v1"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/canopy-mesh/canopy/controller/ambient"
 	"github.com/canopy-mesh/canopy/controller/sidecar"
@@ -17,6 +20,7 @@ import (
 type traffic struct {
 	virtualServices  map[key]*networkingv1.VirtualService
 	destinationRules map[key]*networkingv1.DestinationRule
+	sidecars         map[key]*networkingv1.Sidecar
 }
 
 // UpsertVirtualService stores a VirtualService.
@@ -37,6 +41,16 @@ func (x *Index) UpsertDestinationRule(dr *networkingv1.DestinationRule) ChangeSe
 // DeleteDestinationRule forgets a DestinationRule.
 func (x *Index) DeleteDestinationRule(namespace, name string) ChangeSet {
 	return setTraffic(x, &x.traffic.destinationRules, key{namespace, name}, nil)
+}
+
+// UpsertSidecar stores a Sidecar resource.
+func (x *Index) UpsertSidecar(sc *networkingv1.Sidecar) ChangeSet {
+	return setTraffic(x, &x.traffic.sidecars, key{sc.Namespace, sc.Name}, sc)
+}
+
+// DeleteSidecar forgets a Sidecar resource.
+func (x *Index) DeleteSidecar(namespace, name string) ChangeSet {
+	return setTraffic(x, &x.traffic.sidecars, key{namespace, name}, nil)
 }
 
 // setTraffic stores obj under k in *objs (nil forgets it), under x's lock. Only sidecar
@@ -70,6 +84,7 @@ func (x *Index) SidecarInputs() sidecar.Inputs {
 		Addresses:             make([]*workloadapi.Address, 0, len(x.addresses)),
 		VirtualServices:       slices.Collect(maps.Values(x.traffic.virtualServices)),
 		DestinationRules:      slices.Collect(maps.Values(x.traffic.destinationRules)),
+		Sidecars:              slices.Collect(maps.Values(x.traffic.sidecars)),
 		PeerAuthentications:   slices.Collect(maps.Values(x.peerAuths)),
 		AuthorizationPolicies: slices.Collect(maps.Values(x.policies)),
 	}
@@ -116,5 +131,82 @@ func (x *Index) SidecarInputs() sidecar.Inputs {
 	in.Labels = func(uid string) map[string]string { return labels[uid] }
 	in.Terminating = func(uid string) bool { return terminating[uid] }
 	in.Entry = func(uid string) *sidecar.EntryEndpoint { return entries[uid] }
+	infos := map[[2]string]sidecar.ServiceInfo{}
+	for _, a := range in.Addresses {
+		if s := a.GetService(); s != nil {
+			infos[[2]string{s.GetNamespace(), s.GetHostname()}] = x.serviceInfo(s.GetNamespace(), s.GetHostname())
+		}
+	}
+	in.Info = func(namespace, hostname string) sidecar.ServiceInfo { return infos[[2]string{namespace, hostname}] }
 	return in
+}
+
+// serviceInfo describes a Service or ServiceEntry host for sidecars. The
+// caller holds x.mu.
+func (x *Index) serviceInfo(namespace, hostname string) sidecar.ServiceInfo {
+	if name, ok := strings.CutSuffix(hostname, "."+namespace+".svc."+x.cfg.DomainSuffix); ok {
+		if svc := x.services[key{namespace, name}]; svc != nil {
+			return kubeServiceInfo(svc)
+		}
+	}
+	for k := range x.serviceEntriesByNamespace[namespace] {
+		se := x.serviceEntries[k]
+		if se != nil && slices.Contains(se.Spec.GetHosts(), hostname) {
+			return serviceEntryInfo(se, hostname)
+		}
+	}
+	return sidecar.ServiceInfo{}
+}
+
+func kubeServiceInfo(svc *corev1.Service) sidecar.ServiceInfo {
+	info := sidecar.ServiceInfo{Protocols: map[uint32]string{}}
+	if svc.Spec.ClusterIP == corev1.ClusterIPNone {
+		info.Resolution = sidecar.None
+	}
+	for _, p := range svc.Spec.Ports {
+		if proto := ambient.IstioProtocol(p); proto != "" {
+			info.Protocols[uint32(p.Port)] = proto
+		}
+	}
+	return info
+}
+
+func serviceEntryInfo(se *networkingv1.ServiceEntry, hostname string) sidecar.ServiceInfo {
+	spec := se.Spec.GetResolution()
+	info := sidecar.ServiceInfo{
+		Protocols: map[uint32]string{}, External: se.Spec.GetLocation() == networkingapi.ServiceEntry_MESH_EXTERNAL,
+		AutoAllocated: len(se.Spec.GetAddresses()) == 0,
+	}
+	switch spec {
+	case networkingapi.ServiceEntry_DNS:
+		info.Resolution = sidecar.DNS
+	case networkingapi.ServiceEntry_DNS_ROUND_ROBIN:
+		info.Resolution = sidecar.DNSRoundRobin
+	case networkingapi.ServiceEntry_NONE:
+		info.Resolution = sidecar.None
+	}
+	for _, p := range se.Spec.GetPorts() {
+		if p.GetProtocol() != "" {
+			info.Protocols[p.GetNumber()] = strings.ToUpper(p.GetProtocol())
+		}
+	}
+	if info.Resolution == sidecar.DNS || info.Resolution == sidecar.DNSRoundRobin {
+		byName := map[string]uint32{}
+		for _, p := range se.Spec.GetPorts() {
+			byName[p.GetName()] = p.GetNumber()
+		}
+		for _, ep := range se.Spec.GetEndpoints() {
+			h := sidecar.DNSHost{Host: ep.GetAddress(), Ports: map[uint32]uint32{}}
+			for name, target := range ep.GetPorts() {
+				if port, ok := byName[name]; ok {
+					h.Ports[port] = target
+				}
+			}
+			info.DNSHosts = append(info.DNSHosts, h)
+		}
+		if len(info.DNSHosts) == 0 {
+			info.DNSHosts = []sidecar.DNSHost{{Host: hostname}}
+		}
+	}
+	return info
 }

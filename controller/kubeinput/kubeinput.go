@@ -56,6 +56,8 @@ type Index interface {
 	DeleteVirtualService(namespace, name string) index.ChangeSet
 	UpsertDestinationRule(*networkingv1.DestinationRule) index.ChangeSet
 	DeleteDestinationRule(namespace, name string) index.ChangeSet
+	UpsertSidecar(*networkingv1.Sidecar) index.ChangeSet
+	DeleteSidecar(namespace, name string) index.ChangeSet
 }
 
 // Clients are the API clients the watcher lists and watches with.
@@ -106,6 +108,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 		register(w, gw.Gateway().V1().Gateways().Informer(), x.UpsertGateway, x.DeleteGateway),
 		register(w, istio.Networking().V1().VirtualServices().Informer(), x.UpsertVirtualService, x.DeleteVirtualService),
 		register(w, istio.Networking().V1().DestinationRules().Informer(), x.UpsertDestinationRule, x.DeleteDestinationRule),
+		register(w, istio.Networking().V1().Sidecars().Informer(), x.UpsertSidecar, x.DeleteSidecar),
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("register informer handlers: %w", err)

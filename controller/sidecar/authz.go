@@ -74,10 +74,10 @@ func (m *Mesh) AuthorizationPolicies(ns string, lbls map[string]string) (deny, a
 func (m *Mesh) grpcRBACFilters(p Proxy) []*hcmv3.HttpFilter {
 	deny, allow := m.AuthorizationPolicies(p.Namespace, p.Labels)
 	var out []*hcmv3.HttpFilter
-	if rules := rbacRules(rbacv3.RBAC_DENY, deny); len(rules.Policies) > 0 {
+	if rules := rbacRules(rbacv3.RBAC_DENY, deny, rbacPolicyName); len(rules.Policies) > 0 {
 		out = append(out, rbacFilter(RBACDenyFilter, rules))
 	}
-	if rules := rbacRules(rbacv3.RBAC_ALLOW, allow); len(rules.Policies) > 0 {
+	if rules := rbacRules(rbacv3.RBAC_ALLOW, allow, rbacPolicyName); len(rules.Policies) > 0 {
 		out = append(out, rbacFilter(RBACAllowFilter, rules))
 	}
 	return out
@@ -87,18 +87,25 @@ func rbacFilter(name string, rules *rbacv3.RBAC) *hcmv3.HttpFilter {
 	return &hcmv3.HttpFilter{Name: name, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&rbacfilterv3.RBAC{Rules: rules})}}
 }
 
-func rbacRules(action rbacv3.RBAC_Action, policies []*securityv1.AuthorizationPolicy) *rbacv3.RBAC {
+// rbacRules translates policies; name keys rule i of a policy.
+func rbacRules(action rbacv3.RBAC_Action, policies []*securityv1.AuthorizationPolicy, name func(*securityv1.AuthorizationPolicy, int) string) *rbacv3.RBAC {
 	out := &rbacv3.RBAC{Action: action, Policies: map[string]*rbacv3.Policy{}}
 	for _, ap := range policies {
 		rules := ap.Spec.GetRules()
 		if len(rules) == 0 && action == rbacv3.RBAC_ALLOW {
-			out.Policies[rbacPolicyName(ap, 0)] = neverPolicy()
+			out.Policies[name(ap, 0)] = neverPolicy()
 		}
 		for i, r := range rules {
-			out.Policies[rbacPolicyName(ap, i)] = rbacPolicy(action, ap.Namespace, r)
+			out.Policies[name(ap, i)] = rbacPolicy(action, ap.Namespace, r)
 		}
 	}
 	return out
+}
+
+// envoyPolicyName is the key of a rule on an Envoy sidecar,
+// "ns[<ns>]-policy[<name>]-rule[<i>]".
+func envoyPolicyName(ap *securityv1.AuthorizationPolicy, i int) string {
+	return "ns[" + ap.Namespace + "]-policy[" + ap.Name + "]-rule[" + strconv.Itoa(i) + "]"
 }
 
 // rbacPolicyName is istiod's key for a rule on a proxyless server.

@@ -296,10 +296,10 @@ func TestRBACRulesWithoutRules(t *testing.T) {
 	t.Parallel()
 	ap := &securityv1.AuthorizationPolicy{}
 	ap.Namespace, ap.Name = "shop", "none"
-	if got := rbacRules(rbacv3.RBAC_DENY, []*securityv1.AuthorizationPolicy{ap}); len(got.Policies) != 0 {
+	if got := rbacRules(rbacv3.RBAC_DENY, []*securityv1.AuthorizationPolicy{ap}, rbacPolicyName); len(got.Policies) != 0 {
 		t.Errorf("DENY policy without rules: got policies %v, want none (it denies nothing)", got.Policies)
 	}
-	got := rbacRules(rbacv3.RBAC_ALLOW, []*securityv1.AuthorizationPolicy{ap})
+	got := rbacRules(rbacv3.RBAC_ALLOW, []*securityv1.AuthorizationPolicy{ap}, rbacPolicyName)
 	if diff := cmp.Diff(map[string]*rbacv3.Policy{"shop-none-0": neverPolicy()}, got.Policies, protocmp.Transform()); diff != "" {
 		t.Errorf("ALLOW policy without rules (-want +got):\n%s", diff)
 	}

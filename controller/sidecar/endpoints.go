@@ -3,6 +3,7 @@ package sidecar
 import (
 	"cmp"
 	"maps"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -68,7 +69,7 @@ func (m *Mesh) assignment(p Proxy, name string, k ClusterKey) *endpointv3.Cluste
 			// A ServiceEntry selects only ready pods.
 			continue
 		}
-		lbe := m.lbEndpoint(ep, target)
+		lbe := m.lbEndpoint(ep, target, p.HBONE)
 		if lbe == nil {
 			continue
 		}
@@ -87,8 +88,9 @@ func (m *Mesh) assignment(p Proxy, name string, k ClusterKey) *endpointv3.Cluste
 		switch {
 		case !healthy:
 			lbe.HealthStatus = corev3.HealthStatus_UNHEALTHY
-		case ep.Entry != nil:
-			// No health is known of a ServiceEntry's own endpoints.
+		case ep.Entry != nil || isWorkloadEntry(ep):
+			// No health is known of a ServiceEntry's own endpoints, nor
+			// of a WorkloadEntry without health checks.
 			lbe.HealthStatus = corev3.HealthStatus_UNKNOWN
 		}
 		group.LbEndpoints = append(group.LbEndpoints, lbe)
@@ -103,7 +105,12 @@ func (m *Mesh) assignment(p Proxy, name string, k ClusterKey) *endpointv3.Cluste
 
 // lbEndpoint is one workload at its target port, or nil for a workload
 // without an address (a DNS name is not an EDS endpoint).
-func (m *Mesh) lbEndpoint(ep Endpoint, port uint32) *endpointv3.LbEndpoint {
+//
+// With hbone, a workload of the ambient mesh (it takes HBONE) that is not
+// labelled for Istio mutual TLS is reached through the proxy's
+// connect_originate listener: an internal address whose original
+// destination is the workload, which that listener tunnels to over HBONE.
+func (m *Mesh) lbEndpoint(ep Endpoint, port uint32, hbone bool) *endpointv3.LbEndpoint {
 	var addrs []netip.Addr
 	for _, b := range ep.GetAddresses() {
 		if a, ok := netip.AddrFromSlice(b); ok {
@@ -131,6 +138,15 @@ func (m *Mesh) lbEndpoint(ep Endpoint, port uint32) *endpointv3.LbEndpoint {
 	if tlsMode(ep) == "istio" && m.MTLSMode(ep.GetNamespace(), ep.Labels, port) != securityapi.PeerAuthentication_MutualTLS_DISABLE {
 		meta["envoy.transport_socket_match"] = &structpb.Struct{Fields: map[string]*structpb.Value{"tlsMode": structpb.NewStringValue("istio")}}
 	}
+	if hbone && ep.GetTunnelProtocol() == workloadapi.TunnelProtocol_HBONE && tlsMode(ep) != "istio" {
+		target := net.JoinHostPort(addrs[0].String(), u32(port))
+		e = &endpointv3.Endpoint{Address: &corev3.Address{Address: &corev3.Address_EnvoyInternalAddress{EnvoyInternalAddress: &corev3.EnvoyInternalAddress{
+			AddressNameSpecifier: &corev3.EnvoyInternalAddress_ServerListenerName{ServerListenerName: ConnectOriginate},
+			EndpointId:           target,
+		}}}}
+		meta[originalDstMetadata] = &structpb.Struct{Fields: map[string]*structpb.Value{"local": structpb.NewStringValue(target)}}
+		meta["envoy.transport_socket_match"] = &structpb.Struct{Fields: map[string]*structpb.Value{"tunnel": structpb.NewStringValue("http")}}
+	}
 	return &endpointv3.LbEndpoint{
 		HostIdentifier:      &endpointv3.LbEndpoint_Endpoint{Endpoint: e},
 		HealthStatus:        corev3.HealthStatus_HEALTHY,
@@ -140,16 +156,21 @@ func (m *Mesh) lbEndpoint(ep Endpoint, port uint32) *endpointv3.LbEndpoint {
 }
 
 // tlsMode is the endpoint's security.istio.io/tlsMode label; a
-// ServiceEntry's inline endpoint without one takes "istio" when it names a
-// service account.
+// ServiceEntry's inline endpoint or a WorkloadEntry without one takes
+// "istio" when it names a service account.
 func tlsMode(ep Endpoint) string {
-	if v, ok := ep.Labels[tlsModeLabel]; ok || ep.Entry == nil {
+	if v, ok := ep.Labels[tlsModeLabel]; ok || (ep.Entry == nil && !isWorkloadEntry(ep)) {
 		return v
 	}
 	if ep.GetServiceAccount() != "" {
 		return "istio"
 	}
 	return ""
+}
+
+func isWorkloadEntry(ep Endpoint) bool {
+	uid, err := workloadapi.ParseWorkloadUID(ep.GetUid())
+	return err == nil && uid.Kind == workloadapi.KindWorkloadEntry
 }
 
 func isPod(ep Endpoint) bool {
@@ -174,7 +195,13 @@ func (m *Mesh) workloadMetadata(ep Endpoint) string {
 	if rev == "latest" {
 		rev = ""
 	}
-	return strings.Join([]string{name, ep.GetNamespace(), canonical, rev, cmp.Or(ep.GetClusterId(), m.ClusterID)}, ";")
+	ns := ep.GetNamespace()
+	if uid, err := workloadapi.ParseWorkloadUID(ep.GetUid()); err == nil && uid.Kind == workloadapi.KindEndpointSlice && name == "" {
+		// An address of an EndpointSlice that names no workload: nothing
+		// to attribute it to, not even a namespace.
+		ns = ""
+	}
+	return strings.Join([]string{name, ns, canonical, rev, cmp.Or(ep.GetClusterId(), m.ClusterID)}, ";")
 }
 
 func btoi(b bool) int {

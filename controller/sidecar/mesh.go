@@ -36,6 +36,7 @@ type Mesh struct {
 	services         map[string][]*Service // by hostname, oldest first
 	virtualServices  []*networkingv1.VirtualService
 	destinationRules []*networkingv1.DestinationRule
+	sidecars         []*networkingv1.Sidecar
 }
 
 // Service is a service of the workload tables with its endpoints.
@@ -43,6 +44,48 @@ type Service struct {
 	*workloadapi.Service
 	// Endpoints are the workloads that serve it, sorted by UID.
 	Endpoints []Endpoint
+	// Info is what the workload table does not say of it.
+	Info ServiceInfo
+}
+
+// ServiceInfo is what a sidecar's configuration needs of a service beyond
+// the workload table: the table says what a node proxy needs, which is
+// less.
+type ServiceInfo struct {
+	// Protocols are the ports' protocols as Istio names them (HTTP, HTTP2,
+	// GRPC, GRPC-Web, TCP, TLS, HTTPS, Mongo, Redis, MySQL, UDP), by
+	// service port. A port without one has its protocol detected (sniffed).
+	// Nil: taken from the table's app protocols.
+	Protocols map[uint32]string
+	// Resolution is how a sidecar finds the endpoints: Static (from the
+	// table, over EDS), DNS, DNSRoundRobin, or None (the original
+	// destination: a headless Service, a ServiceEntry of resolution NONE).
+	Resolution Resolution
+	// External marks a ServiceEntry of location MESH_EXTERNAL.
+	External bool
+	// AutoAllocated: the service's addresses were allocated by the mesh
+	// (a ServiceEntry that declares none), not declared.
+	AutoAllocated bool
+	// DNSHosts are the names a DNS-resolved service's endpoints are looked
+	// up by, with their ports by service port (0: the service port).
+	DNSHosts []DNSHost
+}
+
+// Resolution is how a sidecar finds a service's endpoints.
+type Resolution int
+
+// Resolutions.
+const (
+	Static Resolution = iota
+	DNS
+	DNSRoundRobin
+	None
+)
+
+// DNSHost is an endpoint of a DNS-resolved service.
+type DNSHost struct {
+	Host  string
+	Ports map[uint32]uint32
 }
 
 // Endpoint is one workload serving a Service.
@@ -90,6 +133,11 @@ type Inputs struct {
 	PeerAuthentications []*securityv1.PeerAuthentication
 	// AuthorizationPolicies become the RBAC filters of proxyless servers.
 	AuthorizationPolicies []*securityv1.AuthorizationPolicy
+	// Sidecars scope what each proxy sees (egress hosts).
+	Sidecars []*networkingv1.Sidecar
+	// Info describes a service by namespace and hostname (nil, or the zero
+	// ServiceInfo: as the table says).
+	Info func(namespace, hostname string) ServiceInfo
 }
 
 // NewMesh indexes in. The workload table's services become Services; each
@@ -106,12 +154,16 @@ func NewMesh(in Inputs) *Mesh {
 		services:              map[string][]*Service{},
 		virtualServices:       sortedConfigs(in.VirtualServices),
 		destinationRules:      sortedConfigs(in.DestinationRules),
+		sidecars:              sortedConfigs(in.Sidecars),
 	}
 	m.indexRules()
 	byKey := map[string]*Service{}
 	for _, a := range in.Addresses {
 		if s := a.GetService(); s != nil {
 			svc := &Service{Service: s}
+			if in.Info != nil {
+				svc.Info = in.Info(s.GetNamespace(), s.GetHostname())
+			}
 			byKey[workloadapi.ServiceKey(s.GetNamespace(), s.GetHostname())] = svc
 			m.services[s.GetHostname()] = append(m.services[s.GetHostname()], svc)
 		}
@@ -213,6 +265,10 @@ type Proxy struct {
 	Labels map[string]string
 	// IPs are its addresses; a server listener is answered for them.
 	IPs []netip.Addr
+	// HBONE: the proxy tunnels to endpoints that take HBONE (workloads of
+	// the ambient mesh) through its connect_originate listener. Envoy
+	// sidecars do (GenerateSidecar sets it); gRPC clients cannot.
+	HBONE bool
 }
 
 // Service returns the service named hostname that proxy p may see: the

@@ -109,3 +109,12 @@ func (m *Mesh) Generate(p Proxy, typeURL string, names []string) []Named {
 	}
 	return nil
 }
+
+// parsePort parses a port number (1-65535).
+func parsePort(s string) (uint32, error) {
+	port, err := strconv.ParseUint(s, 10, 16)
+	if err != nil || port == 0 {
+		return 0, fmt.Errorf("bad port %q", s)
+	}
+	return uint32(port), nil
+}

@@ -3,11 +3,19 @@ package sidecar
 // GenerateSidecar answers typeURL for an Envoy sidecar (Istio's proxyv2
 // image). Clusters and listeners are wildcard types for a sidecar: names
 // are ignored and every cluster (listener) the proxy may see is returned.
-// Endpoints and routes answer the names asked for.
+// Endpoints and routes answer the names asked for. A sidecar reaches
+// workloads of the ambient mesh over HBONE (Proxy.HBONE).
 func (m *Mesh) GenerateSidecar(p Proxy, typeURL string, names []string) []Named {
+	p.HBONE = true
 	switch typeURL {
+	case ClusterType:
+		return m.SidecarClusters(p)
 	case EndpointType:
 		return m.Endpoints(p, names)
+	case ListenerType:
+		return m.SidecarListeners(p)
+	case RouteType:
+		return m.SidecarRoutes(p, names)
 	}
 	return nil
 }

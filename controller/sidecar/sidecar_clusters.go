@@ -1,0 +1,567 @@
+package sidecar
+
+import (
+	"cmp"
+	"maps"
+	"math"
+	"slices"
+	"strings"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	rawbufferv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/raw_buffer/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	networkingapi "istio.io/api/networking/v1"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+
+	"github.com/canopy-mesh/canopy/workloadapi"
+)
+
+// Names of the clusters every sidecar gets (sidecar wire contract §2.1).
+const (
+	BlackHoleCluster          = "BlackHoleCluster"
+	PassthroughCluster        = "PassthroughCluster"
+	InboundPassthroughCluster = "InboundPassthroughCluster"
+)
+
+// inboundBindAddress is the source address a sidecar uses towards its own
+// application, so that the redirection rules let the connection through.
+const inboundBindAddress = "127.0.0.6"
+
+// portKind is how a sidecar carries a port's traffic.
+type portKind int
+
+const (
+	kindSniffed portKind = iota // protocol detected per connection
+	kindHTTP                    // HTTP/1.1, HTTP/2, gRPC, gRPC-Web
+	kindTCP                     // opaque bytes (TCP, TLS, and protocols without a filter)
+	kindUDP                     // not carried
+)
+
+// portProtocol is the Istio protocol name of a service port, from the
+// service's description, else from the workload table's app protocol.
+func portProtocol(s *Service, port uint32) string {
+	if s.Info.Protocols != nil {
+		return s.Info.Protocols[port]
+	}
+	for _, sp := range s.GetPorts() {
+		if sp.GetServicePort() == port {
+			switch sp.GetAppProtocol() {
+			case workloadapi.AppProtocol_HTTP11:
+				return "HTTP"
+			case workloadapi.AppProtocol_HTTP2:
+				return "HTTP2"
+			case workloadapi.AppProtocol_GRPC:
+				return "GRPC"
+			case workloadapi.AppProtocol_TCP:
+				return "TCP"
+			case workloadapi.AppProtocol_TLS:
+				return "TLS"
+			}
+		}
+	}
+	return ""
+}
+
+func kindOf(protocol string) portKind {
+	switch protocol {
+	case "":
+		return kindSniffed
+	case "HTTP", "HTTP2", "GRPC", "GRPC-Web", "HTTP_PROXY":
+		return kindHTTP
+	case "UDP":
+		return kindUDP
+	}
+	return kindTCP
+}
+
+// http2 reports whether a protocol is always HTTP/2 upstream.
+func http2(protocol string) bool {
+	return protocol == "HTTP2" || protocol == "GRPC" || protocol == "GRPC-Web"
+}
+
+// visibleServices are the services proxy p may send to, by hostname:
+// those exported to its namespace that its Sidecar resource's egress
+// hosts import.
+func (m *Mesh) visibleServices(p Proxy) []*Service {
+	scope := m.SidecarScope(p)
+	var out []*Service
+	for _, h := range slices.Sorted(maps.Keys(m.services)) {
+		if s := m.Service(p, h); s != nil && egressAllows(scope, h, s.GetNamespace()) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// sortedPorts are a service's ports in order.
+func sortedPorts(s *Service) []uint32 {
+	var out []uint32
+	for _, sp := range s.GetPorts() {
+		out = append(out, sp.GetServicePort())
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// SidecarClusters are every cluster a sidecar gets (sidecar wire contract
+// §2): an outbound cluster per port of each service it may see, and per
+// port and subset of the service's DestinationRule; an inbound cluster
+// per target port its own workload serves; and the black hole and
+// passthrough clusters.
+func (m *Mesh) SidecarClusters(p Proxy) []Named {
+	var out []Named
+	for _, svc := range m.visibleServices(p) {
+		dr := m.DestinationRule(p, svc.GetHostname(), svc.GetNamespace())
+		for _, port := range sortedPorts(svc) {
+			protocol := portProtocol(svc, port)
+			if kindOf(protocol) == kindUDP {
+				continue
+			}
+			subsets := []string{""}
+			if dr != nil {
+				for _, ss := range dr.Spec.GetSubsets() {
+					subsets = append(subsets, ss.GetName())
+				}
+			}
+			for _, ss := range subsets {
+				policy, ok := clusterPolicy(dr, port, ss)
+				if !ok {
+					continue
+				}
+				name := ClusterName(Outbound, port, ss, svc.GetHostname())
+				out = append(out, Named{name, m.outboundCluster(p, name, svc, port, ss, protocol, policy, dr)})
+			}
+		}
+	}
+	for _, in := range m.inboundPorts(p) {
+		name := ClusterName(Inbound, in.target, "", "")
+		dr := m.DestinationRule(p, in.svc.GetHostname(), in.svc.GetNamespace())
+		policy, _ := clusterPolicy(dr, in.port, "")
+		out = append(out, Named{name, m.inboundCluster(name, in, policy, dr)})
+	}
+	out = append(out,
+		Named{BlackHoleCluster, &clusterv3.Cluster{
+			Name: BlackHoleCluster, AltStatName: BlackHoleCluster + ";",
+			ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
+			ConnectTimeout:       durationpb.New(defaultConnectTimeout),
+		}},
+		Named{PassthroughCluster, passthroughCluster(PassthroughCluster, false)},
+		Named{InboundPassthroughCluster, passthroughCluster(InboundPassthroughCluster, true)},
+	)
+	if p.HBONE {
+		out = append(out, Named{ConnectOriginate, connectOriginateCluster(m.TrustDomain)})
+	}
+	return out
+}
+
+// inboundPort is a target port the proxy's own workload serves, with the
+// first service (by hostname) and service port that send to it.
+type inboundPort struct {
+	target, port uint32
+	svc          *Service
+	protocol     string
+}
+
+// inboundPorts are the target ports of the services the proxy's
+// workloads serve, in order.
+func (m *Mesh) inboundPorts(p Proxy) []inboundPort {
+	byTarget := map[uint32]inboundPort{}
+	for _, h := range slices.Sorted(maps.Keys(m.services)) {
+		for _, s := range m.services[h] {
+			for _, ep := range s.Endpoints {
+				if !hasAddress(ep.Workload, p.IPs) {
+					continue
+				}
+				for _, port := range slices.Sorted(maps.Keys(ep.Ports)) {
+					target := ep.Ports[port]
+					protocol := portProtocol(s, port)
+					if _, seen := byTarget[target]; seen || kindOf(protocol) == kindUDP {
+						continue
+					}
+					byTarget[target] = inboundPort{target: target, port: port, svc: s, protocol: protocol}
+				}
+			}
+		}
+	}
+	var out []inboundPort
+	for _, t := range slices.Sorted(maps.Keys(byTarget)) {
+		out = append(out, byTarget[t])
+	}
+	return out
+}
+
+// defaultConnectTimeout is a cluster's connect timeout when no
+// DestinationRule sets one.
+const defaultConnectTimeout = 10e9
+
+func (m *Mesh) outboundCluster(p Proxy, name string, svc *Service, port uint32, subsetName, protocol string, policy *networkingapi.TrafficPolicy, dr *networkingv1.DestinationRule) *clusterv3.Cluster {
+	c := baseCluster(name, policy)
+	original := svc.Info.Resolution == None || m.isHeadless(svc)
+	switch {
+	case original:
+		c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST}
+		c.LbPolicy = clusterv3.Cluster_CLUSTER_PROVIDED
+	case svc.Info.Resolution == DNS || svc.Info.Resolution == DNSRoundRobin:
+		typ := clusterv3.Cluster_STRICT_DNS
+		if svc.Info.Resolution == DNSRoundRobin {
+			typ = clusterv3.Cluster_LOGICAL_DNS
+		}
+		c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: typ}
+		c.DnsLookupFamily = clusterv3.Cluster_V4_ONLY
+		//lint:ignore SA1019 the fields Istio's sidecars are configured by
+		c.RespectDnsTtl = true
+		//lint:ignore SA1019 as above
+		c.DnsRefreshRate = durationpb.New(60e9)
+		c.LoadAssignment = dnsAssignment(name, svc, port)
+		applyLoadBalancer(c, policy)
+	default:
+		c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS}
+		c.EdsClusterConfig = &clusterv3.Cluster_EdsClusterConfig{ServiceName: name, EdsConfig: adsSourceNoWait()}
+		applyLoadBalancer(c, policy)
+	}
+	c.CommonLbConfig = &clusterv3.Cluster_CommonLbConfig{}
+	c.Filters = []*clusterv3.Filter{{Name: "istio.metadata_exchange", TypedConfig: metadataExchangeConfig()}}
+	setProtocolOptions(c, protocol)
+	c.Metadata = clusterMetadata(svc, m.DomainSuffix, dr, subsetName)
+
+	// Mutual TLS: as the rule says, else automatically towards the
+	// endpoints labelled for it (not for a service outside the mesh, nor
+	// towards an original destination).
+	alpn := []string{"istio-peer-exchange", "istio"}
+	if http2(protocol) {
+		alpn = append(alpn, "h2")
+	}
+	tlsContext := func() *tlsv3.UpstreamTlsContext {
+		sans := m.serviceAccounts(svc)
+		if s := policy.GetTls().GetSubjectAltNames(); len(s) > 0 {
+			sans = s
+		}
+		return &tlsv3.UpstreamTlsContext{
+			CommonTlsContext: sdsTLSContext(sans, alpn),
+			Sni:              cmp.Or(policy.GetTls().GetSni(), sniName(port, subsetName, svc.GetHostname())),
+		}
+	}
+	var matches []*clusterv3.Cluster_TransportSocketMatch
+	switch tls := policy.GetTls(); {
+	case tls.GetMode() == networkingapi.ClientTLSSettings_ISTIO_MUTUAL:
+		if p.HBONE {
+			matches = append(matches, &clusterv3.Cluster_TransportSocketMatch{Name: "tlsMode-istio", TransportSocket: tlsSocket(tlsContext())})
+		} else {
+			c.TransportSocket = tlsSocket(tlsContext())
+		}
+	case tls.GetMode() == networkingapi.ClientTLSSettings_SIMPLE || tls.GetMode() == networkingapi.ClientTLSSettings_MUTUAL:
+		c.TransportSocket = tlsSocket(originationTLS(tls, svc.GetHostname(), protocol))
+	case tls == nil && !svc.Info.External && !original:
+		matches = append(matches,
+			&clusterv3.Cluster_TransportSocketMatch{Name: "tlsMode-istio", Match: tlsModeMatch(), TransportSocket: tlsSocket(tlsContext())},
+			&clusterv3.Cluster_TransportSocketMatch{Name: "tlsMode-disabled", Match: &structpb.Struct{}, TransportSocket: rawBufferSocket()})
+	case p.HBONE:
+		matches = append(matches, &clusterv3.Cluster_TransportSocketMatch{Name: "tlsMode-disabled", Match: &structpb.Struct{}, TransportSocket: rawBufferSocket()})
+	}
+	if p.HBONE && c.TransportSocket == nil {
+		matches = append([]*clusterv3.Cluster_TransportSocketMatch{hboneMatch()}, matches...)
+	}
+	c.TransportSocketMatches = matches
+	return c
+}
+
+// originationTLS is the TLS a rule's SIMPLE or MUTUAL mode originates:
+// the roots and client certificate as files the sidecar's agent serves
+// over SDS ("file-root:<path>", "file-cert:<cert>~<key>"), the system
+// roots when the rule names none, or a credential secret
+// ("kubernetes://<name>") over ADS. Canopy does not serve credential
+// secrets yet, so such a cluster stays warming and carries no traffic:
+// never plaintext where TLS was asked for.
+func originationTLS(tls *networkingapi.ClientTLSSettings, hostname, protocol string) *tlsv3.UpstreamTlsContext {
+	var alpn []string
+	if http2(protocol) {
+		alpn = []string{"h2"}
+	}
+	ctx := &tlsv3.CommonTlsContext{
+		TlsParams: &tlsv3.TlsParameters{
+			TlsMinimumProtocolVersion: tlsv3.TlsParameters_TLSv1_2,
+			TlsMaximumProtocolVersion: tlsv3.TlsParameters_TLSv1_3,
+		},
+		AlpnProtocols: alpn,
+	}
+	var sans []*matcherv3.StringMatcher
+	for _, s := range tls.GetSubjectAltNames() {
+		sans = append(sans, &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s}})
+	}
+	validation := &tlsv3.CertificateValidationContext{}
+	if len(sans) > 0 {
+		//lint:ignore SA1019 Istio's sidecars check identities in this field
+		validation.MatchSubjectAltNames = sans
+	}
+	roots := "file-root:system"
+	switch {
+	case tls.GetCredentialName() != "":
+		secret := &tlsv3.SdsSecretConfig{Name: "kubernetes://" + tls.GetCredentialName(), SdsConfig: adsSource()}
+		ctx.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{secret}
+		roots = "kubernetes://" + tls.GetCredentialName() + "-cacert"
+		if tls.GetMode() == networkingapi.ClientTLSSettings_SIMPLE {
+			ctx.TlsCertificateSdsSecretConfigs = nil
+			roots = "kubernetes://" + tls.GetCredentialName()
+		}
+		ctx.ValidationContextType = &tlsv3.CommonTlsContext_CombinedValidationContext{CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
+			DefaultValidationContext: validation, ValidationContextSdsSecretConfig: &tlsv3.SdsSecretConfig{Name: roots, SdsConfig: adsSource()},
+		}}
+	default:
+		if tls.GetCaCertificates() != "" {
+			roots = "file-root:" + tls.GetCaCertificates()
+		}
+		if tls.GetMode() == networkingapi.ClientTLSSettings_MUTUAL {
+			ctx.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{sds("file-cert:" + tls.GetClientCertificate() + "~" + tls.GetPrivateKey())}
+		}
+		ctx.ValidationContextType = &tlsv3.CommonTlsContext_CombinedValidationContext{CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
+			DefaultValidationContext: validation, ValidationContextSdsSecretConfig: sds(roots),
+		}}
+	}
+	if tls.GetInsecureSkipVerify().GetValue() {
+		ctx.ValidationContextType = nil
+	}
+	return &tlsv3.UpstreamTlsContext{CommonTlsContext: ctx, Sni: cmp.Or(tls.GetSni(), hostname)}
+}
+
+// isHeadless reports a Kubernetes Service without a cluster IP.
+func (m *Mesh) isHeadless(svc *Service) bool {
+	return m.isKubernetesService(svc.Service) && len(svc.GetAddresses()) == 0
+}
+
+func tlsModeMatch() *structpb.Struct {
+	return &structpb.Struct{Fields: map[string]*structpb.Value{"tlsMode": structpb.NewStringValue("istio")}}
+}
+
+func rawBufferSocket() *corev3.TransportSocket {
+	return &corev3.TransportSocket{Name: "envoy.transport_sockets.raw_buffer", ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(&rawbufferv3.RawBuffer{})}}
+}
+
+// sniName is the SNI of Istio mutual TLS towards a cluster:
+// "outbound_.<port>_.<subset>_.<hostname>".
+func sniName(port uint32, subsetName, hostname string) string {
+	return "outbound_." + u32(port) + "_." + subsetName + "_." + hostname
+}
+
+// baseCluster has what every cluster shares: its name, connect timeout and
+// circuit breakers (unlimited but for what the policy's connection pool
+// sets).
+func baseCluster(name string, policy *networkingapi.TrafficPolicy) *clusterv3.Cluster {
+	timeout := durationpb.New(defaultConnectTimeout)
+	if t := policy.GetConnectionPool().GetTcp().GetConnectTimeout(); t != nil {
+		timeout = t
+	}
+	limit := func(v int32) *wrapperspb.UInt32Value {
+		if v > 0 {
+			return wrapperspb.UInt32(uint32(v))
+		}
+		return wrapperspb.UInt32(math.MaxUint32)
+	}
+	pool := policy.GetConnectionPool()
+	return &clusterv3.Cluster{
+		Name: name, AltStatName: name + ";", ConnectTimeout: timeout,
+		CircuitBreakers: &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{{
+			MaxConnections:     limit(pool.GetTcp().GetMaxConnections()),
+			MaxPendingRequests: limit(pool.GetHttp().GetHttp1MaxPendingRequests()),
+			MaxRequests:        limit(pool.GetHttp().GetHttp2MaxRequests()),
+			MaxRetries:         limit(pool.GetHttp().GetMaxRetries()),
+			TrackRemaining:     true,
+		}}},
+	}
+}
+
+// applyLoadBalancer sets the policy's load balancer; Istio's default is
+// least request.
+func applyLoadBalancer(c *clusterv3.Cluster, policy *networkingapi.TrafficPolicy) {
+	c.LbPolicy = clusterv3.Cluster_LEAST_REQUEST
+	lb := policy.GetLoadBalancer()
+	switch {
+	case lb.GetConsistentHash() != nil:
+		if lb.GetConsistentHash().GetMaglev() != nil {
+			c.LbPolicy = clusterv3.Cluster_MAGLEV
+			return
+		}
+		c.LbPolicy = clusterv3.Cluster_RING_HASH
+		size := lb.GetConsistentHash().GetRingHash().GetMinimumRingSize()
+		if size == 0 {
+			//lint:ignore SA1019 the field Istio's rules still set
+			size = lb.GetConsistentHash().GetMinimumRingSize()
+		}
+		c.LbConfig = &clusterv3.Cluster_RingHashLbConfig_{RingHashLbConfig: &clusterv3.Cluster_RingHashLbConfig{
+			MinimumRingSize: wrapperspb.UInt64(max(size, 1024)),
+		}}
+	case lb.GetSimple() == networkingapi.LoadBalancerSettings_ROUND_ROBIN:
+		c.LbPolicy = clusterv3.Cluster_ROUND_ROBIN
+	case lb.GetSimple() == networkingapi.LoadBalancerSettings_RANDOM:
+		c.LbPolicy = clusterv3.Cluster_RANDOM
+	}
+	if od := policy.GetOutlierDetection(); od != nil {
+		o := &clusterv3.OutlierDetection{
+			Interval: od.GetInterval(), BaseEjectionTime: od.GetBaseEjectionTime(),
+			EnforcingSuccessRate: wrapperspb.UInt32(0),
+		}
+		if n := od.GetConsecutive_5XxErrors(); n != nil {
+			o.Consecutive_5Xx = wrapperspb.UInt32(n.GetValue())
+			o.EnforcingConsecutive_5Xx = wrapperspb.UInt32(100)
+		}
+		if n := od.GetConsecutiveGatewayErrors(); n != nil {
+			o.ConsecutiveGatewayFailure = wrapperspb.UInt32(n.GetValue())
+			o.EnforcingConsecutiveGatewayFailure = wrapperspb.UInt32(100)
+		}
+		if p := od.GetMaxEjectionPercent(); p > 0 {
+			o.MaxEjectionPercent = wrapperspb.UInt32(uint32(p))
+		}
+		c.OutlierDetection = o
+	}
+}
+
+// setProtocolOptions makes HTTP/2 and gRPC clusters speak HTTP/2, and
+// clusters of detected protocol speak what the client spoke.
+func setProtocolOptions(c *clusterv3.Cluster, protocol string) {
+	var opts *httpv3.HttpProtocolOptions
+	switch {
+	case http2(protocol):
+		opts = &httpv3.HttpProtocolOptions{UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{
+			ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
+				ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{Http2ProtocolOptions: &corev3.Http2ProtocolOptions{}},
+			}}}
+	case protocol == "":
+		opts = &httpv3.HttpProtocolOptions{UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_UseDownstreamProtocolConfig{
+			UseDownstreamProtocolConfig: &httpv3.HttpProtocolOptions_UseDownstreamHttpConfig{
+				HttpProtocolOptions: &corev3.Http1ProtocolOptions{}, Http2ProtocolOptions: &corev3.Http2ProtocolOptions{},
+			}}}
+	default:
+		return
+	}
+	c.TypedExtensionProtocolOptions = map[string]*anypb.Any{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": mustAny(opts)}
+}
+
+// clusterMetadata says which service (and rule, and subset) a cluster is
+// for, as Istio's telemetry reads it.
+func clusterMetadata(svc *Service, domain string, dr *networkingv1.DestinationRule, subsetName string) *corev3.Metadata {
+	name := svc.GetHostname()
+	if short, ok := strings.CutSuffix(name, "."+svc.GetNamespace()+".svc."+domain); ok {
+		name = short
+	}
+	fields := map[string]any{
+		"services": []any{map[string]any{"host": svc.GetHostname(), "name": name, "namespace": svc.GetNamespace()}},
+	}
+	if dr != nil {
+		fields["config"] = "/apis/networking.istio.io/v1/namespaces/" + dr.Namespace + "/destination-rule/" + dr.Name
+	}
+	if subsetName != "" {
+		fields["subset"] = subsetName
+	}
+	s, err := structpb.NewStruct(fields)
+	if err != nil {
+		panic(err) // only strings and lists of them
+	}
+	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"istio": s}}
+}
+
+// dnsAssignment lists a DNS-resolved service's hosts for port.
+func dnsAssignment(name string, svc *Service, port uint32) *endpointv3.ClusterLoadAssignment {
+	la := &endpointv3.LocalityLbEndpoints{}
+	for _, h := range svc.Info.DNSHosts {
+		target := port
+		if t := h.Ports[port]; t != 0 {
+			target = t
+		}
+		la.LbEndpoints = append(la.LbEndpoints, &endpointv3.LbEndpoint{
+			HostIdentifier:      &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: socketAddress(h.Host, target)}},
+			LoadBalancingWeight: wrapperspb.UInt32(1),
+		})
+	}
+	la.LoadBalancingWeight = wrapperspb.UInt32(uint32(max(len(la.LbEndpoints), 1)))
+	return &endpointv3.ClusterLoadAssignment{ClusterName: name, Endpoints: []*endpointv3.LocalityLbEndpoints{la}}
+}
+
+// inboundCluster sends a target port's traffic on to the application at
+// the address it was sent to, from inboundBindAddress.
+func (m *Mesh) inboundCluster(name string, in inboundPort, policy *networkingapi.TrafficPolicy, dr *networkingv1.DestinationRule) *clusterv3.Cluster {
+	c := baseCluster(name, policy)
+	c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST}
+	c.LbPolicy = clusterv3.Cluster_CLUSTER_PROVIDED
+	c.CleanupInterval = durationpb.New(math.MaxInt64 / 1e9 * 1e9)
+	c.UpstreamBindConfig = &corev3.BindConfig{SourceAddress: &corev3.SocketAddress{
+		Address: inboundBindAddress, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: 0},
+	}}
+	c.CommonLbConfig = &clusterv3.Cluster_CommonLbConfig{}
+	if http2(in.protocol) {
+		setProtocolOptions(c, in.protocol)
+	}
+	c.Metadata = clusterMetadata(in.svc, m.DomainSuffix, dr, "")
+	return c
+}
+
+// passthroughCluster sends to the original destination; inbound, from
+// inboundBindAddress.
+func passthroughCluster(name string, inbound bool) *clusterv3.Cluster {
+	c := baseCluster(name, nil)
+	c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST}
+	c.LbPolicy = clusterv3.Cluster_CLUSTER_PROVIDED
+	setProtocolOptions(c, "")
+	if inbound {
+		c.UpstreamBindConfig = &corev3.BindConfig{SourceAddress: &corev3.SocketAddress{
+			Address: inboundBindAddress, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: 0},
+		}}
+	}
+	return c
+}
+
+// sds names a secret the sidecar's agent serves over its SDS socket
+// (sidecar wire contract §2.3).
+func sds(name string) *tlsv3.SdsSecretConfig {
+	return &tlsv3.SdsSecretConfig{Name: name, SdsConfig: &corev3.ConfigSource{
+		ResourceApiVersion:  corev3.ApiVersion_V3,
+		InitialFetchTimeout: durationpb.New(0),
+		ConfigSourceSpecifier: &corev3.ConfigSource_ApiConfigSource{ApiConfigSource: &corev3.ApiConfigSource{
+			ApiType:                   corev3.ApiConfigSource_GRPC,
+			TransportApiVersion:       corev3.ApiVersion_V3,
+			SetNodeOnFirstMessageOnly: true,
+			GrpcServices: []*corev3.GrpcService{{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{
+				EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: "sds-grpc"},
+			}}},
+		}},
+	}}
+}
+
+// sdsTLSContext is the sidecar's certificate ("default") and roots
+// ("ROOTCA") from its agent, checking the peer's identity against sans
+// when there are any.
+func sdsTLSContext(sans, alpn []string) *tlsv3.CommonTlsContext {
+	var match []*matcherv3.StringMatcher
+	for _, s := range sans {
+		match = append(match, &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s}})
+	}
+	return &tlsv3.CommonTlsContext{
+		TlsParams: &tlsv3.TlsParameters{
+			TlsMinimumProtocolVersion: tlsv3.TlsParameters_TLSv1_2,
+			TlsMaximumProtocolVersion: tlsv3.TlsParameters_TLSv1_3,
+		},
+		TlsCertificateSdsSecretConfigs: []*tlsv3.SdsSecretConfig{sds("default")},
+		ValidationContextType: &tlsv3.CommonTlsContext_CombinedValidationContext{CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
+			//lint:ignore SA1019 Istio's sidecars check identities in this field
+			DefaultValidationContext:         &tlsv3.CertificateValidationContext{MatchSubjectAltNames: match},
+			ValidationContextSdsSecretConfig: sds("ROOTCA"),
+		}},
+		AlpnProtocols: alpn,
+	}
+}
+
+// adsSourceNoWait is ADS without an initial fetch timeout, as a sidecar's
+// clusters and listeners name their dependencies.
+func adsSourceNoWait() *corev3.ConfigSource {
+	return &corev3.ConfigSource{
+		ResourceApiVersion:    corev3.ApiVersion_V3,
+		InitialFetchTimeout:   durationpb.New(0),
+		ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
+	}
+}

@@ -1,0 +1,489 @@
+package sidecar
+
+import (
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+
+	udpatypev1 "github.com/cncf/xds/go/udpa/type/v1"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	faultv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/fault/v3"
+	httpinspectorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/http_inspector/v3"
+	originaldstv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/original_dst/v3"
+	tlsinspectorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/tls_inspector/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	mongov3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/mongo_proxy/v3"
+	rbacnetv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/rbac/v3"
+	tcpproxyv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	securityapi "istio.io/api/security/v1beta1"
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+
+	"github.com/canopy-mesh/canopy/workloadapi"
+)
+
+// The sidecar's own listeners (sidecar wire contract §4).
+const (
+	VirtualOutbound     = "virtualOutbound"
+	VirtualInbound      = "virtualInbound"
+	virtualOutboundPort = 15001
+	virtualInboundPort  = 15006
+)
+
+// Application protocols the listeners match on.
+var (
+	plainHTTPProtocols = []string{"http/1.1", "h2c"}
+	mtlsHTTPProtocols  = []string{"istio-http/1.0", "istio-http/1.1", "istio-h2"}
+	mtlsTCPProtocols   = []string{"istio-peer-exchange", "istio"}
+	// mtlsAnyProtocols: what a port known to be HTTP takes over mutual TLS.
+	mtlsAnyProtocols = []string{"istio", "istio-peer-exchange", "istio-http/1.0", "istio-http/1.1", "istio-h2"}
+)
+
+// SidecarListeners are every listener a sidecar gets: the outbound
+// listeners of the services it may see (bound to no port: virtualOutbound
+// hands them the connections redirected to 15001), virtualOutbound, and
+// virtualInbound with a chain set per target port its workload serves.
+func (m *Mesh) SidecarListeners(p Proxy) []Named {
+	byName := map[string]*listenerv3.Listener{}
+	var order []string
+	add := func(l *listenerv3.Listener) *listenerv3.Listener {
+		if old := byName[l.Name]; old != nil {
+			return old
+		}
+		byName[l.Name] = l
+		order = append(order, l.Name)
+		return l
+	}
+	for _, svc := range m.visibleServices(p) {
+		for _, port := range sortedPorts(svc) {
+			protocol := portProtocol(svc, port)
+			switch kindOf(protocol) {
+			case kindHTTP:
+				add(httpOutboundListener(port))
+			case kindTCP:
+				m.addTCPOutbound(add, svc, port, protocol)
+			case kindSniffed:
+				ip, ok := netip.Addr{}, false
+				if addrs := sidecarAddresses(svc); len(addrs) > 0 {
+					ip, ok = netip.AddrFromSlice(addrs[0].GetAddress())
+					ip = ip.Unmap()
+				}
+				if !ok {
+					// Without an address nothing tells its traffic apart
+					// from other services' on the port: HTTP by host.
+					add(httpOutboundListener(port))
+					continue
+				}
+				add(sniffedOutboundListener(svc, ip, port))
+			}
+		}
+	}
+	out := make([]Named, 0, len(order)+2)
+	for _, n := range order {
+		out = append(out, Named{n, byName[n]})
+	}
+	out = append(out, Named{VirtualOutbound, virtualOutbound()}, Named{VirtualInbound, m.virtualInbound(p)})
+	if p.HBONE {
+		out = append(out, Named{ConnectOriginate, connectOriginateListener()})
+	}
+	return out
+}
+
+func listenerName(ip string, port uint32) string { return ip + "_" + u32(port) }
+
+func outboundListener(ip string, port uint32) *listenerv3.Listener {
+	return &listenerv3.Listener{
+		Name:             listenerName(ip, port),
+		Address:          socketAddress(ip, port),
+		TrafficDirection: corev3.TrafficDirection_OUTBOUND,
+		BindToPort:       wrapperspb.Bool(false),
+	}
+}
+
+// httpOutboundListener serves every HTTP service on port by host, over
+// the route configuration named after the port; anything not HTTP passes
+// through.
+func httpOutboundListener(port uint32) *listenerv3.Listener {
+	l := outboundListener("0.0.0.0", port)
+	l.ListenerFilters = []*listenerv3.ListenerFilter{httpInspector()}
+	l.FilterChains = []*listenerv3.FilterChain{{
+		FilterChainMatch: &listenerv3.FilterChainMatch{TransportProtocol: "raw_buffer", ApplicationProtocols: plainHTTPProtocols},
+		Filters:          []*listenerv3.Filter{outboundHCM(u32(port), port)},
+	}}
+	l.DefaultFilterChain = passthroughChain()
+	return l
+}
+
+// addTCPOutbound adds a TCP service's listener: on its address; else,
+// for a service of several addresses or ranges, on the port with a chain
+// matching them; else, for TLS, on the port with a chain matching its
+// hostname as SNI; else on the port for everything not matched otherwise.
+func (m *Mesh) addTCPOutbound(add func(*listenerv3.Listener) *listenerv3.Listener, svc *Service, port uint32, protocol string) {
+	cluster := ClusterName(Outbound, port, "", svc.GetHostname())
+	filters := []*listenerv3.Filter{tcpProxy(cluster)}
+	if protocol == "Mongo" {
+		filters = append([]*listenerv3.Filter{{Name: "envoy.filters.network.mongo_proxy", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(&mongov3.MongoProxy{
+			StatPrefix: cluster,
+		})}}}, filters...)
+	}
+	addrs := sidecarAddresses(svc)
+	if len(addrs) == 1 {
+		if ip, ok := netip.AddrFromSlice(addrs[0].GetAddress()); ok && (addrs[0].GetLength() == 0 || int(addrs[0].GetLength()) == ip.BitLen()) {
+			l := outboundListener(ip.Unmap().String(), port)
+			l.FilterChains = []*listenerv3.FilterChain{{Filters: filters}}
+			add(l)
+			return
+		}
+	}
+	l := add(outboundListener("0.0.0.0", port))
+	chain := &listenerv3.FilterChain{Filters: filters}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.GetAddress()); ok {
+			ip = ip.Unmap()
+			bits := uint32(a.GetLength())
+			if bits == 0 {
+				bits = uint32(ip.BitLen())
+			}
+			if chain.FilterChainMatch == nil {
+				chain.FilterChainMatch = &listenerv3.FilterChainMatch{}
+			}
+			chain.FilterChainMatch.PrefixRanges = append(chain.FilterChainMatch.PrefixRanges, &corev3.CidrRange{
+				AddressPrefix: ip.String(), PrefixLen: wrapperspb.UInt32(bits),
+			})
+		}
+	}
+	if chain.FilterChainMatch == nil && (protocol == "TLS" || protocol == "HTTPS") {
+		chain.FilterChainMatch = &listenerv3.FilterChainMatch{ServerNames: []string{svc.GetHostname()}}
+		if !slices.ContainsFunc(l.ListenerFilters, func(f *listenerv3.ListenerFilter) bool { return f.GetName() == tlsInspectorName }) {
+			l.ListenerFilters = append(l.ListenerFilters, tlsInspector())
+		}
+	}
+	if chain.FilterChainMatch == nil && slices.ContainsFunc(l.FilterChains, func(fc *listenerv3.FilterChain) bool { return fc.FilterChainMatch == nil }) {
+		return // the port's catch-all chain is taken
+	}
+	l.FilterChains = append(l.FilterChains, chain)
+	if l.DefaultFilterChain == nil && chain.FilterChainMatch != nil {
+		l.DefaultFilterChain = passthroughChain()
+	}
+}
+
+// sidecarAddresses are the addresses a sidecar captures a service by:
+// none for addresses the mesh allocated (a sidecar resolves those names
+// only with DNS capture, which Canopy does not configure for sidecars).
+func sidecarAddresses(svc *Service) []*workloadapi.NetworkAddress {
+	if svc.Info.AutoAllocated {
+		return nil
+	}
+	return svc.GetAddresses()
+}
+
+const tlsInspectorName = "envoy.filters.listener.tls_inspector"
+
+func tlsInspector() *listenerv3.ListenerFilter {
+	return &listenerv3.ListenerFilter{Name: tlsInspectorName, ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&tlsinspectorv3.TlsInspector{})}}
+}
+
+// metadataExchange is Istio's peer metadata exchange, a filter of Istio's
+// own Envoy build that its telemetry reads.
+func metadataExchange() *listenerv3.Filter {
+	return &listenerv3.Filter{Name: "istio.metadata_exchange", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: metadataExchangeConfig()}}
+}
+
+func metadataExchangeConfig() *anypb.Any {
+	v, err := structpb.NewStruct(map[string]any{"protocol": "istio-peer-exchange", "enable_discovery": true})
+	if err != nil {
+		panic(err)
+	}
+	return mustAny(&udpatypev1.TypedStruct{TypeUrl: "type.googleapis.com/envoy.tcp.metadataexchange.config.MetadataExchange", Value: v})
+}
+
+// sniffedOutboundListener carries a port of unknown protocol on the
+// service's address: HTTP by its own route configuration, anything else
+// as TCP.
+func sniffedOutboundListener(svc *Service, ip netip.Addr, port uint32) *listenerv3.Listener {
+	l := outboundListener(ip.String(), port)
+	l.ListenerFilters = []*listenerv3.ListenerFilter{httpInspector()}
+	route := svc.GetHostname() + ":" + u32(port)
+	l.FilterChains = []*listenerv3.FilterChain{{
+		FilterChainMatch: &listenerv3.FilterChainMatch{TransportProtocol: "raw_buffer", ApplicationProtocols: plainHTTPProtocols},
+		Filters:          []*listenerv3.Filter{outboundHCM(route, port)},
+	}}
+	l.DefaultFilterChain = &listenerv3.FilterChain{Filters: []*listenerv3.Filter{tcpProxy(ClusterName(Outbound, port, "", svc.GetHostname()))}}
+	return l
+}
+
+func passthroughChain() *listenerv3.FilterChain {
+	return &listenerv3.FilterChain{Name: "PassthroughFilterChain", FilterChainMatch: &listenerv3.FilterChainMatch{}, Filters: []*listenerv3.Filter{tcpProxy(PassthroughCluster)}}
+}
+
+func tcpProxy(cluster string) *listenerv3.Filter {
+	return &listenerv3.Filter{Name: "envoy.filters.network.tcp_proxy", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(&tcpproxyv3.TcpProxy{
+		StatPrefix: cluster, ClusterSpecifier: &tcpproxyv3.TcpProxy_Cluster{Cluster: cluster},
+	})}}
+}
+
+func httpInspector() *listenerv3.ListenerFilter {
+	return &listenerv3.ListenerFilter{Name: "envoy.filters.listener.http_inspector", ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&httpinspectorv3.HttpInspector{})}}
+}
+
+// outboundHCM routes by the route configuration route over ADS.
+func outboundHCM(route string, port uint32) *listenerv3.Filter {
+	hcm := &hcmv3.HttpConnectionManager{
+		StatPrefix: "outbound_0.0.0.0_" + u32(port),
+		CodecType:  hcmv3.HttpConnectionManager_AUTO,
+		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{
+			ConfigSource: adsSourceNoWait(), RouteConfigName: route,
+		}},
+		HttpFilters:                  []*hcmv3.HttpFilter{faultFilter(), routerFilter()},
+		UseRemoteAddress:             wrapperspb.Bool(false),
+		NormalizePath:                wrapperspb.Bool(true),
+		PathWithEscapedSlashesAction: hcmv3.HttpConnectionManager_KEEP_UNCHANGED,
+		StreamIdleTimeout:            durationpb.New(0),
+		UpgradeConfigs:               []*hcmv3.HttpConnectionManager_UpgradeConfig{{UpgradeType: "websocket"}},
+	}
+	return hcmFilter(hcm)
+}
+
+func hcmFilter(hcm *hcmv3.HttpConnectionManager) *listenerv3.Filter {
+	return &listenerv3.Filter{Name: "envoy.filters.network.http_connection_manager", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(hcm)}}
+}
+
+func faultFilter() *hcmv3.HttpFilter {
+	return &hcmv3.HttpFilter{Name: "envoy.filters.http.fault", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&faultv3.HTTPFault{})}}
+}
+
+// virtualOutbound takes the connections redirected to 15001 and hands
+// each to the listener of its original destination; what none takes
+// passes through, and a connection to 15001 itself goes nowhere.
+func virtualOutbound() *listenerv3.Listener {
+	return &listenerv3.Listener{
+		Name:             VirtualOutbound,
+		Address:          socketAddress("0.0.0.0", virtualOutboundPort),
+		TrafficDirection: corev3.TrafficDirection_OUTBOUND,
+		UseOriginalDst:   wrapperspb.Bool(true),
+		FilterChains: []*listenerv3.FilterChain{
+			{
+				Name:             VirtualOutbound + "-blackhole",
+				FilterChainMatch: &listenerv3.FilterChainMatch{DestinationPort: wrapperspb.UInt32(virtualOutboundPort)},
+				Filters:          []*listenerv3.Filter{tcpProxy(BlackHoleCluster)},
+			},
+			{Name: VirtualOutbound + "-catchall-tcp", Filters: []*listenerv3.Filter{tcpProxy(PassthroughCluster)}},
+		},
+	}
+}
+
+// virtualInbound takes the connections redirected to 15006: per target
+// port of the workload's services, chains for the port's mutual TLS mode
+// and protocol that end at inbound|port||; for every other port the same
+// chains ending at the original destination.
+func (m *Mesh) virtualInbound(p Proxy) *listenerv3.Listener {
+	l := &listenerv3.Listener{
+		Name:             VirtualInbound,
+		Address:          socketAddress("0.0.0.0", virtualInboundPort),
+		TrafficDirection: corev3.TrafficDirection_INBOUND,
+		ListenerFilters: []*listenerv3.ListenerFilter{
+			{Name: "envoy.filters.listener.original_dst", ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&originaldstv3.OriginalDst{})}},
+			tlsInspector(),
+			httpInspector(),
+		},
+		ListenerFiltersTimeout:           durationpb.New(0),
+		ContinueOnListenerFiltersTimeout: true,
+	}
+	l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{
+		Name:             VirtualInbound + "-blackhole",
+		FilterChainMatch: &listenerv3.FilterChainMatch{DestinationPort: wrapperspb.UInt32(virtualInboundPort)},
+		Filters:          []*listenerv3.Filter{metadataExchange(), tcpProxy(BlackHoleCluster)},
+	})
+	rbac := inboundFilters{network: m.networkRBAC(p), http: m.httpRBAC(p), trustDomain: m.TrustDomain}
+	// The passthrough chains, for ports no service names, by the
+	// workload's mode.
+	mode := m.MTLSMode(p.Namespace, p.Labels, 0)
+	l.FilterChains = append(l.FilterChains, inboundChains(VirtualInbound, 0, "", InboundPassthroughCluster, mode, rbac, VirtualInbound+"-catchall-http")...)
+	for _, in := range m.inboundPorts(p) {
+		name := listenerName("0.0.0.0", in.target)
+		cluster := ClusterName(Inbound, in.target, "", "")
+		l.FilterChains = append(l.FilterChains, inboundChains(name, in.target, in.protocol, cluster, m.MTLSMode(p.Namespace, p.Labels, in.target), rbac, name)...)
+	}
+	return l
+}
+
+// inboundChains are the chains of one destination port (0: any): by
+// mode, mutual TLS chains (HTTP, TCP) and plaintext ones, for the
+// protocol (HTTP, TCP, or both when it is detected).
+// inboundFilters are what every inbound chain enforces.
+type inboundFilters struct {
+	network     []*listenerv3.Filter
+	http        []*hcmv3.HttpFilter
+	trustDomain string
+}
+
+func inboundChains(name string, port uint32, protocol, cluster string, mode securityapi.PeerAuthentication_MutualTLS_Mode, rbac inboundFilters, httpName string) []*listenerv3.FilterChain {
+	kind := kindOf(protocol)
+	httpOK, tcpOK := kind != kindTCP, kind != kindHTTP
+	mtls := mode != securityapi.PeerAuthentication_MutualTLS_DISABLE
+	plain := mode != securityapi.PeerAuthentication_MutualTLS_STRICT
+	match := func(transport string, alpn []string) *listenerv3.FilterChainMatch {
+		m := &listenerv3.FilterChainMatch{TransportProtocol: transport, ApplicationProtocols: alpn}
+		if port != 0 {
+			m.DestinationPort = wrapperspb.UInt32(port)
+		}
+		return m
+	}
+	tcpFilters := func() []*listenerv3.Filter {
+		return append(append([]*listenerv3.Filter{metadataExchange()}, rbac.network...), tcpProxy(cluster))
+	}
+	var out []*listenerv3.FilterChain
+	if port != 0 && kind == kindHTTP {
+		// A port known to carry HTTP: one mutual TLS chain taking every
+		// Istio protocol, as Istio's sidecars offer them.
+		if mtls {
+			out = append(out, &listenerv3.FilterChain{
+				Name: httpName, FilterChainMatch: match("tls", mtlsAnyProtocols),
+				TransportSocket: inboundTLS(true, rbac.trustDomain), Filters: []*listenerv3.Filter{metadataExchange(), inboundHCM(port, cluster, rbac.http)},
+			})
+		}
+		if plain {
+			out = append(out, &listenerv3.FilterChain{Name: httpName, FilterChainMatch: match("raw_buffer", nil), Filters: []*listenerv3.Filter{metadataExchange(), inboundHCM(port, cluster, rbac.http)}})
+		}
+		return out
+	}
+	if httpOK {
+		if mtls {
+			out = append(out, &listenerv3.FilterChain{Name: httpName, FilterChainMatch: match("tls", mtlsHTTPProtocols), TransportSocket: inboundTLS(true, rbac.trustDomain), Filters: []*listenerv3.Filter{metadataExchange(), inboundHCM(port, cluster, rbac.http)}})
+		}
+		if plain {
+			out = append(out, &listenerv3.FilterChain{Name: httpName, FilterChainMatch: match("raw_buffer", plainHTTPProtocols), Filters: []*listenerv3.Filter{metadataExchange(), inboundHCM(port, cluster, rbac.http)}})
+		}
+	}
+	if tcpOK {
+		if mtls {
+			out = append(out, &listenerv3.FilterChain{Name: name, FilterChainMatch: match("tls", mtlsTCPProtocols), TransportSocket: inboundTLS(false, rbac.trustDomain), Filters: tcpFilters()})
+		}
+		if plain {
+			out = append(out,
+				&listenerv3.FilterChain{Name: name, FilterChainMatch: match("raw_buffer", nil), Filters: tcpFilters()},
+				// TLS the application terminates itself passes through.
+				&listenerv3.FilterChain{Name: name, FilterChainMatch: match("tls", nil), Filters: tcpFilters()},
+			)
+		}
+	}
+	return out
+}
+
+// inboundTLS terminates Istio mutual TLS: the sidecar's certificate and
+// roots from its agent, a client certificate required.
+func inboundTLS(http bool, trustDomain string) *corev3.TransportSocket {
+	alpn := []string{"h2", "http/1.1"}
+	if !http {
+		alpn = []string{"istio-peer-exchange", "h2", "http/1.1"}
+	}
+	ctx := sdsTLSContext(nil, alpn)
+	// Any identity of the trust domain; authorization decides the rest.
+	//lint:ignore SA1019 Istio's sidecars check identities in this field
+	ctx.GetCombinedValidationContext().GetDefaultValidationContext().MatchSubjectAltNames = []*matcherv3.StringMatcher{{
+		MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: "spiffe://" + trustDomain + "/"},
+	}}
+	ctx.TlsParams.CipherSuites = []string{
+		"ECDHE-ECDSA-AES256-GCM-SHA384", "ECDHE-RSA-AES256-GCM-SHA384",
+		"ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-RSA-AES128-GCM-SHA256",
+		"AES256-GCM-SHA384", "AES128-GCM-SHA256",
+	}
+	return tlsSocket(&tlsv3.DownstreamTlsContext{CommonTlsContext: ctx, RequireClientCertificate: wrapperspb.Bool(true)})
+}
+
+// inboundHCM routes every request to cluster, through the HTTP RBAC
+// filters.
+func inboundHCM(port uint32, cluster string, rbac []*hcmv3.HttpFilter) *listenerv3.Filter {
+	hcm := &hcmv3.HttpConnectionManager{
+		StatPrefix: "inbound_0.0.0.0_" + u32(port),
+		CodecType:  hcmv3.HttpConnectionManager_AUTO,
+		RouteSpecifier: &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: &routev3.RouteConfiguration{
+			Name:             cluster,
+			ValidateClusters: wrapperspb.Bool(false),
+			VirtualHosts: []*routev3.VirtualHost{{
+				Name:    strings.Replace(cluster, "||", "|http|", 1),
+				Domains: []string{"*"},
+				Routes: []*routev3.Route{{
+					Name:  "default",
+					Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+					Action: &routev3.Route_Route{Route: &routev3.RouteAction{
+						ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster},
+						Timeout:          noTimeout,
+						MaxStreamDuration: &routev3.RouteAction_MaxStreamDuration{
+							MaxStreamDuration: noTimeout, GrpcTimeoutHeaderMax: noTimeout,
+						},
+					}},
+				}},
+			}},
+		}},
+		HttpFilters:                  append(slices.Clone(rbac), faultFilter(), routerFilter()),
+		UseRemoteAddress:             wrapperspb.Bool(false),
+		NormalizePath:                wrapperspb.Bool(true),
+		PathWithEscapedSlashesAction: hcmv3.HttpConnectionManager_KEEP_UNCHANGED,
+		StreamIdleTimeout:            durationpb.New(0),
+		ForwardClientCertDetails:     hcmv3.HttpConnectionManager_APPEND_FORWARD,
+		SetCurrentClientCertDetails:  &hcmv3.HttpConnectionManager_SetCurrentClientCertDetails{Subject: wrapperspb.Bool(true), Uri: true, Dns: true},
+		UpgradeConfigs:               []*hcmv3.HttpConnectionManager_UpgradeConfig{{UpgradeType: "websocket"}},
+	}
+	return hcmFilter(hcm)
+}
+
+// networkRBAC are the network RBAC filters of the AuthorizationPolicies
+// that select the proxy, for its TCP chains: DENY rules first, then
+// ALLOW rules, as they apply to TCP (tcpPolicies).
+func (m *Mesh) networkRBAC(p Proxy) []*listenerv3.Filter {
+	deny, allow := m.AuthorizationPolicies(p.Namespace, p.Labels)
+	var out []*listenerv3.Filter
+	for _, f := range []struct {
+		action   rbacv3.RBAC_Action
+		policies []*securityv1.AuthorizationPolicy
+	}{{rbacv3.RBAC_DENY, tcpPolicies(true, deny)}, {rbacv3.RBAC_ALLOW, tcpPolicies(false, allow)}} {
+		if len(f.policies) == 0 {
+			continue
+		}
+		out = append(out, &listenerv3.Filter{Name: "envoy.filters.network.rbac", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(&rbacnetv3.RBAC{
+			StatPrefix: "tcp.", Rules: rbacRules(f.action, f.policies, envoyPolicyName),
+		})}})
+	}
+	return out
+}
+
+// httpRBAC are the HTTP RBAC filters of the AuthorizationPolicies that
+// select the proxy: DENY rules first, then ALLOW rules.
+func (m *Mesh) httpRBAC(p Proxy) []*hcmv3.HttpFilter {
+	deny, allow := m.AuthorizationPolicies(p.Namespace, p.Labels)
+	var out []*hcmv3.HttpFilter
+	if rules := rbacRules(rbacv3.RBAC_DENY, deny, envoyPolicyName); len(rules.Policies) > 0 {
+		out = append(out, rbacFilter("envoy.filters.http.rbac", rules))
+	}
+	if len(allow) > 0 {
+		out = append(out, rbacFilter("envoy.filters.http.rbac", rbacRules(rbacv3.RBAC_ALLOW, allow, envoyPolicyName)))
+	}
+	return out
+}
+
+// sidecarDomains are the names an application may call a service by on a
+// sidecar: as a proxyless client's, without the ":port" forms (a
+// sidecar's route configurations ignore ports in host matching).
+func (m *Mesh) sidecarDomains(p Proxy, s *Service, port uint32) []string {
+	var out []string
+	for _, d := range m.grpcDomains(p, s.Service, port) {
+		if _, _, err := net.SplitHostPort(d); err == nil && !strings.HasSuffix(d, "]") {
+			continue
+		}
+		if _, err := netip.ParseAddr(strings.Trim(d, "[]")); err == nil && s.Info.AutoAllocated {
+			continue // not captured by address (sidecarAddresses)
+		}
+		out = append(out, d)
+	}
+	return out
+}
