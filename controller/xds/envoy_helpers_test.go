@@ -130,7 +130,8 @@ func fakeResource(typ, name, tag string) proto.Message {
 }
 
 // nameAndTag reads a fake resource back; for an endpoint assignment of
-// the real generators the tag is its endpoints' addresses.
+// the real generators the tag is its endpoints' addresses ("ip:port",
+// also for an endpoint reached over HBONE).
 func nameAndTag(t testing.TB, a *anypb.Any) (string, string) {
 	t.Helper()
 	m, err := a.UnmarshalNew()
@@ -147,7 +148,12 @@ func nameAndTag(t testing.TB, a *anypb.Any) (string, string) {
 		var addrs []string
 		for _, l := range r.GetEndpoints() {
 			for _, e := range l.GetLbEndpoints() {
-				sa := e.GetEndpoint().GetAddress().GetSocketAddress()
+				a := e.GetEndpoint().GetAddress()
+				if in := a.GetEnvoyInternalAddress(); in != nil {
+					addrs = append(addrs, in.GetEndpointId()) // over HBONE: "ip:port"
+					continue
+				}
+				sa := a.GetSocketAddress()
 				addrs = append(addrs, sa.GetAddress()+":"+strconv.FormatUint(uint64(sa.GetPortValue()), 10))
 			}
 		}

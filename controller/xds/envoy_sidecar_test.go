@@ -348,9 +348,9 @@ func TestSidecarProxyStatus(t *testing.T) {
 }
 
 // TestSidecarEndpointsFromTheMesh: a sidecar, over Delta and state of the
-// world, is sent a Service's endpoints from the workload tables, and
-// their removal, by the sidecar generators. What clusters and listeners
-// hold is not checked here: only that they are answered.
+// world, is sent a Service's cluster among its wildcard clusters, and
+// the Service's endpoints from the workload tables and their removal, by
+// the sidecar generators.
 func TestSidecarEndpointsFromTheMesh(t *testing.T) {
 	m := startMesh(t, xds.Config{})
 	ns := env.Namespace(t, "apps", nil)
@@ -369,48 +369,38 @@ func TestSidecarEndpointsFromTheMesh(t *testing.T) {
 			cluster := "outbound|80||" + svc + "." + ns + ".svc.cluster.local"
 			node := m.envoyNode(t, "sidecar", "app-"+variant, fmt.Sprintf("10.244.21.%d", 10+i), "")
 
-			// next returns the next response's type and its endpoint
-			// assignment's addresses, if any.
-			var next func() (string, string, bool)
+			// next returns the next response.
+			var next func() reply
 			if variant == "delta" {
 				d := m.deltaStream(t)
 				d.send(&discoveryv3.DeltaDiscoveryRequest{Node: node, TypeUrl: cds})
-				if r := d.recv(); r.GetTypeUrl() != cds {
-					t.Fatalf("clusters answered with %s", short(r.GetTypeUrl()))
-				}
 				d.send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: eds, ResourceNamesSubscribe: []string{cluster}})
-				next = func() (string, string, bool) {
-					r := deltaReply(t, d.recv())
-					tag, ok := r.Resources[cluster]
-					return r.Type, tag, ok
-				}
+				next = func() reply { return deltaReply(t, d.recv()) }
 			} else {
 				s := m.sotwStream(t)
 				s.send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: cds})
-				if r := s.recv(); r.GetTypeUrl() != cds {
-					t.Fatalf("clusters answered with %s", short(r.GetTypeUrl()))
-				}
 				s.send(&discoveryv3.DiscoveryRequest{TypeUrl: eds, ResourceNames: []string{cluster}})
-				next = func() (string, string, bool) {
-					r := sotwReply(t, s.recv())
-					tag, ok := r.Resources[cluster]
-					return r.Type, tag, ok
-				}
+				next = func() reply { return sotwReply(t, s.recv()) }
 			}
-			// Other tests' changes push other types meanwhile.
-			until := func(what, want string) {
+			// until reads responses until each of want (type: the
+			// cluster's tag, or "*" for any) has been seen; other tests'
+			// changes push other things meanwhile.
+			until := func(what string, want map[string]string) {
 				t.Helper()
 				deadline := time.Now().Add(settle)
-				for time.Now().Before(deadline) {
-					if typ, tag, ok := next(); typ == "EDS" && ok && tag == want {
-						return
+				for time.Now().Before(deadline) && len(want) > 0 {
+					r := next()
+					if tag, ok := r.Resources[cluster]; ok && (want[r.Type] == tag || want[r.Type] == "*") {
+						delete(want, r.Type)
 					}
 				}
-				t.Fatalf("no endpoint assignment %q for %s within %s", want, what, settle)
+				if len(want) > 0 {
+					t.Fatalf("%s: never seen %v within %s", what, want, settle)
+				}
 			}
-			until("the pod", podIP+":8080")
+			until("the Service and its pod", map[string]string{"CDS": "*", "EDS": podIP + ":8080"})
 			deletePod(t, ns, svc+"-pod")
-			until("the pod deleted", "")
+			until("the pod deleted", map[string]string{"EDS": ""})
 		})
 	}
 }
