@@ -149,7 +149,10 @@ func (s *Server) open(caller authn.Caller, node *corev3.Node) (Proxy, error) {
 	return p, nil
 }
 
-// DeltaAggregatedResources serves one proxy's Delta ADS stream.
+// DeltaAggregatedResources serves one proxy's Delta ADS stream: the
+// workload types to node proxies, and Envoy types to sidecars and
+// proxyless gRPC clients (envoy_delta.go), told apart by the first
+// request.
 func (s *Server) DeltaAggregatedResources(stream grpc.BidiStreamingServer[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse]) error {
 	// The caller is authenticated from the stream's headers before its
 	// first message is read: a caller without a valid token never makes
@@ -171,6 +174,15 @@ func (s *Server) DeltaAggregatedResources(stream grpc.BidiStreamingServer[discov
 	proxy, err := s.open(caller, first.GetNode())
 	if err != nil {
 		return err
+	}
+	// Envoy types are for sidecars and proxyless clients; a ztunnel
+	// asking for one is told what this stream serves, below.
+	if proxy.Type != "ztunnel" || proxy.Generator == "grpc" {
+		if envoy, err := s.envoyStream(proxy, first.GetTypeUrl()); err != nil {
+			return err
+		} else if envoy {
+			return s.serveEnvoyDelta(stream, proxy, first)
+		}
 	}
 	c := &conn{
 		id:          proxy.ProxyID + "-" + strconv.FormatUint(s.connSeq.Add(1), 10),

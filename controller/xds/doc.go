@@ -2,7 +2,11 @@
 // (docs/wire-contract.md §2): istio.workload.Address and
 // istio.security.Authorization, wildcard and on demand, with ACK/NACK
 // tracking, reconnects that skip unchanged resources, and proxy status
-// (istio.io/debug/syncz, docs/wire-contract.md §8.3).
+// (istio.io/debug/syncz, docs/wire-contract.md §8.3). It also serves
+// Envoy's types (clusters, endpoints, listeners, routes) from the
+// controller/sidecar generators to Envoy sidecars and proxyless gRPC
+// clients, over state-of-the-world and Delta ADS (envoy*.go,
+// docs/sidecar-xds.md).
 //
 // It uses go-control-plane's discovery and CSDS types but not its server
 // or cache: the cache has no notion of aliases (an on-demand lookup by
@@ -20,6 +24,11 @@
 //   - Server: the push pipeline (change sets from the index, debounced,
 //     applied to the Table, then marked on every connection) and the gRPC
 //     streams, each with its own sender so a slow proxy delays nobody.
+//   - envoyConn: one Envoy client's stream. Each generation of the mesh
+//     builds one Generator, shared by all; what it generates is cached
+//     per class of client (kind, namespace, labels, and addresses where
+//     they matter), and a response is the watch's whole set, sent when it
+//     differs from what was sent.
 //   - admission: what a stream must pass once its caller is authenticated
 //     (from its headers, before any message is read): caps on the streams
 //     open in total and per caller, and a budget of new streams per

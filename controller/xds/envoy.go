@@ -25,8 +25,22 @@ type MeshSource interface {
 	SidecarInputs() sidecar.Inputs
 }
 
-// envoyTypes are the Envoy types served to proxyless gRPC clients, in
-// push order (sidecar wire contract §1.3).
+// Generator answers Envoy types from one generation of the mesh;
+// *sidecar.Mesh implements it. It is shared by every connection of its
+// generation, so it must be safe for concurrent use.
+type Generator interface {
+	// Generate answers a proxyless gRPC client's names.
+	Generate(p sidecar.Proxy, typeURL string, names []string) []sidecar.Named
+	// GenerateSidecar answers an Envoy sidecar; names are ignored for the
+	// types sidecar.IsWildcard reports.
+	GenerateSidecar(p sidecar.Proxy, typeURL string, names []string) []sidecar.Named
+}
+
+// newMeshGenerator is the default Config.NewGenerator.
+func newMeshGenerator(in sidecar.Inputs) Generator { return sidecar.NewMesh(in) }
+
+// envoyTypes are the Envoy types served to sidecars and proxyless gRPC
+// clients, in push order (sidecar wire contract §1.3).
 var envoyTypes = []string{sidecar.ClusterType, sidecar.EndpointType, sidecar.ListenerType, sidecar.RouteType}
 
 func isEnvoyType(t string) bool { return slices.Contains(envoyTypes, t) }
@@ -37,15 +51,22 @@ func isEnvoyType(t string) bool { return slices.Contains(envoyTypes, t) }
 // wait forever for an answer it already has.
 var warms = map[string]string{sidecar.ClusterType: sidecar.EndpointType, sidecar.ListenerType: sidecar.RouteType}
 
+// maxResourceNameLen bounds one requested Envoy resource name. The
+// longest a client needs is a cluster name: "outbound|<port>|<subset>|"
+// and a DNS name of at most 253 bytes.
+const maxResourceNameLen = 1024
+
 // meshCache builds the generators' Mesh once per generation and shares
 // it, and what it generates, between connections: clients that see the
-// mesh alike (same namespace and labels; for a server listener, also the
-// same addresses) get the same *Resource, generated and marshalled once
-// per generation.
+// mesh alike (same kind of client, namespace and labels; for a server
+// listener and a sidecar's clusters and listeners, also the same
+// addresses) get the same *Resource, generated and marshalled once per
+// generation.
 type meshCache struct {
-	src MeshSource
-	mu  sync.Mutex
-	cur *generation
+	src   MeshSource
+	build func(sidecar.Inputs) Generator
+	mu    sync.Mutex
+	cur   *generation
 }
 
 // maxCachedPerGeneration bounds what one generation keeps: past it,
@@ -55,7 +76,7 @@ const maxCachedPerGeneration = 1 << 20
 // generation is one Mesh and the resources generated from it.
 type generation struct {
 	gen  uint64
-	mesh *sidecar.Mesh
+	mesh Generator
 
 	mu      sync.Mutex
 	entries map[string]*cached
@@ -72,7 +93,7 @@ func (c *meshCache) get(gen uint64) *generation {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.cur == nil || c.cur.gen != gen {
-		c.cur = &generation{gen: gen, mesh: sidecar.NewMesh(c.src.SidecarInputs()), entries: map[string]*cached{}}
+		c.cur = &generation{gen: gen, mesh: c.build(c.src.SidecarInputs()), entries: map[string]*cached{}}
 	}
 	return c.cur
 }
@@ -92,11 +113,21 @@ func (g *generation) entry(key string) *cached {
 	return e
 }
 
+// sidecarKeyPrefix starts a sidecar's cache keys, which a proxyless
+// client's (starting with a type URL) never do: the two kinds of client
+// never share a resource.
+const sidecarKeyPrefix = "sidecar\x00"
+
 // classKey is what a name's resources depend on besides the mesh: the
-// client's namespace and labels, and for a server listener its
-// addresses.
-func classKey(p Proxy, typ, name string) string {
+// kind of client, its namespace and labels, and its addresses for a
+// proxyless server listener and a sidecar's wildcard types (inbound
+// listeners and clusters are the proxy's own workload's). A sidecar's
+// wildcard types have one key per class, named "".
+func classKey(p Proxy, forSidecar bool, typ, name string) string {
 	var b strings.Builder
+	if forSidecar {
+		b.WriteString(sidecarKeyPrefix)
+	}
 	b.WriteString(typ)
 	b.WriteByte(0)
 	b.WriteString(p.Namespace)
@@ -106,7 +137,11 @@ func classKey(p Proxy, typ, name string) string {
 		b.WriteByte('=')
 		b.WriteString(p.Labels[k])
 	}
-	if typ == sidecar.ListenerType && strings.HasPrefix(name, sidecar.ServerListenerPrefix) {
+	withIPs := typ == sidecar.ListenerType && strings.HasPrefix(name, sidecar.ServerListenerPrefix)
+	if forSidecar {
+		withIPs = sidecar.IsWildcard(typ)
+	}
+	if withIPs {
 		for _, ip := range sidecarProxy(p).IPs {
 			b.WriteByte(0)
 			b.WriteString(ip.String())
@@ -117,23 +152,47 @@ func classKey(p Proxy, typ, name string) string {
 	return b.String()
 }
 
-// envoyWatch is one type's state-of-the-world subscription.
+// envoyWatch is one type's subscription on an Envoy client's stream.
 type envoyWatch struct {
-	names []string
-	// sent is what was last sent, by name.
-	sent          map[string]*Resource
+	// wildcard: a sidecar's clusters or listeners, everything the proxy
+	// sees whatever the names.
+	wildcard bool
+	// names are the names asked for: over state of the world the last
+	// request's, over Delta the subscribed ones. A wildcard watch keeps
+	// them only to tell a change.
+	names map[string]struct{}
+	// sent is what the client holds, by name: what was last sent, or
+	// after a Delta reconnect what it said it holds (placeholders with
+	// only the version it gave).
+	sent map[string]*Resource
+	// answer are Delta names subscribed since the last response: one the
+	// generators do not answer is sent as removed, so the client stops
+	// waiting for it.
+	answer map[string]struct{}
+	// initial: the Delta watch's first response is still to be sent; it
+	// leaves out what the client holds at the same version.
+	initial       bool
 	nonce         string
 	alwaysRespond bool
 }
 
-// envoyConn is one proxyless client's stream. Its goroutine alone
-// changes it; mu lets proxy status and config dumps read it.
+func newEnvoyWatch(wildcard bool) *envoyWatch {
+	return &envoyWatch{wildcard: wildcard, names: map[string]struct{}{}, sent: map[string]*Resource{}, answer: map[string]struct{}{}}
+}
+
+// envoyConn is one Envoy client's stream: an Envoy sidecar's or a
+// proxyless gRPC client's, over state of the world or Delta. Its
+// goroutine alone changes it; mu lets proxy status and config dumps read
+// it.
 type envoyConn struct {
 	id          string
 	proxy       Proxy
 	peer        string
 	connectedAt time.Time
 	wake        chan struct{}
+	// sidecar: served by GenerateSidecar, with wildcard clusters and
+	// listeners; else a proxyless gRPC client, served by Generate.
+	sidecar bool
 
 	mu      sync.Mutex
 	watches map[string]*envoyWatch
@@ -148,36 +207,88 @@ func (c *envoyConn) signal() {
 	}
 }
 
-// serveEnvoy serves a proxyless gRPC client's state-of-the-world stream
-// from its first request on. Requests follow istiod's rules: a NACK is
-// recorded and not answered, a request with another nonce than the last
-// response's is stale and ignored, an ACK is answered only when it
-// changes the names (or by the warming rule), and a change of the mesh
-// sends each type whose resources changed.
-func (s *Server) serveEnvoy(stream grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse], proxy Proxy, first *discoveryv3.DiscoveryRequest) error {
+func (c *envoyConn) nextNonce() string {
+	c.nonce++
+	return strconv.FormatUint(c.nonce, 10)
+}
+
+// kind names the client in logs.
+func (c *envoyConn) kind() string {
+	if c.sidecar {
+		return "sidecar"
+	}
+	return "proxyless"
+}
+
+// servesEnvoy reports whether a node is served Envoy types: a proxyless
+// gRPC client, or an Envoy sidecar. Gateways and waypoints (router
+// nodes) and ztunnel are not.
+func servesEnvoy(p Proxy) (forSidecar, ok bool) {
+	switch {
+	case p.Generator == "grpc":
+		return false, true
+	case p.Type == "sidecar":
+		return true, true
+	}
+	return false, false
+}
+
+// envoyStream reports whether a stream whose first request asks for
+// typ is an Envoy client's, or the error that refuses it. A node that is
+// not served Envoy types (a gateway's or waypoint's) is refused with
+// Unimplemented; false and nil: not an Envoy type, the stream is served
+// as a node proxy's.
+func (s *Server) envoyStream(p Proxy, typ string) (bool, error) {
+	if !isEnvoyType(typ) {
+		return false, nil
+	}
+	if _, ok := servesEnvoy(p); !ok {
+		return false, s.streamError("type", codes.Unimplemented,
+			"type %q for a %s proxy: Envoy types are served only to sidecars and proxyless gRPC clients (node metadata GENERATOR \"grpc\"), not to gateways, waypoints or ztunnel", typ, p.Type)
+	}
+	if s.mesh == nil {
+		return false, s.streamError("type", codes.Unimplemented, "this controller serves no Envoy types (no mesh source)")
+	}
+	return true, nil
+}
+
+// newEnvoyConn registers a new Envoy client's connection; the returned
+// func unregisters it.
+func (s *Server) newEnvoyConn(ctx context.Context, proxy Proxy, delta bool) (*envoyConn, func()) {
+	forSidecar, _ := servesEnvoy(proxy)
 	c := &envoyConn{
 		id:    proxy.ProxyID + "-" + strconv.FormatUint(s.connSeq.Add(1), 10),
 		proxy: proxy, connectedAt: s.cfg.Now(), wake: make(chan struct{}, 1),
+		sidecar: forSidecar,
 		watches: map[string]*envoyWatch{}, states: map[string]*typeState{},
 	}
-	if p, ok := peer.FromContext(stream.Context()); ok {
+	if p, ok := peer.FromContext(ctx); ok {
 		c.peer = p.Addr.String()
 	}
 	s.envoyMu.Lock()
 	s.envoyConns[c] = struct{}{}
 	s.envoyMu.Unlock()
-	defer func() {
+	log := s.log.With("proxy", proxy.ProxyID, "conn", c.id, "client", c.kind(), "delta", delta)
+	log.Info("Envoy client connected", "peer", c.peer)
+	return c, func() {
 		s.envoyMu.Lock()
 		delete(s.envoyConns, c)
 		s.envoyMu.Unlock()
-	}()
-	log := s.log.With("proxy", proxy.ProxyID)
-	log.Info("proxyless gRPC client connected")
-	defer log.Info("proxyless gRPC client disconnected")
+		log.Info("Envoy client disconnected")
+	}
+}
 
+// serveEnvoyStream runs an Envoy client's stream from its first request
+// on: one goroutine reads requests, this one applies them and changes of
+// the mesh in turn and sends what they produce. Responses are built under
+// c.mu and sent after it, so a slow client never holds up its proxy
+// status; each send is bounded by the send timeout.
+func serveEnvoyStream[Req, Resp any](s *Server, c *envoyConn, stream grpc.BidiStreamingServer[Req, Resp], first *Req,
+	handle func(*Req) ([]*Resp, error), push func() ([]*Resp, error), count func(*Resp) (typ string, n int),
+) error {
 	ctx, cancel := context.WithCancelCause(stream.Context())
 	defer cancel(nil)
-	reqs := make(chan *discoveryv3.DiscoveryRequest)
+	reqs := make(chan *Req)
 	go func() {
 		for {
 			req, err := stream.Recv()
@@ -197,25 +308,27 @@ func (s *Server) serveEnvoy(stream grpc.BidiStreamingServer[discoveryv3.Discover
 	case <-ctx.Done():
 		return nil
 	}
-	send := func(resps []*discoveryv3.DiscoveryResponse) error {
+	send := func(resps []*Resp) error {
 		for _, resp := range resps {
-			if err := s.envoySend(ctx, c, stream, resp, cancel); err != nil {
+			if err := sendWithin(ctx, s, c.id, cancel, stream.Send, resp); err != nil {
 				return err
 			}
+			typ, n := count(resp)
+			short := shortType(typ)
+			s.metrics.pushes.WithLabelValues(short).Inc()
+			s.metrics.resourcesSent.WithLabelValues(short).Add(float64(n))
 		}
 		return nil
 	}
 	req := first
 	for {
 		if req != nil {
-			resp, err := s.envoyRequest(c, req)
+			resps, err := handle(req)
 			if err != nil {
 				return err
 			}
-			if resp != nil {
-				if err := send([]*discoveryv3.DiscoveryResponse{resp}); err != nil {
-					return err
-				}
+			if err := send(resps); err != nil {
+				return err
 			}
 			req = nil
 		}
@@ -227,7 +340,7 @@ func (s *Server) serveEnvoy(stream grpc.BidiStreamingServer[discoveryv3.Discover
 			return nil
 		case req = <-reqs:
 		case <-c.wake:
-			resps, err := s.envoyPush(c)
+			resps, err := push()
 			if err != nil {
 				return err
 			}
@@ -238,142 +351,79 @@ func (s *Server) serveEnvoy(stream grpc.BidiStreamingServer[discoveryv3.Discover
 	}
 }
 
-// envoyPush builds a response for every type whose resources changed, in
-// push order.
-func (s *Server) envoyPush(c *envoyConn) ([]*discoveryv3.DiscoveryResponse, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var out []*discoveryv3.DiscoveryResponse
-	for _, typ := range envoyTypes {
-		if w := c.watches[typ]; w != nil {
-			resp, err := s.envoyRespond(c, typ, w, false)
-			if err != nil {
-				return nil, err
-			}
-			if resp != nil {
-				out = append(out, resp)
+// checkNames bounds a request's names: how many (limit) and how long.
+func (s *Server) checkNames(typ string, limit int, lists ...[]string) error {
+	for _, names := range lists {
+		if len(names) > limit {
+			return s.streamError("limit", codes.ResourceExhausted, "%s: %d names, limit %d", shortType(typ), len(names), limit)
+		}
+		for _, n := range names {
+			if len(n) > maxResourceNameLen {
+				return s.streamError("name", codes.InvalidArgument, "%s: a name of %d bytes, limit %d", shortType(typ), len(n), maxResourceNameLen)
 			}
 		}
 	}
-	return out, nil
-}
-
-// envoyRequest applies one request (sidecar wire contract §1.3).
-// It returns the response to send, if any.
-func (s *Server) envoyRequest(c *envoyConn, req *discoveryv3.DiscoveryRequest) (*discoveryv3.DiscoveryResponse, error) {
-	typ := req.GetTypeUrl()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !isEnvoyType(typ) {
-		return nil, s.streamError("type", codes.InvalidArgument, "unsupported type URL %q for a proxyless gRPC client", typ)
-	}
-	if len(req.GetResourceNames()) > s.cfg.MaxSubscriptions {
-		return nil, s.streamError("limit", codes.ResourceExhausted, "%s: %d names, limit %d", shortType(typ), len(req.GetResourceNames()), s.cfg.MaxSubscriptions)
-	}
-	st := c.states[typ]
-	if st == nil {
-		st = &typeState{}
-		c.states[typ] = st
-	}
-	w := c.watches[typ]
-	nonce := req.GetResponseNonce()
-	if req.GetErrorDetail() != nil {
-		s.metrics.nacks.WithLabelValues(shortType(typ)).Inc()
-		if st.nackNonce != nonce {
-			s.log.Warn("proxy rejected a response", "proxy", c.proxy.ProxyID, "type", shortType(typ), "nonce", nonce, "error", req.GetErrorDetail().GetMessage())
-		}
-		st.nack, st.nackNonce, st.nackAt = req.GetErrorDetail().GetMessage(), nonce, s.cfg.Now()
-		return nil, nil
-	}
-	names := slices.Compact(slices.Sorted(slices.Values(req.GetResourceNames())))
-	if len(names) == 0 {
-		// Nothing wanted any more: the type is unsubscribed.
-		delete(c.watches, typ)
-		return nil, nil
-	}
-	if nonce == "" || w == nil {
-		// A new watch (or a reconnecting client's first request).
-		w = &envoyWatch{names: names}
-		c.watches[typ] = w
-		if other := c.watches[warms[typ]]; other != nil {
-			other.alwaysRespond = true
-		}
-		return s.envoyRespond(c, typ, w, true)
-	}
-	if nonce != w.nonce {
-		return nil, nil // stale: an answer to a response since replaced
-	}
-	st.nonceAcked, st.ackedAt = nonce, s.cfg.Now()
-	st.nack, st.nackNonce = "", ""
-	if !slices.Equal(names, w.names) {
-		w.names = names
-		return s.envoyRespond(c, typ, w, true)
-	}
-	if w.alwaysRespond {
-		w.alwaysRespond = false
-		return s.envoyRespond(c, typ, w, true)
-	}
-	return nil, nil
-}
-
-// envoyRespond builds the watch's response: always when asked for, else
-// only when its resources differ from what was last sent (nil then). The
-// caller holds c.mu; the response is sent after it is released, so a
-// slow client never holds up its proxy status.
-func (s *Server) envoyRespond(c *envoyConn, typ string, w *envoyWatch, always bool) (*discoveryv3.DiscoveryResponse, error) {
-	gen := s.envoyGen.Load()
-	g := s.mesh.get(gen)
-	resp := &discoveryv3.DiscoveryResponse{TypeUrl: typ, VersionInfo: strconv.FormatUint(gen, 10), ControlPlane: s.controlPlane()}
-	sent := make(map[string]*Resource, len(w.names))
-	for _, name := range w.names {
-		e := g.entry(classKey(c.proxy, typ, name))
-		e.once.Do(func() { e.res, e.err = s.generate(g.mesh, c.proxy, typ, name) })
-		if e.err != nil {
-			return nil, e.err
-		}
-		for _, r := range e.res {
-			if _, dup := sent[r.Name]; dup {
-				continue // two names asked for the same resource
-			}
-			sent[r.Name] = r
-			resp.Resources = append(resp.Resources, r.Body)
-		}
-	}
-	sameVersion := func(a, b *Resource) bool { return a.Version == b.Version }
-	if !always && maps.EqualFunc(sent, w.sent, sameVersion) {
-		return nil, nil
-	}
-	c.nonce++
-	resp.Nonce = strconv.FormatUint(c.nonce, 10)
-	w.sent, w.nonce = sent, resp.Nonce
-	st := c.states[typ]
-	st.nonceSent, st.sentAt = resp.Nonce, s.cfg.Now()
-	return resp, nil
-}
-
-// envoySend sends one response within the send timeout.
-func (s *Server) envoySend(ctx context.Context, c *envoyConn, stream grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse], resp *discoveryv3.DiscoveryResponse, cancel context.CancelCauseFunc) error {
-	if err := sendWithin(ctx, s, c.id, cancel, stream.Send, resp); err != nil {
-		return err
-	}
-	short := shortType(resp.GetTypeUrl())
-	s.metrics.pushes.WithLabelValues(short).Inc()
-	s.metrics.resourcesSent.WithLabelValues(short).Add(float64(len(resp.GetResources())))
 	return nil
 }
 
-// generate runs the generators for one name of one proxy and marshals
-// what they return. A panic there is a bug that input reached: it ends
-// this stream with Internal and is logged, and the controller keeps
-// serving everyone else.
-func (s *Server) generate(mesh *sidecar.Mesh, p Proxy, typ, name string) (out []*Resource, err error) {
+// envoyGenerate returns what the watch covers now, in order and by name,
+// and the mesh generation it is from. The caller holds c.mu.
+func (s *Server) envoyGenerate(c *envoyConn, typ string, w *envoyWatch) ([]*Resource, map[string]*Resource, uint64, error) {
+	gen := s.envoyGen.Load()
+	g := s.mesh.get(gen)
+	var list []*Resource
+	byName := make(map[string]*Resource, len(w.names))
+	add := func(key string, names []string) error {
+		e := g.entry(key)
+		e.once.Do(func() { e.res, e.err = s.generate(g.mesh, c.sidecar, c.proxy, typ, names) })
+		if e.err != nil {
+			return e.err
+		}
+		for _, r := range e.res {
+			if _, dup := byName[r.Name]; dup {
+				continue // two names asked for the same resource
+			}
+			byName[r.Name] = r
+			list = append(list, r)
+		}
+		return nil
+	}
+	if w.wildcard {
+		if err := add(classKey(c.proxy, true, typ, ""), nil); err != nil {
+			return nil, nil, 0, err
+		}
+		return list, byName, gen, nil
+	}
+	for _, name := range slices.Sorted(maps.Keys(w.names)) {
+		if err := add(classKey(c.proxy, c.sidecar, typ, name), []string{name}); err != nil {
+			return nil, nil, 0, err
+		}
+	}
+	return list, byName, gen, nil
+}
+
+func sameVersion(a, b *Resource) bool { return a.Version == b.Version }
+
+// generate runs the generators for one name (nil: a sidecar's wildcard
+// type) of one proxy and marshals what they return. A panic there is a
+// bug that input reached: it ends this stream with Internal and is
+// logged, and the controller keeps serving everyone else.
+func (s *Server) generate(mesh Generator, forSidecar bool, p Proxy, typ string, names []string) (out []*Resource, err error) {
 	defer func() {
 		if r := recover(); r != nil {
+			name := "*" // a sidecar's wildcard type
+			if len(names) > 0 {
+				name = strings.Join(names, ",")
+			}
 			s.log.Error("generating Envoy resources failed", "proxy", p.ProxyID, "type", shortType(typ), "name", name, "panic", r, "stack", string(debug.Stack()))
 			out, err = nil, s.streamError("internal", codes.Internal, "generating %s %q failed", shortType(typ), name)
 		}
 	}()
-	for _, n := range mesh.Generate(sidecarProxy(p), typ, []string{name}) {
+	gen := mesh.Generate
+	if forSidecar {
+		gen = mesh.GenerateSidecar
+	}
+	for _, n := range gen(sidecarProxy(p), typ, names) {
 		r, err := NewResource(typ, n.Name, n.Resource)
 		if err != nil {
 			return nil, s.streamError("internal", codes.Internal, "%v", err)
@@ -390,6 +440,21 @@ func sidecarProxy(p Proxy) sidecar.Proxy {
 		ips = append(ips, p.IP)
 	}
 	return sidecar.Proxy{Namespace: p.Namespace, Labels: p.Labels, IPs: ips}
+}
+
+// recordNACK records a rejection of a response in proxy status.
+func (s *Server) recordNACK(c *envoyConn, st *typeState, typ, nonce, msg string) {
+	s.metrics.nacks.WithLabelValues(shortType(typ)).Inc()
+	if st.nackNonce != nonce {
+		s.log.Warn("proxy rejected a response", "proxy", c.proxy.ProxyID, "type", shortType(typ), "nonce", nonce, "error", msg)
+	}
+	st.nack, st.nackNonce, st.nackAt = msg, nonce, s.cfg.Now()
+}
+
+// recordACK records an acceptance of the response nonce in proxy status.
+func (s *Server) recordACK(st *typeState, nonce string) {
+	st.nonceAcked, st.ackedAt = nonce, s.cfg.Now()
+	st.nack, st.nackNonce = "", ""
 }
 
 // envoyChanged moves Envoy clients to a new generation of the mesh.
@@ -416,7 +481,10 @@ func (c *envoyConn) status() ProxyStatus {
 			continue
 		}
 		ts := st.typeStatus(typ)
-		ts.Subscribed, ts.Resources = len(w.names), len(w.sent)
+		ts.Wildcard, ts.Resources = w.wildcard, len(w.sent)
+		if !w.wildcard {
+			ts.Subscribed = len(w.names)
+		}
 		ps.Types = append(ps.Types, ts)
 	}
 	return ps
@@ -433,9 +501,19 @@ func (c *envoyConn) dump() ConfigDump {
 	return d
 }
 
-// envoyConnections returns the proxyless clients' connections.
+// envoyConnections returns the Envoy clients' connections.
 func (s *Server) envoyConnections() []*envoyConn {
 	s.envoyMu.Lock()
 	defer s.envoyMu.Unlock()
 	return slices.Collect(maps.Keys(s.envoyConns))
+}
+
+// sotwCount is what a state-of-the-world response counts in metrics.
+func sotwCount(r *discoveryv3.DiscoveryResponse) (string, int) {
+	return r.GetTypeUrl(), len(r.GetResources())
+}
+
+// deltaCount is what a Delta response counts in metrics.
+func deltaCount(r *discoveryv3.DeltaDiscoveryResponse) (string, int) {
+	return r.GetTypeUrl(), len(r.GetResources()) + len(r.GetRemovedResources())
 }

@@ -3,6 +3,7 @@ package xds_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -189,26 +190,31 @@ func TestProxylessAckRules(t *testing.T) {
 }
 
 // TestProxylessLimits: a proxyless client asking for more names than a
-// connection may hold is refused with ResourceExhausted; an Envoy sidecar
-// (no GENERATOR "grpc") asking for an Envoy type is told it is not served.
+// connection may hold is refused with ResourceExhausted, one asking for
+// a name longer than any resource's with InvalidArgument; a gateway or
+// waypoint (router node, no GENERATOR "grpc") asking for an Envoy type
+// is told it is not served.
 func TestProxylessLimits(t *testing.T) {
 	m := startMesh(t, xds.Config{MaxSubscriptions: 10})
 	for _, tt := range []struct {
 		name      string
+		nodeType  string
 		generator string
 		names     int
+		nameLen   int
 		want      codes.Code
 	}{
-		{"too many names", "grpc", 11, codes.ResourceExhausted},
-		{"an Envoy sidecar", "", 1, codes.Unimplemented},
+		{"too many names", "sidecar", "grpc", 11, 0, codes.ResourceExhausted},
+		{"a huge name", "sidecar", "grpc", 1, 1 << 20, codes.InvalidArgument},
+		{"a gateway or waypoint", "router", "", 1, 0, codes.Unimplemented},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			p := m.proxyless(t, "client")
 			md, _ := structpb.NewStruct(map[string]any{"GENERATOR": tt.generator, "NAMESPACE": m.ns, "SERVICE_ACCOUNT": "default"})
-			node := &corev3.Node{Id: fmt.Sprintf("sidecar~10.9.9.9~client.%s~%s.svc.cluster.local", m.ns, m.ns), Metadata: md}
+			node := &corev3.Node{Id: fmt.Sprintf("%s~10.9.9.9~client.%s~%s.svc.cluster.local", tt.nodeType, m.ns, m.ns), Metadata: md}
 			var names []string
 			for i := range tt.names {
-				names = append(names, fmt.Sprintf("svc-%d:80", i))
+				names = append(names, fmt.Sprintf("svc-%d%s:80", i, strings.Repeat("x", tt.nameLen)))
 			}
 			p.send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: sidecar.ListenerType, ResourceNames: names})
 			if r, ok := <-p.in; ok {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/canopy-mesh/canopy/ca/authn"
 	"github.com/canopy-mesh/canopy/controller/index"
+	"github.com/canopy-mesh/canopy/controller/sidecar"
 	"github.com/canopy-mesh/canopy/workloadapi"
 	"github.com/canopy-mesh/canopy/workloadapi/security"
 )
@@ -64,9 +65,12 @@ type Config struct {
 	SystemNamespace string
 	// ID names this controller instance in proxy status (its pod name).
 	ID string
-	// Mesh is what Envoy resources for proxyless gRPC clients are
-	// generated from; nil refuses Envoy types.
+	// Mesh is what Envoy resources for sidecars and proxyless gRPC
+	// clients are generated from; nil refuses Envoy types.
 	Mesh MeshSource
+	// NewGenerator builds the generators of one generation of Mesh
+	// (default sidecar.NewMesh).
+	NewGenerator func(sidecar.Inputs) Generator
 	// Registerer receives the metrics; nil registers nowhere.
 	Registerer prometheus.Registerer
 	Now        func() time.Time
@@ -158,8 +162,8 @@ type Server struct {
 	pendingMesh bool
 	first, last time.Time
 
-	// Proxyless gRPC clients (envoy.go): the mesh they are generated from,
-	// its generation, and their connections.
+	// Envoy clients, sidecars and proxyless gRPC (envoy.go): the mesh
+	// they are generated from, its generation, and their connections.
 	mesh       *meshCache
 	envoyGen   atomic.Uint64
 	envoyMu    sync.Mutex
@@ -182,12 +186,18 @@ func New(cfg Config, source Source, auth Authenticator, log *slog.Logger) (*Serv
 		envoyConns:   map[*envoyConn]struct{}{},
 	}
 	if cfg.Mesh != nil {
-		s.mesh = &meshCache{src: cfg.Mesh}
+		s.mesh = &meshCache{src: cfg.Mesh, build: cfg.NewGenerator}
+		if s.mesh.build == nil {
+			s.mesh.build = newMeshGenerator
+		}
 	}
 	m, err := newMetrics(s.cfg.Registerer, func() float64 {
 		s.connMu.RLock()
-		defer s.connMu.RUnlock()
-		return float64(len(s.conns))
+		n := len(s.conns)
+		s.connMu.RUnlock()
+		s.envoyMu.Lock()
+		defer s.envoyMu.Unlock()
+		return float64(n + len(s.envoyConns))
 	})
 	if err != nil {
 		return nil, fmt.Errorf("xds metrics: %w", err)

@@ -232,9 +232,10 @@ func (s *Server) handleDebugDelta(c *conn, req *discoveryv3.DeltaDiscoveryReques
 	return nil
 }
 
-// StreamAggregatedResources answers debug queries over state-of-the-world
-// ADS, the way istioctl proxy-status asks. Workload types are served over
-// Delta ADS only.
+// StreamAggregatedResources serves Envoy types to sidecars and proxyless
+// gRPC clients over state-of-the-world ADS (envoy_sotw.go), and answers
+// debug queries the way istioctl proxy-status asks. Workload types are
+// served over Delta ADS only.
 func (s *Server) StreamAggregatedResources(stream grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse]) error {
 	caller, err := s.authenticate(stream.Context())
 	if err != nil {
@@ -253,10 +254,9 @@ func (s *Server) StreamAggregatedResources(stream grpc.BidiStreamingServer[disco
 	if err != nil {
 		return err
 	}
-	if proxy.Generator == "grpc" && isEnvoyType(req.GetTypeUrl()) {
-		if s.mesh == nil {
-			return s.streamError("type", codes.Unimplemented, "this controller serves no Envoy types (no mesh source)")
-		}
+	if envoy, err := s.envoyStream(proxy, req.GetTypeUrl()); err != nil {
+		return err
+	} else if envoy {
 		return s.serveEnvoy(stream, proxy, req)
 	}
 	var nonce uint64
@@ -285,7 +285,7 @@ func (s *Server) StreamAggregatedResources(stream grpc.BidiStreamingServer[disco
 		default:
 			if isEnvoyType(typ) {
 				return s.streamError("type", codes.Unimplemented,
-					"type %q for a %s proxy: Envoy types are served only to proxyless gRPC clients (node metadata GENERATOR \"grpc\")", typ, proxy.Type)
+					"type %q on a debug stream: a stream is served Envoy types when its first request asks for one", typ)
 			}
 			return s.streamError("type", codes.Unimplemented,
 				"type %q over state-of-the-world ADS: workload types are served over Delta ADS only", typ)

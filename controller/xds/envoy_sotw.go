@@ -1,0 +1,167 @@
+package xds
+
+import (
+	"maps"
+	"strconv"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+
+	"github.com/canopy-mesh/canopy/controller/sidecar"
+)
+
+// serveEnvoy serves an Envoy client's state-of-the-world stream from its
+// first request on. Requests follow istiod's rules: a NACK is recorded
+// and not answered, a request with another nonce than the last
+// response's is stale and ignored, an ACK is answered only when it
+// changes the names (or by the warming rule), and a change of the mesh
+// sends each type whose resources changed.
+func (s *Server) serveEnvoy(stream grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse], proxy Proxy, first *discoveryv3.DiscoveryRequest) error {
+	c, done := s.newEnvoyConn(stream.Context(), proxy, false)
+	defer done()
+	handle := func(req *discoveryv3.DiscoveryRequest) ([]*discoveryv3.DiscoveryResponse, error) {
+		resp, err := s.envoyRequest(c, req)
+		if err != nil || resp == nil {
+			return nil, err
+		}
+		return []*discoveryv3.DiscoveryResponse{resp}, nil
+	}
+	return serveEnvoyStream(s, c, stream, first, handle, func() ([]*discoveryv3.DiscoveryResponse, error) { return s.envoyPush(c) }, sotwCount)
+}
+
+// envoyPush builds a response for every type whose resources changed, in
+// push order.
+func (s *Server) envoyPush(c *envoyConn) ([]*discoveryv3.DiscoveryResponse, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []*discoveryv3.DiscoveryResponse
+	for _, typ := range envoyTypes {
+		if w := c.watches[typ]; w != nil {
+			resp, err := s.envoyRespond(c, typ, w, false)
+			if err != nil {
+				return nil, err
+			}
+			if resp != nil {
+				out = append(out, resp)
+			}
+		}
+	}
+	return out, nil
+}
+
+// ignoreType answers a sidecar's request for a type this server does not
+// serve (the agent's name table or proxy config, health information):
+// as istiod does for a type it has no generator for, with nothing, and
+// the stream goes on.
+func (s *Server) ignoreType(c *envoyConn, typ string) {
+	s.log.Debug("type not served to sidecars; request ignored", "proxy", c.proxy.ProxyID, "type_url", typ)
+}
+
+// envoyRequest applies one state-of-the-world request (sidecar wire
+// contract §1.3). It returns the response to send, if any.
+func (s *Server) envoyRequest(c *envoyConn, req *discoveryv3.DiscoveryRequest) (*discoveryv3.DiscoveryResponse, error) {
+	typ := req.GetTypeUrl()
+	if !isEnvoyType(typ) {
+		if c.sidecar {
+			s.ignoreType(c, typ)
+			return nil, nil
+		}
+		return nil, s.streamError("type", codes.InvalidArgument, "unsupported type URL %q for a proxyless gRPC client", typ)
+	}
+	if err := s.checkNames(typ, s.cfg.MaxSubscriptions, req.GetResourceNames()); err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := c.states[typ]
+	if st == nil {
+		st = &typeState{}
+		c.states[typ] = st
+	}
+	w := c.watches[typ]
+	nonce := req.GetResponseNonce()
+	if req.GetErrorDetail() != nil {
+		s.recordNACK(c, st, typ, nonce, req.GetErrorDetail().GetMessage())
+		return nil, nil
+	}
+	names := make(map[string]struct{}, len(req.GetResourceNames()))
+	for _, n := range req.GetResourceNames() {
+		names[n] = struct{}{}
+	}
+	wildcard := c.sidecar && sidecar.IsWildcard(typ)
+	if len(names) == 0 && !wildcard {
+		// Nothing wanted any more: the type is unsubscribed. For a
+		// sidecar's clusters and listeners no names means everything.
+		delete(c.watches, typ)
+		return nil, nil
+	}
+	if nonce == "" || w == nil {
+		// A new watch (or a reconnecting client's first request).
+		w = newEnvoyWatch(wildcard)
+		w.names = names
+		c.watches[typ] = w
+		if other := c.watches[warms[typ]]; other != nil {
+			other.alwaysRespond = true
+		}
+		return s.envoyRespond(c, typ, w, true)
+	}
+	if nonce != w.nonce {
+		return nil, nil // stale: an answer to a response since replaced
+	}
+	s.recordACK(st, nonce)
+	if !c.sidecar {
+		if !maps.Equal(names, w.names) {
+			w.names = names
+			return s.envoyRespond(c, typ, w, true)
+		}
+		if w.alwaysRespond {
+			w.alwaysRespond = false
+			return s.envoyRespond(c, typ, w, true)
+		}
+		return nil, nil
+	}
+	// A sidecar, by istiod's rules: answered when a name was added (any
+	// change, for a wildcard type) or by the warming rule.
+	added, removed := false, false
+	for n := range names {
+		if _, ok := w.names[n]; !ok {
+			added = true
+		}
+	}
+	for n := range w.names {
+		if _, ok := names[n]; !ok {
+			removed = true
+			if !wildcard {
+				delete(w.sent, n) // dropped by the proxy; not pushed again
+			}
+		}
+	}
+	w.names = names
+	if w.alwaysRespond || added || (wildcard && removed) {
+		w.alwaysRespond = false
+		return s.envoyRespond(c, typ, w, true)
+	}
+	return nil, nil
+}
+
+// envoyRespond builds the watch's state-of-the-world response: always
+// when asked for, else only when its resources differ from what was last
+// sent (nil then). The caller holds c.mu.
+func (s *Server) envoyRespond(c *envoyConn, typ string, w *envoyWatch, always bool) (*discoveryv3.DiscoveryResponse, error) {
+	list, byName, gen, err := s.envoyGenerate(c, typ, w)
+	if err != nil {
+		return nil, err
+	}
+	if !always && maps.EqualFunc(byName, w.sent, sameVersion) {
+		return nil, nil
+	}
+	resp := &discoveryv3.DiscoveryResponse{TypeUrl: typ, VersionInfo: strconv.FormatUint(gen, 10), ControlPlane: s.controlPlane(), Nonce: c.nextNonce()}
+	for _, r := range list {
+		resp.Resources = append(resp.Resources, r.Body)
+	}
+	w.sent, w.nonce = byName, resp.Nonce
+	st := c.states[typ]
+	st.nonceSent, st.sentAt = resp.Nonce, s.cfg.Now()
+	return resp, nil
+}
