@@ -64,6 +64,9 @@ func TestSidecarStateOfTheWorld(t *testing.T) {
 	fake.set(cds, "c3", "v1")
 	m.meshChanged()
 	expect("clusters pushed", reply{Type: "CDS", Resources: res("c1", own, "c2", own, "c3", own)})
+	// A cluster Envoy replaces waits for its endpoints, which it does not
+	// ask for again: they follow, unchanged.
+	e = expect("endpoints follow clusters", reply{Type: "EDS", Resources: res("e1", "sidecar v1")})
 	l = nothingForSotW(t, s, lds, l.GetNonce(), "a dropped endpoint name changed")
 
 	s.send(&discoveryv3.DiscoveryRequest{TypeUrl: eds, ResponseNonce: e.GetNonce()})

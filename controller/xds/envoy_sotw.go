@@ -36,14 +36,20 @@ func (s *Server) envoyPush(c *envoyConn) ([]*discoveryv3.DiscoveryResponse, erro
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var out []*discoveryv3.DiscoveryResponse
+	clustersSent := false
 	for _, typ := range envoyTypes {
 		if w := c.watches[typ]; w != nil {
-			resp, err := s.envoyRespond(c, typ, w, false)
+			// A cluster Envoy replaces warms until its endpoints come
+			// again, and Envoy does not ask for them (its names did not
+			// change): endpoints follow every clusters push to a sidecar.
+			always := typ == sidecar.EndpointType && clustersSent && c.sidecar
+			resp, err := s.envoyRespond(c, typ, w, always)
 			if err != nil {
 				return nil, err
 			}
 			if resp != nil {
 				out = append(out, resp)
+				clustersSent = clustersSent || typ == sidecar.ClusterType
 			}
 		}
 	}
