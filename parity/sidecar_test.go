@@ -51,7 +51,7 @@ func sidecarNode(ns, pod, sa, ip string, labels map[string]string) (*corev3.Node
 		"ISTIO_VERSION": "1.32.0", "CLUSTER_ID": "Kubernetes", "MESH_ID": "cluster.local",
 		"NAME": pod, "NAMESPACE": ns, "SERVICE_ACCOUNT": sa, "INSTANCE_IPS": ip, "LABELS": lbls,
 		"INTERCEPTION_MODE": "REDIRECT", "WORKLOAD_NAME": "greeter-v2", "APP_CONTAINERS": "greeter", "NODE_NAME": "node-1",
-		"POD_PORTS": `[{"name":"grpc","containerPort":8080,"protocol":"TCP"}]`,
+		"POD_PORTS":         `[{"name":"grpc","containerPort":8080,"protocol":"TCP"}]`,
 		"ENVOY_STATUS_PORT": 15021.0, "ENVOY_PROMETHEUS_PORT": 15090.0,
 	})
 	if err != nil {
