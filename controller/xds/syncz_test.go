@@ -91,6 +91,19 @@ func syncedMesh(t *testing.T, cfg xds.Config) (*mesh, []synczRow) {
 	t.Helper()
 	m := startMesh(t, cfg)
 	m.connect(t, "ztunnel-a", "node-1", proxyOptions{})
+	waitSynced(t, m)
+	want := []synczRow{{
+		ID: "ztunnel-a." + m.ns, Cluster: "Kubernetes", Namespace: m.ns, Version: "test",
+		Types: map[string]string{workloadapi.AddressTypeURL: "SYNCED+age", workloadapi.AuthorizationTypeURL: "SYNCED+age"},
+	}}
+	return m, want
+}
+
+// waitSynced waits until the proxy has ACKed both types: a change the API
+// server makes meanwhile (the test's namespace filling in) pushes again,
+// and the proxy is STALE until it ACKs.
+func waitSynced(t *testing.T, m *mesh) {
+	t.Helper()
 	eventually.Within(t, settle, "proxy synced", func() bool {
 		for _, ps := range m.server.Status() {
 			if ps.ProxyID == "ztunnel-a."+m.ns {
@@ -99,11 +112,6 @@ func syncedMesh(t *testing.T, cfg xds.Config) (*mesh, []synczRow) {
 		}
 		return false
 	})
-	want := []synczRow{{
-		ID: "ztunnel-a." + m.ns, Cluster: "Kubernetes", Namespace: m.ns, Version: "test",
-		Types: map[string]string{workloadapi.AddressTypeURL: "SYNCED+age", workloadapi.AuthorizationTypeURL: "SYNCED+age"},
-	}}
-	return m, want
 }
 
 // TestSynczAsIstioctlAsks: istioctl proxy-status sends state-of-the-world
@@ -130,6 +138,7 @@ func TestSynczAsIstioctlAsks(t *testing.T) {
 			TypeUrl: xds.SynczTypeURL, ResponseNonce: time.Now().String()}},
 		{"request without nonce", &discoveryv3.DiscoveryRequest{TypeUrl: xds.SynczTypeURL}},
 	} {
+		waitSynced(t, m)
 		if err := st.Send(tc.req); err != nil {
 			t.Fatalf("%s: send: %v", tc.name, err)
 		}
