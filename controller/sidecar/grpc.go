@@ -402,8 +402,13 @@ func adsSource() *corev3.ConfigSource {
 
 // mustAny packs a message the generators built; only a programming error
 // can make it fail.
+//
+// The bytes are deterministic (map entries sorted), so that a resource
+// generated again from the same mesh has the same version and is not
+// pushed again.
 func mustAny(m proto.Message) *anypb.Any {
-	a, err := anypb.New(m)
+	a := &anypb.Any{}
+	err := anypb.MarshalFrom(a, m, proto.MarshalOptions{Deterministic: true})
 	if err != nil {
 		panic(fmt.Sprintf("sidecar: pack %T: %v", m, err))
 	}
