@@ -510,6 +510,13 @@ func (c *sotwClient) snapshot(typ string) table {
 	return maps.Clone(c.tables[typ])
 }
 
+// held returns how many resources of typ the client holds.
+func (c *sotwClient) held(typ string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.entries[typ])
+}
+
 // traffic returns what the client has received so far, by type.
 func (c *sotwClient) traffic() map[string]traffic {
 	c.mu.Lock()
@@ -530,6 +537,10 @@ func (c *sotwClient) close() {
 	c.conn.Close()
 }
 
+// clusterHost is the host of an Istio cluster name,
+// "outbound|<port>|<subset>|<host>".
+func clusterHost(cluster string) string { return cluster[strings.LastIndexByte(cluster, '|')+1:] }
+
 // healthyEndpoints returns the addresses of the endpoints of an endpoint
 // table that a client would send to (health unknown or healthy), by the
 // host of their cluster (the last field of Istio's cluster names,
@@ -537,7 +548,7 @@ func (c *sotwClient) close() {
 func healthyEndpoints(tbl table) map[string][]string {
 	out := map[string][]string{}
 	for name, m := range tbl {
-		host := name[strings.LastIndexByte(name, '|')+1:]
+		host := clusterHost(name)
 		for _, loc := range m.(*endpointv3.ClusterLoadAssignment).GetEndpoints() {
 			for _, ep := range loc.GetLbEndpoints() {
 				if h := ep.GetHealthStatus(); h != corev3.HealthStatus_UNKNOWN && h != corev3.HealthStatus_HEALTHY {
