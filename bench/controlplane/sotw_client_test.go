@@ -28,9 +28,9 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
-// The Envoy types a proxyless gRPC client subscribes to, in the order of
-// its dependencies: listeners name routes, routes clusters, clusters
-// endpoints.
+// The Envoy types the clients subscribe to, in the order of a proxyless
+// gRPC client's dependencies: listeners name routes, routes clusters,
+// clusters endpoints.
 const (
 	listenerType = "type.googleapis.com/envoy.config.listener.v3.Listener"
 	routeType    = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
@@ -41,7 +41,7 @@ const (
 // chain lists the types in dependency order.
 var chain = [...]string{listenerType, routeType, clusterType, endpointType}
 
-// table is what a client holds of one type: name → decoded resource.
+// table is what a client keeps decoded of one type: name → resource.
 type table map[string]proto.Message
 
 // grpcNode is the node a proxyless gRPC client of pod pod (namespace ns,
@@ -543,8 +543,7 @@ func clusterHost(cluster string) string { return cluster[strings.LastIndexByte(c
 
 // healthyEndpoints returns the addresses of the endpoints of an endpoint
 // table that a client would send to (health unknown or healthy), by the
-// host of their cluster (the last field of Istio's cluster names,
-// "outbound|<port>|<subset>|<host>").
+// host of their cluster (clusterHost).
 func healthyEndpoints(tbl table) map[string][]string {
 	out := map[string][]string{}
 	for name, m := range tbl {
