@@ -59,9 +59,10 @@ func keep() bool {
 type side struct {
 	name string
 	pid  int
-	// dial connects a proxy of namespace ns and returns the headers its
-	// streams carry.
-	dial func(ns string) (*grpc.ClientConn, metadata.MD, error)
+	// dial connects a proxy of namespace ns and service account account
+	// (clientAccount or podAccount) and returns the headers its streams
+	// carry.
+	dial func(ns, account string) (*grpc.ClientConn, metadata.MD, error)
 	// metricsURL and connectedMetric give the number of open xDS
 	// streams.
 	metricsURL, connectedMetric string
@@ -219,27 +220,33 @@ func startControlPlanes(b *testing.B, m mesh) *controlPlanes {
 	if err != nil {
 		b.Fatal(err)
 	}
-	tokens := map[string]string{}
+	tokens := map[string]string{} // namespace/account → token
 	for n := range m.Namespaces {
 		ns := m.namespace(n)
-		if tokens[ns], err = env.Token(ctx, ns, clientAccount, testenv.TokenOptions{Audiences: []string{"istio-ca"}, Expiration: 2 * time.Hour}); err != nil {
-			b.Fatal(err)
+		for _, sa := range []string{clientAccount, podAccount} {
+			if tokens[ns+"/"+sa], err = env.Token(ctx, ns, sa, testenv.TokenOptions{Audiences: []string{"istio-ca"}, Expiration: 2 * time.Hour}); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 	cp := &controlPlanes{env: env, istio: istio, mesh: m}
 	cp.canopy = &side{
 		name: "canopy", pid: cc.PID(), logPath: cc.LogPath, exited: cc.Exited,
 		metricsURL: "http://" + cc.MonitoringAddr + "/metrics", connectedMetric: "canopy_xds_connected_proxies",
-		dial: func(ns string) (*grpc.ClientConn, metadata.MD, error) {
+		dial: func(ns, account string) (*grpc.ClientConn, metadata.MD, error) {
+			token, ok := tokens[ns+"/"+account]
+			if !ok {
+				return nil, nil, fmt.Errorf("no token for %s/%s", ns, account)
+			}
 			conn, err := cc.Dial(roots, canopyNamespace)
-			return conn, metadata.Pairs("authorization", "Bearer "+tokens[ns], "clusterid", "Kubernetes"), err
+			return conn, metadata.Pairs("authorization", "Bearer "+token, "clusterid", "Kubernetes"), err
 		},
 	}
 	cp.istiod = &side{
 		name: "istiod", pid: ref.PID(), logPath: ref.LogPath, exited: ref.Exited,
 		metricsURL: "http://" + ref.MonitoringAddr + "/metrics", connectedMetric: "pilot_xds",
 		// The plaintext port authenticates nobody.
-		dial: func(string) (*grpc.ClientConn, metadata.MD, error) {
+		dial: func(string, string) (*grpc.ClientConn, metadata.MD, error) {
 			conn, err := grpc.NewClient(ref.XDSAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 			return conn, metadata.MD{}, err
 		},

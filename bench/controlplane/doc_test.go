@@ -6,25 +6,30 @@
 //
 //	go test ./bench/controlplane -run '^$' -bench . -benchtime 1x -timeout 30m
 //
-// (about 6 minutes on 2 cores; CANOPY_ISTIO_BIN_DIR and
-// CANOPY_KUBE_BIN_DIR point at the pinned binaries, else hack/tools.sh
-// builds them). Every figure is reported for canopy and istiod and as the
+// (-bench Proxyless or -bench Sidecar for one scenario, each starting
+// its own environment; about 6 minutes for the proxyless one on 2
+// cores; CANOPY_ISTIO_BIN_DIR and CANOPY_KUBE_BIN_DIR point at the
+// pinned binaries, else hack/tools.sh builds them). Every figure is reported for canopy and istiod and as the
 // ratio canopy/istiod; ns/op is dropped, since an iteration's wall time
 // is mostly connecting and waiting for the controllers to be at rest.
 //
-// The pieces are meant for more scenarios than the one there is:
-// mesh (fixture_test.go) writes Namespaces, Nodes, Ready pods, Services,
-// DestinationRules and VirtualServices with a bounded pool of writers and
-// waits for kube-controller-manager's EndpointSlices; controlPlanes
+// The pieces are shared by the scenarios: mesh (fixture_test.go) writes
+// Namespaces, Nodes, Ready pods, Services, DestinationRules and
+// VirtualServices with a bounded pool of writers and waits for
+// kube-controller-manager's EndpointSlices; controlPlanes
 // (controlplanes_test.go) starts the environment and both controllers
 // with the same push tuning and gives each as a side (how to dial it, its
 // process for memory and CPU from /proc, its connected-streams gauge);
 // proc_test.go reads RSS and CPU time and waits for the controllers to be
-// at rest. BenchmarkProxyless (proxyless_test.go) drives raw
-// state-of-the-world ADS clients that subscribe as grpc-go's xDS client
-// does (sotw_client_test.go). An ambient scenario would add Delta
-// clients of istio.workload.Address and Authorization as ztunnel
-// subscribes, and a mesh with NamespaceLabels for ambient enrollment.
+// at rest; compare (scenario_test.go) runs the sub-benchmarks (memory,
+// push, endpoint, virtualservice) for a scenario, a kind of client; the
+// clients are raw state-of-the-world ADS streams (sotw_client_test.go)
+// that subscribe as a subscription says. BenchmarkProxyless
+// (proxyless_test.go) has them subscribe as grpc-go's xDS client does,
+// BenchmarkSidecar (sidecar_test.go) as an Envoy sidecar does. An
+// ambient scenario would add Delta clients of istio.workload.Address and
+// Authorization as ztunnel subscribes, and a mesh with NamespaceLabels
+// for ambient enrollment.
 //
 // Differences of setup that the figures carry: clients reach Canopy over
 // TLS with a service-account token (reviewed once per token, then cached)

@@ -28,6 +28,8 @@ const (
 	// clientAccount is the service account of the client pods, which the
 	// clients' tokens are minted for.
 	clientAccount = "client"
+	// podAccount is the service account of the Services' pods.
+	podAccount = "default"
 	// writers bounds the fixture's concurrent API requests: enough to keep
 	// the API server busy, few enough that 2 cores still schedule the rest.
 	writers = 32
@@ -67,6 +69,9 @@ func (m mesh) host(i int) string      { return m.service(i) + "." + m.namespace(
 func (m mesh) pod(i, j int) string    { return fmt.Sprintf("svc-%d-%d", i, j) }
 func (m mesh) hasVirtualService(i int) bool {
 	return m.VirtualServiceEvery > 0 && i%m.VirtualServiceEvery == 0
+}
+func (m mesh) podLabels(i, j int) map[string]string {
+	return map[string]string{"app": m.service(i), "version": fmt.Sprintf("v%d", j%2)}
 }
 func (m mesh) node(j int) string            { return fmt.Sprintf("node-%d", j%m.Nodes) }
 func (m mesh) client(k int) string          { return fmt.Sprintf("client-%d", k) }
@@ -115,7 +120,7 @@ func (m mesh) write(ctx context.Context, kube kubernetes.Interface, istio istioc
 	if err := forEach(ctx, m.Services*m.EndpointsPerService, func(ctx context.Context, n int) error {
 		i, j := n/m.EndpointsPerService, n%m.EndpointsPerService
 		return m.createPod(ctx, kube, m.namespace(i), m.pod(i, j), m.podIP(i, j), m.node(j),
-			map[string]string{"app": m.service(i), "version": fmt.Sprintf("v%d", j%2)}, "default")
+			m.podLabels(i, j), podAccount)
 	}); err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"maps"
 	"slices"
 	"strings"
@@ -21,13 +22,15 @@ import (
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
-// The Envoy types a proxyless gRPC client subscribes to, in the order of
-// its dependencies: listeners name routes, routes clusters, clusters
-// endpoints.
+// The Envoy types the clients subscribe to, in the order of a proxyless
+// gRPC client's dependencies: listeners name routes, routes clusters,
+// clusters endpoints.
 const (
 	listenerType = "type.googleapis.com/envoy.config.listener.v3.Listener"
 	routeType    = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
@@ -38,7 +41,7 @@ const (
 // chain lists the types in dependency order.
 var chain = [...]string{listenerType, routeType, clusterType, endpointType}
 
-// table is what a client holds of one type: name → decoded resource.
+// table is what a client keeps decoded of one type: name → resource.
 type table map[string]proto.Message
 
 // grpcNode is the node a proxyless gRPC client of pod pod (namespace ns,
@@ -59,17 +62,57 @@ func grpcNode(ns, pod, sa, ip string, labels map[string]string) (*corev3.Node, e
 	return &corev3.Node{Id: fmt.Sprintf("sidecar~%s~%s.%s~%s.svc.cluster.local", ip, pod, ns, ns), Metadata: md}, nil
 }
 
-// sotwClient is a state-of-the-world ADS stream that behaves as grpc-go's
-// xDS client: it asks for the listeners it is given, then for the route
-// configurations they name, the clusters those name and the clusters'
-// endpoints, asking again whenever a set of names changes, and ACKs every
-// response (NACKs one that does not decode). It keeps what it was sent,
-// decoded, and reports when it is first synced and when a response makes
-// an expectation true. Its methods are safe for concurrent use.
+// subscription is how a client subscribes: what it asks for first and
+// which types' names follow from which.
+type subscription struct {
+	// first are the types asked for when the stream opens, in order,
+	// with their names (none: a wildcard).
+	first []request
+	// deps are the pairs (type, next type) whose next names are what the
+	// resources of type name.
+	deps [][2]string
+	// keep reports whether a resource is kept decoded, for expectations
+	// and checks (it must depend on the type and name only); project, if
+	// set, trims what is kept. Others are held only as a hash of their
+	// bytes and the names they reference.
+	keep    func(typ, name string) bool
+	project func(proto.Message) proto.Message
+	// complete: a type asked for by name is answered only once every
+	// name has been sent.
+	complete bool
+}
+
+// request is one type and the names asked for.
+type request struct {
+	typ   string
+	names []string
+}
+
+// proxylessSubscription subscribes as grpc-go's xDS client does: the
+// listeners it is given, then the route configurations they name, the
+// clusters those name and the clusters' endpoints. Everything is kept.
+func proxylessSubscription(listeners []string) subscription {
+	return subscription{
+		first: []request{{listenerType, listeners}},
+		deps:  [][2]string{{listenerType, routeType}, {routeType, clusterType}, {clusterType, endpointType}},
+		keep:  func(string, string) bool { return true },
+	}
+}
+
+// sotwClient is a state-of-the-world ADS stream that subscribes as its
+// subscription says, asking again whenever a set of names changes, and
+// ACKs every response (NACKs one that does not decode). It keeps of each
+// resource a hash of its bytes and the names it references, decodes a
+// resource only when its bytes changed, keeps decoded only what the
+// subscription keeps, and reports when it is first synced and when a
+// response makes an expectation true. Its methods are safe for
+// concurrent use.
 type sotwClient struct {
 	name   string
 	conn   *grpc.ClientConn
 	cancel context.CancelFunc
+	sub    subscription
+	seed   maphash.Seed
 	// synced is closed once every type has been answered after its last
 	// request; syncedAt is when.
 	synced chan struct{}
@@ -79,13 +122,26 @@ type sotwClient struct {
 	mu       sync.Mutex
 	syncedAt time.Time
 	err      error
-	names    map[string][]string // type → names asked for, sorted
-	tables   map[string]table
-	last     map[string]*discoveryv3.DiscoveryResponse
+	names    map[string][]string // type → names asked for, sorted; none for a wildcard
+	entries  map[string]map[string]entry
+	tables   map[string]table // type → what is kept decoded
+	last     map[string]answer
 	pending  map[string]bool // type → asked, not answered yet
 	nack     error
 	expects  []*expectation
 	received map[string]traffic
+}
+
+// entry is what a client holds of one resource.
+type entry struct {
+	sum  uint64   // hash of its bytes
+	refs []string // the names of the next type it references
+}
+
+// answer is the version and nonce of the last response of a type that
+// was ACKed.
+type answer struct {
+	version, nonce string
 }
 
 // traffic counts what a client received of one type.
@@ -101,28 +157,43 @@ type expectation struct {
 	at   chan time.Time // receives the response's arrival, once
 }
 
-// dialSotW opens a client's stream on conn with headers md and asks for
-// listeners. The client owns conn and closes it in close.
-func dialSotW(ctx context.Context, name string, conn *grpc.ClientConn, md metadata.MD, node *corev3.Node, listeners []string) (*sotwClient, error) {
+// maxResponse bounds a response's size: a sidecar's clusters of a mesh of
+// 1,000 Services run past gRPC's default of 4 MiB (Envoy sets no such
+// limit).
+const maxResponse = 256 << 20
+
+// dialSotW opens a client's stream on conn with headers md and sends the
+// subscription's first requests, the first with node. The client owns
+// conn and closes it in close.
+func dialSotW(ctx context.Context, name string, conn *grpc.ClientConn, md metadata.MD, node *corev3.Node, sub subscription) (*sotwClient, error) {
 	ctx, cancel := context.WithCancel(metadata.NewOutgoingContext(ctx, md))
 	c := &sotwClient{
-		name: name, conn: conn, cancel: cancel, synced: make(chan struct{}), ended: make(chan struct{}),
-		names: map[string][]string{}, tables: map[string]table{}, last: map[string]*discoveryv3.DiscoveryResponse{}, pending: map[string]bool{},
-		received: map[string]traffic{},
+		name: name, conn: conn, cancel: cancel, sub: sub, seed: maphash.MakeSeed(), synced: make(chan struct{}), ended: make(chan struct{}),
+		names: map[string][]string{}, entries: map[string]map[string]entry{}, tables: map[string]table{}, last: map[string]answer{},
+		pending: map[string]bool{}, received: map[string]traffic{},
 	}
 	for _, typ := range chain {
+		c.entries[typ] = map[string]entry{}
 		c.tables[typ] = table{}
 	}
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx, grpc.MaxCallRecvMsgSize(maxResponse))
 	if err != nil {
 		c.close()
 		return nil, fmt.Errorf("open stream of %s: %w", name, err)
 	}
-	c.names[listenerType] = slices.Sorted(slices.Values(listeners))
-	c.pending[listenerType] = true
-	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: listenerType, ResourceNames: c.names[listenerType]}); err != nil {
-		c.close()
-		return nil, fmt.Errorf("ask for listeners of %s: %w", name, err)
+	for i, r := range sub.first {
+		if len(r.names) > 0 {
+			c.names[r.typ] = slices.Sorted(slices.Values(r.names))
+		}
+		c.pending[r.typ] = true
+		req := &discoveryv3.DiscoveryRequest{TypeUrl: r.typ, ResourceNames: c.names[r.typ]}
+		if i == 0 {
+			req.Node = node
+		}
+		if err := stream.Send(req); err != nil {
+			c.close()
+			return nil, fmt.Errorf("ask %s for %s: %w", name, shortType(r.typ), err)
+		}
 	}
 	go func() {
 		err := c.run(stream)
@@ -155,7 +226,7 @@ func (c *sotwClient) apply(resp *discoveryv3.DiscoveryResponse, at time.Time) []
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	typ := resp.GetTypeUrl()
-	tbl, ok := c.tables[typ]
+	ents, ok := c.entries[typ]
 	if !ok {
 		return nil
 	}
@@ -164,46 +235,51 @@ func (c *sotwClient) apply(resp *discoveryv3.DiscoveryResponse, at time.Time) []
 	tr.Resources += len(resp.GetResources())
 	tr.Bytes += proto.Size(resp)
 	c.received[typ] = tr
-	fresh := table{}
+	fresh := make(map[string]entry, len(resp.GetResources()))
+	kept := table{}
 	for _, r := range resp.GetResources() {
-		name, m, err := decode(typ, r.GetTypeUrl(), r.GetValue())
+		name, e, m, err := c.read(typ, r.GetTypeUrl(), r.GetValue())
 		if err != nil {
 			c.nack = fmt.Errorf("%s: %w", c.name, err)
-			ack := &discoveryv3.DiscoveryRequest{TypeUrl: typ, ResourceNames: c.names[typ], ResponseNonce: resp.GetNonce(),
-				ErrorDetail: &rpcstatus.Status{Message: err.Error()}}
-			if prev := c.last[typ]; prev != nil {
-				ack.VersionInfo = prev.GetVersionInfo()
-			}
-			return []*discoveryv3.DiscoveryRequest{ack}
+			prev := c.last[typ]
+			return []*discoveryv3.DiscoveryRequest{{TypeUrl: typ, VersionInfo: prev.version, ResourceNames: c.names[typ], ResponseNonce: resp.GetNonce(),
+				ErrorDetail: &rpcstatus.Status{Message: err.Error()}}}
 		}
-		fresh[name] = m
+		fresh[name] = e
+		if m != nil {
+			kept[name] = m
+		}
 	}
 	out := []*discoveryv3.DiscoveryRequest{{TypeUrl: typ, VersionInfo: resp.GetVersionInfo(), ResourceNames: c.names[typ], ResponseNonce: resp.GetNonce()}}
-	c.last[typ] = resp
+	c.last[typ] = answer{version: resp.GetVersionInfo(), nonce: resp.GetNonce()}
 	c.pending[typ] = false
+	tbl := c.tables[typ]
 	if typ == listenerType || typ == clusterType {
 		// Each response holds the whole set.
+		clear(ents)
 		clear(tbl)
 	}
-	maps.Copy(tbl, fresh)
-	for i, dep := range chain[:len(chain)-1] {
-		next := chain[i+1]
-		want := referenced(dep, c.tables[dep])
+	maps.Copy(ents, fresh)
+	for name := range fresh {
+		delete(tbl, name)
+	}
+	maps.Copy(tbl, kept)
+	for _, d := range c.sub.deps {
+		dep, next := d[0], d[1]
+		want := c.referenced(dep)
 		if slices.Equal(want, c.names[next]) {
 			continue
 		}
 		c.names[next] = want
 		c.pending[next] = true
-		for name := range c.tables[next] {
+		for name := range c.entries[next] {
 			if _, ok := slices.BinarySearch(want, name); !ok {
+				delete(c.entries[next], name)
 				delete(c.tables[next], name)
 			}
 		}
-		req := &discoveryv3.DiscoveryRequest{TypeUrl: next, ResourceNames: want}
-		if prev := c.last[next]; prev != nil {
-			req.VersionInfo, req.ResponseNonce = prev.GetVersionInfo(), prev.GetNonce()
-		}
-		out = append(out, req)
+		prev := c.last[next]
+		out = append(out, &discoveryv3.DiscoveryRequest{TypeUrl: next, ResourceNames: want, VersionInfo: prev.version, ResponseNonce: prev.nonce})
 	}
 	c.expects = slices.DeleteFunc(c.expects, func(e *expectation) bool {
 		if e.typ != typ || !e.cond(tbl) {
@@ -219,25 +295,98 @@ func (c *sotwClient) apply(resp *discoveryv3.DiscoveryResponse, at time.Time) []
 	return out
 }
 
-// isSynced reports whether every type has been asked for and answered.
+// read returns a resource's name, its entry and, if the subscription
+// keeps it, the resource decoded. A resource whose bytes are those the
+// client holds already is not decoded again, unless it is kept.
+func (c *sotwClient) read(typ, anyType string, b []byte) (string, entry, proto.Message, error) {
+	if anyType != typ {
+		return "", entry{}, nil, fmt.Errorf("resource of type %s in a response of %s", anyType, typ)
+	}
+	name, err := resourceName(b)
+	if err != nil {
+		return "", entry{}, nil, fmt.Errorf("decode %s: %w", typ, err)
+	}
+	e := entry{sum: maphash.Bytes(c.seed, b)}
+	keep := c.sub.keep(typ, name)
+	if old, held := c.entries[typ][name]; held && old.sum == e.sum {
+		return name, old, c.tables[typ][name], nil
+	}
+	if !keep && !c.referencing(typ) {
+		return name, e, nil, nil
+	}
+	m, err := decode(typ, b)
+	if err != nil {
+		return "", entry{}, nil, err
+	}
+	e.refs = references(m)
+	if !keep {
+		return name, e, nil, nil
+	}
+	if c.sub.project != nil {
+		m = c.sub.project(m)
+	}
+	return name, e, m, nil
+}
+
+// referencing reports whether the names of some type follow from the
+// resources of typ.
+func (c *sotwClient) referencing(typ string) bool {
+	for _, d := range c.sub.deps {
+		if d[0] == typ {
+			return true
+		}
+	}
+	return false
+}
+
+// isSynced reports whether every type has been asked for and answered
+// (and, for a complete subscription, every name asked for sent).
 func (c *sotwClient) isSynced() bool {
 	for _, typ := range chain {
-		if c.pending[typ] || c.last[typ] == nil {
+		if _, answered := c.last[typ]; c.pending[typ] || !answered {
 			return false
+		}
+		if !c.sub.complete {
+			continue
+		}
+		for _, name := range c.names[typ] {
+			if _, ok := c.entries[typ][name]; !ok {
+				return false
+			}
 		}
 	}
 	return true
 }
 
-// decode unmarshals one resource and returns the name it carries.
-func decode(typ, anyType string, b []byte) (string, proto.Message, error) {
-	if anyType != typ {
-		return "", nil, fmt.Errorf("resource of type %s in a response of %s", anyType, typ)
+// resourceName reads field 1 of a resource's bytes, the name of each of
+// the four types (ClusterLoadAssignment's cluster_name), without decoding
+// the rest.
+func resourceName(b []byte) (string, error) {
+	for len(b) > 0 {
+		num, wt, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return "", protowire.ParseError(n)
+		}
+		b = b[n:]
+		if num == 1 && wt == protowire.BytesType {
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return "", protowire.ParseError(n)
+			}
+			return string(v), nil
+		}
+		n = protowire.ConsumeFieldValue(num, wt, b)
+		if n < 0 {
+			return "", protowire.ParseError(n)
+		}
+		b = b[n:]
 	}
-	var m interface {
-		proto.Message
-		GetName() string
-	}
+	return "", errors.New("no name")
+}
+
+// decode unmarshals one resource of type typ.
+func decode(typ string, b []byte) (proto.Message, error) {
+	var m proto.Message
 	switch typ {
 	case listenerType:
 		m = &listenerv3.Listener{}
@@ -246,49 +395,69 @@ func decode(typ, anyType string, b []byte) (string, proto.Message, error) {
 	case clusterType:
 		m = &clusterv3.Cluster{}
 	case endpointType:
-		cla := &endpointv3.ClusterLoadAssignment{}
-		if err := proto.Unmarshal(b, cla); err != nil {
-			return "", nil, fmt.Errorf("decode %s: %w", typ, err)
-		}
-		return cla.GetClusterName(), cla, nil
+		m = &endpointv3.ClusterLoadAssignment{}
+	default:
+		return nil, fmt.Errorf("decode %s: unknown type", typ)
 	}
 	if err := proto.Unmarshal(b, m); err != nil {
-		return "", nil, fmt.Errorf("decode %s: %w", typ, err)
+		return nil, fmt.Errorf("decode %s: %w", typ, err)
 	}
-	return m.GetName(), m, nil
+	return m, nil
 }
 
-// referenced returns the names of the next type that a table names,
-// sorted: a listener's route configuration, a route's clusters, an EDS
-// cluster's service name.
-func referenced(typ string, tbl table) []string {
+// referenced returns the names of the next type that the resources of
+// typ reference, sorted.
+func (c *sotwClient) referenced(typ string) []string {
 	names := map[string]bool{}
-	for _, m := range tbl {
-		switch r := m.(type) {
-		case *listenerv3.Listener:
-			var hcm hcmv3.HttpConnectionManager
-			if r.GetApiListener().GetApiListener().UnmarshalTo(&hcm) == nil && hcm.GetRds() != nil {
-				names[hcm.GetRds().GetRouteConfigName()] = true
-			}
-		case *routev3.RouteConfiguration:
-			for _, vh := range r.GetVirtualHosts() {
-				for _, rt := range vh.GetRoutes() {
-					if c := rt.GetRoute().GetCluster(); c != "" {
-						names[c] = true
-					}
-					for _, wc := range rt.GetRoute().GetWeightedClusters().GetClusters() {
-						names[wc.GetName()] = true
-					}
-				}
-			}
-		case *clusterv3.Cluster:
-			if r.GetType() == clusterv3.Cluster_EDS {
-				names[cmp.Or(r.GetEdsClusterConfig().GetServiceName(), r.GetName())] = true
-			}
+	for _, e := range c.entries[typ] {
+		for _, n := range e.refs {
+			names[n] = true
 		}
 	}
 	return slices.Sorted(maps.Keys(names))
 }
+
+// references returns the names of the next type a resource references: a
+// listener's route configurations (of its API listener, for gRPC, or of
+// the connection managers of its filter chains, for Envoy), a route's
+// clusters, an EDS cluster's service name.
+func references(m proto.Message) []string {
+	var out []string
+	rds := func(a *anypb.Any) {
+		var hcm hcmv3.HttpConnectionManager
+		if a.MessageIs(&hcm) && a.UnmarshalTo(&hcm) == nil && hcm.GetRds() != nil {
+			out = append(out, hcm.GetRds().GetRouteConfigName())
+		}
+	}
+	switch r := m.(type) {
+	case *listenerv3.Listener:
+		rds(r.GetApiListener().GetApiListener())
+		for _, fc := range append(slices.Clone(r.GetFilterChains()), r.GetDefaultFilterChain()) {
+			for _, f := range fc.GetFilters() {
+				rds(f.GetTypedConfig())
+			}
+		}
+	case *routev3.RouteConfiguration:
+		for _, vh := range r.GetVirtualHosts() {
+			for _, rt := range vh.GetRoutes() {
+				if c := rt.GetRoute().GetCluster(); c != "" {
+					out = append(out, c)
+				}
+				for _, wc := range rt.GetRoute().GetWeightedClusters().GetClusters() {
+					out = append(out, wc.GetName())
+				}
+			}
+		}
+	case *clusterv3.Cluster:
+		if r.GetType() == clusterv3.Cluster_EDS {
+			out = append(out, cmp.Or(r.GetEdsClusterConfig().GetServiceName(), r.GetName()))
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+func shortType(typ string) string { return typ[strings.LastIndexByte(typ, '.')+1:] }
 
 // waitSynced blocks until the client is synced and returns when that
 // happened.
@@ -341,6 +510,13 @@ func (c *sotwClient) snapshot(typ string) table {
 	return maps.Clone(c.tables[typ])
 }
 
+// held returns how many resources of typ the client holds.
+func (c *sotwClient) held(typ string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.entries[typ])
+}
+
 // traffic returns what the client has received so far, by type.
 func (c *sotwClient) traffic() map[string]traffic {
 	c.mu.Lock()
@@ -361,14 +537,17 @@ func (c *sotwClient) close() {
 	c.conn.Close()
 }
 
+// clusterHost is the host of an Istio cluster name,
+// "outbound|<port>|<subset>|<host>".
+func clusterHost(cluster string) string { return cluster[strings.LastIndexByte(cluster, '|')+1:] }
+
 // healthyEndpoints returns the addresses of the endpoints of an endpoint
 // table that a client would send to (health unknown or healthy), by the
-// host of their cluster (the last field of Istio's cluster names,
-// "outbound|<port>|<subset>|<host>").
+// host of their cluster (clusterHost).
 func healthyEndpoints(tbl table) map[string][]string {
 	out := map[string][]string{}
 	for name, m := range tbl {
-		host := name[strings.LastIndexByte(name, '|')+1:]
+		host := clusterHost(name)
 		for _, loc := range m.(*endpointv3.ClusterLoadAssignment).GetEndpoints() {
 			for _, ep := range loc.GetLbEndpoints() {
 				if h := ep.GetHealthStatus(); h != corev3.HealthStatus_UNKNOWN && h != corev3.HealthStatus_HEALTHY {
