@@ -313,18 +313,25 @@ func TestGRPCResourcesGolden(t *testing.T) {
 					}
 				}
 			}
-			raw, err := protojson.Marshal(n.Resource)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var v any
-			if err := json.Unmarshal(raw, &v); err != nil {
-				t.Fatal(err)
-			}
-			out, _ := json.MarshalIndent(map[string]any{"name": n.Name, "resource": v}, "", "  ")
-			buf.Write(out)
-			buf.WriteString("\n")
+			writeGoldenResource(t, &buf, n)
 		}
 	}
 	goldenfile.Check(t, "grpc.golden", buf.Bytes())
+}
+
+// writeGoldenResource writes a resource as indented JSON, under the name
+// it answers.
+func writeGoldenResource(t *testing.T, buf *bytes.Buffer, n Named) {
+	t.Helper()
+	raw, err := protojson.Marshal(n.Resource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		t.Fatal(err)
+	}
+	out, _ := json.MarshalIndent(map[string]any{"name": n.Name, "resource": v}, "", "  ")
+	buf.Write(out)
+	buf.WriteString("\n")
 }

@@ -2,7 +2,6 @@ package sidecar
 
 import (
 	"bytes"
-	"encoding/json"
 	"net/netip"
 	"slices"
 	"testing"
@@ -12,7 +11,6 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	"github.com/google/go-cmp/cmp"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	goldenfile "github.com/canopy-mesh/canopy/internal/testing/golden"
 	"github.com/canopy-mesh/canopy/workloadapi"
@@ -37,17 +35,7 @@ func TestSidecarResourcesGolden(t *testing.T) {
 			if err := n.Resource.(validator).ValidateAll(); err != nil {
 				t.Errorf("%s %q: invalid: %v", kind, n.Name, err)
 			}
-			raw, err := protojson.Marshal(n.Resource)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var v any
-			if err := json.Unmarshal(raw, &v); err != nil {
-				t.Fatal(err)
-			}
-			out, _ := json.MarshalIndent(map[string]any{"name": n.Name, "resource": v}, "", "  ")
-			buf.Write(out)
-			buf.WriteString("\n")
+			writeGoldenResource(t, &buf, n)
 		}
 	}
 	goldenfile.Check(t, "sidecar.golden", buf.Bytes())
