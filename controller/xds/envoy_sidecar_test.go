@@ -423,3 +423,27 @@ func gauge(t *testing.T, m *mesh, name string) float64 {
 	t.Fatalf("no gauge %s", name)
 	return 0
 }
+
+// TestSidecarEndpointPushCarriesOnlyChanges: a pushed endpoint response
+// carries the assignments that changed, not every one the sidecar
+// watches; one endpoint's change once resent all of them to every
+// sidecar.
+func TestSidecarEndpointPushCarriesOnlyChanges(t *testing.T) {
+	fake := newFakeMesh()
+	for _, n := range []string{"e1", "e2", "e3"} {
+		fake.set(eds, n, "v1")
+	}
+	m := startFakeMesh(t, xds.Config{}, fake)
+	s := m.sotwStream(t)
+	s.send(&discoveryv3.DiscoveryRequest{Node: m.envoyNode(t, "sidecar", "app-1", "10.1.0.1", ""), TypeUrl: eds, ResourceNames: []string{"e1", "e2", "e3"}})
+	first := s.recv()
+	if diff := cmp.Diff(reply{Type: "EDS", Resources: res("e1", "sidecar v1", "e2", "sidecar v1", "e3", "sidecar v1")}, sotwReply(t, first)); diff != "" {
+		t.Fatalf("first answer (-want +got):\n%s", diff)
+	}
+	s.send(&discoveryv3.DiscoveryRequest{TypeUrl: eds, ResourceNames: []string{"e1", "e2", "e3"}, ResponseNonce: first.GetNonce(), VersionInfo: first.GetVersionInfo()})
+	fake.set(eds, "e2", "v2")
+	m.meshChanged()
+	if diff := cmp.Diff(reply{Type: "EDS", Resources: res("e2", "sidecar v2")}, sotwReply(t, s.recv())); diff != "" {
+		t.Errorf("push after one assignment changed (-want +got):\n%s", diff)
+	}
+}

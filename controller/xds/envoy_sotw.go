@@ -163,7 +163,17 @@ func (s *Server) envoyRespond(c *envoyConn, typ string, w *envoyWatch, always bo
 		return nil, nil
 	}
 	resp := &discoveryv3.DiscoveryResponse{TypeUrl: typ, VersionInfo: strconv.FormatUint(gen, 10), ControlPlane: s.controlPlane(), Nonce: c.nextNonce()}
+	// A pushed endpoint response carries only the assignments that
+	// changed: clients keep the others (endpoints are not a type whose
+	// every response is the whole set), and one endpoint's change would
+	// otherwise resend every assignment to every sidecar.
+	onlyChanged := !always && typ == sidecar.EndpointType
 	for _, r := range list {
+		if onlyChanged {
+			if old := w.sent[r.Name]; old != nil && old.Version == r.Version {
+				continue
+			}
+		}
 		resp.Resources = append(resp.Resources, r.Body)
 	}
 	w.sent, w.nonce = byName, resp.Nonce
