@@ -186,8 +186,8 @@ func serviceEntryInfo(se *networkingv1.ServiceEntry, hostname string) sidecar.Se
 		info.Resolution = sidecar.None
 	}
 	for _, p := range se.Spec.GetPorts() {
-		if p.GetProtocol() != "" {
-			info.Protocols[p.GetNumber()] = strings.ToUpper(p.GetProtocol())
+		if proto := ambient.IstioProtocolName(p.GetProtocol()); proto != "" {
+			info.Protocols[p.GetNumber()] = proto
 		}
 	}
 	if info.Resolution == sidecar.DNS || info.Resolution == sidecar.DNSRoundRobin {

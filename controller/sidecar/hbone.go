@@ -1,6 +1,8 @@
 package sidecar
 
 import (
+	"time"
+
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
@@ -79,7 +81,7 @@ func connectOriginateCluster(trustDomain string) *clusterv3.Cluster {
 	c.CircuitBreakers.Thresholds[0].TrackRemaining = false
 	c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST}
 	c.LbPolicy = clusterv3.Cluster_CLUSTER_PROVIDED
-	c.CleanupInterval = durationpb.New(60e9)
+	c.CleanupInterval = durationpb.New(time.Minute)
 	c.LbConfig = &clusterv3.Cluster_OriginalDstLbConfig_{OriginalDstLbConfig: &clusterv3.Cluster_OriginalDstLbConfig{
 		UpstreamPortOverride: wrapperspb.UInt32(hbonePort),
 		MetadataKey: &metadatav3.MetadataKey{Key: originalDstMetadata, Path: []*metadatav3.MetadataKey_PathSegment{{
@@ -87,7 +89,7 @@ func connectOriginateCluster(trustDomain string) *clusterv3.Cluster {
 		}}},
 	}}
 	c.TypedExtensionProtocolOptions = map[string]*anypb.Any{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": mustAny(&httpv3.HttpProtocolOptions{
-		CommonHttpProtocolOptions: &corev3.HttpProtocolOptions{IdleTimeout: durationpb.New(3600e9)},
+		CommonHttpProtocolOptions: &corev3.HttpProtocolOptions{IdleTimeout: durationpb.New(time.Hour)},
 		UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
 			ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{Http2ProtocolOptions: &corev3.Http2ProtocolOptions{AllowConnect: true}},
 		}},

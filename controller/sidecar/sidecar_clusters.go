@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -200,7 +201,7 @@ func (m *Mesh) inboundPorts(p Proxy) []inboundPort {
 
 // defaultConnectTimeout is a cluster's connect timeout when no
 // DestinationRule sets one.
-const defaultConnectTimeout = 10e9
+const defaultConnectTimeout = 10 * time.Second
 
 func (m *Mesh) outboundCluster(p Proxy, name string, svc *Service, port uint32, subsetName, protocol string, policy *networkingapi.TrafficPolicy, dr *networkingv1.DestinationRule) *clusterv3.Cluster {
 	c := baseCluster(name, policy)
@@ -219,7 +220,7 @@ func (m *Mesh) outboundCluster(p Proxy, name string, svc *Service, port uint32, 
 		//lint:ignore SA1019 the fields Istio's sidecars are configured by
 		c.RespectDnsTtl = true
 		//lint:ignore SA1019 as above
-		c.DnsRefreshRate = durationpb.New(60e9)
+		c.DnsRefreshRate = durationpb.New(time.Minute)
 		c.LoadAssignment = dnsAssignment(name, svc, port)
 		applyLoadBalancer(c, policy)
 	default:
@@ -489,7 +490,8 @@ func (m *Mesh) inboundCluster(name string, in inboundPort, policy *networkingapi
 	c := baseCluster(name, policy)
 	c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST}
 	c.LbPolicy = clusterv3.Cluster_CLUSTER_PROVIDED
-	c.CleanupInterval = durationpb.New(math.MaxInt64 / 1e9 * 1e9)
+	// Never: the original destinations are the application's own ports.
+	c.CleanupInterval = durationpb.New(math.MaxInt64)
 	c.UpstreamBindConfig = &corev3.BindConfig{SourceAddress: &corev3.SocketAddress{
 		Address: inboundBindAddress, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: 0},
 	}}
