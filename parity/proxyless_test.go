@@ -58,26 +58,34 @@ func compareProxyless(t *testing.T, istiodAddr, canopyAddr string) {
 		t.Fatal(err)
 	}
 
-	conn, err := grpc.NewClient(istiodAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	istiodConn, canopyConn, canopyMD := envoyConnections(t, istiodAddr, canopyAddr, grpcNamespace, grpcAccount)
+	fromIstiod, err := subscribeSotW(ctx, "istiod", istiodConn, node, metadata.MD{}, grpcListeners)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close() })
-	fromIstiod, err := subscribeSotW(ctx, "istiod", conn, node, metadata.MD{}, grpcListeners)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	token, err := env.Token(ctx, grpcNamespace, grpcAccount, testenv.TokenOptions{Audiences: []string{"istio-ca"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fromCanopy, err := subscribeSotW(ctx, "canopy", dialCanopy(t, canopyAddr), node,
-		metadata.Pairs("authorization", "Bearer "+token, "clusterid", "Kubernetes"), grpcListeners)
+	fromCanopy, err := subscribeSotW(ctx, "canopy", canopyConn, node, canopyMD, grpcListeners)
 	if err != nil {
 		t.Fatal(err)
 	}
 
 	waitQuiet(t, "both proxyless views", fromIstiod, fromCanopy)
 	compareViews(t, "proxyless ", envoyTypes, fromIstiod, fromCanopy, allowList, allowPath)
+}
+
+// envoyConnections connects to both control planes as a workload of
+// namespace ns with service account sa: to istiod on its plaintext port,
+// which authenticates nobody, and to Canopy over TLS with the account's
+// token in the metadata it returns.
+func envoyConnections(t *testing.T, istiodAddr, canopyAddr, ns, sa string) (istiod, canopy *grpc.ClientConn, canopyMD metadata.MD) {
+	t.Helper()
+	istiod, err := grpc.NewClient(istiodAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { istiod.Close() })
+	token, err := env.Token(t.Context(), ns, sa, testenv.TokenOptions{Audiences: []string{"istio-ca"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return istiod, dialCanopy(t, canopyAddr), metadata.Pairs("authorization", "Bearer "+token, "clusterid", "Kubernetes")
 }

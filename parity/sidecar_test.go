@@ -16,16 +16,12 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tcpproxyv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
-
-	"github.com/canopy-mesh/canopy/internal/testing/testenv"
 )
 
 // The sidecar node: pod rpc/greeter-v2-0 of testdata/proxyless.yaml, which
@@ -77,12 +73,8 @@ func compareSidecar(t *testing.T, istiodAddr, canopyAddr string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := grpc.NewClient(istiodAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	fromIstiod, err := subscribeSidecar(ctx, "istiod", conn, node, metadata.MD{})
+	istiodConn, canopyConn, canopyMD := envoyConnections(t, istiodAddr, canopyAddr, sidecarNamespace, sidecarAccount)
+	fromIstiod, err := subscribeSidecar(ctx, "istiod", istiodConn, node, metadata.MD{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,12 +83,7 @@ func compareSidecar(t *testing.T, istiodAddr, canopyAddr string) {
 		waitQuiet(t, "istiod's sidecar view", fromIstiod)
 		dumpView(t, filepath.Join(dir, "istiod-sidecar.json"), fromIstiod)
 	}
-	token, err := env.Token(ctx, sidecarNamespace, sidecarAccount, testenv.TokenOptions{Audiences: []string{"istio-ca"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fromCanopy, err := subscribeSidecar(ctx, "canopy", dialCanopy(t, canopyAddr), node,
-		metadata.Pairs("authorization", "Bearer "+token, "clusterid", "Kubernetes"))
+	fromCanopy, err := subscribeSidecar(ctx, "canopy", canopyConn, node, canopyMD)
 	if err != nil {
 		t.Fatal(err)
 	}
