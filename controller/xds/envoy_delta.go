@@ -52,27 +52,9 @@ func (s *Server) serveEnvoyDelta(stream grpc.BidiStreamingServer[discoveryv3.Del
 // envoyPushDelta builds a Delta response for every type whose resources
 // changed, in push order.
 func (s *Server) envoyPushDelta(c *envoyConn) ([]*discoveryv3.DeltaDiscoveryResponse, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var out []*discoveryv3.DeltaDiscoveryResponse
-	clustersSent := false
-	for _, typ := range envoyTypes {
-		if w := c.watches[typ]; w != nil {
-			// A cluster Envoy replaces warms until its endpoints come
-			// again, and Envoy does not ask for them (its names did not
-			// change): endpoints follow every clusters push to a sidecar.
-			always := typ == sidecar.EndpointType && clustersSent && c.sidecar
-			resp, err := s.envoyRespondDelta(c, typ, w, always)
-			if err != nil {
-				return nil, err
-			}
-			if resp != nil {
-				out = append(out, resp)
-				clustersSent = clustersSent || typ == sidecar.ClusterType
-			}
-		}
-	}
-	return out, nil
+	return pushChanged(c, func(typ string, w *envoyWatch, always bool) (*discoveryv3.DeltaDiscoveryResponse, error) {
+		return s.envoyRespondDelta(c, typ, w, always)
+	})
 }
 
 // envoyDeltaRequest applies one Delta request and returns the responses

@@ -33,9 +33,18 @@ func (s *Server) serveEnvoy(stream grpc.BidiStreamingServer[discoveryv3.Discover
 // envoyPush builds a response for every type whose resources changed, in
 // push order.
 func (s *Server) envoyPush(c *envoyConn) ([]*discoveryv3.DiscoveryResponse, error) {
+	return pushChanged(c, func(typ string, w *envoyWatch, always bool) (*discoveryv3.DiscoveryResponse, error) {
+		return s.envoyRespond(c, typ, w, always)
+	})
+}
+
+// pushChanged builds, under the connection's lock, a response for every
+// watched type whose resources changed, in push order, with respond (a
+// nil response: nothing changed).
+func pushChanged[R any](c *envoyConn, respond func(typ string, w *envoyWatch, always bool) (*R, error)) ([]*R, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var out []*discoveryv3.DiscoveryResponse
+	var out []*R
 	clustersSent := false
 	for _, typ := range envoyTypes {
 		if w := c.watches[typ]; w != nil {
@@ -43,7 +52,7 @@ func (s *Server) envoyPush(c *envoyConn) ([]*discoveryv3.DiscoveryResponse, erro
 			// again, and Envoy does not ask for them (its names did not
 			// change): endpoints follow every clusters push to a sidecar.
 			always := typ == sidecar.EndpointType && clustersSent && c.sidecar
-			resp, err := s.envoyRespond(c, typ, w, always)
+			resp, err := respond(typ, w, always)
 			if err != nil {
 				return nil, err
 			}
