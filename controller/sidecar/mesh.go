@@ -37,6 +37,11 @@ type Mesh struct {
 	virtualServices  []*networkingv1.VirtualService
 	destinationRules []*networkingv1.DestinationRule
 	sidecars         []*networkingv1.Sidecar
+	// sourceLabelKeys are the label keys VirtualService matches name as
+	// source labels: routes depend on a proxy's labels only through them.
+	sourceLabelKeys map[string]bool
+	// fp summarises the inputs for Share.Deps.
+	fp fingerprints
 }
 
 // Service is a service of the workload tables with its endpoints.
@@ -209,6 +214,7 @@ func NewMesh(in Inputs) *Mesh {
 			return cmp.Compare(a.GetNamespace(), b.GetNamespace())
 		})
 	}
+	m.fp = m.fingerprint()
 	return m
 }
 
@@ -226,7 +232,15 @@ func (m *Mesh) indexRules() {
 		m.drsByHost[h] = append(m.drsByHost[h], dr)
 	}
 	m.vssByHost = map[string][]int{}
+	m.sourceLabelKeys = map[string]bool{}
 	for i, vs := range m.virtualServices {
+		for _, hr := range vs.Spec.GetHttp() {
+			for _, mr := range hr.GetMatch() {
+				for k := range mr.GetSourceLabels() {
+					m.sourceLabelKeys[k] = true
+				}
+			}
+		}
 		for _, h := range vs.Spec.GetHosts() {
 			h = fqdn(h, vs.Namespace, m.DomainSuffix)
 			if _, ok := cutWildcard(h); ok {

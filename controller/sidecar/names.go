@@ -97,17 +97,7 @@ const (
 // Generate answers names of typeURL for a proxyless gRPC client: the
 // resources found, each under the name it answers.
 func (m *Mesh) Generate(p Proxy, typeURL string, names []string) []Named {
-	switch typeURL {
-	case ClusterType:
-		return m.GRPCClusters(p, names)
-	case EndpointType:
-		return m.Endpoints(p, names)
-	case ListenerType:
-		return m.GRPCListeners(p, names)
-	case RouteType:
-		return m.GRPCRoutes(p, names)
-	}
-	return nil
+	return generateAll(m.GRPCShares(p, typeURL, names))
 }
 
 // parsePort parses a port number (1-65535).

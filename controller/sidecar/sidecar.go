@@ -6,18 +6,16 @@ package sidecar
 // Endpoints and routes answer the names asked for. A sidecar reaches
 // workloads of the ambient mesh over HBONE (Proxy.HBONE).
 func (m *Mesh) GenerateSidecar(p Proxy, typeURL string, names []string) []Named {
-	p.HBONE = true
-	switch typeURL {
-	case ClusterType:
-		return m.SidecarClusters(p)
-	case EndpointType:
-		return m.Endpoints(p, names)
-	case ListenerType:
-		return m.SidecarListeners(p)
-	case RouteType:
-		return m.SidecarRoutes(p, names)
+	return generateAll(m.SidecarShares(p, typeURL, names))
+}
+
+// generateAll is what shares answer together.
+func generateAll(shares []Share) []Named {
+	var out []Named
+	for _, sh := range shares {
+		out = append(out, sh.Generate()...)
 	}
-	return nil
+	return out
 }
 
 // IsWildcard reports whether a sidecar subscribes to typeURL as a whole

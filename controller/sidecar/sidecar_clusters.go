@@ -113,11 +113,16 @@ func sortedPorts(s *Service) []uint32 {
 }
 
 // SidecarClusters are every cluster a sidecar gets (sidecar wire contract
-// §2): an outbound cluster per port of each service it may see, and per
-// port and subset of the service's DestinationRule; an inbound cluster
-// per target port its own workload serves; and the black hole and
-// passthrough clusters.
+// §2): its outbound clusters and its inbound ones.
 func (m *Mesh) SidecarClusters(p Proxy) []Named {
+	return append(m.sidecarOutboundClusters(p), m.sidecarInboundClusters(p)...)
+}
+
+// sidecarOutboundClusters are the clusters of every sidecar of p's
+// namespace and Sidecar scope: an outbound cluster per port of each
+// service it may see, and per port and subset of the service's
+// DestinationRule; and the black hole and passthrough clusters.
+func (m *Mesh) sidecarOutboundClusters(p Proxy) []Named {
 	var out []Named
 	for _, svc := range m.visibleServices(p) {
 		dr := m.DestinationRule(p, svc.GetHostname(), svc.GetNamespace())
@@ -142,12 +147,6 @@ func (m *Mesh) SidecarClusters(p Proxy) []Named {
 			}
 		}
 	}
-	for _, in := range m.inboundPorts(p) {
-		name := ClusterName(Inbound, in.target, "", "")
-		dr := m.DestinationRule(p, in.svc.GetHostname(), in.svc.GetNamespace())
-		policy, _ := clusterPolicy(dr, in.port, "")
-		out = append(out, Named{name, m.inboundCluster(name, in, policy, dr)})
-	}
 	out = append(out,
 		Named{BlackHoleCluster, &clusterv3.Cluster{
 			Name: BlackHoleCluster, AltStatName: BlackHoleCluster + ";",
@@ -159,6 +158,19 @@ func (m *Mesh) SidecarClusters(p Proxy) []Named {
 	)
 	if p.HBONE {
 		out = append(out, Named{ConnectOriginate, connectOriginateCluster(m.TrustDomain)})
+	}
+	return out
+}
+
+// sidecarInboundClusters are the proxy's own: an inbound cluster per
+// target port its workload serves.
+func (m *Mesh) sidecarInboundClusters(p Proxy) []Named {
+	var out []Named
+	for _, in := range m.inboundPorts(p) {
+		name := ClusterName(Inbound, in.target, "", "")
+		dr := m.DestinationRule(p, in.svc.GetHostname(), in.svc.GetNamespace())
+		policy, _ := clusterPolicy(dr, in.port, "")
+		out = append(out, Named{name, m.inboundCluster(name, in, policy, dr)})
 	}
 	return out
 }

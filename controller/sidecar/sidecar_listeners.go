@@ -48,11 +48,18 @@ var (
 	mtlsAnyProtocols = []string{"istio", "istio-peer-exchange", "istio-http/1.0", "istio-http/1.1", "istio-h2"}
 )
 
-// SidecarListeners are every listener a sidecar gets: the outbound
-// listeners of the services it may see (bound to no port: virtualOutbound
-// hands them the connections redirected to 15001), virtualOutbound, and
-// virtualInbound with a chain set per target port its workload serves.
+// SidecarListeners are every listener a sidecar gets: its outbound
+// listeners, and virtualInbound with a chain set per target port its
+// workload serves.
 func (m *Mesh) SidecarListeners(p Proxy) []Named {
+	return append(m.sidecarOutboundListeners(p), Named{VirtualInbound, m.virtualInbound(p)})
+}
+
+// sidecarOutboundListeners are the listeners of every sidecar of p's
+// namespace and Sidecar scope: the outbound listeners of the services it
+// may see (bound to no port: virtualOutbound hands them the connections
+// redirected to 15001), and virtualOutbound.
+func (m *Mesh) sidecarOutboundListeners(p Proxy) []Named {
 	byName := map[string]*listenerv3.Listener{}
 	var order []string
 	add := func(l *listenerv3.Listener) *listenerv3.Listener {
@@ -91,7 +98,7 @@ func (m *Mesh) SidecarListeners(p Proxy) []Named {
 	for _, n := range order {
 		out = append(out, Named{n, byName[n]})
 	}
-	out = append(out, Named{VirtualOutbound, virtualOutbound()}, Named{VirtualInbound, m.virtualInbound(p)})
+	out = append(out, Named{VirtualOutbound, virtualOutbound()})
 	if p.HBONE {
 		out = append(out, Named{ConnectOriginate, connectOriginateListener()})
 	}

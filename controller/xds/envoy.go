@@ -25,15 +25,16 @@ type MeshSource interface {
 	SidecarInputs() sidecar.Inputs
 }
 
-// Generator answers Envoy types from one generation of the mesh;
-// *sidecar.Mesh implements it. It is shared by every connection of its
-// generation, so it must be safe for concurrent use.
+// Generator answers Envoy types from one generation of the mesh, in
+// shares that clients alike get alike; *sidecar.Mesh implements it. It is
+// shared by every connection of its generation, so it must be safe for
+// concurrent use.
 type Generator interface {
-	// Generate answers a proxyless gRPC client's names.
-	Generate(p sidecar.Proxy, typeURL string, names []string) []sidecar.Named
-	// GenerateSidecar answers an Envoy sidecar; names are ignored for the
+	// GRPCShares answers a proxyless gRPC client's names.
+	GRPCShares(p sidecar.Proxy, typeURL string, names []string) []sidecar.Share
+	// SidecarShares answers an Envoy sidecar; names are ignored for the
 	// types sidecar.IsWildcard reports.
-	GenerateSidecar(p sidecar.Proxy, typeURL string, names []string) []sidecar.Named
+	SidecarShares(p sidecar.Proxy, typeURL string, names []string) []sidecar.Share
 }
 
 // newMeshGenerator is the default Config.NewGenerator.
@@ -57,11 +58,13 @@ var warms = map[string]string{sidecar.ClusterType: sidecar.EndpointType, sidecar
 const maxResourceNameLen = 1024
 
 // meshCache builds the generators' Mesh once per generation and shares
-// it, and what it generates, between connections: clients that see the
-// mesh alike (same kind of client, namespace and labels; for a server
-// listener and a sidecar's clusters and listeners, also the same
-// addresses) get the same *Resource, generated and marshalled once per
-// generation.
+// it, and what it generates, between connections: clients whose shares
+// have the same key (sidecar.Share) get the same *Resource, generated and
+// marshalled once per generation.
+//
+// A share whose key and Deps are those of a share the previous generation
+// held is taken from it, not generated again: a pod turning Ready
+// regenerates one service's endpoints, not every sidecar's clusters.
 type meshCache struct {
 	src   MeshSource
 	build func(sidecar.Inputs) Generator
@@ -80,10 +83,14 @@ type generation struct {
 
 	mu      sync.Mutex
 	entries map[string]*cached
+	// prev is the previous generation, whose entries this one may take
+	// over; nil once this one is the previous one.
+	prev *generation
 }
 
-// cached is one name's resources for one class of client.
+// cached is one share's resources, for every generation that takes it.
 type cached struct {
+	deps string
 	once sync.Once
 	res  []*Resource
 	err  error
@@ -93,63 +100,52 @@ func (c *meshCache) get(gen uint64) *generation {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.cur == nil || c.cur.gen != gen {
-		c.cur = &generation{gen: gen, mesh: c.build(c.src.SidecarInputs()), entries: map[string]*cached{}}
+		next := &generation{gen: gen, mesh: c.build(c.src.SidecarInputs()), entries: map[string]*cached{}, prev: c.cur}
+		if c.cur != nil {
+			c.cur.mu.Lock()
+			c.cur.prev = nil // keep one generation back, not all
+			c.cur.mu.Unlock()
+		}
+		c.cur = next
 	}
 	return c.cur
 }
 
-// entry returns the cache entry of key, or a fresh one when the
-// generation holds too many.
-func (g *generation) entry(key string) *cached {
+// entry returns the cache entry of key: this generation's, else the
+// previous one's when its deps are the same, else a fresh one (not kept
+// when the generation holds too many).
+func (g *generation) entry(key, deps string) *cached {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	e := g.entries[key]
-	if e == nil {
-		e = &cached{}
-		if len(g.entries) < maxCachedPerGeneration {
-			g.entries[key] = e
+	if e := g.entries[key]; e != nil && e.deps == deps {
+		return e
+	}
+	var e *cached
+	if g.prev != nil && deps != "" {
+		g.prev.mu.Lock()
+		if old := g.prev.entries[key]; old != nil && old.deps == deps {
+			e = old
 		}
+		g.prev.mu.Unlock()
+	}
+	if e == nil {
+		e = &cached{deps: deps}
+	}
+	if len(g.entries) < maxCachedPerGeneration {
+		g.entries[key] = e
 	}
 	return e
 }
 
-// sidecarKeyPrefix starts a sidecar's cache keys, which a proxyless
-// client's (starting with a type URL) never do: the two kinds of client
-// never share a resource.
-const sidecarKeyPrefix = "sidecar\x00"
-
-// classKey is what a name's resources depend on besides the mesh: the
-// kind of client, its namespace and labels, and its addresses for a
-// proxyless server listener and a sidecar's wildcard types (inbound
-// listeners and clusters are the proxy's own workload's). A sidecar's
-// wildcard types have one key per class, named "".
-func classKey(p Proxy, forSidecar bool, typ, name string) string {
-	var b strings.Builder
+// cacheKey is a share's key in its generation's cache: the kind of
+// client (sidecar and proxyless resources are never shared), the type and
+// the share's own key.
+func cacheKey(forSidecar bool, typ, share string) string {
+	kind := "proxyless"
 	if forSidecar {
-		b.WriteString(sidecarKeyPrefix)
+		kind = "sidecar"
 	}
-	b.WriteString(typ)
-	b.WriteByte(0)
-	b.WriteString(p.Namespace)
-	for _, k := range slices.Sorted(maps.Keys(p.Labels)) {
-		b.WriteByte(0)
-		b.WriteString(k)
-		b.WriteByte('=')
-		b.WriteString(p.Labels[k])
-	}
-	withIPs := typ == sidecar.ListenerType && strings.HasPrefix(name, sidecar.ServerListenerPrefix)
-	if forSidecar {
-		withIPs = sidecar.IsWildcard(typ)
-	}
-	if withIPs {
-		for _, ip := range sidecarProxy(p).IPs {
-			b.WriteByte(0)
-			b.WriteString(ip.String())
-		}
-	}
-	b.WriteByte(0)
-	b.WriteString(name)
-	return b.String()
+	return kind + "\x00" + typ + "\x00" + share
 }
 
 // envoyWatch is one type's subscription on an Envoy client's stream.
@@ -373,11 +369,19 @@ func (s *Server) envoyGenerate(c *envoyConn, typ string, w *envoyWatch) ([]*Reso
 	g := s.mesh.get(gen)
 	var list []*Resource
 	byName := make(map[string]*Resource, len(w.names))
-	add := func(key string, names []string) error {
-		e := g.entry(key)
-		e.once.Do(func() { e.res, e.err = s.generate(g.mesh, c.sidecar, c.proxy, typ, names) })
+	var names []string
+	if !w.wildcard {
+		names = slices.Sorted(maps.Keys(w.names))
+	}
+	shares, err := s.shares(g.mesh, c, typ, names)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	for _, sh := range shares {
+		e := g.entry(cacheKey(c.sidecar, typ, sh.Key), sh.Deps)
+		e.once.Do(func() { e.res, e.err = s.generate(c.proxy, typ, names, sh.Generate) })
 		if e.err != nil {
-			return e.err
+			return nil, nil, 0, e.err
 		}
 		for _, r := range e.res {
 			if _, dup := byName[r.Name]; dup {
@@ -386,44 +390,26 @@ func (s *Server) envoyGenerate(c *envoyConn, typ string, w *envoyWatch) ([]*Reso
 			byName[r.Name] = r
 			list = append(list, r)
 		}
-		return nil
-	}
-	if w.wildcard {
-		if err := add(classKey(c.proxy, true, typ, ""), nil); err != nil {
-			return nil, nil, 0, err
-		}
-		return list, byName, gen, nil
-	}
-	for _, name := range slices.Sorted(maps.Keys(w.names)) {
-		if err := add(classKey(c.proxy, c.sidecar, typ, name), []string{name}); err != nil {
-			return nil, nil, 0, err
-		}
 	}
 	return list, byName, gen, nil
 }
 
 func sameVersion(a, b *Resource) bool { return a.Version == b.Version }
 
-// generate runs the generators for one name (nil: a sidecar's wildcard
-// type) of one proxy and marshals what they return. A panic there is a
-// bug that input reached: it ends this stream with Internal and is
-// logged, and the controller keeps serving everyone else.
-func (s *Server) generate(mesh Generator, forSidecar bool, p Proxy, typ string, names []string) (out []*Resource, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			name := "*" // a sidecar's wildcard type
-			if len(names) > 0 {
-				name = strings.Join(names, ",")
-			}
-			s.log.Error("generating Envoy resources failed", "proxy", p.ProxyID, "type", shortType(typ), "name", name, "panic", r, "stack", string(debug.Stack()))
-			out, err = nil, s.streamError("internal", codes.Internal, "generating %s %q failed", shortType(typ), name)
-		}
-	}()
-	gen := mesh.Generate
-	if forSidecar {
-		gen = mesh.GenerateSidecar
+// shares splits what the connection's watch of typ covers into shares
+// (names nil: a sidecar's wildcard type).
+func (s *Server) shares(mesh Generator, c *envoyConn, typ string, names []string) (out []sidecar.Share, err error) {
+	defer s.recoverGenerator(c.proxy, typ, names, &err)
+	if c.sidecar {
+		return mesh.SidecarShares(sidecarProxy(c.proxy), typ, names), nil
 	}
-	for _, n := range gen(sidecarProxy(p), typ, names) {
+	return mesh.GRPCShares(sidecarProxy(c.proxy), typ, names), nil
+}
+
+// generate runs one share's generator and marshals what it returns.
+func (s *Server) generate(p Proxy, typ string, names []string, gen func() []sidecar.Named) (out []*Resource, err error) {
+	defer s.recoverGenerator(p, typ, names, &err)
+	for _, n := range gen() {
 		r, err := NewResource(typ, n.Name, n.Resource)
 		if err != nil {
 			return nil, s.streamError("internal", codes.Internal, "%v", err)
@@ -431,6 +417,22 @@ func (s *Server) generate(mesh Generator, forSidecar bool, p Proxy, typ string, 
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// recoverGenerator turns a generator's panic into *err. A panic there is
+// a bug that input reached: it ends this stream with Internal and is
+// logged, and the controller keeps serving everyone else. Deferred.
+func (s *Server) recoverGenerator(p Proxy, typ string, names []string, err *error) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	name := "*" // a sidecar's wildcard type
+	if len(names) > 0 {
+		name = strings.Join(names, ",")
+	}
+	s.log.Error("generating Envoy resources failed", "proxy", p.ProxyID, "type", shortType(typ), "name", name, "panic", r, "stack", string(debug.Stack()))
+	*err = s.streamError("internal", codes.Internal, "generating %s %q failed", shortType(typ), name)
 }
 
 // sidecarProxy is the generators' view of a proxy.

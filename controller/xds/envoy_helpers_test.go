@@ -86,21 +86,34 @@ type fakeGenerator struct {
 	panicOn  string
 }
 
-// Generate implements xds.Generator.
-func (g fakeGenerator) Generate(p sidecar.Proxy, typ string, names []string) []sidecar.Named {
-	return g.answer("proxyless", typ, names)
+// GRPCShares implements xds.Generator: a share per name.
+func (g fakeGenerator) GRPCShares(_ sidecar.Proxy, typ string, names []string) []sidecar.Share {
+	return g.perName("proxyless", typ, names)
 }
 
-// GenerateSidecar implements xds.Generator.
-func (g fakeGenerator) GenerateSidecar(p sidecar.Proxy, typ string, names []string) []sidecar.Named {
+// SidecarShares implements xds.Generator: a share per name, or for a
+// wildcard type one share of every name set, tagged with the proxy's
+// addresses.
+func (g fakeGenerator) SidecarShares(p sidecar.Proxy, typ string, names []string) []sidecar.Share {
 	if !sidecar.IsWildcard(typ) {
-		return g.answer("sidecar", typ, names)
+		return g.perName("sidecar", typ, names)
 	}
 	var ips []string
 	for _, ip := range p.IPs {
 		ips = append(ips, ip.String())
 	}
-	return g.answer("sidecar "+strings.Join(ips, ","), typ, slices.Sorted(maps.Keys(g.versions[typ])))
+	who := "sidecar " + strings.Join(ips, ",")
+	return []sidecar.Share{{Key: who, Generate: func() []sidecar.Named {
+		return g.answer(who, typ, slices.Sorted(maps.Keys(g.versions[typ])))
+	}}}
+}
+
+func (g fakeGenerator) perName(who, typ string, names []string) []sidecar.Share {
+	var out []sidecar.Share
+	for _, n := range names {
+		out = append(out, sidecar.Share{Key: n, Generate: func() []sidecar.Named { return g.answer(who, typ, []string{n}) }})
+	}
+	return out
 }
 
 func (g fakeGenerator) answer(who, typ string, names []string) []sidecar.Named {

@@ -1,0 +1,206 @@
+package sidecar
+
+import (
+	"encoding/binary"
+	"hash"
+	"hash/fnv"
+	"maps"
+	"slices"
+
+	"google.golang.org/protobuf/proto"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// A Mesh is rebuilt on every change, but most changes touch little: a pod
+// turning Ready changes one service's endpoints and nothing a cluster,
+// listener or route says. fingerprints summarise what the generators read
+// in three parts, so that a share whose parts are unchanged can be taken
+// from the last Mesh instead of generated again (Share.Deps).
+type fingerprints struct {
+	// config covers the mesh's settings and its Istio configuration.
+	config string
+	// services covers every service as clusters, listeners and routes see
+	// it: the table's service, what the index adds (ServiceInfo), and its
+	// endpoints' identities (a cluster's subject alt names).
+	services string
+	// hosts cover, by hostname, the endpoints of the services of that
+	// name: all that endpoint assignments read beyond the other two.
+	hosts map[string]string
+}
+
+// fingerprinter hashes the generators' inputs: 128-bit FNV-1a over
+// deterministic protobuf encodings and length-prefixed strings.
+type fingerprinter struct {
+	h   hash.Hash
+	buf []byte
+}
+
+func newFingerprinter() *fingerprinter { return &fingerprinter{h: fnv.New128a()} }
+
+// sum returns the hash of what was written and starts again.
+func (f *fingerprinter) sum() string {
+	s := string(f.h.Sum(nil))
+	f.h.Reset()
+	return s
+}
+
+func (f *fingerprinter) str(s string) {
+	f.buf = binary.AppendUvarint(f.buf[:0], uint64(len(s)))
+	f.buf = append(f.buf, s...)
+	_, _ = f.h.Write(f.buf)
+}
+
+func (f *fingerprinter) uint(n uint64) {
+	f.buf = binary.AppendUvarint(f.buf[:0], n)
+	_, _ = f.h.Write(f.buf)
+}
+
+func (f *fingerprinter) bool(b bool) {
+	if b {
+		f.uint(1)
+	} else {
+		f.uint(0)
+	}
+}
+
+// msg writes a message's deterministic encoding. A message that does not
+// marshal is written as its error, which changes the hash as any change
+// of the message would.
+func (f *fingerprinter) msg(m proto.Message) {
+	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(f.buf[:0], m)
+	if err != nil {
+		f.str(err.Error())
+		return
+	}
+	_, _ = f.h.Write(b)
+	f.buf = b
+	f.uint(uint64(len(b))) // after b: it reuses the buffer
+}
+
+func (f *fingerprinter) labels(l map[string]string) {
+	f.uint(uint64(len(l)))
+	for _, k := range slices.Sorted(maps.Keys(l)) {
+		f.str(k)
+		f.str(l[k])
+	}
+}
+
+// object writes what the generators may read of a configuration's
+// metadata: its name, age, labels and annotations (dry-run).
+func (f *fingerprinter) object(o metav1.ObjectMeta) {
+	f.str(o.Namespace)
+	f.str(o.Name)
+	f.uint(uint64(o.CreationTimestamp.UnixNano()))
+	f.labels(o.Labels)
+	f.labels(o.Annotations)
+}
+
+// fingerprint computes m's fingerprints once its parts are indexed.
+func (m *Mesh) fingerprint() fingerprints {
+	f := newFingerprinter()
+	var fp fingerprints
+
+	for _, s := range []string{m.DomainSuffix, m.ClusterID, m.TrustDomain, m.RootNamespace} {
+		f.str(s)
+	}
+	f.uint(uint64(len(m.virtualServices)))
+	for _, c := range m.virtualServices {
+		f.object(c.ObjectMeta)
+		f.msg(&c.Spec)
+	}
+	f.uint(uint64(len(m.destinationRules)))
+	for _, c := range m.destinationRules {
+		f.object(c.ObjectMeta)
+		f.msg(&c.Spec)
+	}
+	f.uint(uint64(len(m.peerAuthentications)))
+	for _, c := range m.peerAuthentications {
+		f.object(c.ObjectMeta)
+		f.msg(&c.Spec)
+	}
+	f.uint(uint64(len(m.authorizationPolicies)))
+	for _, c := range m.authorizationPolicies {
+		f.object(c.ObjectMeta)
+		f.msg(&c.Spec)
+	}
+	f.uint(uint64(len(m.sidecars)))
+	for _, c := range m.sidecars {
+		f.object(c.ObjectMeta)
+		f.msg(&c.Spec)
+	}
+	fp.config = f.sum()
+
+	hosts := slices.Sorted(maps.Keys(m.services))
+	for _, h := range hosts {
+		for _, s := range m.services[h] {
+			f.msg(s.Service)
+			f.info(s.Info)
+			for _, sa := range m.serviceAccounts(s) {
+				f.str(sa)
+			}
+			f.str("") // the end of the identities
+		}
+	}
+	fp.services = f.sum()
+
+	fp.hosts = make(map[string]string, len(hosts))
+	for _, h := range hosts {
+		for _, s := range m.services[h] {
+			f.str(s.GetNamespace())
+			f.uint(uint64(len(s.Endpoints)))
+			for _, ep := range s.Endpoints {
+				f.endpoint(ep)
+			}
+		}
+		fp.hosts[h] = f.sum()
+	}
+	return fp
+}
+
+func (f *fingerprinter) info(in ServiceInfo) {
+	f.uint(uint64(len(in.Protocols)))
+	for _, port := range slices.Sorted(maps.Keys(in.Protocols)) {
+		f.uint(uint64(port))
+		f.str(in.Protocols[port])
+	}
+	f.bool(in.Protocols == nil)
+	f.uint(uint64(in.Resolution))
+	f.bool(in.External)
+	f.bool(in.AutoAllocated)
+	f.uint(uint64(len(in.DNSHosts)))
+	for _, d := range in.DNSHosts {
+		f.str(d.Host)
+		f.ports(d.Ports)
+	}
+}
+
+func (f *fingerprinter) ports(ports map[uint32]uint32) {
+	f.uint(uint64(len(ports)))
+	for _, p := range slices.Sorted(maps.Keys(ports)) {
+		f.uint(uint64(p))
+		f.uint(uint64(ports[p]))
+	}
+}
+
+func (f *fingerprinter) endpoint(ep Endpoint) {
+	f.msg(ep.Workload)
+	f.ports(ep.Ports)
+	f.labels(ep.Labels)
+	f.bool(ep.Terminating)
+	f.bool(ep.Entry != nil)
+	if ep.Entry != nil {
+		f.str(ep.Entry.Workload)
+		f.str(ep.Entry.CanonicalName)
+		f.str(ep.Entry.CanonicalRevision)
+	}
+}
+
+// deps are a share's Deps: the fingerprints of the parts it reads, and of
+// the endpoints of hosts, by hostname.
+func (m *Mesh) deps(hosts ...string) string {
+	d := m.fp.config + m.fp.services
+	for _, h := range hosts {
+		d += m.fp.hosts[h]
+	}
+	return d
+}

@@ -1,0 +1,176 @@
+package sidecar
+
+import (
+	"maps"
+	"slices"
+	"strings"
+
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+)
+
+// A Share is a part of what a client is answered for one type. Every
+// client whose share has the same Key (in the same Mesh) is answered it
+// alike, so a control plane generates and marshals it once for all of
+// them: a hundred sidecars of one namespace share their outbound
+// clusters, and only their inbound sides are their own.
+type Share struct {
+	// Key says what the share depends on besides the Mesh and the type:
+	// only those parts of the proxy that its generator reads.
+	Key string
+	// Generate returns the share's resources.
+	Generate func() []Named
+	// Deps summarises what of the Mesh the share reads: two shares of the
+	// same Key and the same Deps, from two Meshes, generate the same
+	// resources, so the second need not be generated. Empty: the share
+	// reads too much to tell (a proxy's own inbound side), and is
+	// generated for every Mesh.
+	Deps string
+}
+
+// SidecarShares splits what GenerateSidecar answers into shares. A
+// wildcard type has two: the outbound share (clusters or listeners of the
+// services the proxy may see, and those every sidecar gets), the same for
+// every proxy of one namespace and Sidecar scope; and the proxy's own
+// share (its inbound side, from its workload's addresses and labels).
+// Endpoints and routes have a share per name.
+func (m *Mesh) SidecarShares(p Proxy, typeURL string, names []string) []Share {
+	p.HBONE = true
+	switch typeURL {
+	case ClusterType:
+		return []Share{
+			{m.key(p, "out").scope(m.SidecarScope(p)).String(), func() []Named { return m.sidecarOutboundClusters(p) }, m.deps()},
+			{m.key(p, "own").labels(p.Labels).ips(p).String(), func() []Named { return m.sidecarInboundClusters(p) }, ""},
+		}
+	case ListenerType:
+		return []Share{
+			{m.key(p, "out").scope(m.SidecarScope(p)).String(), func() []Named { return m.sidecarOutboundListeners(p) }, m.deps()},
+			{m.key(p, "own").labels(p.Labels).ips(p).String(), func() []Named { return []Named{{VirtualInbound, m.virtualInbound(p)}} }, ""},
+		}
+	case EndpointType:
+		return m.endpointShares(p, names)
+	case RouteType:
+		return m.perName(p, names, m.SidecarRoutes, func(k *shareKey) { k.scope(m.SidecarScope(p)).labels(m.routeLabels(p.Labels)) })
+	}
+	return nil
+}
+
+// GRPCShares splits what Generate answers a proxyless gRPC client into
+// shares, one per name: a server listener is the proxy's own (its
+// addresses, and its labels select policies); routes depend on the labels
+// VirtualServices match sources on; the rest only on the namespace.
+func (m *Mesh) GRPCShares(p Proxy, typeURL string, names []string) []Share {
+	switch typeURL {
+	case ClusterType:
+		return m.perName(p, names, m.GRPCClusters, func(k *shareKey) {})
+	case EndpointType:
+		return m.endpointShares(p, names)
+	case ListenerType:
+		var out []Share
+		for _, name := range names {
+			k, deps := m.key(p, "name"), m.deps()
+			if strings.HasPrefix(name, ServerListenerPrefix) {
+				k.labels(p.Labels).ips(p)
+				deps = "" // its inbound side reads the endpoints
+			}
+			out = append(out, Share{k.name(name).String(), func() []Named { return m.GRPCListeners(p, []string{name}) }, deps})
+		}
+		return out
+	case RouteType:
+		return m.perName(p, names, m.GRPCRoutes, func(k *shareKey) { k.labels(m.routeLabels(p.Labels)) })
+	}
+	return nil
+}
+
+// perName is a share per name, keyed by the namespace, what with adds,
+// and the name; it reads no endpoints.
+func (m *Mesh) perName(p Proxy, names []string, gen func(Proxy, []string) []Named, with func(*shareKey)) []Share {
+	out := make([]Share, 0, len(names))
+	for _, name := range names {
+		k := m.key(p, "name")
+		with(k)
+		out = append(out, Share{k.name(name).String(), func() []Named { return gen(p, []string{name}) }, m.deps()})
+	}
+	return out
+}
+
+// endpointShares are a share per cluster name, which reads the endpoints
+// of the cluster's hostname only.
+func (m *Mesh) endpointShares(p Proxy, names []string) []Share {
+	out := make([]Share, 0, len(names))
+	for _, name := range names {
+		var deps string
+		if k, err := ParseClusterName(name); err == nil {
+			deps = m.deps(k.Hostname)
+		} else {
+			deps = m.deps() // answered with nothing
+		}
+		out = append(out, Share{m.key(p, "name").name(name).String(), func() []Named { return m.Endpoints(p, []string{name}) }, deps})
+	}
+	return out
+}
+
+// routeLabels are the labels of lbls that some VirtualService's match
+// names as a source label: the only ones routes depend on.
+func (m *Mesh) routeLabels(lbls map[string]string) map[string]string {
+	var out map[string]string
+	for k, v := range lbls {
+		if m.sourceLabelKeys[k] {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// shareKey builds a Share's Key: fields separated by NUL, which no name,
+// label or address holds.
+type shareKey struct{ b strings.Builder }
+
+// key starts a key with the share's part and what every generator reads
+// of a proxy: its namespace and whether it tunnels over HBONE.
+func (m *Mesh) key(p Proxy, part string) *shareKey {
+	k := &shareKey{}
+	k.field(part)
+	k.field(p.Namespace)
+	if p.HBONE {
+		k.field("hbone")
+	} else {
+		k.field("")
+	}
+	return k
+}
+
+func (k *shareKey) field(s string) *shareKey {
+	k.b.WriteString(s)
+	k.b.WriteByte(0)
+	return k
+}
+
+// scope adds the Sidecar resource that scopes the proxy (egress hosts),
+// nil for none.
+func (k *shareKey) scope(sc *networkingv1.Sidecar) *shareKey {
+	if sc == nil {
+		return k.field("")
+	}
+	return k.field(sc.Namespace + "/" + sc.Name)
+}
+
+func (k *shareKey) labels(lbls map[string]string) *shareKey {
+	for _, l := range slices.Sorted(maps.Keys(lbls)) {
+		k.field(l + "=" + lbls[l])
+	}
+	return k.field("")
+}
+
+func (k *shareKey) ips(p Proxy) *shareKey {
+	for _, ip := range p.IPs {
+		k.field(ip.String())
+	}
+	return k.field("")
+}
+
+func (k *shareKey) name(n string) *shareKey { return k.field(n) }
+
+func (k *shareKey) String() string { return k.b.String() }
