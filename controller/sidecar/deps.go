@@ -2,11 +2,10 @@ package sidecar
 
 import (
 	"encoding/binary"
-	"hash"
-	"hash/fnv"
 	"maps"
 	"slices"
 
+	"github.com/cespare/xxhash/v2"
 	"google.golang.org/protobuf/proto"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -28,18 +27,22 @@ type fingerprints struct {
 	hosts map[string]string
 }
 
-// fingerprinter hashes the generators' inputs: 128-bit FNV-1a over
-// deterministic protobuf encodings and length-prefixed strings.
+// fingerprinter hashes the generators' inputs: xxHash-64 (as resource
+// versions are) over deterministic protobuf encodings and length-prefixed
+// strings.
 type fingerprinter struct {
-	h   hash.Hash
+	h   *xxhash.Digest
 	buf []byte
+	// keys and portKeys are scratch space for sorting map keys.
+	keys     []string
+	portKeys []uint32
 }
 
-func newFingerprinter() *fingerprinter { return &fingerprinter{h: fnv.New128a()} }
+func newFingerprinter() *fingerprinter { return &fingerprinter{h: xxhash.New()} }
 
 // sum returns the hash of what was written and starts again.
 func (f *fingerprinter) sum() string {
-	s := string(f.h.Sum(nil))
+	s := string(binary.BigEndian.AppendUint64(nil, f.h.Sum64()))
 	f.h.Reset()
 	return s
 }
@@ -79,10 +82,13 @@ func (f *fingerprinter) msg(m proto.Message) {
 
 func (f *fingerprinter) labels(l map[string]string) {
 	f.uint(uint64(len(l)))
-	for _, k := range slices.Sorted(maps.Keys(l)) {
+	keys := slices.AppendSeq(f.keys[:0], maps.Keys(l))
+	slices.Sort(keys)
+	for _, k := range keys {
 		f.str(k)
 		f.str(l[k])
 	}
+	f.keys = keys
 }
 
 // object writes what the generators may read of a configuration's
@@ -176,10 +182,13 @@ func (f *fingerprinter) info(in ServiceInfo) {
 
 func (f *fingerprinter) ports(ports map[uint32]uint32) {
 	f.uint(uint64(len(ports)))
-	for _, p := range slices.Sorted(maps.Keys(ports)) {
+	keys := slices.AppendSeq(f.portKeys[:0], maps.Keys(ports))
+	slices.Sort(keys)
+	for _, p := range keys {
 		f.uint(uint64(p))
 		f.uint(uint64(ports[p]))
 	}
+	f.portKeys = keys
 }
 
 func (f *fingerprinter) endpoint(ep Endpoint) {
