@@ -4,9 +4,12 @@ import (
 	"encoding/binary"
 	"maps"
 	"slices"
+	"strings"
 
 	"github.com/cespare/xxhash/v2"
 	"google.golang.org/protobuf/proto"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -16,16 +19,33 @@ import (
 // in three parts, so that a share whose parts are unchanged can be taken
 // from the last Mesh instead of generated again (Share.Deps).
 type fingerprints struct {
-	// config covers the mesh's settings and its Istio configuration.
-	config string
+	// settings covers the mesh's settings (domain suffix, trust domain…).
+	settings string
+	// configs cover the mesh's Istio configuration, by kind.
+	configs [numConfigKinds]string
 	// services covers every service as clusters, listeners and routes see
 	// it: the table's service, what the index adds (ServiceInfo), and its
 	// endpoints' identities (a cluster's subject alt names).
 	services string
 	// hosts cover, by hostname, the endpoints of the services of that
-	// name: all that endpoint assignments read beyond the other two.
+	// name: all that endpoint assignments read beyond the rest.
 	hosts map[string]string
 }
+
+// configKind is a kind of Istio configuration a share may read.
+type configKind int
+
+const (
+	virtualServices configKind = iota
+	destinationRules
+	peerAuthentications
+	authorizationPolicies
+	sidecarResources
+	numConfigKinds
+)
+
+// allConfig: every kind.
+var allConfig = []configKind{virtualServices, destinationRules, peerAuthentications, authorizationPolicies, sidecarResources}
 
 // fingerprinter hashes the generators' inputs: xxHash-64 (as resource
 // versions are) over deterministic protobuf encodings and length-prefixed
@@ -109,32 +129,12 @@ func (m *Mesh) fingerprint() fingerprints {
 	for _, s := range []string{m.DomainSuffix, m.ClusterID, m.TrustDomain, m.RootNamespace} {
 		f.str(s)
 	}
-	f.uint(uint64(len(m.virtualServices)))
-	for _, c := range m.virtualServices {
-		f.object(c.ObjectMeta)
-		f.msg(&c.Spec)
-	}
-	f.uint(uint64(len(m.destinationRules)))
-	for _, c := range m.destinationRules {
-		f.object(c.ObjectMeta)
-		f.msg(&c.Spec)
-	}
-	f.uint(uint64(len(m.peerAuthentications)))
-	for _, c := range m.peerAuthentications {
-		f.object(c.ObjectMeta)
-		f.msg(&c.Spec)
-	}
-	f.uint(uint64(len(m.authorizationPolicies)))
-	for _, c := range m.authorizationPolicies {
-		f.object(c.ObjectMeta)
-		f.msg(&c.Spec)
-	}
-	f.uint(uint64(len(m.sidecars)))
-	for _, c := range m.sidecars {
-		f.object(c.ObjectMeta)
-		f.msg(&c.Spec)
-	}
-	fp.config = f.sum()
+	fp.settings = f.sum()
+	fp.configs[virtualServices] = configsSum(f, m.virtualServices, func(c *networkingv1.VirtualService) (metav1.ObjectMeta, proto.Message) { return c.ObjectMeta, &c.Spec })
+	fp.configs[destinationRules] = configsSum(f, m.destinationRules, func(c *networkingv1.DestinationRule) (metav1.ObjectMeta, proto.Message) { return c.ObjectMeta, &c.Spec })
+	fp.configs[peerAuthentications] = configsSum(f, m.peerAuthentications, func(c *securityv1.PeerAuthentication) (metav1.ObjectMeta, proto.Message) { return c.ObjectMeta, &c.Spec })
+	fp.configs[authorizationPolicies] = configsSum(f, m.authorizationPolicies, func(c *securityv1.AuthorizationPolicy) (metav1.ObjectMeta, proto.Message) { return c.ObjectMeta, &c.Spec })
+	fp.configs[sidecarResources] = configsSum(f, m.sidecars, func(c *networkingv1.Sidecar) (metav1.ObjectMeta, proto.Message) { return c.ObjectMeta, &c.Spec })
 
 	hosts := slices.Sorted(maps.Keys(m.services))
 	for _, h := range hosts {
@@ -204,12 +204,30 @@ func (f *fingerprinter) endpoint(ep Endpoint) {
 	}
 }
 
-// deps are a share's Deps: the fingerprints of the parts it reads, and of
-// the endpoints of hosts, by hostname.
-func (m *Mesh) deps(hosts ...string) string {
-	d := m.fp.config + m.fp.services
-	for _, h := range hosts {
-		d += m.fp.hosts[h]
+// configsSum is the fingerprint of one kind's configurations.
+func configsSum[T any](f *fingerprinter, cs []T, parts func(T) (metav1.ObjectMeta, proto.Message)) string {
+	f.uint(uint64(len(cs)))
+	for _, c := range cs {
+		meta, spec := parts(c)
+		f.object(meta)
+		f.msg(spec)
 	}
-	return d
+	return f.sum()
+}
+
+// deps are a share's Deps: the fingerprints of the settings, of the
+// kinds of configuration it reads, of the services, and of the endpoints
+// of hosts, by hostname.
+func (m *Mesh) deps(kinds []configKind, hosts ...string) string {
+	var b strings.Builder
+	b.WriteString(m.fp.settings)
+	for _, k := range kinds {
+		b.WriteByte(byte(k))
+		b.WriteString(m.fp.configs[k])
+	}
+	b.WriteString(m.fp.services)
+	for _, h := range hosts {
+		b.WriteString(m.fp.hosts[h])
+	}
+	return b.String()
 }

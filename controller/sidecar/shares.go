@@ -38,18 +38,18 @@ func (m *Mesh) SidecarShares(p Proxy, typeURL string, names []string) []Share {
 	switch typeURL {
 	case ClusterType:
 		return []Share{
-			{m.key(p, "out").scope(m.SidecarScope(p)).String(), func() []Named { return m.sidecarOutboundClusters(p) }, m.deps()},
+			{m.key(p, "out").scope(m.SidecarScope(p)).String(), func() []Named { return m.sidecarOutboundClusters(p) }, m.deps(clusterConfig)},
 			{m.key(p, "own").labels(p.Labels).ips(p).String(), func() []Named { return m.sidecarInboundClusters(p) }, ""},
 		}
 	case ListenerType:
 		return []Share{
-			{m.key(p, "out").scope(m.SidecarScope(p)).String(), func() []Named { return m.sidecarOutboundListeners(p) }, m.deps()},
+			{m.key(p, "out").scope(m.SidecarScope(p)).String(), func() []Named { return m.sidecarOutboundListeners(p) }, m.deps(listenerConfig)},
 			{m.key(p, "own").labels(p.Labels).ips(p).String(), func() []Named { return []Named{{VirtualInbound, m.virtualInbound(p)}} }, ""},
 		}
 	case EndpointType:
 		return m.endpointShares(p, names)
 	case RouteType:
-		return m.perName(p, names, m.SidecarRoutes, func(k *shareKey) { k.scope(m.SidecarScope(p)).labels(m.routeLabels(p.Labels)) })
+		return m.perName(p, names, m.SidecarRoutes, allConfig, func(k *shareKey) { k.scope(m.SidecarScope(p)).labels(m.routeLabels(p.Labels)) })
 	}
 	return nil
 }
@@ -61,13 +61,13 @@ func (m *Mesh) SidecarShares(p Proxy, typeURL string, names []string) []Share {
 func (m *Mesh) GRPCShares(p Proxy, typeURL string, names []string) []Share {
 	switch typeURL {
 	case ClusterType:
-		return m.perName(p, names, m.GRPCClusters, func(k *shareKey) {})
+		return m.perName(p, names, m.GRPCClusters, clusterConfig, func(k *shareKey) {})
 	case EndpointType:
 		return m.endpointShares(p, names)
 	case ListenerType:
 		var out []Share
 		for _, name := range names {
-			k, deps := m.key(p, "name"), m.deps()
+			k, deps := m.key(p, "name"), m.deps(allConfig)
 			if strings.HasPrefix(name, ServerListenerPrefix) {
 				k.labels(p.Labels).ips(p)
 				deps = "" // its inbound side reads the endpoints
@@ -76,19 +76,32 @@ func (m *Mesh) GRPCShares(p Proxy, typeURL string, names []string) []Share {
 		}
 		return out
 	case RouteType:
-		return m.perName(p, names, m.GRPCRoutes, func(k *shareKey) { k.labels(m.routeLabels(p.Labels)) })
+		return m.perName(p, names, m.GRPCRoutes, allConfig, func(k *shareKey) { k.labels(m.routeLabels(p.Labels)) })
 	}
 	return nil
 }
 
+// What the shares read of the Istio configuration, besides the services:
+// clusters the DestinationRules (and a sidecar's, its Sidecar resource),
+// outbound listeners the Sidecar resources, endpoint assignments the
+// DestinationRules (subsets) and PeerAuthentications (whether an
+// endpoint takes mutual TLS), the rest (routes, a proxyless client's
+// listeners) everything.
+var (
+	clusterConfig   = []configKind{destinationRules, sidecarResources}
+	listenerConfig  = []configKind{sidecarResources}
+	endpointsConfig = []configKind{destinationRules, peerAuthentications}
+)
+
 // perName is a share per name, keyed by the namespace, what with adds,
-// and the name; it reads no endpoints.
-func (m *Mesh) perName(p Proxy, names []string, gen func(Proxy, []string) []Named, with func(*shareKey)) []Share {
+// and the name; it reads no endpoints, and of the configuration kinds.
+func (m *Mesh) perName(p Proxy, names []string, gen func(Proxy, []string) []Named, kinds []configKind, with func(*shareKey)) []Share {
 	out := make([]Share, 0, len(names))
+	deps := m.deps(kinds)
 	for _, name := range names {
 		k := m.key(p, "name")
 		with(k)
-		out = append(out, Share{k.name(name).String(), func() []Named { return gen(p, []string{name}) }, m.deps()})
+		out = append(out, Share{k.name(name).String(), func() []Named { return gen(p, []string{name}) }, deps})
 	}
 	return out
 }
@@ -100,9 +113,9 @@ func (m *Mesh) endpointShares(p Proxy, names []string) []Share {
 	for _, name := range names {
 		var deps string
 		if k, err := ParseClusterName(name); err == nil {
-			deps = m.deps(k.Hostname)
+			deps = m.deps(endpointsConfig, k.Hostname)
 		} else {
-			deps = m.deps() // answered with nothing
+			deps = m.deps(endpointsConfig) // answered with nothing
 		}
 		out = append(out, Share{m.key(p, "name").name(name).String(), func() []Named { return m.Endpoints(p, []string{name}) }, deps})
 	}

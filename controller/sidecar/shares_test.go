@@ -41,7 +41,7 @@ func sharesInputs() Inputs {
 			}
 			name := fmt.Sprintf("web-v%d", i+1)
 			addrs = append(addrs, pod(ns, name, ip, "", web(ns)))
-			labels[workloadapi.PodUID("Kubernetes", ns, name)] = map[string]string{"app": "web"}
+			labels[workloadapi.PodUID("Kubernetes", ns, name)] = map[string]string{"app": "web", tlsModeLabel: "istio"}
 		}
 	}
 	return Inputs{
@@ -158,7 +158,8 @@ func TestSharesAreShared(t *testing.T) {
 // TestDepsTellWhatChanged: after a change, a share whose key and Deps are
 // as before generates what it did before (the property, over every
 // proxy, type and share), and a change leaves the Deps of what it does
-// not touch alone: a pod's readiness only its service's endpoints.
+// not touch alone: a pod's readiness only its service's endpoints, a
+// VirtualService only routes.
 func TestDepsTellWhatChanged(t *testing.T) {
 	workload := func(in Inputs, ns, name string) *workloadapi.Workload {
 		for _, a := range in.Addresses {
@@ -169,25 +170,23 @@ func TestDepsTellWhatChanged(t *testing.T) {
 		t.Fatalf("no workload %s/%s", ns, name)
 		return nil
 	}
-	webA := []string{"outbound|80||web.a.svc.cluster.local"}
 	for _, tt := range []struct {
 		name   string
 		change func(in *Inputs)
-		// changed are the shares whose Deps change, as "type share-index
-		// names"; every other share of every proxy keeps its Deps.
+		// changed are the shares whose Deps change: "clusters",
+		// "listeners", "routes" (their shared parts; a proxy's own are
+		// never taken over), "endpoints" (all), "endpoints of <host>".
 		changed []string
 	}{
 		{
 			name:    "a pod of web.a not ready",
 			change:  func(in *Inputs) { workload(*in, "a", "web-v1").Status = workloadapi.WorkloadStatus_UNHEALTHY },
-			changed: []string{"eds web.a"},
+			changed: []string{"endpoints of web.a"},
 		},
 		{
-			name: "a pod of web.b moves zone",
-			change: func(in *Inputs) {
-				workload(*in, "b", "web-v2").Locality = &workloadapi.Locality{Region: "r", Zone: "z9"}
-			},
-			changed: []string{"eds web.b"},
+			name:    "a pod of web.b moves zone",
+			change:  func(in *Inputs) { workload(*in, "b", "web-v2").Locality = &workloadapi.Locality{Region: "r", Zone: "z9"} },
+			changed: []string{"endpoints of web.b"},
 		},
 		{
 			name: "a pod's labels",
@@ -200,34 +199,55 @@ func TestDepsTellWhatChanged(t *testing.T) {
 					return old(uid)
 				}
 			},
-			changed: []string{"eds web.a"},
+			changed: []string{"endpoints of web.a"},
 		},
 		{
 			name:    "a pod's service account: clusters' subject alt names",
 			change:  func(in *Inputs) { workload(*in, "a", "web-v2").ServiceAccount = "other" },
-			changed: []string{"all"},
+			changed: []string{"clusters", "listeners", "routes", "endpoints"},
 		},
 		{
 			name:    "a VirtualService",
 			change:  func(in *Inputs) { in.VirtualServices[0].Spec.Http[1].Timeout = durationpb.New(time.Second) },
-			changed: []string{"all"},
+			changed: []string{"routes"},
+		},
+		{
+			name: "a DestinationRule",
+			change: func(in *Inputs) {
+				in.DestinationRules = append(in.DestinationRules, &networkingv1.DestinationRule{ObjectMeta: meta("a", "web", time.Hour), Spec: networkingapi.DestinationRule{
+					Host: "web", Subsets: []*networkingapi.Subset{{Name: "v2", Labels: map[string]string{"version": "v2"}}},
+				}})
+			},
+			changed: []string{"clusters", "routes", "endpoints"},
+		},
+		{
+			name: "a PeerAuthentication",
+			change: func(in *Inputs) {
+				in.PeerAuthentications = append(in.PeerAuthentications, &securityv1.PeerAuthentication{ObjectMeta: meta("a", "plain", time.Hour), Spec: securityapi.PeerAuthentication{
+					Mtls: &securityapi.PeerAuthentication_MutualTLS{Mode: securityapi.PeerAuthentication_MutualTLS_DISABLE},
+				}})
+			},
+			changed: []string{"routes", "endpoints"},
+		},
+		{
+			name: "a Sidecar resource",
+			change: func(in *Inputs) {
+				in.Sidecars = append(in.Sidecars, sidecarResource("a", "default", time.Hour, nil, "b/*"))
+			},
+			changed: []string{"clusters", "listeners", "routes"},
 		},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			in := sharesInputs()
-			before := NewMesh(in)
+			before := NewMesh(sharesInputs())
 			changedIn := sharesInputs()
 			tt.change(&changedIn)
 			after := NewMesh(changedIn)
 			for pname, p := range shareProxies {
-				for _, st := range append(shareTypes, struct {
-					typ   string
-					names []string
-				}{EndpointType, webA}) {
+				for _, st := range shareTypes {
 					was, is := before.SidecarShares(p, st.typ, st.names), after.SidecarShares(p, st.typ, st.names)
 					for i := range is {
 						if was[i].Key != is[i].Key {
-							t.Fatalf("%s %s share %d: key changed", pname, shortName(st.typ), i)
+							continue // another share (a Sidecar resource scopes the proxy now)
 						}
 						if is[i].Deps == "" {
 							continue
@@ -238,10 +258,11 @@ func TestDepsTellWhatChanged(t *testing.T) {
 								t.Errorf("%s %s share %d: same Deps, other resources (-before +after):\n%s", pname, shortName(st.typ), i, diff)
 							}
 						}
-						wantChanged := slices.Contains(tt.changed, "all")
+						kind := map[string]string{ClusterType: "clusters", ListenerType: "listeners", RouteType: "routes", EndpointType: "endpoints"}[st.typ]
+						wantChanged := slices.Contains(tt.changed, kind)
 						if st.typ == EndpointType {
-							host := strings.Split(st.names[i], "|")[3]
-							wantChanged = wantChanged || slices.Contains(tt.changed, "eds "+strings.TrimSuffix(host, ".svc.cluster.local"))
+							host := strings.TrimSuffix(strings.Split(st.names[i], "|")[3], ".svc.cluster.local")
+							wantChanged = wantChanged || slices.Contains(tt.changed, "endpoints of "+host)
 						}
 						if same == wantChanged {
 							t.Errorf("%s %s share %d (%v): Deps changed %v, want %v", pname, shortName(st.typ), i, st.names, !same, wantChanged)
