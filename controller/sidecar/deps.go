@@ -132,8 +132,12 @@ func (m *Mesh) fingerprint() fingerprints {
 	fp.settings = f.sum()
 	fp.configs[virtualServices] = configsSum(f, m.virtualServices, func(c *networkingv1.VirtualService) (metav1.ObjectMeta, proto.Message) { return c.ObjectMeta, &c.Spec })
 	fp.configs[destinationRules] = configsSum(f, m.destinationRules, func(c *networkingv1.DestinationRule) (metav1.ObjectMeta, proto.Message) { return c.ObjectMeta, &c.Spec })
-	fp.configs[peerAuthentications] = configsSum(f, m.peerAuthentications, func(c *securityv1.PeerAuthentication) (metav1.ObjectMeta, proto.Message) { return c.ObjectMeta, &c.Spec })
-	fp.configs[authorizationPolicies] = configsSum(f, m.authorizationPolicies, func(c *securityv1.AuthorizationPolicy) (metav1.ObjectMeta, proto.Message) { return c.ObjectMeta, &c.Spec })
+	fp.configs[peerAuthentications] = configsSum(f, m.peerAuthentications, func(c *securityv1.PeerAuthentication) (metav1.ObjectMeta, proto.Message) {
+		return c.ObjectMeta, &c.Spec
+	})
+	fp.configs[authorizationPolicies] = configsSum(f, m.authorizationPolicies, func(c *securityv1.AuthorizationPolicy) (metav1.ObjectMeta, proto.Message) {
+		return c.ObjectMeta, &c.Spec
+	})
 	fp.configs[sidecarResources] = configsSum(f, m.sidecars, func(c *networkingv1.Sidecar) (metav1.ObjectMeta, proto.Message) { return c.ObjectMeta, &c.Spec })
 
 	hosts := slices.Sorted(maps.Keys(m.services))

@@ -184,8 +184,10 @@ func TestDepsTellWhatChanged(t *testing.T) {
 			changed: []string{"endpoints of web.a"},
 		},
 		{
-			name:    "a pod of web.b moves zone",
-			change:  func(in *Inputs) { workload(*in, "b", "web-v2").Locality = &workloadapi.Locality{Region: "r", Zone: "z9"} },
+			name: "a pod of web.b moves zone",
+			change: func(in *Inputs) {
+				workload(*in, "b", "web-v2").Locality = &workloadapi.Locality{Region: "r", Zone: "z9"}
+			},
 			changed: []string{"endpoints of web.b"},
 		},
 		{
