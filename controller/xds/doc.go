@@ -25,9 +25,10 @@
 //     applied to the Table, then marked on every connection) and the gRPC
 //     streams, each with its own sender so a slow proxy delays nobody.
 //   - envoyConn: one Envoy client's stream. Each generation of the mesh
-//     builds one Generator, shared by all; what it generates is cached
-//     per class of client (kind, namespace, labels, and addresses where
-//     they matter), and a response is the watch's whole set, sent when it
+//     builds one Generator, shared by all; what it generates is cached per
+//     share (sidecar.Share: keyed by only what its generator reads of the
+//     proxy) and taken over by the next generation when the share's Deps
+//     are unchanged; a response is the watch's whole set, sent when it
 //     differs from what was sent.
 //   - admission: what a stream must pass once its caller is authenticated
 //     (from its headers, before any message is read): caps on the streams
