@@ -11,6 +11,7 @@ import (
 
 	"github.com/canopy-mesh/canopy/controller/sidecar"
 	"github.com/canopy-mesh/canopy/controller/sidecar/sidecartest"
+	"github.com/canopy-mesh/canopy/workloadapi"
 )
 
 // BenchmarkNewMesh: what every change of the mesh costs once, before any
@@ -47,33 +48,76 @@ func BenchmarkGRPCClientPush(b *testing.B) {
 	}
 }
 
-// BenchmarkSidecarPush: a full push to 100 Envoy sidecars (ten in each
-// of ten namespaces, each a pod of its own Service, as
-// bench/controlplane's) of a mesh of 1,000 Services: every share of
-// clusters, listeners, endpoints and routes generated and marshalled once
-// per distinct key, as the controller's cache does. "per-proxy" keys
-// every share by its proxy too, so nothing is shared: what a push cost
-// when each sidecar's addresses made it a class of its own.
-func BenchmarkSidecarPush(b *testing.B) {
-	in := sidecartest.Mesh(1000, 10)
-	var proxies []sidecar.Proxy
+// pushBench is 100 Envoy sidecars (ten in each of ten namespaces, each a
+// pod of its own Service, as bench/controlplane's) of a mesh of 1,000
+// Services, and what each asks for: clusters, listeners, every cluster's
+// endpoints and the route configuration of the services' port.
+type pushBench struct {
+	proxies []sidecar.Proxy
+	asked   map[string][]string
+}
+
+func newPushBench(in sidecar.Inputs) pushBench {
+	var pb pushBench
 	for k := range 100 {
 		i, j := k*10+k%10, k%10
-		proxies = append(proxies, sidecar.Proxy{
+		pb.proxies = append(pb.proxies, sidecar.Proxy{
 			Namespace: fmt.Sprintf("ns-%d", i%10),
 			Labels:    map[string]string{"app": fmt.Sprintf("svc-%d", i), "version": fmt.Sprintf("v%d", j%2)},
 			IPs:       []netip.Addr{netip.AddrFrom4([4]byte{10, byte(100 + j), byte(i >> 8), byte(i)})},
 		})
 	}
-	// Every cluster's endpoints are asked for, and the route
-	// configuration of the services' port.
 	var edsNames []string
-	for _, n := range sidecar.NewMesh(in).GenerateSidecar(proxies[0], sidecar.ClusterType, nil) {
+	for _, n := range sidecar.NewMesh(in).GenerateSidecar(pb.proxies[0], sidecar.ClusterType, nil) {
 		if n.Resource.(*clusterv3.Cluster).GetType() == clusterv3.Cluster_EDS {
 			edsNames = append(edsNames, n.Name)
 		}
 	}
-	asked := map[string][]string{sidecar.ClusterType: nil, sidecar.ListenerType: nil, sidecar.EndpointType: edsNames, sidecar.RouteType: {"8080"}}
+	pb.asked = map[string][]string{sidecar.ClusterType: nil, sidecar.ListenerType: nil, sidecar.EndpointType: edsNames, sidecar.RouteType: {"8080"}}
+	return pb
+}
+
+// push builds a Mesh of in and generates and marshals every share the
+// sidecars ask for once per distinct key, as the controller's cache
+// does, except shares of prev's keys and Deps (nil: none), which it
+// takes over; it returns how many resources it generated and what it
+// holds. perProxy keys every share by its proxy too: nothing is shared.
+func (pb pushBench) push(b *testing.B, in sidecar.Inputs, prev map[string]string, perProxy bool) (int, map[string]string) {
+	m := sidecar.NewMesh(in)
+	held := map[string]string{}
+	generated := 0
+	for k, p := range pb.proxies {
+		for typ, names := range pb.asked {
+			for _, sh := range m.SidecarShares(p, typ, names) {
+				key := typ + "\x00" + sh.Key
+				if perProxy {
+					key = strconv.Itoa(k) + "\x00" + key
+				}
+				if _, done := held[key]; done {
+					continue
+				}
+				held[key] = sh.Deps
+				if d, ok := prev[key]; ok && d == sh.Deps && d != "" {
+					continue
+				}
+				for _, n := range sh.Generate() {
+					if _, err := (proto.MarshalOptions{Deterministic: true}).Marshal(n.Resource); err != nil {
+						b.Fatal(err)
+					}
+					generated++
+				}
+			}
+		}
+	}
+	return generated, held
+}
+
+// BenchmarkSidecarPush: a full push to pushBench's 100 sidecars, with
+// shares ("shared") and with a share per sidecar ("per-proxy": what a
+// push cost when each sidecar's addresses made it a class of its own).
+func BenchmarkSidecarPush(b *testing.B) {
+	in := sidecartest.Mesh(1000, 10)
+	pb := newPushBench(in)
 	for _, perProxy := range []bool{false, true} {
 		name := "shared"
 		if perProxy {
@@ -83,31 +127,31 @@ func BenchmarkSidecarPush(b *testing.B) {
 			b.ReportAllocs()
 			var generated int
 			for b.Loop() {
-				m := sidecar.NewMesh(in)
-				done := map[string]bool{}
-				generated = 0
-				for k, p := range proxies {
-					for typ, names := range asked {
-						for _, sh := range m.SidecarShares(p, typ, names) {
-							key := typ + "\x00" + sh.Key
-							if perProxy {
-								key = strconv.Itoa(k) + "\x00" + key
-							}
-							if done[key] {
-								continue
-							}
-							done[key] = true
-							for _, n := range sh.Generate() {
-								if _, err := (proto.MarshalOptions{Deterministic: true}).Marshal(n.Resource); err != nil {
-									b.Fatal(err)
-								}
-								generated++
-							}
-						}
-					}
-				}
+				generated, _ = pb.push(b, in, nil, perProxy)
 			}
 			b.ReportMetric(float64(generated), "resources/op")
 		})
 	}
+}
+
+// BenchmarkSidecarEndpointChange: what one pod turning not ready costs
+// pushBench's sidecars once the previous push is held: the Mesh rebuilt,
+// every share's key and Deps worked out, and only what changed (the
+// service's assignments, each sidecar's own inbound side) generated.
+func BenchmarkSidecarEndpointChange(b *testing.B) {
+	in := sidecartest.Mesh(1000, 10)
+	pb := newPushBench(in)
+	_, held := pb.push(b, in, nil, false)
+	changed := sidecartest.Mesh(1000, 10)
+	for _, a := range changed.Addresses {
+		if w := a.GetWorkload(); w.GetName() == "svc-1-0" {
+			w.Status = workloadapi.WorkloadStatus_UNHEALTHY
+		}
+	}
+	b.ReportAllocs()
+	var generated int
+	for b.Loop() {
+		generated, _ = pb.push(b, changed, held, false)
+	}
+	b.ReportMetric(float64(generated), "resources/op")
 }

@@ -126,27 +126,11 @@ func (m *Mesh) grpcServerListener(p Proxy, name, addr string) *listenerv3.Listen
 // servesTargetPort reports whether one of the proxy's workloads is an
 // endpoint of some service on target port port.
 func (m *Mesh) servesTargetPort(p Proxy, port uint32) bool {
-	for _, svcs := range m.services {
-		for _, s := range svcs {
-			for _, ep := range s.Endpoints {
-				if !hasAddress(ep.Workload, p.IPs) {
-					continue
-				}
-				for _, tp := range ep.Ports {
-					if tp == port {
-						return true
-					}
-				}
+	for _, ref := range m.ownEndpoints(p) {
+		for _, tp := range ref.ep.Ports {
+			if tp == port {
+				return true
 			}
-		}
-	}
-	return false
-}
-
-func hasAddress(w *workloadapi.Workload, ips []netip.Addr) bool {
-	for _, b := range w.GetAddresses() {
-		if a, ok := netip.AddrFromSlice(b); ok && slices.Contains(ips, a.Unmap()) {
-			return true
 		}
 	}
 	return false

@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"cmp"
+	"maps"
 	"net/netip"
 	"slices"
 
@@ -42,6 +43,17 @@ type Mesh struct {
 	sourceLabelKeys map[string]bool
 	// fp summarises the inputs for Share.Deps.
 	fp fingerprints
+	// endpointRefs are every service's endpoints, in order of hostname,
+	// service and endpoint; byAddress indexes them by workload address,
+	// so a proxy's own endpoints are found without a walk of the mesh.
+	endpointRefs []endpointRef
+	byAddress    map[netip.Addr][]int
+}
+
+// endpointRef is one service's endpoint.
+type endpointRef struct {
+	svc *Service
+	ep  *Endpoint
 }
 
 // Service is a service of the workload tables with its endpoints.
@@ -214,8 +226,45 @@ func NewMesh(in Inputs) *Mesh {
 			return cmp.Compare(a.GetNamespace(), b.GetNamespace())
 		})
 	}
+	m.indexEndpoints()
 	m.fp = m.fingerprint()
 	return m
+}
+
+func (m *Mesh) indexEndpoints() {
+	m.byAddress = map[netip.Addr][]int{}
+	for _, h := range slices.Sorted(maps.Keys(m.services)) {
+		for _, s := range m.services[h] {
+			for i := range s.Endpoints {
+				ep := &s.Endpoints[i]
+				for _, b := range ep.GetAddresses() {
+					if a, ok := netip.AddrFromSlice(b); ok {
+						a = a.Unmap()
+						if refs := m.byAddress[a]; len(refs) == 0 || refs[len(refs)-1] != len(m.endpointRefs) {
+							m.byAddress[a] = append(refs, len(m.endpointRefs))
+						}
+					}
+				}
+				m.endpointRefs = append(m.endpointRefs, endpointRef{s, ep})
+			}
+		}
+	}
+}
+
+// ownEndpoints are the endpoints of proxy p's workloads (one of its
+// addresses), in order of hostname, service and endpoint.
+func (m *Mesh) ownEndpoints(p Proxy) []endpointRef {
+	var idx []int
+	for _, ip := range p.IPs {
+		idx = append(idx, m.byAddress[ip.Unmap()]...)
+	}
+	slices.Sort(idx)
+	idx = slices.Compact(idx)
+	out := make([]endpointRef, 0, len(idx))
+	for _, i := range idx {
+		out = append(out, m.endpointRefs[i])
+	}
+	return out
 }
 
 // wildcardVS is a VirtualService naming a wildcard host.

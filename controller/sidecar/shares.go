@@ -98,30 +98,38 @@ var (
 func (m *Mesh) perName(p Proxy, names []string, gen func(Proxy, []string) []Named, kinds []configKind, with func(*shareKey)) []Share {
 	out := make([]Share, 0, len(names))
 	deps := m.deps(kinds)
+	k := m.key(p, "name")
+	with(k)
+	prefix := k.String()
 	for _, name := range names {
-		k := m.key(p, "name")
-		with(k)
-		out = append(out, Share{k.name(name).String(), func() []Named { return gen(p, []string{name}) }, deps})
+		out = append(out, Share{prefix + name, func() []Named { return gen(p, []string{name}) }, deps})
 	}
 	return out
 }
-
 // endpointShares are a share per cluster name, which reads the endpoints
 // of the cluster's hostname only.
 func (m *Mesh) endpointShares(p Proxy, names []string) []Share {
 	out := make([]Share, 0, len(names))
+	prefix, deps := m.key(p, "name").String(), m.deps(endpointsConfig)
 	for _, name := range names {
-		var deps string
-		if k, err := ParseClusterName(name); err == nil {
-			deps = m.deps(endpointsConfig, k.Hostname)
-		} else {
-			deps = m.deps(endpointsConfig) // answered with nothing
+		d := deps // a name that is no cluster's is answered with nothing
+		if host := clusterHostname(name); host != "" {
+			d += m.fp.hosts[host]
 		}
-		out = append(out, Share{m.key(p, "name").name(name).String(), func() []Named { return m.Endpoints(p, []string{name}) }, deps})
+		out = append(out, Share{prefix + name, func() []Named { return m.Endpoints(p, []string{name}) }, d})
 	}
 	return out
 }
 
+// clusterHostname is the hostname of a cluster name of ClusterName's
+// form ("outbound|port|subset|hostname"), else "".
+func clusterHostname(name string) string {
+	i := strings.LastIndexByte(name, '|')
+	if i < 0 || strings.Count(name[:i], "|") != 2 {
+		return ""
+	}
+	return name[i+1:]
+}
 // routeLabels are the labels of lbls that some VirtualService's match
 // names as a source label: the only ones routes depend on.
 func (m *Mesh) routeLabels(lbls map[string]string) map[string]string {

@@ -187,21 +187,15 @@ type inboundPort struct {
 // workloads serve, in order.
 func (m *Mesh) inboundPorts(p Proxy) []inboundPort {
 	byTarget := map[uint32]inboundPort{}
-	for _, h := range slices.Sorted(maps.Keys(m.services)) {
-		for _, s := range m.services[h] {
-			for _, ep := range s.Endpoints {
-				if !hasAddress(ep.Workload, p.IPs) {
-					continue
-				}
-				for _, port := range slices.Sorted(maps.Keys(ep.Ports)) {
-					target := ep.Ports[port]
-					protocol := portProtocol(s, port)
-					if _, seen := byTarget[target]; seen || kindOf(protocol) == kindUDP {
-						continue
-					}
-					byTarget[target] = inboundPort{target: target, port: port, svc: s, protocol: protocol}
-				}
+	for _, ref := range m.ownEndpoints(p) {
+		s, ep := ref.svc, ref.ep
+		for _, port := range slices.Sorted(maps.Keys(ep.Ports)) {
+			target := ep.Ports[port]
+			protocol := portProtocol(s, port)
+			if _, seen := byTarget[target]; seen || kindOf(protocol) == kindUDP {
+				continue
 			}
+			byTarget[target] = inboundPort{target: target, port: port, svc: s, protocol: protocol}
 		}
 	}
 	var out []inboundPort

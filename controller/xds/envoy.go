@@ -82,7 +82,7 @@ type generation struct {
 	mesh Generator
 
 	mu      sync.Mutex
-	entries map[string]*cached
+	entries map[cacheKey]*cached
 	// prev is the previous generation, whose entries this one may take
 	// over; nil once this one is the previous one.
 	prev *generation
@@ -100,7 +100,7 @@ func (c *meshCache) get(gen uint64) *generation {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.cur == nil || c.cur.gen != gen {
-		next := &generation{gen: gen, mesh: c.build(c.src.SidecarInputs()), entries: map[string]*cached{}, prev: c.cur}
+		next := &generation{gen: gen, mesh: c.build(c.src.SidecarInputs()), entries: map[cacheKey]*cached{}, prev: c.cur}
 		if c.cur != nil {
 			c.cur.mu.Lock()
 			c.cur.prev = nil // keep one generation back, not all
@@ -114,7 +114,7 @@ func (c *meshCache) get(gen uint64) *generation {
 // entry returns the cache entry of key: this generation's, else the
 // previous one's when its deps are the same, else a fresh one (not kept
 // when the generation holds too many).
-func (g *generation) entry(key, deps string) *cached {
+func (g *generation) entry(key cacheKey, deps string) *cached {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if e := g.entries[key]; e != nil && e.deps == deps {
@@ -140,12 +140,9 @@ func (g *generation) entry(key, deps string) *cached {
 // cacheKey is a share's key in its generation's cache: the kind of
 // client (sidecar and proxyless resources are never shared), the type and
 // the share's own key.
-func cacheKey(forSidecar bool, typ, share string) string {
-	kind := "proxyless"
-	if forSidecar {
-		kind = "sidecar"
-	}
-	return kind + "\x00" + typ + "\x00" + share
+type cacheKey struct {
+	sidecar    bool
+	typ, share string
 }
 
 // envoyWatch is one type's subscription on an Envoy client's stream.
@@ -378,7 +375,7 @@ func (s *Server) envoyGenerate(c *envoyConn, typ string, w *envoyWatch) ([]*Reso
 		return nil, nil, 0, err
 	}
 	for _, sh := range shares {
-		e := g.entry(cacheKey(c.sidecar, typ, sh.Key), sh.Deps)
+		e := g.entry(cacheKey{c.sidecar, typ, sh.Key}, sh.Deps)
 		e.once.Do(func() { e.res, e.err = s.generate(c.proxy, typ, names, sh.Generate) })
 		if e.err != nil {
 			return nil, nil, 0, e.err
