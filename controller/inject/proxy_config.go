@@ -5,9 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 
-	meshapi "istio.io/api/mesh/v1alpha1"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	meshapi "istio.io/api/mesh/v1alpha1"
 	"sigs.k8s.io/yaml"
 )
 
