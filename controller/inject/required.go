@@ -98,6 +98,9 @@ func Required(pod *corev1.Pod, nsLabels map[string]string, cfg Config) (bool, st
 	}
 
 	if explicit {
+		if how == "label" && selectedBy == "pod label "+LabelInject+"=true" {
+			return true, selectedBy
+		}
 		return true, fmt.Sprintf("%s, pod %s %s=true", selectedBy, how, LabelInject)
 	}
 	if cfg.Policy == PolicyDisabled {
