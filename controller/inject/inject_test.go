@@ -19,7 +19,7 @@ import (
 
 func testConfig() Config {
 	return Config{
-		Hub:              "docker.io/istio",
+		Hub:              "hub.example/istio",
 		Tag:              "1.32.0",
 		DiscoveryAddress: "canopy-controller.istio-system.svc:15012",
 	}
