@@ -106,6 +106,7 @@ func (m *Mesh) perName(p Proxy, names []string, gen func(Proxy, []string) []Name
 	}
 	return out
 }
+
 // endpointShares are a share per cluster name, which reads the endpoints
 // of the cluster's hostname only.
 func (m *Mesh) endpointShares(p Proxy, names []string) []Share {
@@ -130,6 +131,7 @@ func clusterHostname(name string) string {
 	}
 	return name[i+1:]
 }
+
 // routeLabels are the labels of lbls that some VirtualService's match
 // names as a source label: the only ones routes depend on.
 func (m *Mesh) routeLabels(lbls map[string]string) map[string]string {
