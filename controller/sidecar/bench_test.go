@@ -137,7 +137,7 @@ func BenchmarkSidecarPush(b *testing.B) {
 // BenchmarkSidecarEndpointChange: what one pod turning not ready costs
 // pushBench's sidecars once the previous push is held: the Mesh rebuilt,
 // every share's key and Deps worked out, and only what changed (the
-// service's assignments, each sidecar's own inbound side) generated.
+// service's assignments) generated.
 func BenchmarkSidecarEndpointChange(b *testing.B) {
 	in := sidecartest.Mesh(1000, 10)
 	pb := newPushBench(in)

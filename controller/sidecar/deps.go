@@ -235,3 +235,16 @@ func (m *Mesh) deps(kinds []configKind, hosts ...string) string {
 	}
 	return b.String()
 }
+
+// ownDeps are the Deps of a proxy's own share (its inbound side): all of
+// the configuration and the services, and of the endpoints only which of
+// its own serve which service ports at which target ports.
+func (m *Mesh) ownDeps(p Proxy) string {
+	f := newFingerprinter()
+	for _, ref := range m.ownEndpoints(p) {
+		f.str(ref.svc.GetNamespace())
+		f.str(ref.svc.GetHostname())
+		f.ports(ref.ep.Ports)
+	}
+	return m.deps(allConfig) + f.sum()
+}

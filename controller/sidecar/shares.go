@@ -22,8 +22,7 @@ type Share struct {
 	// Deps summarises what of the Mesh the share reads: two shares of the
 	// same Key and the same Deps, from two Meshes, generate the same
 	// resources, so the second need not be generated. Empty: the share
-	// reads too much to tell (a proxy's own inbound side), and is
-	// generated for every Mesh.
+	// reads too much to tell, and is generated for every Mesh.
 	Deps string
 }
 
@@ -31,7 +30,8 @@ type Share struct {
 // wildcard type has two: the outbound share (clusters or listeners of the
 // services the proxy may see, and those every sidecar gets), the same for
 // every proxy of one namespace and Sidecar scope; and the proxy's own
-// share (its inbound side, from its workload's addresses and labels).
+// share (its inbound side, from its workload's addresses and labels),
+// which of the endpoints reads only the proxy's own.
 // Endpoints and routes have a share per name.
 func (m *Mesh) SidecarShares(p Proxy, typeURL string, names []string) []Share {
 	p.HBONE = true
@@ -39,12 +39,12 @@ func (m *Mesh) SidecarShares(p Proxy, typeURL string, names []string) []Share {
 	case ClusterType:
 		return []Share{
 			{m.key(p, "out").scope(m.SidecarScope(p)).String(), func() []Named { return m.sidecarOutboundClusters(p) }, m.deps(clusterConfig)},
-			{m.key(p, "own").labels(p.Labels).ips(p).String(), func() []Named { return m.sidecarInboundClusters(p) }, ""},
+			{m.key(p, "own").labels(p.Labels).ips(p).String(), func() []Named { return m.sidecarInboundClusters(p) }, m.ownDeps(p)},
 		}
 	case ListenerType:
 		return []Share{
 			{m.key(p, "out").scope(m.SidecarScope(p)).String(), func() []Named { return m.sidecarOutboundListeners(p) }, m.deps(listenerConfig)},
-			{m.key(p, "own").labels(p.Labels).ips(p).String(), func() []Named { return []Named{{VirtualInbound, m.virtualInbound(p)}} }, ""},
+			{m.key(p, "own").labels(p.Labels).ips(p).String(), func() []Named { return []Named{{VirtualInbound, m.virtualInbound(p)}} }, m.ownDeps(p)},
 		}
 	case EndpointType:
 		return m.endpointShares(p, names)
@@ -70,7 +70,7 @@ func (m *Mesh) GRPCShares(p Proxy, typeURL string, names []string) []Share {
 			k, deps := m.key(p, "name"), m.deps(allConfig)
 			if strings.HasPrefix(name, ServerListenerPrefix) {
 				k.labels(p.Labels).ips(p)
-				deps = "" // its inbound side reads the endpoints
+				deps = m.ownDeps(p)
 			}
 			out = append(out, Share{k.name(name).String(), func() []Named { return m.GRPCListeners(p, []string{name}) }, deps})
 		}

@@ -174,8 +174,8 @@ func TestDepsTellWhatChanged(t *testing.T) {
 		name   string
 		change func(in *Inputs)
 		// changed are the shares whose Deps change: "clusters",
-		// "listeners", "routes" (their shared parts; a proxy's own are
-		// never taken over), "endpoints" (all), "endpoints of <host>".
+		// "listeners", "routes", "endpoints" (every proxy's), "own" (every
+		// proxy's inbound side), "endpoints of <host>", "own of <proxy>".
 		changed []string
 	}{
 		{
@@ -206,12 +206,19 @@ func TestDepsTellWhatChanged(t *testing.T) {
 		{
 			name:    "a pod's service account: clusters' subject alt names",
 			change:  func(in *Inputs) { workload(*in, "a", "web-v2").ServiceAccount = "other" },
-			changed: []string{"clusters", "listeners", "routes", "endpoints"},
+			changed: []string{"clusters", "listeners", "routes", "endpoints", "own"},
+		},
+		{
+			name: "a pod serves its service on another target port",
+			change: func(in *Inputs) {
+				workload(*in, "a", "web-v1").Services["a/web.a.svc.cluster.local"].Ports[0].TargetPort = 8081
+			},
+			changed: []string{"endpoints of web.a", "own of a web-v1"},
 		},
 		{
 			name:    "a VirtualService",
 			change:  func(in *Inputs) { in.VirtualServices[0].Spec.Http[1].Timeout = durationpb.New(time.Second) },
-			changed: []string{"routes"},
+			changed: []string{"routes", "own"},
 		},
 		{
 			name: "a DestinationRule",
@@ -220,7 +227,7 @@ func TestDepsTellWhatChanged(t *testing.T) {
 					Host: "web", Subsets: []*networkingapi.Subset{{Name: "v2", Labels: map[string]string{"version": "v2"}}},
 				}})
 			},
-			changed: []string{"clusters", "routes", "endpoints"},
+			changed: []string{"clusters", "routes", "endpoints", "own"},
 		},
 		{
 			name: "a PeerAuthentication",
@@ -229,14 +236,14 @@ func TestDepsTellWhatChanged(t *testing.T) {
 					Mtls: &securityapi.PeerAuthentication_MutualTLS{Mode: securityapi.PeerAuthentication_MutualTLS_DISABLE},
 				}})
 			},
-			changed: []string{"routes", "endpoints"},
+			changed: []string{"routes", "endpoints", "own"},
 		},
 		{
 			name: "a Sidecar resource",
 			change: func(in *Inputs) {
 				in.Sidecars = append(in.Sidecars, sidecarResource("a", "default", time.Hour, nil, "b/*"))
 			},
-			changed: []string{"clusters", "listeners", "routes"},
+			changed: []string{"clusters", "listeners", "routes", "own"},
 		},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -252,7 +259,7 @@ func TestDepsTellWhatChanged(t *testing.T) {
 							continue // another share (a Sidecar resource scopes the proxy now)
 						}
 						if is[i].Deps == "" {
-							continue
+							t.Errorf("%s %s share %d: no Deps", pname, shortName(st.typ), i)
 						}
 						same := was[i].Deps == is[i].Deps
 						if same {
@@ -261,7 +268,10 @@ func TestDepsTellWhatChanged(t *testing.T) {
 							}
 						}
 						kind := map[string]string{ClusterType: "clusters", ListenerType: "listeners", RouteType: "routes", EndpointType: "endpoints"}[st.typ]
-						wantChanged := slices.Contains(tt.changed, kind)
+						if IsWildcard(st.typ) && i == 1 {
+							kind = "own"
+						}
+						wantChanged := slices.Contains(tt.changed, kind) || kind == "own" && slices.Contains(tt.changed, "own of "+pname)
 						if st.typ == EndpointType {
 							host := strings.TrimSuffix(strings.Split(st.names[i], "|")[3], ".svc.cluster.local")
 							wantChanged = wantChanged || slices.Contains(tt.changed, "endpoints of "+host)
