@@ -75,7 +75,7 @@ func startController(t *testing.T, sys string) *controller {
 	}
 	c := &controller{secure: freeAddr(t), monitor: freeAddr(t)}
 	cmd := exec.Command(bin, "--kubeconfig="+env.KubeconfigPath, "--monitoring-addr="+c.monitor, "--debug-addr="+freeAddr(t),
-		"--secure-addr="+c.secure, "--ca-namespace="+sys, "--cacerts-dir="+t.TempDir(), "--ca-dns-names=localhost",
+		"--secure-addr="+c.secure, "--webhook-addr=", "--ca-namespace="+sys, "--cacerts-dir="+t.TempDir(), "--ca-dns-names=localhost",
 		"--push-quiet=20ms")
 	logs, err := os.Create(filepath.Join(t.TempDir(), "controller.log"))
 	if err != nil {

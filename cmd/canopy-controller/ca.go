@@ -58,7 +58,15 @@ type caParts struct {
 	roots         *rootcm.Publisher
 	expiry        *expiry.Monitor
 	reload        *reload.Watcher
-	log           *slog.Logger
+	// rootBundle is the PEM roots at start; onRootsChange follows them.
+	rootBundle []byte
+	log        *slog.Logger
+}
+
+// onRootsChange registers f, called with the PEM roots whenever the CA's
+// material changes. Register before start.
+func (c *caParts) onRootsChange(f func(bundle []byte)) {
+	c.reload.OnChange(func(a *pki.Authority) { f(pki.EncodeCertificates(a.Roots...)) })
 }
 
 // newCA loads the CA's key material and builds its service; pods is its
@@ -136,7 +144,7 @@ func newCA(ctx context.Context, cfg config, kube kubernetes.Interface, reviewer 
 	watcher.OnChange(monitor.SetAuthority)
 	watcher.OnChange(svc.SetAuthority)
 	return &caParts{addr: cfg.secureAddr, grpc: g, authenticator: authenticator, serving: serving, roots: roots, expiry: monitor,
-		reload: watcher, log: log}, nil
+		reload: watcher, rootBundle: pki.EncodeCertificates(authority.Roots...), log: log}, nil
 }
 
 func (c *caParts) start(ctx context.Context, g *errgroup.Group) {

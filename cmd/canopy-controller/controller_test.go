@@ -68,7 +68,7 @@ func TestControllerServesWorkloadXDS(t *testing.T) {
 	}
 	sys := env.Namespace(t, "canopy-system", nil)
 	monitor, debugViews, secure, plain := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
-	cmd := exec.Command(bin, "--kubeconfig="+env.KubeconfigPath, "--monitoring-addr="+monitor, "--debug-addr="+debugViews, "--secure-addr="+secure,
+	cmd := exec.Command(bin, "--kubeconfig="+env.KubeconfigPath, "--monitoring-addr="+monitor, "--debug-addr="+debugViews, "--secure-addr="+secure, "--webhook-addr=",
 		"--xds-addr="+plain, "--ca-namespace="+sys, "--cacerts-dir="+t.TempDir(), "--push-quiet=20ms", "--id=controller-under-test")
 	logs, err := os.Create(filepath.Join(t.TempDir(), "controller.log"))
 	if err != nil {

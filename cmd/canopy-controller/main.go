@@ -38,6 +38,7 @@ import (
 	"github.com/canopy-mesh/canopy/controller/ambient"
 	"github.com/canopy-mesh/canopy/controller/debug"
 	"github.com/canopy-mesh/canopy/controller/index"
+	"github.com/canopy-mesh/canopy/controller/inject"
 	"github.com/canopy-mesh/canopy/controller/kubeinput"
 	"github.com/canopy-mesh/canopy/controller/status"
 	"github.com/canopy-mesh/canopy/controller/vipalloc"
@@ -92,6 +93,13 @@ type config struct {
 	// Workload xDS. xdsAddr is the plaintext port, empty for none.
 	xdsAddr string
 	xds     xds.Config
+
+	// The sidecar injection webhook: served over TLS on webhookAddr (empty
+	// for none) with the CA's serving certificate, at most
+	// webhookMaxRequests at once; inject is what it renders into pods.
+	webhookAddr        string
+	webhookMaxRequests int
+	inject             inject.Config
 }
 
 func parseFlags(args []string) (config, error) {
@@ -160,6 +168,14 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.xds.MaxDelay, "push-max-delay", time.Second, "longest a change waits for a push")
 	fs.DurationVar(&c.xds.SendTimeout, "xds-send-timeout", 30*time.Second, "how long a proxy may take to read a response before it is disconnected")
 	fs.IntVar(&c.xds.MaxPending, "xds-max-pending", 10000, "changed names queued per proxy before it is compared against the whole table")
+	fs.StringVar(&c.webhookAddr, "webhook-addr", ":15017", "address of the sidecar injection webhook (HTTPS, /inject); empty: none")
+	fs.IntVar(&c.webhookMaxRequests, "webhook-max-requests", 100, "webhook requests served at once; more wait up to a second, then are answered 503")
+	fs.StringVar(&c.inject.Hub, "proxy-hub", "", "hub of the injected proxy image, <hub>/proxyv2:<tag> (Istio's proxyv2); with --proxy-tag empty too, the webhook denies the pods it would inject, saying why")
+	fs.StringVar(&c.inject.Tag, "proxy-tag", "", "tag of the injected proxy image")
+	discovery := fs.String("discovery-address", "", "host:port injected sidecars reach the controller's xDS and CA at (default canopy-controller.<ca-namespace>.svc:15012)")
+	fs.StringVar(&c.inject.Revision, "revision", "", "control-plane revision the webhook injects for and whose webhook configurations get the CA bundle (istio.io/rev); empty: default")
+	fs.BoolVar(&c.inject.CNI, "inject-cni", false, "a CNI plugin (such as istio-cni) installs sidecar pods' traffic redirection: inject istio-validation instead of the privileged istio-init")
+	fs.BoolVar(&c.inject.NativeSidecars, "inject-native-sidecars", false, "inject istio-proxy as a native sidecar (an init container with restartPolicy Always)")
 	id := os.Getenv("POD_NAME")
 	if id == "" {
 		id, _ = os.Hostname()
@@ -240,7 +256,45 @@ func parseFlags(args []string) (config, error) {
 		return c, fmt.Errorf("--push-quiet and --xds-send-timeout must be positive, --push-max-delay at least --push-quiet, --xds-max-pending positive")
 	}
 	c.xds.SystemNamespace = c.caNamespace
+	if err := c.injectConfig(*discovery); err != nil {
+		return c, err
+	}
 	return c, nil
+}
+
+// injectConfig completes and checks the injector's configuration.
+func (c *config) injectConfig(discovery string) error {
+	if c.webhookAddr == "" {
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(c.webhookAddr); err != nil {
+		return fmt.Errorf("--webhook-addr %q: %w", c.webhookAddr, err)
+	}
+	if c.webhookMaxRequests <= 0 {
+		return fmt.Errorf("--webhook-max-requests must be positive, got %d", c.webhookMaxRequests)
+	}
+	if discovery == "" {
+		discovery = "canopy-controller." + c.caNamespace + ".svc:15012"
+	}
+	if host, port, err := net.SplitHostPort(discovery); err != nil || host == "" || port == "" {
+		return fmt.Errorf("--discovery-address %q is not host:port", discovery)
+	}
+	c.inject.DiscoveryAddress = discovery
+	switch {
+	case c.inject.Hub == "" && c.inject.Tag == "":
+		c.inject.DenyReason = "no proxy image is configured: canopy-controller runs without --proxy-hub and --proxy-tag (chart values injection.proxy.hub and injection.proxy.tag)"
+	case c.inject.Hub == "" || c.inject.Tag == "":
+		return fmt.Errorf("--proxy-hub %q and --proxy-tag %q: set both or neither", c.inject.Hub, c.inject.Tag)
+	}
+	c.inject.TrustDomain = c.mesh.TrustDomain
+	c.inject.ClusterID = c.mesh.ClusterID
+	c.inject.Network = c.mesh.Network
+	c.inject.ClusterDomain = c.mesh.DomainSuffix
+	c.inject.SystemNamespace = c.caNamespace
+	if err := c.inject.Validate(); err != nil {
+		return fmt.Errorf("--proxy-hub, --proxy-tag, --discovery-address, --revision: %w", err)
+	}
+	return nil
 }
 
 // prefixFlag parses a flag's value into *p.
@@ -332,6 +386,14 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	var hook *webhook
+	if cfg.webhookAddr != "" {
+		// Built before the CA starts: it follows the CA's roots.
+		ns := indexNamespaces{tables: tables, synced: watcher.Synced(), client: clients.Kube}
+		if hook, err = newWebhook(cfg, ca, ns, clients.Kube, log); err != nil {
+			return err
+		}
+	}
 	cfg.xds.Registerer = registry
 	cfg.xds.Mesh = tables
 	if xdsServer, err = xds.New(cfg.xds, tables, ca.authenticator, log); err != nil {
@@ -346,6 +408,9 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 
 	g, ctx := errgroup.WithContext(ctx)
 	ca.start(ctx, g)
+	if hook != nil {
+		hook.start(ctx, g)
+	}
 	g.Go(func() error { return watcher.Run(ctx) })
 	if cfg.vipAllocation {
 		// Every replica allocates: the allocation is deterministic and each

@@ -70,3 +70,45 @@ func TestPlaintextXDS(t *testing.T) {
 		})
 	}
 }
+
+// TestWebhookFlags: the injection webhook's flags become the injector's
+// configuration, and values that cannot work stop the start.
+func TestWebhookFlags(t *testing.T) {
+	c, err := parseFlags([]string{"--ca-namespace=mesh", "--proxy-hub=example.test/istio", "--proxy-tag=1.0.0", "--revision=canary",
+		"--inject-cni", "--inject-native-sidecars", "--trust-domain=td.example", "--cluster-id=east"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.webhookAddr != ":15017" || c.webhookMaxRequests != 100 {
+		t.Errorf("webhook %q, %d requests; want :15017, 100", c.webhookAddr, c.webhookMaxRequests)
+	}
+	in := c.inject
+	if in.Hub != "example.test/istio" || in.Tag != "1.0.0" || in.Revision != "canary" || !in.CNI || !in.NativeSidecars ||
+		in.DiscoveryAddress != "canopy-controller.mesh.svc:15012" || in.SystemNamespace != "mesh" ||
+		in.TrustDomain != "td.example" || in.ClusterID != "east" || in.DenyReason != "" {
+		t.Errorf("injector config %+v", in)
+	}
+	c, err = parseFlags(nil)
+	if err != nil || !strings.Contains(c.inject.DenyReason, "--proxy-tag") {
+		t.Errorf("without an image: deny reason %q, %v; want one naming the flags", c.inject.DenyReason, err)
+	}
+	if c, err := parseFlags([]string{"--webhook-addr=", "--proxy-hub=only"}); err != nil || c.webhookAddr != "" {
+		t.Errorf("--webhook-addr= : %q, %v; want no webhook, and its flags unchecked", c.webhookAddr, err)
+	}
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--proxy-hub=example.test/istio"}, "set both or neither"},
+		{[]string{"--proxy-tag=1.0.0"}, "set both or neither"},
+		{[]string{"--proxy-hub=example.test/istio", "--proxy-tag=1.0 .0"}, "white space"},
+		{[]string{"--revision=Not_A/Label"}, "revision"},
+		{[]string{"--discovery-address=canopy-controller"}, "--discovery-address"},
+		{[]string{"--webhook-addr=15017"}, "--webhook-addr"},
+		{[]string{"--webhook-max-requests=0"}, "--webhook-max-requests"},
+	} {
+		if _, err := parseFlags(tt.args); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("parseFlags(%v) = %v, want an error naming %s", tt.args, err, tt.want)
+		}
+	}
+}

@@ -141,7 +141,7 @@ func TestWholeMesh(t *testing.T) {
 	// The controller.
 	monitor, secure, plain := freeAddr(t), freeAddr(t), freeAddr(t)
 	process(t, "controller", bins["canopy-controller"], "--kubeconfig="+env.KubeconfigPath, "--monitoring-addr="+monitor,
-		"--secure-addr="+secure, "--xds-addr="+plain, "--ca-namespace="+sys, "--cacerts-dir="+filepath.Join(dir, "none"),
+		"--secure-addr="+secure, "--webhook-addr=", "--xds-addr="+plain, "--ca-namespace="+sys, "--cacerts-dir="+filepath.Join(dir, "none"),
 		"--trusted-node-accounts="+sys+"/canopy-node", "--push-quiet=20ms",
 		// Short certificates and quick reloads, so the root rotation below
 		// completes (leaves re-issued under the new root) within the test.

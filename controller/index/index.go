@@ -10,6 +10,7 @@ package index
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -182,6 +183,19 @@ func (x *Index) Pod(namespace, name string) *corev1.Pod {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	return x.pods[key{namespace, name}]
+}
+
+// NamespaceLabels returns a copy of the labels of the namespace the index
+// holds under name, and false when it holds none (not created, deleted, or
+// not listed yet).
+func (x *Index) NamespaceLabels(name string) (map[string]string, bool) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	ns, ok := x.namespaces[name]
+	if !ok {
+		return nil, false
+	}
+	return maps.Clone(ns.Labels), true
 }
 
 // PodsOnNode returns the pods of namespace the index holds that are

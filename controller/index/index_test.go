@@ -411,3 +411,23 @@ func TestIndexSliceTargetRefUID(t *testing.T) {
 		})
 	}
 }
+
+func TestIndexNamespaceLabels(t *testing.T) {
+	x := New(ambient.Config{})
+	if _, ok := x.NamespaceLabels("shop"); ok {
+		t.Error("NamespaceLabels of an unknown namespace: ok")
+	}
+	x.UpsertNamespace(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"istio-injection": "enabled"}}})
+	got, ok := x.NamespaceLabels("shop")
+	if !ok || got["istio-injection"] != "enabled" {
+		t.Errorf("NamespaceLabels(shop) = %v, %v", got, ok)
+	}
+	got["istio-injection"] = "disabled" // a copy: the index keeps its own
+	if again, _ := x.NamespaceLabels("shop"); again["istio-injection"] != "enabled" {
+		t.Errorf("NamespaceLabels returned the index's own map")
+	}
+	x.DeleteNamespace("shop")
+	if _, ok := x.NamespaceLabels("shop"); ok {
+		t.Error("NamespaceLabels of a deleted namespace: ok")
+	}
+}

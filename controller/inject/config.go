@@ -28,9 +28,17 @@ const (
 // Empty fields take the defaults documented on each.
 type Config struct {
 	// Hub and Tag name the proxy image, <Hub>/proxyv2:<Tag>, the image name
-	// Istio publishes pilot-agent and Envoy under. Both are required.
+	// Istio publishes pilot-agent and Envoy under. Both are required unless
+	// DenyReason is set.
 	Hub string
 	Tag string
+
+	// DenyReason, when not empty, makes Handler deny every pod Required
+	// selects, with this message, instead of injecting it: the webhook of
+	// an installation that cannot inject (no proxy image configured) says
+	// so to whoever creates such a pod, and leaves other pods alone.
+	// Mutate and Inject ignore it.
+	DenyReason string
 
 	// DiscoveryAddress is host:port of canopy-controller's xDS over TLS,
 	// normally its Service: "<name>.<namespace>.svc:15012". It becomes the
@@ -98,11 +106,16 @@ type Config struct {
 // Validate reports the first field of cfg that cannot work.
 func (c Config) Validate() error {
 	var errs []error
-	if c.Hub == "" {
+	if c.Hub == "" && c.DenyReason == "" {
 		errs = append(errs, errors.New("hub is empty"))
 	}
-	if c.Tag == "" {
+	if c.Tag == "" && c.DenyReason == "" {
 		errs = append(errs, errors.New("tag is empty"))
+	}
+	for _, f := range []struct{ name, v string }{{"hub", c.Hub}, {"tag", c.Tag}} {
+		if strings.ContainsAny(f.v, " \t\r\n") {
+			errs = append(errs, fmt.Errorf("%s %q holds white space", f.name, f.v))
+		}
 	}
 	if c.DiscoveryAddress == "" {
 		errs = append(errs, errors.New("discovery address is empty"))

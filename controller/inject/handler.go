@@ -28,11 +28,12 @@ const (
 
 // Namespaces gives the labels of a namespace: the AdmissionReview carries
 // the pod, but Required also reads its namespace's labels. It must be safe
-// for concurrent use (an informer's lister is).
+// for concurrent use (an informer's lister is). ctx bounds the lookup: the
+// request's deadline.
 type Namespaces interface {
 	// NamespaceLabels returns the namespace's labels, and false when the
-	// namespace is not known.
-	NamespaceLabels(name string) (map[string]string, bool)
+	// namespace is not known. The map is only read.
+	NamespaceLabels(ctx context.Context, name string) (map[string]string, bool)
 }
 
 // Handler is the injection webhook: it takes AdmissionReview v1 requests
@@ -95,7 +96,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	resp := h.review(review.Request)
+	resp := h.review(ctx, review.Request)
 	resp.UID = review.Request.UID
 	if err := ctx.Err(); err != nil {
 		http.Error(w, "request deadline exceeded", http.StatusServiceUnavailable)
@@ -137,7 +138,7 @@ func decodeReview(body []byte) (*admissionv1.AdmissionReview, error) {
 }
 
 // review answers one admission request.
-func (h *Handler) review(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+func (h *Handler) review(ctx context.Context, req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
 	if req.Kind.Group != "" || req.Kind.Kind != "Pod" {
 		return deny(http.StatusBadRequest, fmt.Sprintf("the sidecar injector handles pods only, not %s", req.Kind.String()))
 	}
@@ -159,13 +160,17 @@ func (h *Handler) review(req *admissionv1.AdmissionRequest) *admissionv1.Admissi
 	}
 	log := h.log.With("pod", pod.Namespace+"/"+name)
 
-	nsLabels, ok := h.ns.NamespaceLabels(pod.Namespace)
+	nsLabels, ok := h.ns.NamespaceLabels(ctx, pod.Namespace)
 	if !ok {
 		return deny(http.StatusServiceUnavailable, fmt.Sprintf("namespace %q is not known to the sidecar injector yet; retry", pod.Namespace))
 	}
 	if inject, reason := Required(&pod, nsLabels, h.cfg); !inject {
 		log.Debug("not injecting", "reason", reason)
 		return &admissionv1.AdmissionResponse{Allowed: true}
+	}
+	if h.cfg.DenyReason != "" {
+		log.Info("refused injection", "reason", h.cfg.DenyReason)
+		return deny(http.StatusServiceUnavailable, "sidecar injection: "+h.cfg.DenyReason)
 	}
 	patch, err := Inject(&pod, h.cfg)
 	if err != nil {

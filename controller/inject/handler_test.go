@@ -2,6 +2,7 @@ package inject
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -21,7 +22,7 @@ import (
 // fakeNamespaces knows the namespaces in the map.
 type fakeNamespaces map[string]map[string]string
 
-func (f fakeNamespaces) NamespaceLabels(name string) (map[string]string, bool) {
+func (f fakeNamespaces) NamespaceLabels(_ context.Context, name string) (map[string]string, bool) {
 	l, ok := f[name]
 	return l, ok
 }
@@ -257,4 +258,48 @@ func FuzzHandler(f *testing.F) {
 			t.Fatalf("patch does not apply: %v\n%s", err, out.Response.Patch)
 		}
 	})
+}
+
+// TestHandlerDenyReason: without an image, pods that would be injected are
+// denied with the reason and other pods are left alone.
+func TestHandlerDenyReason(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	cfg.Hub, cfg.Tag, cfg.DenyReason = "", "", "no proxy image configured"
+	h, err := NewHandler(cfg, fakeNamespaces{"demo": {"istio-injection": "enabled"}, "plain": nil}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name    string
+		mod     func(*admissionv1.AdmissionReview)
+		allowed bool
+	}{
+		{"selected pod is denied", nil, false},
+		{"other pod passes", func(r *admissionv1.AdmissionReview) {
+			r.Request.Namespace = "plain"
+			withPod(func(p *corev1.Pod) { p.Namespace = "plain" })(r)
+		}, true},
+	} {
+		req := httptest.NewRequest(http.MethodPost, "/inject", bytes.NewReader(reviewBody(t, tt.mod)))
+		req.Header.Set("Content-Type", "application/json")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		var review admissionv1.AdmissionReview
+		if err := json.Unmarshal(rec.Body.Bytes(), &review); err != nil || review.Response == nil {
+			t.Fatalf("%s: not an AdmissionReview (%v): %s", tt.name, err, rec.Body)
+		}
+		if got := review.Response.Allowed; got != tt.allowed {
+			t.Errorf("%s: allowed = %v, want %v", tt.name, got, tt.allowed)
+		}
+		if !tt.allowed && (review.Response.Result == nil || !strings.Contains(review.Response.Result.Message, "no proxy image configured")) {
+			t.Errorf("%s: denial = %+v, want the reason", tt.name, review.Response.Result)
+		}
+		if review.Response.Patch != nil {
+			t.Errorf("%s: patched", tt.name)
+		}
+	}
+	if _, err := Mutate(testPod(), cfg); err == nil {
+		t.Error("Mutate without an image succeeded")
+	}
 }

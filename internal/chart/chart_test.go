@@ -73,6 +73,7 @@ func TestRenderShape(t *testing.T) {
 		"Deployment canopy-system/canopy-controller",
 		"DaemonSet canopy-system/canopy-cni-agent",
 		"DaemonSet canopy-system/ztunnel",
+		"MutatingWebhookConfiguration istio-sidecar-injector",
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("objects (-want +got):\n%s", diff)
@@ -169,10 +170,10 @@ func TestPlaintextXDS(t *testing.T) {
 		wantArgs           []string
 		container, service []int64
 	}{
-		{"off by default", nil, nil, []int64{15012, 15014}, []int64{15012, 15014}},
-		{"on, loopback", []string{"controller.plaintextXDS.enabled=true"}, []string{"--xds-addr=127.0.0.1:15010"}, []int64{15012, 15014}, []int64{15012, 15014}},
+		{"off by default", nil, nil, []int64{15012, 15014, 15017}, []int64{15012, 15014, 443}},
+		{"on, loopback", []string{"controller.plaintextXDS.enabled=true"}, []string{"--xds-addr=127.0.0.1:15010"}, []int64{15012, 15014, 15017}, []int64{15012, 15014, 443}},
 		{"on, remote", []string{"controller.plaintextXDS.enabled=true", "controller.plaintextXDS.remote=true"},
-			[]string{"--xds-addr=:15010", "--xds-plaintext-remote"}, []int64{15010, 15012, 15014}, []int64{15010, 15012, 15014}},
+			[]string{"--xds-addr=:15010", "--xds-plaintext-remote"}, []int64{15010, 15012, 15014, 15017}, []int64{15010, 15012, 15014, 443}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			args, container, service := controllerPorts(t, render(t, chart.Options{Namespace: "istio-system", Set: tt.set}))
@@ -190,6 +191,120 @@ func TestPlaintextXDS(t *testing.T) {
 			}
 			if diff := cmp.Diff(tt.service, service); diff != "" {
 				t.Errorf("Service ports (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// injector returns the rendered MutatingWebhookConfiguration, or nil.
+func injector(r *chart.Rendered) *unstructured.Unstructured {
+	for _, o := range r.Objects {
+		if o.GetKind() == "MutatingWebhookConfiguration" {
+			return o
+		}
+	}
+	return nil
+}
+
+// TestInjection: the injection webhook's configuration, the controller's
+// flags and ports, and the RBAC that lets it patch the caBundle follow
+// injection.*.
+func TestInjection(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		set       []string
+		config    string // "" for none
+		webhooks  []string
+		wantArgs  []string
+		container []int64
+		service   []int64
+	}{
+		{
+			name: "default", config: "istio-sidecar-injector",
+			webhooks: []string{"rev.namespace.sidecar-injector.istio.io", "rev.object.sidecar-injector.istio.io",
+				"namespace.sidecar-injector.istio.io", "object.sidecar-injector.istio.io"},
+			wantArgs:  []string{"--webhook-addr=:15017"},
+			container: []int64{15012, 15014, 15017}, service: []int64{15012, 15014, 443},
+		},
+		{
+			name: "image, revision, CNI, native sidecars", config: "istio-sidecar-injector-canary",
+			set: []string{"injection.revision=canary", "injection.proxy.hub=example.test/istio", "injection.proxy.tag=1.0.0",
+				"injection.cni=true", "injection.nativeSidecars=true"},
+			webhooks: []string{"rev.namespace.sidecar-injector.istio.io", "rev.object.sidecar-injector.istio.io"},
+			wantArgs: []string{"--webhook-addr=:15017", "--revision=canary", "--proxy-hub=example.test/istio", "--proxy-tag=1.0.0",
+				"--inject-cni", "--inject-native-sidecars"},
+			container: []int64{15012, 15014, 15017}, service: []int64{15012, 15014, 443},
+		},
+		{
+			name: "disabled", set: []string{"injection.enabled=false"},
+			wantArgs:  []string{"--webhook-addr="},
+			container: []int64{15012, 15014}, service: []int64{15012, 15014},
+		},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := render(t, chart.Options{Namespace: "mesh", Set: tt.set})
+			args, container, service := controllerPorts(t, r)
+			var got []string
+			for _, a := range args {
+				for _, p := range []string{"--webhook", "--revision", "--proxy-", "--inject-"} {
+					if strings.HasPrefix(a, p) {
+						got = append(got, a)
+					}
+				}
+			}
+			if diff := cmp.Diff(tt.wantArgs, got); diff != "" {
+				t.Errorf("webhook args (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tt.container, container); diff != "" {
+				t.Errorf("container ports (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tt.service, service); diff != "" {
+				t.Errorf("Service ports (-want +got):\n%s", diff)
+			}
+			cfg := injector(r)
+			if tt.config == "" {
+				if cfg != nil {
+					t.Fatalf("injection disabled, but %s is rendered", cfg.GetName())
+				}
+				return
+			}
+			if cfg == nil || cfg.GetName() != tt.config {
+				t.Fatalf("webhook configuration %v, want %s", cfg, tt.config)
+			}
+			rev := "default"
+			if strings.HasSuffix(tt.config, "-canary") {
+				rev = "canary"
+			}
+			if got := cfg.GetLabels()["istio.io/rev"]; got != rev {
+				t.Errorf("istio.io/rev label %q, want %q", got, rev)
+			}
+			whs, _, _ := unstructured.NestedSlice(cfg.Object, "webhooks")
+			var names []string
+			for _, w := range whs {
+				w := w.(map[string]any)
+				names = append(names, w["name"].(string))
+				svc, _, _ := unstructured.NestedMap(w, "clientConfig", "service")
+				if svc["name"] != "canopy-controller" || svc["namespace"] != "mesh" || svc["path"] != "/inject" || svc["port"] != float64(443) {
+					t.Errorf("%s: clientConfig.service %v", w["name"], svc)
+				}
+				if w["failurePolicy"] != "Fail" || w["sideEffects"] != "None" || w["reinvocationPolicy"] != "Never" {
+					t.Errorf("%s: failurePolicy %v, sideEffects %v, reinvocationPolicy %v", w["name"], w["failurePolicy"], w["sideEffects"], w["reinvocationPolicy"])
+				}
+				// The release namespace is never sent to the webhook.
+				exprs, _, _ := unstructured.NestedSlice(w, "namespaceSelector", "matchExpressions")
+				excluded := false
+				for _, e := range exprs {
+					e := e.(map[string]any)
+					if e["key"] == "kubernetes.io/metadata.name" && e["operator"] == "NotIn" && cmp.Equal(e["values"], []any{"mesh"}) {
+						excluded = true
+					}
+				}
+				if !excluded {
+					t.Errorf("%s: the release namespace is not excluded: %v", w["name"], exprs)
+				}
+			}
+			if diff := cmp.Diff(tt.webhooks, names); diff != "" {
+				t.Errorf("webhooks (-want +got):\n%s", diff)
 			}
 		})
 	}

@@ -85,7 +85,7 @@ func Start(opts Options) (*Controller, error) {
 	}
 	c := &Controller{SecureAddr: addrs[0], MonitoringAddr: addrs[1], LogPath: filepath.Join(opts.Dir, "canopy-controller.log")}
 	args := append([]string{"--kubeconfig=" + opts.Kubeconfig, "--monitoring-addr=" + c.MonitoringAddr, "--debug-addr=",
-		"--secure-addr=" + c.SecureAddr, "--ca-namespace=" + opts.CANamespace,
+		"--secure-addr=" + c.SecureAddr, "--webhook-addr=", "--ca-namespace=" + opts.CANamespace,
 		"--cacerts-dir=" + filepath.Join(opts.Dir, "cacerts"), "--id=" + opts.ID}, opts.Args...)
 	cmd := exec.Command(opts.Binary, args...)
 	cmd.SysProcAttr = sysProcAttr()

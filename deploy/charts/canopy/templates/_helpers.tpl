@@ -30,3 +30,33 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 - name: INSTANCE_IP
   valueFrom: {fieldRef: {fieldPath: status.podIP}}
 {{- end }}
+
+{{/* The injector's MutatingWebhookConfiguration, named as Istio's. */}}
+{{- define "canopy.injectorName" -}}
+istio-sidecar-injector{{ with .Values.injection.revision }}-{{ . }}{{ end }}
+{{- end }}
+
+{{/*
+One webhook of the injector: canopy-controller's Service, port 443 (15017
+in the pod), path /inject, pod creation only. Istio's chart sets no
+timeoutSeconds either, so the API server's default of 10 s applies. The
+release namespace is never sent (canopy-controller refuses it as well).
+*/}}
+{{- define "canopy.injectorWebhook" }}
+- name: {{ .prefix }}sidecar-injector.istio.io
+  clientConfig:
+    service:
+      name: canopy-controller
+      namespace: {{ .ns | quote }}
+      path: /inject
+      port: 443
+  rules:
+  - operations: [CREATE]
+    apiGroups: [""]
+    apiVersions: [v1]
+    resources: [pods]
+  sideEffects: None
+  failurePolicy: Fail
+  reinvocationPolicy: Never
+  admissionReviewVersions: [v1]
+{{- end }}

@@ -1,0 +1,21 @@
+// Package webhookpatch keeps the caBundle of the sidecar injector's
+// MutatingWebhookConfigurations equal to the mesh's root certificates, as
+// istiod's webhook certificate patcher does: the chart installs the
+// configurations with an empty caBundle, and the controller, whose CA
+// issued the webhook's serving certificate, fills it in, puts it back when
+// someone resets it, and rewrites it when the roots change.
+//
+// It touches only configurations labelled istio.io/rev=<revision>, and in
+// them only the webhooks whose name ends in "sidecar-injector.istio.io".
+//
+// Plan is the decision, pure: a configuration and a bundle in, a JSON Patch
+// (or none) out. Patcher is the loop around it: an informer on the
+// configurations of its revision, a work queue, and one conditional patch
+// per configuration that differs. Every replica of the controller may run
+// it: a patch is sent only when the bundle differs, and is refused when
+// the configuration changed since it was read. A Patcher is safe for
+// concurrent use; SetBundle may be called at any time.
+//
+// Anything in cmd/ may import this package; it imports only client-go and
+// the Kubernetes API.
+package webhookpatch
