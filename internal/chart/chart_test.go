@@ -223,7 +223,7 @@ func TestInjection(t *testing.T) {
 			name: "default", config: "istio-sidecar-injector",
 			webhooks: []string{"rev.namespace.sidecar-injector.istio.io", "rev.object.sidecar-injector.istio.io",
 				"namespace.sidecar-injector.istio.io", "object.sidecar-injector.istio.io"},
-			wantArgs:  []string{"--webhook-addr=:15017"},
+			wantArgs:  []string{"--webhook-addr=:15017", "--proxy-hub=istio", "--proxy-tag=1.32.0"},
 			container: []int64{15012, 15014, 15017}, service: []int64{15012, 15014, 443},
 		},
 		{
