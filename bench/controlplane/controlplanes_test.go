@@ -68,6 +68,9 @@ type side struct {
 	metricsURL, connectedMetric string
 	logPath                     string
 	exited                      func() (bool, error)
+	// debugAddr serves canopy-controller's debug views, when profiles
+	// are asked for (profile_test.go).
+	debugAddr string
 }
 
 // connected is the number of xDS streams the side has open.
@@ -179,13 +182,21 @@ func startControlPlanes(b *testing.B, m mesh) *controlPlanes {
 	}
 
 	start = time.Now()
+	args := []string{
+		"--push-quiet=" + debounceQuiet, "--push-max-delay=" + debounceMax,
+		// Admission limits are not what is measured: 100 clients
+		// connect at once, ten per service account.
+		"--xds-streams-per-second=0", "--xds-max-streams-per-caller=0",
+	}
+	debugAddr := ""
+	if profileDir() != "" {
+		if debugAddr, err = freeLoopbackAddr(); err != nil {
+			b.Fatal(err)
+		}
+		args = append(args, "--debug-addr="+debugAddr)
+	}
 	cc, err := canopy.Start(canopy.Options{Binary: canopyBin, Kubeconfig: env.KubeconfigPath, CANamespace: canopyNamespace, Dir: dir, ID: "canopy-bench",
-		Args: []string{
-			"--push-quiet=" + debounceQuiet, "--push-max-delay=" + debounceMax,
-			// Admission limits are not what is measured: 100 clients
-			// connect at once, ten per service account.
-			"--xds-streams-per-second=0", "--xds-max-streams-per-caller=0",
-		}})
+		Args: args})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -231,7 +242,7 @@ func startControlPlanes(b *testing.B, m mesh) *controlPlanes {
 	}
 	cp := &controlPlanes{env: env, istio: istio, mesh: m}
 	cp.canopy = &side{
-		name: "canopy", pid: cc.PID(), logPath: cc.LogPath, exited: cc.Exited,
+		name: "canopy", pid: cc.PID(), logPath: cc.LogPath, exited: cc.Exited, debugAddr: debugAddr,
 		metricsURL: "http://" + cc.MonitoringAddr + "/metrics", connectedMetric: "canopy_xds_connected_proxies",
 		dial: func(ns, account string) (*grpc.ClientConn, metadata.MD, error) {
 			token, ok := tokens[ns+"/"+account]

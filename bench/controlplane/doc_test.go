@@ -9,7 +9,10 @@
 // (-bench Proxyless or -bench Sidecar for one scenario, each starting
 // its own environment; about 6 minutes for the proxyless one on 2
 // cores; CANOPY_ISTIO_BIN_DIR and CANOPY_KUBE_BIN_DIR point at the
-// pinned binaries, else hack/tools.sh builds them). Every figure is reported for canopy and istiod and as the
+// pinned binaries, else hack/tools.sh builds them; CANOPY_BENCH_PROFILE_DIR
+// writes a CPU profile of canopy-controller over its endpoint rounds,
+// endpoint.pprof, for CANOPY_BENCH_PROFILE_SECONDS, default 20, to that
+// directory: profile_test.go). Every figure is reported for canopy and istiod and as the
 // ratio canopy/istiod; ns/op is dropped, since an iteration's wall time
 // is mostly connecting and waiting for the controllers to be at rest.
 //

@@ -145,6 +145,7 @@ func compare(b *testing.B, cp *controlPlanes, sc scenario) {
 			for _, s := range cp.sides(round) {
 				clients, _ := cp.connect(b, s, sc)
 				cp.waitIdle(b)
+				waitProfile := startProfile(b, s, "endpoint")
 				for range endpointRounds {
 					before := totals(clients)
 					ready = !ready
@@ -168,6 +169,7 @@ func compare(b *testing.B, cp *controlPlanes, sc scenario) {
 					b.Logf("%s: pod %s ready=%t reached %d clients in %s (EndpointSlice after %s); sent %s", s.name, name, ready, len(clients),
 						d.took.Round(time.Millisecond), sd.Sub(d.start).Round(time.Millisecond), since(before, clients))
 				}
+				waitProfile()
 				cp.disconnect(b, s, clients)
 			}
 			round++

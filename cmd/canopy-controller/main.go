@@ -13,6 +13,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"os"
 	"strings"
@@ -109,7 +110,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.monitorAddr, "monitoring-addr", ":15014", "address of the monitoring port (/healthz, /readyz, /metrics, /version)")
 	// The debug views hold the whole mesh's configuration: loopback only
 	// by default, reached through a port-forward (canopyctl does).
-	fs.StringVar(&c.debugAddr, "debug-addr", "127.0.0.1:15015", "address of the debug views (/debug/tables, /debug/syncz, /debug/config_dump); empty: none")
+	fs.StringVar(&c.debugAddr, "debug-addr", "127.0.0.1:15015", "address of the debug views (/debug/tables, /debug/syncz, /debug/config_dump, /debug/pprof/); empty: none")
 	fs.StringVar(&c.mesh.ClusterID, "cluster-id", "Kubernetes", "cluster ID in workload UIDs")
 	fs.StringVar(&c.mesh.Network, "network", "", "network of this cluster's workloads when the system namespace has no topology.istio.io/network label")
 	fs.StringVar(&c.mesh.SystemNamespace, "system-namespace", "istio-system", "namespace whose topology.istio.io/network label names the network")
@@ -455,6 +456,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		proxyStatus := xdsServer.DebugHandler()
 		debugViews.Handle("/debug/syncz", proxyStatus)
 		debugViews.Handle("/debug/config_dump", proxyStatus)
+		// Profiles, for finding where a push's time goes (bench/controlplane
+		// fetches them with CANOPY_BENCH_PROFILE_DIR).
+		debugViews.HandleFunc("/debug/pprof/", pprof.Index)
+		debugViews.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		debugViews.HandleFunc("/debug/pprof/trace", pprof.Trace)
 		httpserve.Run(ctx, g, "debug views", "tcp", cfg.debugAddr, debugViews, log)
 	}
 	return g.Wait()

@@ -89,7 +89,7 @@ func (pb pushBench) push(b *testing.B, in sidecar.Inputs, prev map[string]string
 	for k, p := range pb.proxies {
 		for typ, names := range pb.asked {
 			for _, sh := range m.SidecarShares(p, typ, names) {
-				key := typ + "\x00" + sh.Key
+				key := typ + "\x00" + sh.Key + "\x00" + sh.Name
 				if perProxy {
 					key = strconv.Itoa(k) + "\x00" + key
 				}

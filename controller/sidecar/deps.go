@@ -30,6 +30,9 @@ type fingerprints struct {
 	// hosts cover, by hostname, the endpoints of the services of that
 	// name: all that endpoint assignments read beyond the rest.
 	hosts map[string]string
+	// endpointDeps are, by hostname, the Deps of its endpoint
+	// assignments, made once rather than for every proxy and name.
+	endpointDeps map[string]string
 }
 
 // configKind is a kind of Istio configuration a share may read.
@@ -167,6 +170,15 @@ func (m *Mesh) fingerprint() fingerprints {
 	return fp
 }
 
+// indexEndpointDeps fills in fp.endpointDeps once fp is m's.
+func (m *Mesh) indexEndpointDeps() {
+	base := m.deps(endpointsConfig)
+	m.fp.endpointDeps = make(map[string]string, len(m.fp.hosts))
+	for h, d := range m.fp.hosts {
+		m.fp.endpointDeps[h] = base + d
+	}
+}
+
 func (f *fingerprinter) info(in ServiceInfo) {
 	f.uint(uint64(len(in.Protocols)))
 	for _, port := range slices.Sorted(maps.Keys(in.Protocols)) {
@@ -220,9 +232,8 @@ func configsSum[T any](f *fingerprinter, cs []T, parts func(T) (metav1.ObjectMet
 }
 
 // deps are a share's Deps: the fingerprints of the settings, of the
-// kinds of configuration it reads, of the services, and of the endpoints
-// of hosts, by hostname.
-func (m *Mesh) deps(kinds []configKind, hosts ...string) string {
+// kinds of configuration it reads and of the services.
+func (m *Mesh) deps(kinds []configKind) string {
 	var b strings.Builder
 	b.WriteString(m.fp.settings)
 	for _, k := range kinds {
@@ -230,9 +241,6 @@ func (m *Mesh) deps(kinds []configKind, hosts ...string) string {
 		b.WriteString(m.fp.configs[k])
 	}
 	b.WriteString(m.fp.services)
-	for _, h := range hosts {
-		b.WriteString(m.fp.hosts[h])
-	}
 	return b.String()
 }
 

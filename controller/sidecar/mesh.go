@@ -228,6 +228,7 @@ func NewMesh(in Inputs) *Mesh {
 	}
 	m.indexEndpoints()
 	m.fp = m.fingerprint()
+	m.indexEndpointDeps()
 	return m
 }
 

@@ -14,9 +14,10 @@ import (
 // them: a hundred sidecars of one namespace share their outbound
 // clusters, and only their inbound sides are their own.
 type Share struct {
-	// Key says what the share depends on besides the Mesh and the type:
-	// only those parts of the proxy that its generator reads.
-	Key string
+	// Key and Name say what the share depends on besides the Mesh and the
+	// type: only those parts of the proxy that its generator reads, and
+	// for a share per name, the name (else "").
+	Key, Name string
 	// Generate returns the share's resources.
 	Generate func() []Named
 	// Deps summarises what of the Mesh the share reads: two shares of the
@@ -38,13 +39,13 @@ func (m *Mesh) SidecarShares(p Proxy, typeURL string, names []string) []Share {
 	switch typeURL {
 	case ClusterType:
 		return []Share{
-			{m.key(p, "out").scope(m.SidecarScope(p)).String(), func() []Named { return m.sidecarOutboundClusters(p) }, m.deps(clusterConfig)},
-			{m.key(p, "own").labels(p.Labels).ips(p).String(), func() []Named { return m.sidecarInboundClusters(p) }, m.ownDeps(p)},
+			{m.key(p, "out").scope(m.SidecarScope(p)).String(), "", func() []Named { return m.sidecarOutboundClusters(p) }, m.deps(clusterConfig)},
+			{m.key(p, "own").labels(p.Labels).ips(p).String(), "", func() []Named { return m.sidecarInboundClusters(p) }, m.ownDeps(p)},
 		}
 	case ListenerType:
 		return []Share{
-			{m.key(p, "out").scope(m.SidecarScope(p)).String(), func() []Named { return m.sidecarOutboundListeners(p) }, m.deps(listenerConfig)},
-			{m.key(p, "own").labels(p.Labels).ips(p).String(), func() []Named { return []Named{{VirtualInbound, m.virtualInbound(p)}} }, m.ownDeps(p)},
+			{m.key(p, "out").scope(m.SidecarScope(p)).String(), "", func() []Named { return m.sidecarOutboundListeners(p) }, m.deps(listenerConfig)},
+			{m.key(p, "own").labels(p.Labels).ips(p).String(), "", func() []Named { return []Named{{VirtualInbound, m.virtualInbound(p)}} }, m.ownDeps(p)},
 		}
 	case EndpointType:
 		return m.endpointShares(p, names)
@@ -72,7 +73,7 @@ func (m *Mesh) GRPCShares(p Proxy, typeURL string, names []string) []Share {
 				k.labels(p.Labels).ips(p)
 				deps = m.ownDeps(p)
 			}
-			out = append(out, Share{k.name(name).String(), func() []Named { return m.GRPCListeners(p, []string{name}) }, deps})
+			out = append(out, Share{k.String(), name, func() []Named { return m.GRPCListeners(p, []string{name}) }, deps})
 		}
 		return out
 	case RouteType:
@@ -100,9 +101,9 @@ func (m *Mesh) perName(p Proxy, names []string, gen func(Proxy, []string) []Name
 	deps := m.deps(kinds)
 	k := m.key(p, "name")
 	with(k)
-	prefix := k.String()
+	key := k.String()
 	for _, name := range names {
-		out = append(out, Share{prefix + name, func() []Named { return gen(p, []string{name}) }, deps})
+		out = append(out, Share{key, name, func() []Named { return gen(p, []string{name}) }, deps})
 	}
 	return out
 }
@@ -111,13 +112,13 @@ func (m *Mesh) perName(p Proxy, names []string, gen func(Proxy, []string) []Name
 // of the cluster's hostname only.
 func (m *Mesh) endpointShares(p Proxy, names []string) []Share {
 	out := make([]Share, 0, len(names))
-	prefix, deps := m.key(p, "name").String(), m.deps(endpointsConfig)
+	key, deps := m.key(p, "name").String(), m.deps(endpointsConfig)
 	for _, name := range names {
-		d := deps // a name that is no cluster's is answered with nothing
-		if host := clusterHostname(name); host != "" {
-			d += m.fp.hosts[host]
+		d, ok := m.fp.endpointDeps[clusterHostname(name)]
+		if !ok {
+			d = deps // a name that is no service's cluster is answered with nothing
 		}
-		out = append(out, Share{prefix + name, func() []Named { return m.Endpoints(p, []string{name}) }, d})
+		out = append(out, Share{key, name, func() []Named { return m.Endpoints(p, []string{name}) }, d})
 	}
 	return out
 }
@@ -193,7 +194,5 @@ func (k *shareKey) ips(p Proxy) *shareKey {
 	}
 	return k.field("")
 }
-
-func (k *shareKey) name(n string) *shareKey { return k.field(n) }
 
 func (k *shareKey) String() string { return k.b.String() }

@@ -102,14 +102,14 @@ func TestSharesEqualWhereKeysAre(t *testing.T) {
 		owner := map[string]string{}
 		for name, p := range shareProxies {
 			for _, sh := range m.SidecarShares(p, tt.typ, tt.names) {
-				got := sh.Generate()
-				want, seen := byKey[sh.Key]
+				got, id := sh.Generate(), sh.Key+"\x00"+sh.Name
+				want, seen := byKey[id]
 				if !seen {
-					byKey[sh.Key], owner[sh.Key] = got, name
+					byKey[id], owner[id] = got, name
 					continue
 				}
 				if diff := cmp.Diff(want, got, cmp.Comparer(proto.Equal)); diff != "" {
-					t.Errorf("%s: %q and %q share key %q but differ (-%s +%s):\n%s", shortName(tt.typ), owner[sh.Key], name, sh.Key, owner[sh.Key], name, diff)
+					t.Errorf("%s: %q and %q share key %q but differ (-%s +%s):\n%s", shortName(tt.typ), owner[id], name, id, owner[id], name, diff)
 				}
 			}
 		}
@@ -255,7 +255,7 @@ func TestDepsTellWhatChanged(t *testing.T) {
 				for _, st := range shareTypes {
 					was, is := before.SidecarShares(p, st.typ, st.names), after.SidecarShares(p, st.typ, st.names)
 					for i := range is {
-						if was[i].Key != is[i].Key {
+						if was[i].Key != is[i].Key || was[i].Name != is[i].Name {
 							continue // another share (a Sidecar resource scopes the proxy now)
 						}
 						if is[i].Deps == "" {

@@ -100,12 +100,16 @@ func (c *meshCache) get(gen uint64) *generation {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.cur == nil || c.cur.gen != gen {
-		next := &generation{gen: gen, mesh: c.build(c.src.SidecarInputs()), entries: map[cacheKey]*cached{}, prev: c.cur}
+		next := &generation{gen: gen, mesh: c.build(c.src.SidecarInputs()), prev: c.cur}
+		size := 0
 		if c.cur != nil {
 			c.cur.mu.Lock()
 			c.cur.prev = nil // keep one generation back, not all
+			size = len(c.cur.entries)
 			c.cur.mu.Unlock()
 		}
+		// About as many shares as last time: sized once, not grown.
+		next.entries = make(map[cacheKey]*cached, size)
 		c.cur = next
 	}
 	return c.cur
@@ -141,8 +145,8 @@ func (g *generation) entry(key cacheKey, deps string) *cached {
 // client (sidecar and proxyless resources are never shared), the type and
 // the share's own key.
 type cacheKey struct {
-	sidecar    bool
-	typ, share string
+	sidecar          bool
+	typ, share, name string
 }
 
 // envoyWatch is one type's subscription on an Envoy client's stream.
@@ -375,7 +379,7 @@ func (s *Server) envoyGenerate(c *envoyConn, typ string, w *envoyWatch) ([]*Reso
 		return nil, nil, 0, err
 	}
 	for _, sh := range shares {
-		e := g.entry(cacheKey{c.sidecar, typ, sh.Key}, sh.Deps)
+		e := g.entry(cacheKey{c.sidecar, typ, sh.Key, sh.Name}, sh.Deps)
 		e.once.Do(func() { e.res, e.err = s.generate(c.proxy, typ, names, sh.Generate) })
 		if e.err != nil {
 			return nil, nil, 0, e.err

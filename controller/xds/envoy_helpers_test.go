@@ -111,7 +111,7 @@ func (g fakeGenerator) SidecarShares(p sidecar.Proxy, typ string, names []string
 func (g fakeGenerator) perName(who, typ string, names []string) []sidecar.Share {
 	var out []sidecar.Share
 	for _, n := range names {
-		out = append(out, sidecar.Share{Key: n, Generate: func() []sidecar.Named { return g.answer(who, typ, []string{n}) }})
+		out = append(out, sidecar.Share{Name: n, Generate: func() []sidecar.Named { return g.answer(who, typ, []string{n}) }})
 	}
 	return out
 }

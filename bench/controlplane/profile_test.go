@@ -1,0 +1,80 @@
+package controlplane_test
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// profileDir is where CPU profiles of canopy-controller are written when
+// CANOPY_BENCH_PROFILE_DIR names a directory; "" turns profiling off.
+func profileDir() string { return os.Getenv("CANOPY_BENCH_PROFILE_DIR") }
+
+// profileSeconds is how long a profile runs: CANOPY_BENCH_PROFILE_SECONDS,
+// default 20, enough for one side's rounds of a sub-benchmark.
+func profileSeconds() int {
+	if n, err := strconv.Atoi(os.Getenv("CANOPY_BENCH_PROFILE_SECONDS")); err == nil && n > 0 {
+		return n
+	}
+	return 20
+}
+
+// freeLoopbackAddr is a loopback address with a port free a moment ago.
+func freeLoopbackAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// startProfile starts a CPU profile of s (canopy-controller through its
+// debug views) for profileSeconds and returns a func that waits for it
+// and writes it to <profileDir>/<what>.pprof. Without a profile
+// directory, or for istiod, it does nothing.
+func startProfile(b *testing.B, s *side, what string) (wait func()) {
+	b.Helper()
+	if profileDir() == "" || s.debugAddr == "" {
+		return func() {}
+	}
+	secs := profileSeconds()
+	done := make(chan error, 1)
+	path := filepath.Join(profileDir(), what+".pprof")
+	go func() {
+		client := http.Client{Timeout: time.Duration(secs+30) * time.Second}
+		resp, err := client.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", s.debugAddr, secs))
+		if err != nil {
+			done <- err
+			return
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			done <- fmt.Errorf("profile: %s", resp.Status)
+			return
+		}
+		f, err := os.Create(path)
+		if err != nil {
+			done <- err
+			return
+		}
+		_, err = io.Copy(f, resp.Body)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		done <- err
+	}()
+	return func() {
+		if err := <-done; err != nil {
+			b.Errorf("CPU profile of %s: %v", what, err)
+			return
+		}
+		b.Logf("CPU profile of canopy-controller during %s: %s", what, path)
+	}
+}
