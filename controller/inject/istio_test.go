@@ -140,7 +140,7 @@ func istioCases() []istioCase {
 			}
 			c.DisableAppProbeRewrite = true
 		})},
-		{"network_label", withLabels(deploymentPod(), LabelNetworkTopology, "net2"), with(func(c *Config) { c.Network = "net1" })},
+		{"network_label", withLabels(deploymentPod(), LabelNetwork, "net2"), with(func(c *Config) { c.Network = "net1" })},
 		{"traffic", withAnnotations(probedPod(), trafficAnnotations...), base},
 		{"traffic_cni", withAnnotations(probedPod(), trafficAnnotations...), with(func(c *Config) { c.CNI = true })},
 		{"status_port", withAnnotations(probedPod(),
@@ -190,9 +190,6 @@ func withLabels(p *corev1.Pod, kv ...string) *corev1.Pod {
 	}
 	return p
 }
-
-// LabelNetworkTopology is the network label of pods and namespaces.
-const LabelNetworkTopology = "topology.istio.io/network"
 
 // istioFiles are the inputs of istioctl kube-inject equivalent to a
 // Canopy Config: the values istiod's istio-sidecar-injector ConfigMap
