@@ -172,6 +172,26 @@ func istioCases() []istioCase {
 			return p
 		}(), base},
 		{"grpc_agent_probes", withAnnotations(probedPod(), AnnotationTemplates, TemplateGRPCAgent, AnnotationProxyCPU, "20m"), base},
+		{"native_off_annotation", withAnnotations(probedPod(), AnnotationNativeSidecar, "false"), with(func(c *Config) { c.NativeSidecars = true })},
+		{"native_status_port", withAnnotations(deploymentPod(), AnnotationStatusPort, "15030"), with(func(c *Config) { c.NativeSidecars = true })},
+		{"memory_only", withAnnotations(deploymentPod(), AnnotationProxyMemory, "64Mi"), base},
+		{"own_labels", withLabels(deploymentPod(),
+			LabelTLSMode, "disabled",
+			LabelCanonicalName, "-reviews-with-a-very-long-canonical-name-that-goes-past-sixty-three-chars-",
+			LabelCanonicalRev, "r7",
+			LabelWorkloadName, "reviews-workload"), base},
+		{"odd_pod", func() *corev1.Pod {
+			p := probedPod()
+			p.GenerateName = "web-1-"
+			p.Labels = map[string]string{"deploymentconfig": "web"}
+			p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "ReplicationController", Name: "web-1", UID: "9", Controller: ptr.To(true)}}
+			p.Spec.Containers[1].Ports = nil
+			p.Spec.Containers[0].ReadinessProbe.HTTPGet.Port = intstr.FromInt32(15020)
+			p.Spec.InitContainers[0].StartupProbe = &corev1.Probe{
+				ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/s", Port: intstr.FromInt32(8081), Host: "127.0.0.1"}},
+			}
+			return p
+		}(), with(func(c *Config) { c.NativeSidecars = true })},
 	}
 }
 
@@ -556,10 +576,25 @@ func TestMatchesIstioInjector(t *testing.T) {
 		used[i] = map[string]bool{}
 	}
 
+	// istioctl takes about half a second a pod: run them side by side.
+	cases := istioCases()
+	wants := make([]*corev1.Pod, len(cases))
+	t.Run("istioctl", func(t *testing.T) {
+		for i, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				wants[i] = ref.kubeInject(t, tc.pod, tc.cfg)
+			})
+		}
+	})
+	if t.Failed() {
+		return
+	}
+
 	var equal, compared int
 	var unexpected []allowed
-	for _, tc := range istioCases() {
-		want := ref.kubeInject(t, tc.pod, tc.cfg)
+	for i, tc := range cases {
+		want := wants[i]
 		got, err := Mutate(tc.pod, tc.cfg)
 		if err != nil {
 			t.Fatalf("%s: Mutate: %v", tc.name, err)
