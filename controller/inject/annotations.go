@@ -23,6 +23,7 @@ const (
 	LabelCanonicalName = "service.istio.io/canonical-name"
 	LabelCanonicalRev  = "service.istio.io/canonical-revision"
 	LabelWorkloadName  = "service.istio.io/workload-name"
+	LabelNetwork       = "topology.istio.io/network"
 
 	AnnotationStatus                = "sidecar.istio.io/status"
 	AnnotationInject                = "sidecar.istio.io/inject"

@@ -54,7 +54,9 @@ type Config struct {
 	ClusterID string
 	// MeshID is ISTIO_META_MESH_ID. Default: the trust domain.
 	MeshID string
-	// Network is ISTIO_META_NETWORK; left out when empty.
+	// Network is ISTIO_META_NETWORK and the pod label
+	// topology.istio.io/network; both left out when empty. A pod's own
+	// topology.istio.io/network label, when not empty, overrides it.
 	Network string
 	// ClusterDomain is the DNS suffix of Services. Default "cluster.local".
 	ClusterDomain string

@@ -141,6 +141,7 @@ func newParams(pod *corev1.Pod, cfg Config) (*params, error) {
 		image:      proxyImage(cfg.Hub, cfg.Tag, pod.Annotations[AnnotationProxyImageType]),
 		statusPort: annotationOr(pod, AnnotationStatusPort, defaultStatusPort),
 		native:     cfg.NativeSidecars,
+		network:    firstNonEmpty(pod.Labels[LabelNetwork], cfg.Network),
 		deploy:     podDeployMeta(pod),
 	}
 	if img := pod.Annotations[AnnotationProxyImage]; strings.Contains(img, "/") {

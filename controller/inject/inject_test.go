@@ -325,3 +325,61 @@ func TestProxyImage(t *testing.T) {
 		}
 	}
 }
+
+// TestNetwork checks the pod's network as Istio's injector writes it:
+// ISTIO_META_NETWORK and the topology.istio.io/network label, the pod's
+// own label beating the configured network, for both templates.
+func TestNetwork(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name, configured string
+		label            *string
+		template         string
+		wantEnv          string // "" for no variable
+		wantLabel        *string
+	}{
+		{name: "none"},
+		{name: "configured", configured: "net1", wantEnv: "net1", wantLabel: ptr.To("net1")},
+		{name: "pod label wins", configured: "net1", label: ptr.To("net2"), wantEnv: "net2", wantLabel: ptr.To("net2")},
+		{name: "pod label only", label: ptr.To("net2"), wantEnv: "net2", wantLabel: ptr.To("net2")},
+		{name: "empty pod label", configured: "net1", label: ptr.To(""), wantEnv: "net1", wantLabel: ptr.To("")},
+		{name: "grpc-agent", configured: "net1", label: ptr.To("net2"), template: TemplateGRPCAgent, wantEnv: "net2", wantLabel: ptr.To("net2")},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			pod, cfg := testPod(), testConfig()
+			cfg.Network = tt.configured
+			if tt.label != nil {
+				pod.Labels[LabelNetwork] = *tt.label
+			}
+			if tt.template != "" {
+				annotated(AnnotationTemplates, tt.template)(pod, &cfg)
+			}
+			got, err := Mutate(pod, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var env string
+			for _, c := range got.Spec.Containers {
+				if c.Name != ProxyContainer {
+					continue
+				}
+				for _, e := range c.Env {
+					if e.Name == "ISTIO_META_NETWORK" {
+						env = e.Value
+					}
+				}
+			}
+			if env != tt.wantEnv {
+				t.Errorf("ISTIO_META_NETWORK = %q, want %q", env, tt.wantEnv)
+			}
+			l, ok := got.Labels[LabelNetwork]
+			if tt.wantLabel == nil && ok {
+				t.Errorf("label %s = %q, want none", LabelNetwork, l)
+			}
+			if tt.wantLabel != nil && (!ok || l != *tt.wantLabel) {
+				t.Errorf("label %s = %q (set: %t), want %q", LabelNetwork, l, ok, *tt.wantLabel)
+			}
+		})
+	}
+}

@@ -35,7 +35,10 @@ type params struct {
 	statusPort string
 	native     bool
 	hold       bool
-	deploy     deployMeta
+	// network is ISTIO_META_NETWORK: the pod's topology.istio.io/network
+	// label when not empty, else the configured network.
+	network string
+	deploy  deployMeta
 	// apps are the names of the pod's containers (not init containers).
 	apps []string
 }
@@ -268,8 +271,8 @@ func (p *params) identityEnv(sidecar bool) ([]corev1.EnvVar, error) {
 	if sidecar {
 		env = append(env, valueEnv("ISTIO_META_INTERCEPTION_MODE", "REDIRECT"))
 	}
-	if p.cfg.Network != "" {
-		env = append(env, valueEnv("ISTIO_META_NETWORK", p.cfg.Network))
+	if p.network != "" {
+		env = append(env, valueEnv("ISTIO_META_NETWORK", p.network))
 	}
 	workload := p.deploy.name
 	if sidecar {
@@ -336,14 +339,25 @@ func mount(name, path string) corev1.VolumeMount {
 	return corev1.VolumeMount{Name: name, MountPath: path}
 }
 
-// render runs the named template.
+// render runs the named template. Whatever the template, a pod on a
+// network is labelled topology.istio.io/network, as Istio's injector
+// labels it, unless it has that label already.
 func render(name string, p *params) (*injection, error) {
+	var inj *injection
+	var err error
 	switch name {
 	case TemplateSidecar:
-		return renderSidecar(p)
+		inj, err = renderSidecar(p)
 	case TemplateGRPCAgent:
-		return renderGRPCAgent(p)
+		inj, err = renderGRPCAgent(p)
 	default:
 		return nil, fmt.Errorf("%w %q (known: %s, %s)", ErrUnknownTemplate, name, TemplateSidecar, TemplateGRPCAgent)
 	}
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := p.pod.Labels[LabelNetwork]; !ok && p.network != "" {
+		inj.labels[LabelNetwork] = p.network
+	}
+	return inj, nil
 }
