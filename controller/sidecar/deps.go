@@ -16,7 +16,8 @@ import (
 // A Mesh is rebuilt on every change, but most changes touch little: a pod
 // turning Ready changes one service's endpoints and nothing a cluster,
 // listener or route says. fingerprints summarise what the generators read
-// in three parts, so that a share whose parts are unchanged can be taken
+// in parts (settings, each kind of configuration, services, each
+// hostname's endpoints), so that a share whose parts are unchanged can be taken
 // from the last Mesh instead of generated again (Share.Deps).
 type fingerprints struct {
 	// settings covers the mesh's settings (domain suffix, trust domain…).
@@ -27,11 +28,10 @@ type fingerprints struct {
 	// it: the table's service, what the index adds (ServiceInfo), and its
 	// endpoints' identities (a cluster's subject alt names).
 	services string
-	// hosts cover, by hostname, the endpoints of the services of that
-	// name: all that endpoint assignments read beyond the rest.
-	hosts map[string]string
 	// endpointDeps are, by hostname, the Deps of its endpoint
-	// assignments, made once rather than for every proxy and name.
+	// assignments: what they read of the configuration and the services,
+	// and the endpoints of the services of that name. Made once per Mesh
+	// rather than for every proxy and name.
 	endpointDeps map[string]string
 }
 
@@ -124,10 +124,10 @@ func (f *fingerprinter) object(o metav1.ObjectMeta) {
 	f.labels(o.Annotations)
 }
 
-// fingerprint computes m's fingerprints once its parts are indexed.
-func (m *Mesh) fingerprint() fingerprints {
+// fingerprint computes m.fp once m's parts are indexed.
+func (m *Mesh) fingerprint() {
 	f := newFingerprinter()
-	var fp fingerprints
+	fp := &m.fp
 
 	for _, s := range []string{m.DomainSuffix, m.ClusterID, m.TrustDomain, m.RootNamespace} {
 		f.str(s)
@@ -156,7 +156,8 @@ func (m *Mesh) fingerprint() fingerprints {
 	}
 	fp.services = f.sum()
 
-	fp.hosts = make(map[string]string, len(hosts))
+	base := m.deps(endpointsConfig)
+	fp.endpointDeps = make(map[string]string, len(hosts))
 	for _, h := range hosts {
 		for _, s := range m.services[h] {
 			f.str(s.GetNamespace())
@@ -165,17 +166,7 @@ func (m *Mesh) fingerprint() fingerprints {
 				f.endpoint(ep)
 			}
 		}
-		fp.hosts[h] = f.sum()
-	}
-	return fp
-}
-
-// indexEndpointDeps fills in fp.endpointDeps once fp is m's.
-func (m *Mesh) indexEndpointDeps() {
-	base := m.deps(endpointsConfig)
-	m.fp.endpointDeps = make(map[string]string, len(m.fp.hosts))
-	for h, d := range m.fp.hosts {
-		m.fp.endpointDeps[h] = base + d
+		fp.endpointDeps[h] = base + f.sum()
 	}
 }
 

@@ -227,8 +227,7 @@ func NewMesh(in Inputs) *Mesh {
 		})
 	}
 	m.indexEndpoints()
-	m.fp = m.fingerprint()
-	m.indexEndpointDeps()
+	m.fingerprint()
 	return m
 }
 

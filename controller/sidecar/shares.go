@@ -67,13 +67,13 @@ func (m *Mesh) GRPCShares(p Proxy, typeURL string, names []string) []Share {
 		return m.endpointShares(p, names)
 	case ListenerType:
 		var out []Share
+		clientKey, clientDeps := m.key(p, "name").String(), m.deps(allConfig)
 		for _, name := range names {
-			k, deps := m.key(p, "name"), m.deps(allConfig)
+			key, deps := clientKey, clientDeps
 			if strings.HasPrefix(name, ServerListenerPrefix) {
-				k.labels(p.Labels).ips(p)
-				deps = m.ownDeps(p)
+				key, deps = m.key(p, "name").labels(p.Labels).ips(p).String(), m.ownDeps(p)
 			}
-			out = append(out, Share{k.String(), name, func() []Named { return m.GRPCListeners(p, []string{name}) }, deps})
+			out = append(out, Share{key, name, func() []Named { return m.GRPCListeners(p, []string{name}) }, deps})
 		}
 		return out
 	case RouteType:
@@ -95,7 +95,8 @@ var (
 )
 
 // perName is a share per name, keyed by the namespace, what with adds,
-// and the name; it reads no endpoints, and of the configuration kinds.
+// and the name; it reads no endpoints, and of the configuration only
+// kinds.
 func (m *Mesh) perName(p Proxy, names []string, gen func(Proxy, []string) []Named, kinds []configKind, with func(*shareKey)) []Share {
 	out := make([]Share, 0, len(names))
 	deps := m.deps(kinds)

@@ -1,13 +1,13 @@
 package xds
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"maps"
 	"runtime/debug"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -380,7 +380,7 @@ func (s *Server) envoyGenerate(c *envoyConn, typ string, w *envoyWatch) ([]*Reso
 	}
 	for _, sh := range shares {
 		e := g.entry(cacheKey{c.sidecar, typ, sh.Key, sh.Name}, sh.Deps)
-		e.once.Do(func() { e.res, e.err = s.generate(c.proxy, typ, names, sh.Generate) })
+		e.once.Do(func() { e.res, e.err = s.generate(c.proxy, typ, sh.Name, sh.Generate) })
 		if e.err != nil {
 			return nil, nil, 0, e.err
 		}
@@ -400,16 +400,17 @@ func sameVersion(a, b *Resource) bool { return a.Version == b.Version }
 // shares splits what the connection's watch of typ covers into shares
 // (names nil: a sidecar's wildcard type).
 func (s *Server) shares(mesh Generator, c *envoyConn, typ string, names []string) (out []sidecar.Share, err error) {
-	defer s.recoverGenerator(c.proxy, typ, names, &err)
+	defer s.recoverGenerator(c.proxy, typ, "", &err)
 	if c.sidecar {
 		return mesh.SidecarShares(sidecarProxy(c.proxy), typ, names), nil
 	}
 	return mesh.GRPCShares(sidecarProxy(c.proxy), typ, names), nil
 }
 
-// generate runs one share's generator and marshals what it returns.
-func (s *Server) generate(p Proxy, typ string, names []string, gen func() []sidecar.Named) (out []*Resource, err error) {
-	defer s.recoverGenerator(p, typ, names, &err)
+// generate runs one share's generator and marshals what it returns; name
+// is the share's ("" for a sidecar's wildcard share).
+func (s *Server) generate(p Proxy, typ, name string, gen func() []sidecar.Named) (out []*Resource, err error) {
+	defer s.recoverGenerator(p, typ, name, &err)
 	for _, n := range gen() {
 		r, err := NewResource(typ, n.Name, n.Resource)
 		if err != nil {
@@ -422,16 +423,14 @@ func (s *Server) generate(p Proxy, typ string, names []string, gen func() []side
 
 // recoverGenerator turns a generator's panic into *err. A panic there is
 // a bug that input reached: it ends this stream with Internal and is
-// logged, and the controller keeps serving everyone else. Deferred.
-func (s *Server) recoverGenerator(p Proxy, typ string, names []string, err *error) {
+// logged, and the controller keeps serving everyone else. name is the
+// share's, "" for all the watch covers. Deferred.
+func (s *Server) recoverGenerator(p Proxy, typ, name string, err *error) {
 	r := recover()
 	if r == nil {
 		return
 	}
-	name := "*" // a sidecar's wildcard type
-	if len(names) > 0 {
-		name = strings.Join(names, ",")
-	}
+	name = cmp.Or(name, "*")
 	s.log.Error("generating Envoy resources failed", "proxy", p.ProxyID, "type", shortType(typ), "name", name, "panic", r, "stack", string(debug.Stack()))
 	*err = s.streamError("internal", codes.Internal, "generating %s %q failed", shortType(typ), name)
 }
