@@ -86,7 +86,7 @@ lint: modules ## gofmt, go vet, staticcheck; buf lint and buf breaking (against 
 		"$$buf" breaking --against '.git#ref=$(BUF_AGAINST),subdir=proto'; \
 	else echo "buf breaking: no revision $(BUF_AGAINST) in this clone; skipped"; fi
 
-proto: ## regenerate workloadapi/ from proto/ (buf and protoc-gen-go, both pinned)
+proto: ## regenerate workloadapi/ and internal/echogrpc/echopb/ from proto/ (buf, protoc-gen-go, protoc-gen-go-grpc, all pinned)
 	hack/gen-proto.sh
 
 crds: ## copy the CRDs Canopy reads from the pinned API modules into deploy/charts/canopy/crds

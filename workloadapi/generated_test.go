@@ -61,7 +61,8 @@ func TestGeneratedCodeIsFresh(t *testing.T) {
 		t.Fatal(err)
 	}
 	top, _ := filepath.Glob(filepath.Join(root, "workloadapi", "*.pb.go"))
-	for _, path := range append(committed, top...) {
+	echo, _ := filepath.Glob(filepath.Join(root, "internal", "echogrpc", "echopb", "*.pb.go"))
+	for _, path := range append(append(committed, top...), echo...) {
 		rel, _ := filepath.Rel(root, path)
 		if !generated[rel] {
 			t.Errorf("%s is committed but no longer generated: delete it", rel)

@@ -11,5 +11,8 @@
 //	GET  /fetch?url=U      GET U from inside this pod; relays status and body
 //	GET  /dial?addr=A&msg=M  send M to TCP address A, return what echoes back
 //
+// The gRPC mode (internal/echogrpc) adds GET /grpc and makes /healthz wait
+// for its server.
+//
 // The TCP listener echoes every byte it receives.
 package echo

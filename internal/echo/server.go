@@ -22,6 +22,12 @@ type ServerConfig struct {
 	TCPAddr  string
 	// Name identifies the server in responses; default the hostname.
 	Name string
+	// Ready, when set, must return nil for GET /healthz to answer 200 (the
+	// gRPC mode's xDS server is ready once the mesh configured it).
+	Ready func() error
+	// Handlers are more routes (ServeMux patterns), such as the gRPC
+	// mode's GET /grpc.
+	Handlers map[string]http.Handler
 }
 
 // Server serves HTTP and TCP echo.
@@ -147,12 +153,21 @@ func (s *Server) Handler() http.Handler {
 			http.Error(w, "readiness failed on request", http.StatusServiceUnavailable)
 			return
 		}
+		if s.cfg.Ready != nil {
+			if err := s.cfg.Ready(); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+		}
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("POST /healthz/fail", func(w http.ResponseWriter, _ *http.Request) { s.unready.Store(true) })
 	mux.HandleFunc("POST /healthz/ok", func(w http.ResponseWriter, _ *http.Request) { s.unready.Store(false) })
 	mux.HandleFunc("GET /fetch", s.fetch)
 	mux.HandleFunc("GET /dial", s.dial)
+	for pattern, h := range s.cfg.Handlers {
+		mux.Handle(pattern, h)
+	}
 	return mux
 }
 
