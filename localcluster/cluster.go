@@ -131,8 +131,13 @@ func (u *upper) run(ctx context.Context) error {
 		ServiceClusterIPRange: cfg.ServiceCIDR.String(),
 		Dir:                   filepath.Join(cfg.StateDir, "control-plane"),
 		ExtraControllers:      extraControllers,
-		Detached:              true,
-		Log:                   cfg.Log,
+		// The API server runs on the host, outside every node, where no
+		// kube-proxy programs Service addresses: it reaches webhooks (the
+		// sidecar injector) at their Services' endpoints instead, as a
+		// control plane without kube-proxy does.
+		APIServerArgs: []string{"--enable-aggregator-routing=true"},
+		Detached:      true,
+		Log:           cfg.Log,
 	})
 	// Record what started even when the start failed later on.
 	if env != nil {

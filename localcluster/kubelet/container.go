@@ -1,6 +1,7 @@
 package kubelet
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -93,13 +94,23 @@ func (r *podRuntime) command(c *corev1.Container) (*exec.Cmd, *os.File, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	env, err := r.envFor(r.ctx, c)
+	if err != nil {
+		return nil, nil, err
+	}
 	// The image's program replaces the entrypoint; a command's first word
-	// names the program inside the image and is dropped.
+	// names the program inside the image and is dropped. The rest refer to
+	// the container's variables as $(NAME).
+	vars := envMap(env)
 	argv := []string{program}
 	if len(c.Command) > 1 {
-		argv = append(argv, c.Command[1:]...)
+		for _, a := range c.Command[1:] {
+			argv = append(argv, expand(a, vars))
+		}
 	}
-	argv = append(argv, c.Args...)
+	for _, a := range c.Args {
+		argv = append(argv, expand(a, vars))
+	}
 
 	r.mu.Lock()
 	volumes := r.volumes
@@ -108,7 +119,10 @@ func (r *podRuntime) command(c *corev1.Container) (*exec.Cmd, *os.File, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	spec := containerinit.Spec{Argv: argv, WorkingDir: c.WorkingDir}
+	// Images here set no working directory, so a container starts in /,
+	// as a runtime starts one whose image sets none (programs such as
+	// pilot-agent find their files by paths relative to it).
+	spec := containerinit.Spec{Argv: argv, WorkingDir: cmp.Or(c.WorkingDir, "/")}
 	pod := r.pod
 	if !pod.Spec.HostNetwork || pod.Spec.DNSPolicy == corev1.DNSClusterFirstWithHostNet {
 		spec.Mounts = append(spec.Mounts, containerinit.Mount{Source: filepath.Join(r.dir, "resolv.conf"), Target: "/etc/resolv.conf", ReadOnly: true})
@@ -122,9 +136,7 @@ func (r *podRuntime) command(c *corev1.Container) (*exec.Cmd, *os.File, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	if cmd.Env, err = r.envFor(r.ctx, c); err != nil {
-		return nil, nil, err
-	}
+	cmd.Env = env
 	logFile, err := os.OpenFile(r.logPath(c.Name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, nil, fmt.Errorf("open log: %w", err)

@@ -509,7 +509,8 @@ func (p *Provider) cleanupLeftovers(ctx context.Context) error {
 // envFor returns a container's environment: what a kubelet injects, then
 // envFrom, then the container's own variables with their references
 // resolved (downward API fields, including the pod's IP, ConfigMap and
-// Secret keys), as a kubelet resolves them when the container starts.
+// Secret keys, $(NAME) references to earlier variables), as a kubelet
+// resolves them when the container starts.
 func (r *podRuntime) envFor(ctx context.Context, c *corev1.Container) ([]string, error) {
 	cfg := r.p.cfg
 	env := []string{
@@ -540,11 +541,17 @@ func (r *podRuntime) envFor(ctx context.Context, c *corev1.Container) ([]string,
 	r.mu.Lock()
 	ips := r.ips
 	r.mu.Unlock()
+	// A value may refer to variables defined before it ($(NAME)).
+	defined := envMap(env)
 	for _, e := range c.Env {
 		v, err := r.p.vols.envValue(ctx, r.pod, ips, cfg.NodeIP, e)
 		if err != nil {
 			return nil, fmt.Errorf("environment variable %s: %w", e.Name, err)
 		}
+		if e.ValueFrom == nil {
+			v = expand(v, defined)
+		}
+		defined[e.Name] = v
 		env = append(env, e.Name+"="+v)
 	}
 	return env, nil

@@ -53,6 +53,8 @@ type Options struct {
 	// objects (the default of 20 writes per second would make the
 	// EndpointSlice controller its bottleneck).
 	ControllerManagerArgs []string
+	// APIServerArgs are extra kube-apiserver flags.
+	APIServerArgs []string
 	// Detached starts the components as long-lived processes in their own
 	// session that outlive the caller (a local cluster's "up"); otherwise
 	// the kernel kills them when the caller dies.
@@ -249,21 +251,21 @@ func (e *Environment) startAPIServer(ctx context.Context, path string, opts Opti
 	}
 	e.KubeletClientCA = kubeletCA
 	e.ServiceAccountIssuer = "https://kubernetes.default.svc.cluster.local"
-	p, err := e.start("kube-apiserver", path,
-		"--etcd-servers="+e.etcdClient,
-		"--bind-address="+opts.BindAddress,
-		"--advertise-address="+opts.BindAddress,
-		"--secure-port="+strconv.Itoa(port),
-		"--cert-dir="+certDir,
-		"--token-auth-file="+tokenFile,
+	p, err := e.start("kube-apiserver", path, append([]string{
+		"--etcd-servers=" + e.etcdClient,
+		"--bind-address=" + opts.BindAddress,
+		"--advertise-address=" + opts.BindAddress,
+		"--secure-port=" + strconv.Itoa(port),
+		"--cert-dir=" + certDir,
+		"--token-auth-file=" + tokenFile,
 		"--authorization-mode=RBAC",
-		"--service-account-key-file="+pubPath,
-		"--service-account-signing-key-file="+keyPath,
-		"--service-account-issuer="+e.ServiceAccountIssuer,
-		"--service-cluster-ip-range="+opts.ServiceClusterIPRange,
+		"--service-account-key-file=" + pubPath,
+		"--service-account-signing-key-file=" + keyPath,
+		"--service-account-issuer=" + e.ServiceAccountIssuer,
+		"--service-cluster-ip-range=" + opts.ServiceClusterIPRange,
 		"--allow-privileged=true",
-		"--kubelet-client-certificate="+kubeletCert,
-		"--kubelet-client-key="+kubeletKey,
+		"--kubelet-client-certificate=" + kubeletCert,
+		"--kubelet-client-key=" + kubeletKey,
 		// Nodes' host names resolve nowhere here.
 		"--kubelet-preferred-address-types=InternalIP",
 		// With no kubelets and a loopback address there is nothing for
@@ -271,7 +273,7 @@ func (e *Environment) startAPIServer(ctx context.Context, path string, opts Opti
 		// releases refuse a loopback advertise address without this.
 		"--endpoint-reconciler-type=none",
 		"--profiling=false",
-	)
+	}, opts.APIServerArgs...)...)
 	if err != nil {
 		return err
 	}
