@@ -34,6 +34,9 @@ type PodReader interface {
 	// Get returns the body of a 200 response to GET path on the pod's
 	// port.
 	Get(ctx context.Context, pod *corev1.Pod, port int, path string) ([]byte, error)
+	// InjectedPods lists the pods of every namespace that the sidecar
+	// injector changed.
+	InjectedPods(ctx context.Context) ([]corev1.Pod, error)
 }
 
 // Output is an -o format; the zero value is the default table.
@@ -122,7 +125,26 @@ func Workloads(ctx context.Context, c PodReader, opts WorkloadsOptions, out, err
 		noResources(errOut, opts.Filter.Namespace, opts.Filter.Node)
 		return nil
 	}
-	return view.WorkloadsTable(ws, dump.Services, opts.Output == Wide).Print(out)
+	// Without the right to list pods everywhere the table is still the
+	// node proxy's: say what is missing rather than fail.
+	injected, err := c.InjectedPods(ctx)
+	if err != nil {
+		fmt.Fprintf(errOut, "canopyctl: PROTOCOL does not mark pods with sidecars: %v\n", err)
+	}
+	return view.WorkloadsTable(ws, dump.Services, dataplanes(injected), opts.Output == Wide).Print(out)
+}
+
+// dataplanes says, by "namespace/name", which pods run a sidecar: Istio's
+// workload table holds no such field (a sidecar pod's traffic is plain TCP
+// to the node proxies), so canopyctl reads it from the pods.
+func dataplanes(pods []corev1.Pod) map[string]string {
+	m := map[string]string{}
+	for i := range pods {
+		if d := view.Dataplane(&pods[i]); d != "" {
+			m[pods[i].Namespace+"/"+pods[i].Name] = d
+		}
+	}
+	return m
 }
 
 // ListOptions are the flags of services and policies.

@@ -114,6 +114,17 @@ func (f *fakeCluster) Pod(_ context.Context, namespace, name string) (*corev1.Po
 	return nil, fmt.Errorf("get pod %s/%s: pods %q not found", namespace, name, name)
 }
 
+// InjectedPods implements ctl.PodReader.
+func (f *fakeCluster) InjectedPods(context.Context) ([]corev1.Pod, error) {
+	var out []corev1.Pod
+	for _, p := range f.pods {
+		if p.Annotations["sidecar.istio.io/status"] != "" {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
 // Get implements ctl.PodReader.
 func (f *fakeCluster) Get(_ context.Context, p *corev1.Pod, port int, path string) ([]byte, error) {
 	file, ok := f.files[fmt.Sprintf("%s:%d%s", p.Name, port, path)]

@@ -183,6 +183,23 @@ func (c *Cluster) Pod(ctx context.Context, namespace, name string) (*corev1.Pod,
 	return p, nil
 }
 
+// InjectedPods lists, in every namespace, the pods the sidecar injector
+// changed: it labels each with its canonical name (the label selects them
+// on the server), and annotates it with its sidecar's status.
+func (c *Cluster) InjectedPods(ctx context.Context) ([]corev1.Pod, error) {
+	list, err := c.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{LabelSelector: "service.istio.io/canonical-name"})
+	if err != nil {
+		return nil, fmt.Errorf("list pods with sidecars: %w", err)
+	}
+	var out []corev1.Pod
+	for _, p := range list.Items {
+		if p.Annotations["sidecar.istio.io/status"] != "" {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
 // Ready reports the pod's Ready condition; a terminating pod is not
 // ready, whatever its last probe said.
 func Ready(p *corev1.Pod) bool {

@@ -40,7 +40,7 @@ func BenchmarkWorkloads10k(b *testing.B) {
 		if err := json.Unmarshal(raw, &d); err != nil {
 			b.Fatal(err)
 		}
-		if err := WorkloadsTable(FilterWorkloads(d.Workloads, WorkloadFilter{}), d.Services, false).Print(io.Discard); err != nil {
+		if err := WorkloadsTable(FilterWorkloads(d.Workloads, WorkloadFilter{}), d.Services, nil, false).Print(io.Discard); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -15,6 +15,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/canopy-mesh/canopy/node/configdump"
 )
 
@@ -62,8 +64,10 @@ func FilterWorkloads(ws []configdump.Workload, f WorkloadFilter) []configdump.Wo
 }
 
 // WorkloadsTable is `canopyctl workloads`: NAMESPACE POD NAME ADDRESS NODE
-// WAYPOINT PROTOCOL; wide adds the identity, status and UID.
-func WorkloadsTable(ws []configdump.Workload, services []configdump.Service, wide bool) Table {
+// WAYPOINT PROTOCOL; wide adds the identity, status and UID. dataplanes
+// marks pods that run a sidecar ("namespace/name" to Dataplane's answer):
+// their PROTOCOL says so, as "TCP (sidecar)".
+func WorkloadsTable(ws []configdump.Workload, services []configdump.Service, dataplanes map[string]string, wide bool) Table {
 	t := Table{Header: []string{"NAMESPACE", "POD NAME", "ADDRESS", "NODE", "WAYPOINT", "PROTOCOL"}}
 	if wide {
 		t.Header = append(t.Header, "SERVICE ACCOUNT", "STATUS", "UID")
@@ -73,13 +77,38 @@ func WorkloadsTable(ws []configdump.Workload, services []configdump.Service, wid
 		if addr == "" {
 			addr = w.Hostname
 		}
-		row := []string{w.Namespace, w.Name, addr, w.Node, waypointName(w.Waypoint, services), w.Protocol}
+		protocol := w.Protocol
+		if d := dataplanes[w.Namespace+"/"+w.Name]; d != "" {
+			protocol += " (" + d + ")"
+		}
+		row := []string{w.Namespace, w.Name, addr, w.Node, waypointName(w.Waypoint, services), protocol}
 		if wide {
 			row = append(row, w.ServiceAccount, w.Status, w.UID)
 		}
 		t.Rows = append(t.Rows, row)
 	}
 	return t
+}
+
+// Dataplane is what the sidecar injector gave a pod: "sidecar" (Envoy and
+// its agent), "proxyless" (the grpc-agent template: an agent only, whose
+// gRPC application takes xDS itself), or "" for a pod it left alone.
+func Dataplane(p *corev1.Pod) string {
+	if p.Annotations["sidecar.istio.io/status"] == "" {
+		return ""
+	}
+	containers := append(slices.Clone(p.Spec.InitContainers), p.Spec.Containers...)
+	for _, c := range containers {
+		if c.Name != "istio-proxy" {
+			continue
+		}
+		for _, e := range c.Env {
+			if e.Name == "DISABLE_ENVOY" && e.Value == "true" {
+				return "proxyless"
+			}
+		}
+	}
+	return "sidecar"
 }
 
 // waypointName is the Service a waypoint reference points at: None

@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	goldenpkg "github.com/canopy-mesh/canopy/internal/testing/golden"
 	"github.com/canopy-mesh/canopy/node/configdump"
 )
@@ -37,7 +40,10 @@ var (
 		{UID: "u2", Name: "legacy", Namespace: "apps", Node: "node-1", Protocol: "TCP", WorkloadIPs: []string{"10.244.1.9"}, Status: "Healthy",
 			Waypoint: &configdump.Gateway{Destination: "net1/10.1.1.1"}},
 		{UID: "u4", Name: "db", Namespace: "ext", Protocol: "TCP", Hostname: "db.example.com", Status: "Unhealthy"},
+		{UID: "u5", Name: "grpc-client", Namespace: "grpc", Node: "node-2", Protocol: "TCP", WorkloadIPs: []string{"10.244.2.7"}, ServiceAccount: "client", Status: "Healthy"},
+		{UID: "u6", Name: "reviews", Namespace: "apps", Node: "node-2", Protocol: "TCP", WorkloadIPs: []string{"10.244.2.8"}, ServiceAccount: "reviews", Status: "Healthy"},
 	}
+	dataplanes = map[string]string{"grpc/grpc-client": "proxyless", "apps/reviews": "sidecar"}
 )
 
 func TestWorkloads(t *testing.T) {
@@ -52,8 +58,30 @@ func TestWorkloads(t *testing.T) {
 		{"workloads-node.golden", WorkloadFilter{Node: "node-1", Namespace: "demo"}, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			golden(t, tt.name, print(t, WorkloadsTable(FilterWorkloads(workloads, tt.filter), services, tt.wide)))
+			golden(t, tt.name, print(t, WorkloadsTable(FilterWorkloads(workloads, tt.filter), services, dataplanes, tt.wide)))
 		})
+	}
+}
+
+func TestDataplane(t *testing.T) {
+	status := map[string]string{"sidecar.istio.io/status": `{"containers":["istio-proxy"]}`}
+	proxy := func(env ...corev1.EnvVar) corev1.Container { return corev1.Container{Name: "istio-proxy", Env: env} }
+	for _, tt := range []struct {
+		name string
+		pod  corev1.Pod
+		want string
+	}{
+		{"not injected", corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{proxy()}}}, ""},
+		{"sidecar", corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: status}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app"}, proxy()}}}, "sidecar"},
+		{"native sidecar", corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: status}, Spec: corev1.PodSpec{InitContainers: []corev1.Container{proxy()}}}, "sidecar"},
+		{"grpc-agent", corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: status}, Spec: corev1.PodSpec{Containers: []corev1.Container{
+			{Name: "app", Env: []corev1.EnvVar{{Name: "DISABLE_ENVOY", Value: "true"}}}, proxy(corev1.EnvVar{Name: "DISABLE_ENVOY", Value: "true"})}}}, "proxyless"},
+		{"only the proxy's variable counts", corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: status}, Spec: corev1.PodSpec{Containers: []corev1.Container{
+			{Name: "app", Env: []corev1.EnvVar{{Name: "DISABLE_ENVOY", Value: "true"}}}, proxy()}}}, "sidecar"},
+	} {
+		if got := Dataplane(&tt.pod); got != tt.want {
+			t.Errorf("%s: Dataplane = %q, want %q", tt.name, got, tt.want)
+		}
 	}
 }
 
