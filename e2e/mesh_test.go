@@ -31,6 +31,7 @@ import (
 	"github.com/canopy-mesh/canopy/internal/chart"
 	"github.com/canopy-mesh/canopy/internal/kubeapply"
 	"github.com/canopy-mesh/canopy/internal/testing/ci"
+	"github.com/canopy-mesh/canopy/internal/testing/istiod"
 	"github.com/canopy-mesh/canopy/internal/tools"
 	"github.com/canopy-mesh/canopy/localcluster"
 	"github.com/canopy-mesh/canopy/node/configdump"
@@ -63,6 +64,7 @@ func TestMesh(t *testing.T) {
 		{"InstallUnderChartIdentities", testChartIdentities},
 		{"DemoScenario", testDemoScenario},
 		{"IstioctlShowsWhatCanopyctlShows", testIstioctl},
+		{"ProxylessGRPCThroughIstiosAgent", testProxylessGRPC},
 		{"StrictPeerAuthenticationRefusesPlaintext", testStrict},
 		{"AllowPolicyByServiceAccount", testAllowByServiceAccount},
 		{"UnlabelledNamespaceLeavesTheMesh", testUnlabel},
@@ -107,6 +109,13 @@ func up(t *testing.T) *mesh {
 	if err := b.FindTools(); err != nil {
 		ci.Unavailable(t, "local cluster tools: %v", err)
 	}
+	// Istio's proxyv2 image, which the injector puts in sidecar pods, runs
+	// as Istio's pilot-agent (no Envoy exists here: the sample's pods use
+	// the grpc-agent template, which runs the agent alone).
+	istio, err := istiod.FindBinaries("")
+	if err != nil {
+		ci.Unavailable(t, "Istio's binaries: %v", err)
+	}
 	// Addresses no other test's cluster uses: packages run in parallel
 	// (localcluster's own tests have 10.98/10.246 and 10.97/10.247).
 	cfg := localcluster.Config{
@@ -120,6 +129,7 @@ func up(t *testing.T) *mesh {
 			"canopy/canopy-controller": filepath.Join(bin, "canopy-controller"),
 			"canopy/canopy-cni-agent":  filepath.Join(bin, "canopy-cni-agent"),
 			"canopy/canopy-node":       filepath.Join(bin, "canopy-node"),
+			"istio/proxyv2":            istio.PilotAgent,
 		},
 		NodeTaints: []corev1.Taint{startupTaint},
 		Log:        slog.New(slog.DiscardHandler),

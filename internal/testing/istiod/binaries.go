@@ -19,6 +19,8 @@ type Binaries struct {
 	PilotDiscovery string
 	// Istioctl is Istio's command-line tool.
 	Istioctl string
+	// PilotAgent is the agent of Istio's proxyv2 image.
+	PilotAgent string
 }
 
 // FindBinaries returns the Istio binaries of dir, else of
@@ -31,8 +33,8 @@ func FindBinaries(dir string) (Binaries, error) {
 			return Binaries{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 	}
-	b := Binaries{PilotDiscovery: filepath.Join(dir, "pilot-discovery"), Istioctl: filepath.Join(dir, "istioctl")}
-	for _, p := range []string{b.PilotDiscovery, b.Istioctl} {
+	b := Binaries{PilotDiscovery: filepath.Join(dir, "pilot-discovery"), Istioctl: filepath.Join(dir, "istioctl"), PilotAgent: filepath.Join(dir, "pilot-agent")}
+	for _, p := range []string{b.PilotDiscovery, b.Istioctl, b.PilotAgent} {
 		if _, err := os.Stat(p); err != nil {
 			return Binaries{}, fmt.Errorf("%w: %w (hack/tools.sh istio builds it)", ErrUnavailable, err)
 		}
