@@ -164,8 +164,12 @@ if [ "$((v1 + v2))" -ne 50 ] || [ "$peer" != "spiffe://cluster.local/ns/grpc-dem
 	exit 1
 fi
 denied=$(grpc 18083 1)
-printf 'intruder -> echo-grpc: '
-grep -o '"code":"[^"]*","error":"[^"]*"' <<<"$denied" || { echo "demo: the intruder was not refused: $denied" >&2; exit 1; }
+code=$(grep -o '"code":"[^"]*"' <<<"$denied" | cut -d'"' -f4)
+if [ "$code" != PermissionDenied ]; then
+	echo "demo: the intruder was not refused: $denied" >&2
+	exit 1
+fi
+echo "intruder -> echo-grpc: $code, by the AuthorizationPolicy deny-intruder (enforced in the server)"
 canopyctl proxy-status
 
 step "explore"
