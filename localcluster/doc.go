@@ -7,7 +7,10 @@
 // CIDRs, a kubelet stand-in (localcluster/kubelet) that runs the
 // node's CNI chain and the pods' programs, and kube-proxy in nftables mode.
 // CoreDNS serves cluster DNS behind the kube-dns Service VIP, and a small
-// scheduler binds pods. Every process is long-lived and detached; a state
+// scheduler binds pods. The API server runs on the host, outside every
+// node, so it reaches webhooks at their Services' endpoints
+// (--enable-aggregator-routing) rather than through a Service address no
+// kube-proxy programs there. Every process is long-lived and detached; a state
 // file in the cluster's directory records what Up made, so that Down removes
 // all of it, also after a crash.
 //
