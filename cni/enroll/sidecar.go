@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -169,8 +170,9 @@ func SidecarCapture(pod *corev1.Pod) (*redirect.SidecarConfig, error) {
 		if err != nil {
 			return nil, annotationError(AnnotationStatusPort, v, err)
 		}
-		// 0 turns the status port off: nothing to leave alone.
-		if p != 0 {
+		// 0 turns the status port off: nothing to leave alone. The
+		// injector lists it among the excluded ports already.
+		if p != 0 && !slices.Contains(c.ExcludeInboundPorts, p) {
 			c.ExcludeInboundPorts = append(c.ExcludeInboundPorts, p)
 		}
 	}

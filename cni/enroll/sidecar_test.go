@@ -179,6 +179,11 @@ func TestSidecarCapture(t *testing.T) {
 			want:        sidecar(func(c *redirect.SidecarConfig) { c.ExcludeInboundPorts = []uint16{15020, 15099} }),
 		},
 		{
+			name:        "status port already excluded, as the injector writes it",
+			annotations: map[string]string{AnnotationStatusPort: "15030", AnnotationExcludeInboundPorts: "15030"},
+			want:        sidecar(func(c *redirect.SidecarConfig) { c.ExcludeInboundPorts = []uint16{15030} }),
+		},
+		{
 			name:        "status port 0 is off",
 			annotations: map[string]string{AnnotationStatusPort: "0"},
 			want:        sidecar(nil),
