@@ -477,7 +477,6 @@ func nftSidecarRules(c *SidecarConfig) []nftTable {
 	for _, t := range sidecarTables(c) {
 		nt := nftTable{Name: names[t.Name]}
 		h := hooks[t.Name]
-		typ := h.typ
 		for _, b := range []struct {
 			hook  string
 			rules []sRule
@@ -485,10 +484,7 @@ func nftSidecarRules(c *SidecarConfig) []nftTable {
 			if len(b.rules) == 0 {
 				continue
 			}
-			if t.Name == "mangle" && b.hook == "output" {
-				typ = "route"
-			}
-			ch := nftChain{Name: b.hook, Hook: &nftHook{Type: typ, Hook: b.hook, Priority: h.priority}}
+			ch := nftChain{Name: b.hook, Hook: &nftHook{Type: h.typ, Hook: b.hook, Priority: h.priority}}
 			for _, r := range b.rules {
 				ch.Rules = append(ch.Rules, r.nft())
 			}
