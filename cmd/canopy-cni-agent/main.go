@@ -1,8 +1,9 @@
 // Command canopy-cni-agent is Canopy's CNI node agent (a DaemonSet): it
 // installs the canopy-cni plugin into the node's CNI chain and keeps it
 // there, enrolls the node's ambient pods (in-pod redirection, host probe
-// rules, ZDS to the node proxy) and keeps verifying them against the
-// kernel. With --uninstall, or when it stops because its DaemonSet is being
+// rules, ZDS to the node proxy), installs the capture of its
+// sidecar-injected pods (--sidecar-capture), and keeps verifying them
+// against the kernel. With --uninstall, or when it stops because its DaemonSet is being
 // deleted, it takes every pod out of the mesh and removes itself from the
 // node.
 package main
@@ -86,6 +87,7 @@ func parseFlags(args []string) (config, error) {
 	excluded := fs.String("excluded-namespaces", "kube-system", "comma-separated namespaces never enrolled")
 	// Off by default until the node proxy answers DNS on 15053.
 	fs.BoolVar(&c.enroll.DNSCapture, "dns-capture", false, "redirect pods' DNS to the node proxy (15053) unless a pod's annotation says otherwise")
+	fs.BoolVar(&c.enroll.SidecarCapture, "sidecar-capture", true, "install the traffic capture of sidecar-injected pods (injected for a CNI plugin: istio-validation, no istio-init) within their CNI ADD; off, pods with a sidecar are left alone")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -170,7 +172,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		PluginSocket: cfg.pluginSocket,
 		ZDSSocket:    cfg.zdsSocket,
 		MonitorAddr:  cfg.monitorAddr,
-		Describe:     []any{"node", cfg.nodeName, "backend", backend.Name(), "probe_uid", uid},
+		Describe:     []any{"node", cfg.nodeName, "backend", backend.Name(), "probe_uid", uid, "sidecar_capture", cfg.enroll.SidecarCapture},
 	}, agent.Components{
 		Agent:   a,
 		Plugin:  installer,

@@ -11,10 +11,10 @@ func TestParseFlags(t *testing.T) {
 		t.Fatalf("parseFlags = %+v, %v", c, err)
 	}
 	if d, err := parseFlags([]string{"--node-name=n1"}); err != nil || d.startupTaint != "cni.canopy.dev/not-ready" || d.probeUID != 0 ||
-		d.namespaceRecord != "/var/run/canopy/namespaces.json" || d.stateDir != "/var/run/canopy" {
+		d.namespaceRecord != "/var/run/canopy/namespaces.json" || d.stateDir != "/var/run/canopy" || !d.enroll.SidecarCapture {
 		t.Errorf("parseFlags defaults = %+v, %v", d, err)
 	}
-	if d, err := parseFlags([]string{"--node-name=n1", "--startup-taint=", "--namespace-record="}); err != nil || d.startupTaint != "" || d.namespaceRecord != "" {
+	if d, err := parseFlags([]string{"--node-name=n1", "--startup-taint=", "--namespace-record=", "--sidecar-capture=false"}); err != nil || d.startupTaint != "" || d.namespaceRecord != "" || d.enroll.SidecarCapture {
 		t.Errorf("parseFlags with the taint and the record off = %+v, %v", d, err)
 	}
 	for _, tt := range []struct {

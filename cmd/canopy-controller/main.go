@@ -175,7 +175,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.inject.Tag, "proxy-tag", "", "tag of the injected proxy image")
 	discovery := fs.String("discovery-address", "", "host:port injected sidecars reach the controller's xDS and CA at (default canopy-controller.<ca-namespace>.svc:15012)")
 	fs.StringVar(&c.inject.Revision, "revision", "", "control-plane revision the webhook injects for and whose webhook configurations get the CA bundle (istio.io/rev); empty: default")
-	fs.BoolVar(&c.inject.CNI, "inject-cni", false, "a CNI plugin (such as istio-cni) installs sidecar pods' traffic redirection: inject istio-validation instead of the privileged istio-init")
+	fs.BoolVar(&c.inject.CNI, "inject-cni", false, "a CNI plugin (canopy-cni-agent with --sidecar-capture, or istio-cni) installs sidecar pods' traffic capture: inject istio-validation instead of the privileged istio-init")
 	fs.BoolVar(&c.inject.NativeSidecars, "inject-native-sidecars", false, "inject istio-proxy as a native sidecar (an init container with restartPolicy Always)")
 	id := os.Getenv("POD_NAME")
 	if id == "" {

@@ -1,8 +1,9 @@
 // Package agent is the CNI node agent's core: it enrolls the node's
 // ambient pods (in-pod redirection, host probe set, ZDS to the node
-// proxy, the pod's annotation) when the plugin asks and whenever the
-// cluster says a pod should be in the mesh, and un-enrolls them when it
-// should not. Enrollment is a level-triggered loop that trusts the kernel,
+// proxy, the pod's annotation) and installs the capture of its
+// sidecar-injected pods (in-pod rules only) when the plugin asks and
+// whenever the cluster says a pod should be in the mesh, and un-enrolls
+// them when it should not. Enrollment is a level-triggered loop that trusts the kernel,
 // not its memory: every period, and at start, every pod's rules are
 // verified in its netns and repaired when they drifted, and the verified
 // state is published on the pod and in metrics.
@@ -163,6 +164,10 @@ type member struct {
 
 func (m *member) path() string { return fmt.Sprintf("/proc/self/fd/%d", m.netns.Fd()) }
 
+// sidecar reports whether the member is a sidecar pod, whose own proxy
+// takes its traffic.
+func (m *member) sidecar() bool { return m.cfg.Sidecar != nil }
+
 // New returns an Agent.
 func New(cfg Config, kube kubernetes.Interface, backend redirect.Backend, host HostRules, proxy Proxy, log *slog.Logger) (*Agent, error) {
 	cfg = cfg.withDefaults()
@@ -265,8 +270,9 @@ func (a *Agent) pokeRecord() {
 	}
 }
 
-// decide looks up a pod's namespace and applies the enrollment rules.
-func (a *Agent) decide(pod *corev1.Pod) enroll.Decision {
+// decide looks up a pod's namespace and applies the enrollment rules. An
+// error is a pod for the mesh whose settings cannot be applied.
+func (a *Agent) decide(pod *corev1.Pod) (enroll.Decision, error) {
 	ns, _ := a.namespaces.Get(pod.Namespace)
 	return enroll.Decide(pod, ns, a.cfg.Enroll)
 }

@@ -152,8 +152,9 @@ type node struct {
 }
 
 // startNode starts an agent for node name; stateDir is its directory on
-// the node, which a restarted agent is given again.
-func startNode(t *testing.T, name, zdsPath, nodeNetns, stateDir string) *node {
+// the node, which a restarted agent is given again. opts change the
+// agent's configuration.
+func startNode(t *testing.T, name, zdsPath, nodeNetns, stateDir string, opts ...func(*agent.Config)) *node {
 	t.Helper()
 	log := slog.New(slog.DiscardHandler)
 	n := &node{reg: prometheus.NewRegistry(), record: filepath.Join(stateDir, "namespaces.json")}
@@ -163,11 +164,15 @@ func startNode(t *testing.T, name, zdsPath, nodeNetns, stateDir string) *node {
 		}
 	}}, log)
 	host := hostrules.Rules{ProbeUID: 0, ProbeSNAT: redirect.DefaultProbeSNAT, ProbeSNATv6: redirect.DefaultProbeSNATv6, Netns: nodeNetns}
-	a, err := agent.New(agent.Config{
+	cfg := agent.Config{
 		NodeName: name, Enroll: enroll.Config{SystemNamespace: "istio-system", ExcludedNamespaces: []string{"kube-system"}, DNSCapture: true},
 		ReconcilePeriod: 200 * time.Millisecond, StatusRefresh: time.Second, StateDir: stateDir,
 		NamespaceRecord: n.record, Registerer: n.reg,
-	}, env.Client, redirect.Nftables{}, host, server, log)
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	a, err := agent.New(cfg, env.Client, redirect.Nftables{}, host, server, log)
 	if err != nil {
 		t.Fatal(err)
 	}

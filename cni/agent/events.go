@@ -18,7 +18,8 @@ import (
 )
 
 // PluginHandler serves the canopy-cni plugin's requests (package
-// pluginevent). ADD returns once the pod is enrolled, or with the reason
+// pluginevent). ADD returns once the pod is enrolled (an ambient pod's
+// redirection, or a sidecar pod's capture, in place), or with the reason
 // it is not in the mesh; an error fails the pod's sandbox (fail closed).
 func (a *Agent) PluginHandler() http.Handler {
 	mux := http.NewServeMux()
@@ -87,15 +88,20 @@ func (a *Agent) cmdAdd(ctx context.Context, req pluginevent.Request) (plugineven
 			a.log.Warn("cannot record the pod's network namespace", "pod", pod.Namespace+"/"+pod.Name, "err", err)
 		}
 	}
-	d := a.decide(pod)
-	if !d.Enroll {
+	d, derr := a.decide(pod)
+	if !d.Enroll || derr != nil {
 		if f != nil {
 			f.Close()
+		}
+		if derr != nil {
+			// Fail closed: a pod whose capture cannot be installed as it
+			// asks does not start, rather than start with less.
+			return pluginevent.Response{}, a.failed(ctx, pod, decisionMode(d), derr)
 		}
 		return pluginevent.Response{Reason: d.Reason}, nil
 	}
 	if openErr != nil {
-		return pluginevent.Response{}, a.failed(ctx, pod, fmt.Errorf("open netns %s: %w", req.Netns, openErr))
+		return pluginevent.Response{}, a.failed(ctx, pod, decisionMode(d), fmt.Errorf("open netns %s: %w", req.Netns, openErr))
 	}
 	var ips []netip.Addr
 	for _, s := range req.IPs {
@@ -156,13 +162,16 @@ func (a *Agent) cmdCheck(ctx context.Context, req pluginevent.Request) (pluginev
 	if err != nil {
 		return pluginevent.Response{}, err
 	}
-	d := a.decide(pod)
+	d, err := a.decide(pod)
+	if err != nil {
+		return pluginevent.Response{}, err
+	}
 	if !d.Enroll {
 		return pluginevent.Response{Reason: d.Reason}, nil
 	}
 	m, unlock := a.lockMember(req.PodNamespace, req.PodName)
 	if m == nil {
-		return pluginevent.Response{}, fmt.Errorf("ambient pod %s/%s is not enrolled", pod.Namespace, pod.Name)
+		return pluginevent.Response{}, fmt.Errorf("%s pod %s/%s is not enrolled", decisionMode(d), pod.Namespace, pod.Name)
 	}
 	defer unlock()
 	if err := a.backend.Verify(m.path(), d.Pod); err != nil {

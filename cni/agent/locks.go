@@ -95,7 +95,7 @@ func (a *Agent) putMember(m *member) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.enrolled[m.uid] = m
-	a.metrics.enrolled.Set(float64(len(a.enrolled)))
+	a.countMembers()
 }
 
 // dropMember forgets the pod's member and returns it (nil if none).
@@ -104,8 +104,19 @@ func (a *Agent) dropMember(uid types.UID) *member {
 	defer a.mu.Unlock()
 	m := a.enrolled[uid]
 	delete(a.enrolled, uid)
-	a.metrics.enrolled.Set(float64(len(a.enrolled)))
+	a.countMembers()
 	return m
+}
+
+// countMembers publishes the number of members by mode; a.mu is held.
+func (a *Agent) countMembers() {
+	n := map[string]int{modeAmbient: 0, modeSidecar: 0}
+	for _, m := range a.enrolled {
+		n[modeOf(m.cfg)]++
+	}
+	for mode, count := range n {
+		a.metrics.enrolled.WithLabelValues(mode).Set(float64(count))
+	}
 }
 
 // addProbes puts ips in the host probe set.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"slices"
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
@@ -19,14 +18,23 @@ import (
 
 // enrollPod puts a pod in the mesh (docs/wire-contract.md §3.5): rules in its
 // netns, its IPs in the host probe set, the pod to the node proxy, the
-// annotation. f is a handle on the pod's network namespace, which
-// enrollPod owns from then on; source says where it came from, for the
-// log. Callers hold the pod's lock (locks.go).
+// annotation; a sidecar pod gets its capture only (enrollSidecar). f is a
+// handle on the pod's network namespace, which enrollPod owns from then
+// on; source says where it came from, for the log. Callers hold the pod's
+// lock (locks.go).
 //
 // A failed enrollment leaves nothing of the pod in ZDS: a node proxy must
 // never serve a pod the agent could not enroll, so the ZDS server forgets
 // it (closing its handle on the netns) and every node proxy is told.
 func (a *Agent) enrollPod(ctx context.Context, pod *corev1.Pod, f *os.File, source string, ips []netip.Addr, cfg redirect.PodConfig) error {
+	// A pod that changes mode leaves the old one entirely first: the node
+	// proxy, the probe set and the annotation are ambient's only.
+	if old := a.memberOf(pod.UID); old != nil && old.sidecar() != (cfg.Sidecar != nil) {
+		a.unenrollPod(ctx, old, pod)
+	}
+	if cfg.Sidecar != nil {
+		return a.enrollSidecar(ctx, pod, f, source, ips, cfg)
+	}
 	// inZDS: the ZDS server may hold the pod, from an earlier enrollment
 	// or from this one. probed: its IPs are in the host probe set.
 	inZDS, probed := false, false
@@ -45,7 +53,7 @@ func (a *Agent) enrollPod(ctx context.Context, pod *corev1.Pod, f *os.File, sour
 				err = errors.Join(err, fmt.Errorf("withdraw from the node proxy: %w", derr))
 			}
 		}
-		return a.failed(ctx, pod, err)
+		return a.failed(ctx, pod, modeAmbient, err)
 	}
 	m := &member{namespace: pod.Namespace, name: pod.Name, uid: pod.UID, netns: f, ips: ips, cfg: cfg}
 	if err := a.backend.Enroll(m.path(), cfg); err != nil {
@@ -67,8 +75,8 @@ func (a *Agent) enrollPod(ctx context.Context, pod *corev1.Pod, f *os.File, sour
 	now := a.cfg.Now()
 	m.state, m.verified, m.published = state, now, now
 	a.putMember(m)
-	a.metrics.enrollments.WithLabelValues(state).Inc()
-	a.log.Info("pod enrolled", "pod", pod.Namespace+"/"+pod.Name, "state", state, "netns", source)
+	a.metrics.enrollments.WithLabelValues(state, modeAmbient).Inc()
+	a.log.Info("pod enrolled", "pod", pod.Namespace+"/"+pod.Name, "mode", modeAmbient, "state", state, "netns", source)
 	msg := "redirection verified in the pod's network namespace"
 	if state == enroll.RedirectionPending {
 		msg = "redirection in place; no node proxy has taken the pod yet"
@@ -79,10 +87,37 @@ func (a *Agent) enrollPod(ctx context.Context, pod *corev1.Pod, f *os.File, sour
 	return nil
 }
 
-// failed records and publishes a failed enrollment.
-func (a *Agent) failed(ctx context.Context, pod *corev1.Pod, err error) error {
-	a.metrics.enrollments.WithLabelValues("failed").Inc()
-	a.log.Error("cannot enroll pod", "pod", pod.Namespace+"/"+pod.Name, "err", err)
+// enrollSidecar installs a sidecar pod's capture in its netns. Called
+// within the pod's CNI ADD, it is in place before any of the pod's
+// containers runs. Nothing goes to the node proxy or the host probe set:
+// the pod's own Envoy takes its traffic, and the kubelet's probes reach
+// pilot-agent's status port, which is never captured. The pod gets the
+// Enrolled condition but not the ambient redirection annotation, which
+// would tell the mesh to send it HBONE.
+func (a *Agent) enrollSidecar(ctx context.Context, pod *corev1.Pod, f *os.File, source string, ips []netip.Addr, cfg redirect.PodConfig) error {
+	if old := a.dropMember(pod.UID); old != nil {
+		old.netns.Close()
+	}
+	m := &member{namespace: pod.Namespace, name: pod.Name, uid: pod.UID, netns: f, ips: ips, cfg: cfg}
+	if err := a.backend.Enroll(m.path(), cfg); err != nil {
+		f.Close()
+		return a.failed(ctx, pod, modeSidecar, err)
+	}
+	now := a.cfg.Now()
+	m.verified, m.published = now, now
+	a.putMember(m)
+	a.metrics.enrollments.WithLabelValues(enroll.RedirectionEnabled, modeSidecar).Inc()
+	a.log.Info("pod enrolled", "pod", pod.Namespace+"/"+pod.Name, "mode", modeSidecar, "netns", source)
+	if err := a.publish(ctx, pod, "", true, ReasonVerified, "sidecar capture in place in the pod's network namespace", now); err != nil {
+		a.log.Warn("cannot publish enrollment", "pod", pod.Namespace+"/"+pod.Name, "err", err)
+	}
+	return nil
+}
+
+// failed records and publishes a failed enrollment in mode.
+func (a *Agent) failed(ctx context.Context, pod *corev1.Pod, mode string, err error) error {
+	a.metrics.enrollments.WithLabelValues("failed", mode).Inc()
+	a.log.Error("cannot enroll pod", "pod", pod.Namespace+"/"+pod.Name, "mode", mode, "err", err)
 	if perr := a.publish(ctx, pod, "", false, ReasonFailed, err.Error(), a.cfg.Now()); perr != nil {
 		a.log.Warn("cannot publish enrollment failure", "pod", pod.Namespace+"/"+pod.Name, "err", perr)
 	}
@@ -97,11 +132,13 @@ func (a *Agent) unenrollPod(ctx context.Context, m *member, pod *corev1.Pod) {
 	if err := a.backend.Unenroll(m.path()); err != nil {
 		errs = append(errs, err)
 	}
-	if err := a.proxy.Delete(string(m.uid)); err != nil {
-		errs = append(errs, err)
-	}
-	if err := a.removeProbes(m.ips); err != nil {
-		errs = append(errs, err)
+	if !m.sidecar() {
+		if err := a.proxy.Delete(string(m.uid)); err != nil {
+			errs = append(errs, err)
+		}
+		if err := a.removeProbes(m.ips); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	m.netns.Close()
 	a.dropMember(m.uid)
@@ -110,7 +147,7 @@ func (a *Agent) unenrollPod(ctx context.Context, m *member, pod *corev1.Pod) {
 			errs = append(errs, err)
 		}
 	}
-	a.log.Info("pod unenrolled", "pod", m.namespace+"/"+m.name, "err", errors.Join(errs...))
+	a.log.Info("pod unenrolled", "pod", m.namespace+"/"+m.name, "mode", modeOf(m.cfg), "err", errors.Join(errs...))
 }
 
 func workloadInfo(pod *corev1.Pod) *zdspb.WorkloadInfo {
@@ -129,9 +166,4 @@ func dup(f *os.File) *os.File {
 		return nil
 	}
 	return os.NewFile(uintptr(fd), f.Name())
-}
-
-func sameConfig(a, b redirect.PodConfig) bool {
-	return a.DNSCapture == b.DNSCapture && a.InboundCapture == b.InboundCapture &&
-		a.ProbeSNAT == b.ProbeSNAT && a.ProbeSNATv6 == b.ProbeSNATv6 && slices.Equal(a.RerouteInterfaces, b.RerouteInterfaces)
 }

@@ -51,12 +51,12 @@ func (a *Agent) reconcile(ctx context.Context) {
 			return
 		}
 		exists[pod.UID] = true
-		d := a.decide(pod)
+		d, derr := a.decide(pod)
 		keep := d.Enroll && running(pod)
 		if keep {
 			seen[pod.UID] = true
 		}
-		if !a.reconcilePod(ctx, pod, d, keep, scan) {
+		if !a.reconcilePod(ctx, pod, d, derr, keep, scan) {
 			unenrollable++
 		}
 	}
@@ -71,8 +71,9 @@ func (a *Agent) reconcile(ctx context.Context) {
 }
 
 // reconcilePod enrolls, verifies or un-enrolls one pod, under its lock. It
-// reports false for a pod that should be enrolled and cannot be.
-func (a *Agent) reconcilePod(ctx context.Context, pod *corev1.Pod, d enroll.Decision, keep bool, scan func() podNamespaces) bool {
+// reports false for a pod that should be enrolled and cannot be. derr is
+// a pod for the mesh whose settings cannot be applied (enroll.Decide).
+func (a *Agent) reconcilePod(ctx context.Context, pod *corev1.Pod, d enroll.Decision, derr error, keep bool, scan func() podNamespaces) bool {
 	unlock := a.locks.lock(pod.UID)
 	defer unlock()
 	m := a.memberOf(pod.UID)
@@ -86,11 +87,38 @@ func (a *Agent) reconcilePod(ctx context.Context, pod *corev1.Pod, d enroll.Deci
 	if len(ips) == 0 {
 		return true // not networked yet: the plugin's ADD comes first
 	}
+	if derr != nil {
+		return a.keepInvalid(ctx, pod, m, ips, derr, scan)
+	}
+	if m != nil && m.sidecar() != (d.Pod.Sidecar != nil) {
+		// Its mode changed (a sidecar status added or removed): out of
+		// the old mode entirely, then in the new one.
+		a.unenrollPod(ctx, m, pod)
+		m = nil
+	}
 	if m == nil {
 		return a.enrollRunning(ctx, pod, ips, d.Pod, scan)
 	}
-	a.verify(ctx, pod, m, ips, d.Pod, scan)
+	a.verify(ctx, pod, m, ips, d.Pod, scan, "")
 	return true
+}
+
+// keepInvalid handles a pod whose settings became malformed or
+// unsupported (its annotations are mutable). An enrolled pod keeps the
+// rules it has, still verified and repaired: removing them would let its
+// traffic around the proxy. A pod not enrolled cannot be, and says why.
+func (a *Agent) keepInvalid(ctx context.Context, pod *corev1.Pod, m *member, ips []netip.Addr, derr error, scan func() podNamespaces) bool {
+	key := pod.Namespace + "/" + pod.Name
+	if m != nil {
+		a.log.Warn("pod's settings cannot be applied; keeping its rules as they are", "pod", key, "err", derr)
+		a.verify(ctx, pod, m, ips, m.cfg, scan, "rules kept as last applied; the pod's settings cannot be applied: "+derr.Error())
+		return true
+	}
+	a.log.Warn("cannot enroll pod", "pod", key, "err", derr)
+	if err := a.publish(ctx, pod, "", false, ReasonInvalidSettings, derr.Error(), a.cfg.Now()); err != nil {
+		a.log.Warn("cannot publish", "pod", key, "err", err)
+	}
+	return false
 }
 
 // unenrollGone takes out an enrolled pod the pass did not list, once the
@@ -165,13 +193,16 @@ func (a *Agent) enrollRunning(ctx context.Context, pod *corev1.Pod, ips []netip.
 	return a.enrollPod(ctx, pod, f, "the network namespace of the pod's processes", ips, cfg) == nil
 }
 
-// verify checks an enrolled pod against the kernel and repairs it.
-func (a *Agent) verify(ctx context.Context, pod *corev1.Pod, m *member, ips []netip.Addr, cfg redirect.PodConfig, scan func() podNamespaces) {
+// verify checks an enrolled pod against the kernel and repairs it. A
+// note, when given, is published as the condition's message, with reason
+// ReasonInvalidSettings, instead of the plain verified one.
+func (a *Agent) verify(ctx context.Context, pod *corev1.Pod, m *member, ips []netip.Addr, cfg redirect.PodConfig, scan func() podNamespaces, note string) {
 	key := pod.Namespace + "/" + pod.Name
+	mode := modeOf(cfg)
 	// A pod whose sandbox was recreated has a new netns: the old handle
 	// no longer holds its IP.
 	if !holdsFd(m.netns, ips[0]) {
-		a.metrics.verifications.WithLabelValues("netns_replaced").Inc()
+		a.metrics.verifications.WithLabelValues("netns_replaced", mode).Inc()
 		a.log.Warn("pod's network namespace was replaced; enrolling the new one", "pod", key)
 		a.enrollRunning(ctx, pod, ips, cfg, scan)
 		return
@@ -180,34 +211,53 @@ func (a *Agent) verify(ctx context.Context, pod *corev1.Pod, m *member, ips []ne
 	err := a.backend.Verify(m.path(), cfg)
 	var drift *redirect.DriftError
 	switch {
-	case err == nil && sameConfig(m.cfg, cfg):
+	case err == nil && m.cfg.Equal(cfg):
 	case err == nil || errors.As(err, &drift):
 		// Drifted behind the agent's back, or the pod's settings changed.
 		a.log.Warn("pod's redirection differs from its rules; repairing", "pod", key, "drift", err)
 		if rerr := a.backend.Enroll(m.path(), cfg); rerr != nil {
-			a.metrics.verifications.WithLabelValues("failed").Inc()
+			a.metrics.verifications.WithLabelValues("failed", mode).Inc()
 			_ = a.publish(ctx, pod, "", false, ReasonFailed, rerr.Error(), a.cfg.Now())
 			return
 		}
 		m.cfg = cfg
 		outcome, reason = "repaired", ReasonRepaired
 	default:
-		a.metrics.verifications.WithLabelValues("failed").Inc()
+		a.metrics.verifications.WithLabelValues("failed", mode).Inc()
 		a.log.Error("cannot verify pod", "pod", key, "err", err)
 		return
 	}
-	a.metrics.verifications.WithLabelValues(outcome).Inc()
+	a.metrics.verifications.WithLabelValues(outcome, mode).Inc()
 	now := a.cfg.Now()
 	m.verified = now
 	state := m.state
 	if state == enroll.RedirectionPending {
 		reason = ReasonPending
 	}
-	if outcome == "repaired" || pod.Annotations[enroll.AnnotationRedirection] != state || now.Sub(m.published) >= a.cfg.StatusRefresh {
-		if err := a.publish(ctx, pod, state, true, reason, "redirection verified in the pod's network namespace", now); err == nil {
+	msg := "redirection verified in the pod's network namespace"
+	// A sidecar pod carries no redirection annotation; state stays empty,
+	// which publish leaves alone.
+	stale := !m.sidecar() && pod.Annotations[enroll.AnnotationRedirection] != state
+	if note != "" {
+		reason, msg = ReasonInvalidSettings, note
+		stale = stale || !conditionSays(pod, reason, msg)
+	}
+	if outcome == "repaired" || stale || now.Sub(m.published) >= a.cfg.StatusRefresh {
+		if err := a.publish(ctx, pod, state, true, reason, msg, now); err == nil {
 			m.published = now
 		}
 	}
+}
+
+// conditionSays reports whether the pod's Enrolled condition has this
+// reason and message.
+func conditionSays(pod *corev1.Pod, reason, message string) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == ConditionEnrolled {
+			return c.Reason == reason && c.Message == message
+		}
+	}
+	return false
 }
 
 // verifyHost rewrites the host probe rules when they drifted. Enrollments

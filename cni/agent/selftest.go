@@ -9,12 +9,16 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/canopy-mesh/canopy/cni/redirect"
 )
 
 // SelfTest enrolls a throwaway network namespace with the agent's backend,
 // verifies it and un-enrolls it: what a pod's enrollment does inside the
-// pod, on this node's kernel. The namespace is never pinned; it goes when
-// SelfTest returns.
+// pod, on this node's kernel. With sidecar capture on, it then installs a
+// sidecar pod's default capture in the same namespace and verifies that
+// too (its owner matches need kernel support ambient rules do not). The
+// namespace is never pinned; it goes when SelfTest returns.
 func (a *Agent) SelfTest() error {
 	f, err := throwawayNetns()
 	if err != nil {
@@ -22,11 +26,21 @@ func (a *Agent) SelfTest() error {
 	}
 	defer f.Close()
 	path := fmt.Sprintf("/proc/self/fd/%d", f.Fd())
-	cfg := a.cfg.selfTestPod()
-	if err := a.backend.Enroll(path, cfg); err != nil {
-		return fmt.Errorf("self-test: enroll: %w", err)
+	cfgs := []redirect.PodConfig{a.cfg.selfTestPod()}
+	if a.cfg.Enroll.SidecarCapture {
+		cfgs = append(cfgs, redirect.PodConfig{Sidecar: redirect.DefaultSidecarConfig()})
 	}
-	verr := a.backend.Verify(path, cfg)
+	var verr error
+	for _, cfg := range cfgs {
+		if err := a.backend.Enroll(path, cfg); err != nil {
+			verr = fmt.Errorf("enroll %s: %w", modeOf(cfg), err)
+			break
+		}
+		if err := a.backend.Verify(path, cfg); err != nil {
+			verr = fmt.Errorf("verify %s: %w", modeOf(cfg), err)
+			break
+		}
+	}
 	if uerr := a.backend.Unenroll(path); verr != nil || uerr != nil {
 		return fmt.Errorf("self-test: %w", errors.Join(verr, uerr))
 	}

@@ -25,6 +25,10 @@ const (
 	ReasonPending  = "NodeProxyPending"
 	ReasonFailed   = "EnrollmentFailed"
 	ReasonNoNetns  = "NetnsNotFound"
+	// ReasonInvalidSettings: the pod's settings (a sidecar pod's traffic
+	// annotations) are malformed or unsupported. An enrolled pod keeps
+	// the rules it has (condition True); another is not enrolled (False).
+	ReasonInvalidSettings = "InvalidSettings"
 )
 
 // publish writes the redirection annotation (empty value: leave it) and

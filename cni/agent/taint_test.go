@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/canopy-mesh/canopy/cni/agent"
+	"github.com/canopy-mesh/canopy/cni/enroll"
 	"github.com/canopy-mesh/canopy/cni/redirect"
 	"github.com/canopy-mesh/canopy/cni/taint"
 	"github.com/canopy-mesh/canopy/internal/testing/eventually"
@@ -123,19 +124,23 @@ func TestStartupTaintLeavesOnlyAfterSelfTest(t *testing.T) {
 }
 
 // TestSelfTest enrolls a throwaway namespace with the real nftables
-// backend; a backend that cannot verify fails it.
+// backend, in ambient mode and, with sidecar capture on, in sidecar mode
+// too; a backend that cannot verify fails it.
 func TestSelfTest(t *testing.T) {
 	nettest.NeedRoot(t)
 	for _, tt := range []struct {
 		name    string
 		backend redirect.Backend
+		sidecar bool
 		wantErr bool
 	}{
 		{name: "nftables", backend: redirect.Nftables{}},
+		{name: "nftables with sidecar capture", backend: redirect.Nftables{}, sidecar: true},
 		{name: "drifting backend", backend: driftingBackend{}, wantErr: true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			a, err := agent.New(agent.Config{NodeName: "n1", Registerer: prometheus.NewRegistry()}, nil, tt.backend, nopHost{}, nopProxy{}, slog.New(slog.DiscardHandler))
+			cfg := agent.Config{NodeName: "n1", Registerer: prometheus.NewRegistry(), Enroll: enroll.Config{SidecarCapture: tt.sidecar}}
+			a, err := agent.New(cfg, nil, tt.backend, nopHost{}, nopProxy{}, slog.New(slog.DiscardHandler))
 			if err != nil {
 				t.Fatal(err)
 			}

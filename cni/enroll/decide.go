@@ -1,7 +1,8 @@
 // Package enroll decides which pods the CNI agent puts in the mesh
 // (docs/wire-contract.md §4.5) and with which per-pod redirection settings
-// (docs/wire-contract.md §4.2). It is pure: Kubernetes objects in, a decision
-// out.
+// (docs/wire-contract.md §4.2): ambient pods, and sidecar-injected pods
+// whose capture the agent installs in place of their init container
+// (sidecar.go). It is pure: Kubernetes objects in, a decision out.
 package enroll
 
 import (
@@ -39,6 +40,10 @@ type Config struct {
 	ExcludedNamespaces []string
 	// DNSCapture is the default for pods without the annotation.
 	DNSCapture bool
+	// SidecarCapture installs the capture of sidecar-injected pods (those
+	// injected for a CNI plugin, without istio-init). Off, they are left
+	// alone, as are all pods with a sidecar.
+	SidecarCapture bool
 }
 
 // Decision is whether a pod is in the mesh, and why.
@@ -46,26 +51,58 @@ type Decision struct {
 	Enroll bool
 	// Reason says why, for logs, events and the pod's condition.
 	Reason string
-	Pod    redirect.PodConfig
+	// Sidecar is set for a sidecar pod, even one whose settings fail.
+	Sidecar bool
+	// Pod is the redirection to install; Pod.Sidecar is set for a sidecar
+	// pod.
+	Pod redirect.PodConfig
 }
 
 // Decide applies the enablement selector: the pod's label, else its
-// namespace's; host-network, sidecar-injected, node-proxy and excluded
-// pods are never enrolled. ns may be nil when the namespace is unknown.
-func Decide(pod *corev1.Pod, ns *corev1.Namespace, cfg Config) Decision {
+// namespace's; host-network, node-proxy and excluded pods are never
+// enrolled. A pod with a sidecar is never an ambient pod: with
+// SidecarCapture it gets its sidecar capture, if it is a pod the agent
+// captures for (sidecarPod). ns may be nil when the namespace is unknown.
+//
+// An error is a pod that belongs in the mesh but whose settings are
+// malformed or unsupported: its Decision says Enroll, without a
+// configuration, and the pod must not run.
+func Decide(pod *corev1.Pod, ns *corev1.Namespace, cfg Config) (Decision, error) {
 	switch {
 	case pod.Spec.HostNetwork:
-		return Decision{Reason: "host-network pod"}
-	case pod.Annotations[AnnotationSidecarStatus] != "":
-		return Decision{Reason: "pod has a sidecar"}
+		return Decision{Reason: "host-network pod"}, nil
 	case pod.Namespace == cfg.SystemNamespace && pod.Labels["app"] == "ztunnel":
-		return Decision{Reason: "node proxy pod"}
+		return Decision{Reason: "node proxy pod"}, nil
 	}
 	for _, ex := range cfg.ExcludedNamespaces {
 		if pod.Namespace == ex {
-			return Decision{Reason: "namespace " + ex + " is excluded"}
+			return Decision{Reason: "namespace " + ex + " is excluded"}, nil
 		}
 	}
+	if pod.Annotations[AnnotationSidecarStatus] != "" {
+		return decideSidecar(pod, cfg)
+	}
+	return decideAmbient(pod, ns, cfg), nil
+}
+
+// ReasonSidecar is the reason of a sidecar pod's enrollment.
+const ReasonSidecar = "sidecar"
+
+func decideSidecar(pod *corev1.Pod, cfg Config) (Decision, error) {
+	if !cfg.SidecarCapture {
+		return Decision{Reason: "pod has a sidecar"}, nil
+	}
+	if ok, why := sidecarPod(pod); !ok {
+		return Decision{Reason: why}, nil
+	}
+	c, err := SidecarCapture(pod)
+	if err != nil {
+		return Decision{Enroll: true, Reason: ReasonSidecar, Sidecar: true}, err
+	}
+	return Decision{Enroll: true, Reason: ReasonSidecar, Sidecar: true, Pod: redirect.PodConfig{Sidecar: c}}, nil
+}
+
+func decideAmbient(pod *corev1.Pod, ns *corev1.Namespace, cfg Config) Decision {
 	podMode, nsMode := pod.Labels[LabelDataplaneMode], ""
 	if ns != nil {
 		nsMode = ns.Labels[LabelDataplaneMode]
@@ -99,23 +136,43 @@ func Decide(pod *corev1.Pod, ns *corev1.Namespace, cfg Config) Decision {
 	return d
 }
 
+// Namespace labels that select a namespace's pods for sidecar injection.
+const (
+	LabelInjection = "istio-injection"
+	LabelRev       = "istio.io/rev"
+)
+
 // OutsideMesh returns, sorted, the namespaces none of whose new pods the
 // agent would enroll, as far as it can tell: those not labelled
 // LabelDataplaneMode=ambient in which no pod of pods (the node's) is
 // enrolled by its own label. Excluded namespaces are always outside. A pod
 // that opts in by its own label in a namespace with no such pod yet is
 // not foreseen: it is enrolled once the agent sees it.
+//
+// With SidecarCapture, a namespace whose pods may be injected (labelled
+// istio-injection=enabled, or with any istio.io/rev) is inside too, as is
+// one with a sidecar pod of the node the agent captures for. The first
+// injected pod of a namespace without those, injected by its own label,
+// is not foreseen; its istio-validation init container then fails until
+// the agent is back and installs its capture.
 func OutsideMesh(namespaces []*corev1.Namespace, pods []*corev1.Pod, cfg Config) []string {
 	optIn := map[string]bool{}
 	for _, p := range pods {
 		if p.Labels[LabelDataplaneMode] == ModeAmbient {
 			optIn[p.Namespace] = true
 		}
+		if cfg.SidecarCapture && p.Annotations[AnnotationSidecarStatus] != "" {
+			if ok, _ := sidecarPod(p); ok {
+				optIn[p.Namespace] = true
+			}
+		}
 	}
 	var out []string
 	for _, ns := range namespaces {
 		excluded := slices.Contains(cfg.ExcludedNamespaces, ns.Name)
-		if excluded || (ns.Labels[LabelDataplaneMode] != ModeAmbient && !optIn[ns.Name]) {
+		_, rev := ns.Labels[LabelRev]
+		injected := cfg.SidecarCapture && (ns.Labels[LabelInjection] == "enabled" || rev)
+		if excluded || (ns.Labels[LabelDataplaneMode] != ModeAmbient && !optIn[ns.Name] && !injected) {
 			out = append(out, ns.Name)
 		}
 	}

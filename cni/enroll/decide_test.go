@@ -42,7 +42,7 @@ func TestDecide(t *testing.T) {
 		{"opt out", pod("apps", map[string]string{LabelDataplaneMode: ModeNone}, nil), ambientNS, Decision{Reason: "pod opted out (istio.io/dataplane-mode=none)"}},
 		{"no label", pod("apps", nil, nil), plainNS, Decision{Reason: "neither pod nor namespace has istio.io/dataplane-mode=ambient"}},
 		{"host network", hostNet, ambientNS, Decision{Reason: "host-network pod"}},
-		{"sidecar", pod("apps", nil, map[string]string{AnnotationSidecarStatus: "{}"}), ambientNS, Decision{Reason: "pod has a sidecar"}},
+		{"sidecar, capture off", pod("apps", nil, map[string]string{AnnotationSidecarStatus: "{}"}), ambientNS, Decision{Reason: "pod has a sidecar"}},
 		{"node proxy", pod("istio-system", map[string]string{"app": "ztunnel", LabelDataplaneMode: ModeAmbient}, nil), nil, Decision{Reason: "node proxy pod"}},
 		{"excluded namespace", pod("kube-system", map[string]string{LabelDataplaneMode: ModeAmbient}, nil), nil, Decision{Reason: "namespace kube-system is excluded"}},
 		{"dns capture off", pod("apps", nil, map[string]string{AnnotationDNSCapture: "false"}), ambientNS, Decision{Enroll: true, Reason: "ambient", Pod: noDNS}},
@@ -51,7 +51,11 @@ func TestDecide(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			if diff := cmp.Diff(tt.want, Decide(tt.pod, tt.ns, cfg), cmpopts.EquateComparable(netip.Addr{})); diff != "" {
+			got, err := Decide(tt.pod, tt.ns, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, got, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
 				t.Errorf("Decide() mismatch (-want +got):\n%s", diff)
 			}
 		})

@@ -1,7 +1,8 @@
 // Package plugin is the canopy-cni chained CNI plugin (CNI spec 1.0 and
 // later). ADD asks the node agent to enroll the pod and returns only when
-// the agent is done; an ambient pod whose enrollment fails fails its ADD,
-// so it never runs outside the mesh. The previous plugin's result passes
+// the agent is done; an ambient pod whose enrollment fails, or a sidecar
+// pod whose capture cannot be installed as its annotations ask, fails its
+// ADD, so it never runs outside the mesh. The previous plugin's result passes
 // through unchanged. DEL and CHECK are idempotent.
 //
 // When the agent cannot be reached (nothing on its socket, or not synced

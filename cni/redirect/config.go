@@ -1,12 +1,16 @@
 // Package redirect installs, verifies and removes the in-pod traffic
-// redirection of ambient mode (docs/wire-contract.md §4): inside a pod's
+// redirection of ambient mode (docs/wire-contract.md §4), and the sidecar
+// capture of sidecar-injected pods (sidecar.go): inside an ambient pod's
 // network namespace, outbound TCP goes to the node proxy's 15001, inbound TCP
 // (except HBONE on 15008) to 15006, DNS to 15053; the proxy's own marked
 // traffic and kubelet probes pass; replies of the proxy's transparent sockets
 // are routed locally through table 100. IPv4 and IPv6 alike: a pod's IPv6 is
 // captured, or the pod is refused (cni/README.md, "IPv6 in enrolled pods").
 //
-// Rules are data first (Rules, pure and golden-tested), then a Backend
+// A pod is in one mode at a time: enrolling it in one removes the other's
+// rules.
+//
+// Rules are data first (pure and golden-tested), then a Backend
 // applies them in a netns: nftables over netlink (the default) or
 // iptables-restore. Every backend is idempotent and can Verify what the
 // kernel holds against what it would install.
@@ -15,6 +19,7 @@ package redirect
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 )
 
 // Constants of wire contract §4.1.
@@ -58,6 +63,11 @@ type PodConfig struct {
 	// ProbeSNAT and ProbeSNATv6 are the kubelet probe source addresses of
 	// each family.
 	ProbeSNAT, ProbeSNATv6 netip.Addr
+
+	// Sidecar, when set, makes the pod a sidecar pod: its sidecar capture
+	// is installed instead of the ambient redirection, and the fields
+	// above are ignored.
+	Sidecar *SidecarConfig
 }
 
 // DefaultPodConfig captures inbound, outbound and DNS.
@@ -67,6 +77,12 @@ func DefaultPodConfig() PodConfig {
 
 // Validate reports a configuration no backend can apply.
 func (c PodConfig) Validate() error {
+	if c.Sidecar != nil {
+		if err := c.Sidecar.Validate(); err != nil {
+			return fmt.Errorf("sidecar capture: %w", err)
+		}
+		return nil
+	}
 	if !c.ProbeSNAT.Is4() {
 		return fmt.Errorf("probe SNAT address %v is not IPv4", c.ProbeSNAT)
 	}
@@ -80,4 +96,13 @@ func (c PodConfig) Validate() error {
 		}
 	}
 	return nil
+}
+
+// Equal reports whether c and o install the same rules.
+func (c PodConfig) Equal(o PodConfig) bool {
+	if c.Sidecar != nil || o.Sidecar != nil {
+		return c.Sidecar.Equal(o.Sidecar)
+	}
+	return c.DNSCapture == o.DNSCapture && c.InboundCapture == o.InboundCapture &&
+		c.ProbeSNAT == o.ProbeSNAT && c.ProbeSNATv6 == o.ProbeSNATv6 && slices.Equal(c.RerouteInterfaces, o.RerouteInterfaces)
 }

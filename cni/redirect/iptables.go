@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/canopy-mesh/canopy/internal/netns"
 )
 
@@ -138,7 +140,16 @@ func (b Iptables) Enroll(netnsPath string, cfg PodConfig) error {
 	if err := b.v4().apply(netnsPath, cur, iptRules(cfg, familyV4(cfg))); err != nil {
 		return err
 	}
-	return withRouting(netnsPath, ensureRouting)
+	return withRouting(netnsPath, routingFor(cfg))
+}
+
+// routingFor is what Enroll does to the routing of table 100: ambient
+// pods need it; sidecar pods do not, and lose it if they had it.
+func routingFor(cfg PodConfig) func(*netlink.Handle) error {
+	if cfg.Sidecar != nil {
+		return removeRouting
+	}
+	return ensureRouting
 }
 
 // refuseIPv6 decides for a netns where ip6tables failed (unavailable): a
@@ -154,40 +165,86 @@ func refuseIPv6(netnsPath string, unavailable error) error {
 	return nil
 }
 
-// apply replaces our chains of one family with want.
+// iptTableNames are the tables either mode uses, in the order they are
+// written.
+var iptTableNames = []string{"mangle", "nat", "raw"}
+
+func findTable(tables []iptTable, name string) *iptTable {
+	for i := range tables {
+		if tables[i].Name == name {
+			return &tables[i]
+		}
+	}
+	return nil
+}
+
+// isOurJump reports whether rule, as iptables-save prints it, is in a
+// built-in chain and jumps to one of ours.
+func isOurJump(rule string) bool {
+	if !strings.HasPrefix(rule, "-A PREROUTING ") && !strings.HasPrefix(rule, "-A OUTPUT ") {
+		return false
+	}
+	return slices.ContainsFunc(ourChains, func(c string) bool { return strings.HasSuffix(rule, " -j "+c) })
+}
+
+// stale renders the removal of what of ours table t holds and want (nil:
+// nothing of the table) does not: the jumps, then the chains, all flushed
+// before any is deleted since ours jump to each other. A pod that changes
+// mode (ambient, sidecar) loses the old mode's chains this way.
+func stale(t *savedTable, want *iptTable) []string {
+	if t == nil {
+		return nil
+	}
+	var lines, gone []string
+	for _, r := range t.rules {
+		if isOurJump(r) && (want == nil || !slices.Contains(want.Jumps, r)) {
+			lines = append(lines, "-D"+r[2:])
+		}
+	}
+	for _, c := range ourChains {
+		if t.chains[c] && (want == nil || !slices.Contains(want.Chains, c)) {
+			gone = append(gone, c)
+		}
+	}
+	for _, c := range gone {
+		lines = append(lines, "-F "+c)
+	}
+	for _, c := range gone {
+		lines = append(lines, "-X "+c)
+	}
+	return lines
+}
+
+// apply replaces our chains of one family with want, in one
+// iptables-restore.
 func (t ipt) apply(netnsPath string, cur saved, want []iptTable) error {
-	// Tables this configuration does not use lose our chains.
-	cleanup := removal(cur, func(table string) bool {
-		return !slices.ContainsFunc(want, func(t iptTable) bool { return t.Name == table })
-	})
-	input := cleanup + restoreInput(want, cur.has)
+	var b strings.Builder
+	cleanup := map[string][]string{}
+	for _, name := range iptTableNames {
+		w := findTable(want, name)
+		lines := stale(cur[name], w)
+		switch {
+		case w != nil:
+			cleanup[name] = lines
+		case len(lines) > 0:
+			// A table this configuration does not use loses our chains.
+			fmt.Fprintf(&b, "*%s\n%s\nCOMMIT\n", name, strings.Join(lines, "\n"))
+		}
+	}
+	input := b.String() + restoreInput(want, cur.has, cleanup)
 	if _, err := runIn(netnsPath, input, t.restore, "--noflush"); err != nil {
 		return fmt.Errorf("install %s rules in %s: %w", t.name, netnsPath, err)
 	}
 	return nil
 }
 
-// removal renders the deletion of our jumps and chains in the tables
-// selected.
-func removal(cur saved, selected func(table string) bool) string {
+// removal renders the deletion of our jumps and chains in every table.
+func removal(cur saved) string {
 	var sb strings.Builder
-	for _, name := range []string{"mangle", "nat", "raw"} {
-		t := cur[name]
-		if t == nil || !selected(name) || (!t.chains[preChain] && !t.chains[outChain]) {
-			continue
+	for _, name := range iptTableNames {
+		if lines := stale(cur[name], nil); len(lines) > 0 {
+			fmt.Fprintf(&sb, "*%s\n%s\nCOMMIT\n", name, strings.Join(lines, "\n"))
 		}
-		fmt.Fprintf(&sb, "*%s\n", name)
-		for _, r := range t.rules {
-			if r == "-A PREROUTING -j "+preChain || r == "-A OUTPUT -j "+outChain {
-				sb.WriteString("-D" + r[2:] + "\n")
-			}
-		}
-		for _, c := range []string{preChain, outChain} {
-			if t.chains[c] {
-				fmt.Fprintf(&sb, "-F %s\n-X %s\n", c, c)
-			}
-		}
-		sb.WriteString("COMMIT\n")
 	}
 	return sb.String()
 }
@@ -210,7 +267,7 @@ func (b Iptables) Unenroll(netnsPath string) error {
 
 // remove deletes our jumps and chains of one family.
 func (t ipt) remove(netnsPath string, cur saved) error {
-	input := removal(cur, func(string) bool { return true })
+	input := removal(cur)
 	if input == "" {
 		return nil
 	}
@@ -237,11 +294,14 @@ func (b Iptables) Verify(netnsPath string, cfg PodConfig) error {
 	} else {
 		problems = append(problems, b.v6().drift(cur6, iptRules(cfg, familyV6(cfg)))...)
 	}
-	missing, err := routingState(netnsPath)
-	if err != nil {
-		return err
+	if cfg.Sidecar == nil {
+		missing, err := routingState(netnsPath)
+		if err != nil {
+			return err
+		}
+		problems = append(problems, missing...)
 	}
-	if problems = append(problems, missing...); len(problems) > 0 {
+	if len(problems) > 0 {
 		slices.Sort(problems)
 		return &DriftError{Problems: problems}
 	}
@@ -252,6 +312,7 @@ func (b Iptables) Verify(netnsPath string, cfg PodConfig) error {
 func (t ipt) drift(cur saved, want []iptTable) []string {
 	var problems []string
 	for _, w := range want {
+		st := cur[w.Name]
 		for _, j := range w.Jumps {
 			if !cur.has(w.Name, j) {
 				problems = append(problems, fmt.Sprintf("%s%s: missing %q", t.label, w.Name, j))
@@ -260,18 +321,23 @@ func (t ipt) drift(cur saved, want []iptTable) []string {
 		// Rules are ordered within a chain; iptables-save orders chains
 		// its own way.
 		var got []string
-		if st := cur[w.Name]; st != nil {
+		if st != nil {
 			got = st.rules
 		}
-		for _, chain := range []string{preChain, outChain} {
+		for _, chain := range w.Chains {
+			if st == nil || !st.chains[chain] {
+				problems = append(problems, fmt.Sprintf("%s%s: missing chain %s", t.label, w.Name, chain))
+			}
 			if g, r := ofChain(got, chain), ofChain(w.Rules, chain); !slices.Equal(g, r) {
 				problems = append(problems, fmt.Sprintf("%s%s: %s rules %q, want %q", t.label, w.Name, chain, g, r))
 			}
 		}
+		if left := stale(st, &w); len(left) > 0 {
+			problems = append(problems, fmt.Sprintf("%s%s: unexpected %q", t.label, w.Name, left))
+		}
 	}
 	for name, st := range cur {
-		used := slices.ContainsFunc(want, func(w iptTable) bool { return w.Name == name })
-		if !used && (st.chains[preChain] || st.chains[outChain]) {
+		if findTable(want, name) == nil && len(stale(st, nil)) > 0 {
 			problems = append(problems, fmt.Sprintf("%s%s: unexpected chains", t.label, name))
 		}
 	}

@@ -271,6 +271,8 @@ func (v verdict) String() string {
 		return "return"
 	case expr.VerdictJump:
 		return "jump " + v.Chain
+	case expr.VerdictDrop:
+		return "drop"
 	}
 	return fmt.Sprintf("verdict %d", v.Kind)
 }

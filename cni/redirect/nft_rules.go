@@ -54,6 +54,9 @@ var notProxy = mark{Not: true, Mask: MarkMask, Value: ProxyMark}
 // nftRules returns the in-pod tables for cfg (wire contract §4.2 in the
 // nftables form of §4.4).
 func nftRules(cfg PodConfig) []nftTable {
+	if cfg.Sidecar != nil {
+		return nftSidecarRules(cfg.Sidecar)
+	}
 	var pre []nftRule
 	for _, i := range cfg.RerouteInterfaces {
 		pre = append(pre,

@@ -16,7 +16,9 @@ type Nftables struct{}
 // Name implements Backend.
 func (Nftables) Name() string { return "nftables" }
 
-var ourTables = []string{MangleTable, NatTable, RawTable}
+// ourTables are the tables of both modes: a pod holds one mode's, and
+// enrolling it in the other replaces them.
+var ourTables = []string{MangleTable, NatTable, RawTable, SidecarMangleTable, SidecarNatTable, SidecarRawTable}
 
 var chainHooks = map[string]*nftables.ChainHook{
 	"prerouting": nftables.ChainHookPrerouting, "output": nftables.ChainHookOutput, "postrouting": nftables.ChainHookPostrouting,
@@ -68,7 +70,7 @@ func (n Nftables) Enroll(netnsPath string, cfg PodConfig) error {
 		return err
 	}
 	defer h.Close()
-	return ensureRouting(h)
+	return routingFor(cfg)(h)
 }
 
 // deleteTables queues the deletion of our tables. Adding first makes the
@@ -136,16 +138,19 @@ func (n Nftables) Verify(netnsPath string, cfg PodConfig) error {
 	if err != nil {
 		return err
 	}
-	h, err := routingHandle(f)
-	if err != nil {
-		return err
+	if cfg.Sidecar == nil {
+		h, err := routingHandle(f)
+		if err != nil {
+			return err
+		}
+		defer h.Close()
+		missing, err := verifyRouting(h)
+		if err != nil {
+			return err
+		}
+		problems = append(problems, missing...)
 	}
-	defer h.Close()
-	missing, err := verifyRouting(h)
-	if err != nil {
-		return err
-	}
-	if problems = append(problems, missing...); len(problems) > 0 {
+	if len(problems) > 0 {
 		return &DriftError{Problems: problems}
 	}
 	return nil

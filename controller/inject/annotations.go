@@ -54,6 +54,9 @@ const (
 	AnnotationExcludeInboundPorts   = "traffic.sidecar.istio.io/excludeInboundPorts"
 	AnnotationIncludeOutboundPorts  = "traffic.sidecar.istio.io/includeOutboundPorts"
 	AnnotationExcludeOutboundPorts  = "traffic.sidecar.istio.io/excludeOutboundPorts"
+	AnnotationExcludeInterfaces     = "traffic.sidecar.istio.io/excludeInterfaces"
+	AnnotationKubevirtInterfaces    = "traffic.sidecar.istio.io/kubevirtInterfaces"
+	AnnotationRerouteInterfaces     = "istio.io/reroute-virtual-interfaces"
 
 	// ProxyContainer is the injected proxy's container name.
 	ProxyContainer = "istio-proxy"
@@ -101,9 +104,6 @@ func refusedAnnotations() []refusal {
 		{name: "sidecar.istio.io/userVolume", reason: "extra volumes are not added"},
 		{name: "sidecar.istio.io/userVolumeMount", reason: "extra volume mounts are not added to istio-proxy"},
 		{name: "proxy.istio.io/overrides", reason: "user overrides of the injected containers are not merged"},
-		{name: "traffic.sidecar.istio.io/excludeInterfaces", reason: "interface exclusions are not passed to the redirection"},
-		{name: "traffic.sidecar.istio.io/kubevirtInterfaces", reason: "virtual interface rerouting is not passed to the redirection"},
-		{name: "istio.io/reroute-virtual-interfaces", reason: "virtual interface rerouting is not passed to the redirection"},
 		{name: "sidecar.istio.io/capNetBindService", reason: "istio-proxy never runs as root or with NET_BIND_SERVICE"},
 		{name: "sidecar.istio.io/enableCoreDump", reason: "no core-dump init container is added"},
 		{
@@ -148,6 +148,9 @@ func checkAnnotations(annos map[string]string) error {
 		{AnnotationExcludeInboundPorts, func(v string) error { return checkPorts(v, false) }},
 		{AnnotationIncludeOutboundPorts, func(v string) error { return checkPorts(v, false) }},
 		{AnnotationExcludeOutboundPorts, func(v string) error { return checkPorts(v, false) }},
+		{AnnotationExcludeInterfaces, checkInterfaces},
+		{AnnotationKubevirtInterfaces, checkInterfaces},
+		{AnnotationRerouteInterfaces, checkInterfaces},
 		{AnnotationLogLevel, checkArg},
 		{AnnotationComponentLogLevel, checkArg},
 		{AnnotationAgentLogLevel, checkArg},
@@ -210,6 +213,29 @@ func checkPorts(v string, wildcard bool) error {
 	for _, s := range splitList(v) {
 		if _, err := strconv.ParseUint(s, 10, 16); err != nil {
 			return fmt.Errorf("%q is not a port", s)
+		}
+	}
+	return nil
+}
+
+// checkInterfaces accepts a comma-separated list of interface names, as
+// Istio's injector does: no empty entry, each 1 to 15 bytes, a letter
+// first, then letters, digits, '_', '.' and '-'. They become arguments of
+// istio-init, or rules the CNI plugin writes.
+func checkInterfaces(v string) error {
+	if v == "" {
+		return nil
+	}
+	for _, name := range strings.Split(v, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" || len(name) > 15 {
+			return fmt.Errorf("interface name %q: want 1 to 15 bytes", name)
+		}
+		for i, r := range name {
+			letter := (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z')
+			if !letter && (i == 0 || !((r >= '0' && r <= '9') || r == '_' || r == '.' || r == '-')) {
+				return fmt.Errorf("interface name %q: want a letter, then letters, digits, '_', '.' or '-'", name)
+			}
 		}
 	}
 	return nil

@@ -70,10 +70,11 @@ type Config struct {
 	// Policy applies to pods that neither ask for nor refuse a sidecar.
 	Policy Policy
 
-	// CNI says a CNI plugin installs the pods' traffic redirection. Pods
-	// then get the unprivileged istio-validation init container instead of
-	// the privileged istio-init, and the traffic.sidecar.istio.io/*
-	// annotations the plugin reads.
+	// CNI says a CNI plugin installs the pods' traffic redirection
+	// (canopy-cni-agent's sidecar capture, or istio-cni). Pods then get the
+	// unprivileged istio-validation init container instead of the
+	// privileged istio-init, and the traffic.sidecar.istio.io/* annotations
+	// the plugin reads.
 	CNI bool
 	// NativeSidecars puts istio-proxy among the init containers with
 	// restartPolicy Always (Kubernetes native sidecars). A pod's

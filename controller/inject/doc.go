@@ -35,7 +35,11 @@
 // is honoured), and traffic.sidecar.istio.io/{includeOutboundIPRanges,
 // excludeOutboundIPRanges, includeInboundPorts, excludeInboundPorts,
 // includeOutboundPorts, excludeOutboundPorts} (passed to istio-init, and
-// with CNI written on the pod for the plugin). Annotations that only
+// with CNI written on the pod for the plugin), and the interface
+// annotations traffic.sidecar.istio.io/excludeInterfaces,
+// traffic.sidecar.istio.io/kubevirtInterfaces and
+// istio.io/reroute-virtual-interfaces (istio-init's -c and -k; with CNI the
+// plugin reads them from the pod). Annotations that only
 // pilot-agent reads, from the pod's annotations file (the
 // sidecar.istio.io/stats* family, extraStatTags, discoveryAddress), reach
 // it unchanged through the istio-podinfo volume.
@@ -51,9 +55,6 @@
 //	sidecar.istio.io/userVolume                   extra volumes are not added
 //	sidecar.istio.io/userVolumeMount              extra volume mounts are not added
 //	proxy.istio.io/overrides                      user overrides of injected containers are not merged
-//	traffic.sidecar.istio.io/excludeInterfaces    interface exclusions are not passed on
-//	traffic.sidecar.istio.io/kubevirtInterfaces   virtual interface rerouting is not passed on
-//	istio.io/reroute-virtual-interfaces           virtual interface rerouting is not passed on
 //	sidecar.istio.io/capNetBindService            istio-proxy never runs as root
 //	sidecar.istio.io/enableCoreDump               no core-dump init container
 //	prometheus.istio.io/merge-metrics (not false) metrics are not merged

@@ -141,6 +141,11 @@ func goldenCases() []struct {
 				AnnotationExcludeOutboundPorts, "3306,5432")(p, c)
 		}},
 		{"anno_default_container", annotated(AnnotationDefaultContainer, "logger", AnnotationDefaultLogsContainer, "logger")},
+		{"anno_interfaces", annotated(AnnotationKubevirtInterfaces, "k6t-eth0", AnnotationExcludeInterfaces, "eth1,eth2")},
+		{"anno_interfaces_cni", func(p *corev1.Pod, c *Config) {
+			c.CNI = true
+			annotated(AnnotationRerouteInterfaces, "tap0", AnnotationKubevirtInterfaces, "k6t-eth0", AnnotationExcludeInterfaces, "eth1")(p, c)
+		}},
 	}
 }
 
@@ -269,6 +274,9 @@ func TestInjectErrors(t *testing.T) {
 		{name: "bad CIDR", mod: annotated(AnnotationExcludeOutboundRanges, "10.0.0.0/33"), want: "excludeOutboundIPRanges"},
 		{name: "bad ports", mod: annotated(AnnotationExcludeInboundPorts, "80,http"), want: `"http" is not a port`},
 		{name: "bad readiness", mod: annotated(AnnotationReadinessPeriod, "-1"), want: "periodSeconds"},
+		{name: "bad interface", mod: annotated(AnnotationExcludeInterfaces, "eth0 eth1"), want: "excludeInterfaces"},
+		{name: "empty interface", mod: annotated(AnnotationRerouteInterfaces, "tap0,,tap1"), want: "reroute-virtual-interfaces"},
+		{name: "long interface", mod: annotated(AnnotationKubevirtInterfaces, "abcdefghijklmnop"), want: "kubevirtInterfaces"},
 		{name: "line break in log level", mod: annotated(AnnotationLogLevel, "debug\n--evil"), want: "control character"},
 		{name: "own istio-proxy", mod: func(p *corev1.Pod, _ *Config) {
 			p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: ProxyContainer})

@@ -25,6 +25,10 @@ type traffic struct {
 	excludeInboundPorts   string // with the status port
 	includeOutboundPorts  *string
 	excludeOutboundPorts  *string
+	// rerouteInterfaces (istio.io/reroute-virtual-interfaces, else the
+	// older kubevirtInterfaces) and excludeInterfaces, when set.
+	rerouteInterfaces *string
+	excludeInterfaces *string
 }
 
 func (p *params) traffic() traffic {
@@ -39,6 +43,14 @@ func (p *params) traffic() traffic {
 	}
 	if v, ok := p.pod.Annotations[AnnotationExcludeOutboundPorts]; ok {
 		t.excludeOutboundPorts = &v
+	}
+	if v, ok := p.pod.Annotations[AnnotationRerouteInterfaces]; ok {
+		t.rerouteInterfaces = &v
+	} else if v, ok := p.pod.Annotations[AnnotationKubevirtInterfaces]; ok {
+		t.rerouteInterfaces = &v
+	}
+	if v, ok := p.pod.Annotations[AnnotationExcludeInterfaces]; ok {
+		t.excludeInterfaces = &v
 	}
 	return t
 }
@@ -71,7 +83,8 @@ func renderSidecar(p *params) (*injection, error) {
 
 	t := p.traffic()
 	if p.cfg.CNI {
-		// The CNI plugin reads the redirection settings from the pod.
+		// The CNI plugin reads the redirection settings from the pod. The
+		// interface annotations it reads are the pod's own, already there.
 		a := inj.annotations
 		a[AnnotationInterceptionMode] = "REDIRECT"
 		if t.includeOutboundRanges != "" {
@@ -139,6 +152,12 @@ func (p *params) redirectContainer(t traffic) corev1.Container {
 	}
 	if t.excludeOutboundPorts != nil {
 		args = append(args, "-o", *t.excludeOutboundPorts)
+	}
+	if t.rerouteInterfaces != nil {
+		args = append(args, "-k", *t.rerouteInterfaces)
+	}
+	if t.excludeInterfaces != nil {
+		args = append(args, "-c", *t.excludeInterfaces)
 	}
 	args = append(args, "--log_output_level="+annotationOr(p.pod, AnnotationAgentLogLevel, p.cfg.AgentLogLevel))
 

@@ -2,6 +2,7 @@ package chart_test
 
 import (
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -197,6 +198,30 @@ func TestPlaintextXDS(t *testing.T) {
 }
 
 // injector returns the rendered MutatingWebhookConfiguration, or nil.
+// TestSidecarCapture: the CNI agent installs sidecar capture unless
+// cniAgent.sidecarCapture says not to.
+func TestSidecarCapture(t *testing.T) {
+	for _, tt := range []struct {
+		set  []string
+		want string
+	}{
+		{nil, "--sidecar-capture=true"},
+		{[]string{"cniAgent.sidecarCapture=false"}, "--sidecar-capture=false"},
+	} {
+		r := render(t, chart.Options{Namespace: "mesh", Set: tt.set})
+		var args []any
+		for _, o := range r.Objects {
+			if o.GetKind() == "DaemonSet" && o.GetName() == "canopy-cni-agent" {
+				cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+				args, _, _ = unstructured.NestedSlice(cs[0].(map[string]any), "args")
+			}
+		}
+		if !slices.Contains(args, any(tt.want)) {
+			t.Errorf("--set %v: canopy-cni-agent args %v, want %s", tt.set, args, tt.want)
+		}
+	}
+}
+
 func injector(r *chart.Rendered) *unstructured.Unstructured {
 	for _, o := range r.Objects {
 		if o.GetKind() == "MutatingWebhookConfiguration" {
@@ -223,16 +248,16 @@ func TestInjection(t *testing.T) {
 			name: "default", config: "istio-sidecar-injector",
 			webhooks: []string{"rev.namespace.sidecar-injector.istio.io", "rev.object.sidecar-injector.istio.io",
 				"namespace.sidecar-injector.istio.io", "object.sidecar-injector.istio.io"},
-			wantArgs:  []string{"--webhook-addr=:15017", "--proxy-hub=istio", "--proxy-tag=1.32.0"},
+			wantArgs:  []string{"--webhook-addr=:15017", "--proxy-hub=istio", "--proxy-tag=1.32.0", "--inject-cni"},
 			container: []int64{15012, 15014, 15017}, service: []int64{15012, 15014, 443},
 		},
 		{
-			name: "image, revision, CNI, native sidecars", config: "istio-sidecar-injector-canary",
+			name: "image, revision, native sidecars, istio-init", config: "istio-sidecar-injector-canary",
 			set: []string{"injection.revision=canary", "injection.proxy.hub=example.test/istio", "injection.proxy.tag=1.0.0",
-				"injection.cni=true", "injection.nativeSidecars=true"},
+				"injection.cni=false", "injection.nativeSidecars=true"},
 			webhooks: []string{"rev.namespace.sidecar-injector.istio.io", "rev.object.sidecar-injector.istio.io"},
 			wantArgs: []string{"--webhook-addr=:15017", "--revision=canary", "--proxy-hub=example.test/istio", "--proxy-tag=1.0.0",
-				"--inject-cni", "--inject-native-sidecars"},
+				"--inject-native-sidecars"},
 			container: []int64{15012, 15014, 15017}, service: []int64{15012, 15014, 443},
 		},
 		{
