@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -23,6 +24,7 @@ import (
 	"google.golang.org/grpc"
 	istioclient "istio.io/client-go/pkg/clientset/versioned"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -177,6 +179,8 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.inject.Revision, "revision", "", "control-plane revision the webhook injects for and whose webhook configurations get the CA bundle (istio.io/rev); empty: default")
 	fs.BoolVar(&c.inject.CNI, "inject-cni", false, "a CNI plugin (canopy-cni-agent with --sidecar-capture, or istio-cni) installs sidecar pods' traffic capture: inject istio-validation instead of the privileged istio-init")
 	fs.BoolVar(&c.inject.NativeSidecars, "inject-native-sidecars", false, "inject istio-proxy as a native sidecar (an init container with restartPolicy Always)")
+	never := fs.String("never-inject-selector", "", `JSON list of label selectors ([{"matchLabels":{...}}]): selected pods that neither ask for nor refuse a sidecar and match one are not injected`)
+	always := fs.String("always-inject-selector", "", `JSON list of label selectors: selected pods that neither ask for nor refuse a sidecar and match one (and no never-inject selector) are injected`)
 	id := os.Getenv("POD_NAME")
 	if id == "" {
 		id, _ = os.Hostname()
@@ -257,6 +261,19 @@ func parseFlags(args []string) (config, error) {
 		return c, fmt.Errorf("--push-quiet and --xds-send-timeout must be positive, --push-max-delay at least --push-quiet, --xds-max-pending positive")
 	}
 	c.xds.SystemNamespace = c.caNamespace
+	for _, f := range []struct {
+		flag, v string
+		into    *[]metav1.LabelSelector
+	}{{"--never-inject-selector", *never, &c.inject.NeverInjectSelector}, {"--always-inject-selector", *always, &c.inject.AlwaysInjectSelector}} {
+		if f.v == "" {
+			continue
+		}
+		dec := json.NewDecoder(strings.NewReader(f.v))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(f.into); err != nil {
+			return c, fmt.Errorf("%s: want a JSON list of label selectors: %w", f.flag, err)
+		}
+	}
 	if err := c.injectConfig(*discovery); err != nil {
 		return c, err
 	}
@@ -293,7 +310,7 @@ func (c *config) injectConfig(discovery string) error {
 	c.inject.ClusterDomain = c.mesh.DomainSuffix
 	c.inject.SystemNamespace = c.caNamespace
 	if err := c.inject.Validate(); err != nil {
-		return fmt.Errorf("--proxy-hub, --proxy-tag, --discovery-address, --revision: %w", err)
+		return fmt.Errorf("--proxy-hub, --proxy-tag, --discovery-address, --revision, --*-inject-selector: %w", err)
 	}
 	return nil
 }

@@ -88,6 +88,12 @@ func TestWebhookFlags(t *testing.T) {
 		in.TrustDomain != "td.example" || in.ClusterID != "east" || in.DenyReason != "" {
 		t.Errorf("injector config %+v", in)
 	}
+	c, err = parseFlags([]string{`--never-inject-selector=[{"matchLabels":{"app":"batch"}}]`,
+		`--always-inject-selector=[{"matchExpressions":[{"key":"mesh","operator":"Exists"}]},{"matchLabels":{"a":"b"}}]`})
+	if err != nil || len(c.inject.NeverInjectSelector) != 1 || c.inject.NeverInjectSelector[0].MatchLabels["app"] != "batch" ||
+		len(c.inject.AlwaysInjectSelector) != 2 || c.inject.AlwaysInjectSelector[0].MatchExpressions[0].Key != "mesh" {
+		t.Errorf("inject selectors %+v, %+v, %v", c.inject.NeverInjectSelector, c.inject.AlwaysInjectSelector, err)
+	}
 	c, err = parseFlags(nil)
 	if err != nil || !strings.Contains(c.inject.DenyReason, "--proxy-tag") {
 		t.Errorf("without an image: deny reason %q, %v; want one naming the flags", c.inject.DenyReason, err)
@@ -106,6 +112,9 @@ func TestWebhookFlags(t *testing.T) {
 		{[]string{"--discovery-address=canopy-controller"}, "--discovery-address"},
 		{[]string{"--webhook-addr=15017"}, "--webhook-addr"},
 		{[]string{"--webhook-max-requests=0"}, "--webhook-max-requests"},
+		{[]string{"--never-inject-selector={}"}, "--never-inject-selector"},
+		{[]string{`--always-inject-selector=[{"matchLabel":{"a":"b"}}]`}, "--always-inject-selector"},
+		{[]string{"--proxy-hub=h", "--proxy-tag=t", `--never-inject-selector=[{"matchExpressions":[{"key":"a","operator":"Near"}]}]`}, "neverInjectSelector[0]"},
 	} {
 		if _, err := parseFlags(tt.args); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("parseFlags(%v) = %v, want an error naming %s", tt.args, err, tt.want)

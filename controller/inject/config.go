@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
@@ -69,6 +70,12 @@ type Config struct {
 	SystemNamespace string
 	// Policy applies to pods that neither ask for nor refuse a sidecar.
 	Policy Policy
+	// NeverInjectSelector and AlwaysInjectSelector decide, before Policy,
+	// for selected pods that neither ask for nor refuse a sidecar: a pod
+	// whose labels match one of NeverInjectSelector is not injected, else
+	// one matching AlwaysInjectSelector is (the keys of Istio's injector
+	// configuration of the same names).
+	NeverInjectSelector, AlwaysInjectSelector []metav1.LabelSelector
 
 	// CNI says a CNI plugin installs the pods' traffic redirection
 	// (canopy-cni-agent's sidecar capture, or istio-cni). Pods then get the
@@ -129,6 +136,16 @@ func (c Config) Validate() error {
 	case "", PolicyEnabled, PolicyDisabled:
 	default:
 		errs = append(errs, fmt.Errorf("policy %q is neither %q nor %q", c.Policy, PolicyEnabled, PolicyDisabled))
+	}
+	for _, set := range []struct {
+		name string
+		sels []metav1.LabelSelector
+	}{{"neverInjectSelector", c.NeverInjectSelector}, {"alwaysInjectSelector", c.AlwaysInjectSelector}} {
+		for i := range set.sels {
+			if _, err := metav1.LabelSelectorAsSelector(&set.sels[i]); err != nil {
+				errs = append(errs, fmt.Errorf("%s[%d]: %w", set.name, i, err))
+			}
+		}
 	}
 	if c.Revision != "" {
 		if msgs := validation.IsValidLabelValue(c.Revision); len(msgs) > 0 {

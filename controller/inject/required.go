@@ -5,6 +5,8 @@ import (
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 )
 
 // ignoredNamespaces are never injected, as in Istio's injector.
@@ -26,15 +28,19 @@ func ignoredNamespaces() []string {
 //  3. Canopy's rule: ambient pods are never injected: those labelled
 //     istio.io/dataplane-mode=ambient, and those in a namespace so
 //     labelled unless the pod says istio.io/dataplane-mode=none;
-//  4. sidecar.istio.io/inject=false refuses, the pod label beating the
-//     annotation of the same name;
+//  4. sidecar.istio.io/inject=true asks, =false refuses (other values
+//     count as unset), the pod label beating the annotation of the same
+//     name;
 //  5. the namespace label istio-injection=enabled selects the default
 //     revision, any other value selects none; else the namespace label
 //     istio.io/rev, else the pod label istio.io/rev, names the revision;
 //     else only sidecar.istio.io/inject=true selects the default revision.
 //     The revision must be this injector's;
-//  6. the policy: enabled injects what is selected; disabled only pods that
-//     say sidecar.istio.io/inject=true.
+//  6. for a pod that neither asks nor refuses, the first
+//     NeverInjectSelector that matches its labels refuses, else the first
+//     AlwaysInjectSelector that matches injects;
+//  7. the policy: enabled injects what is selected; disabled only pods that
+//     ask.
 func Required(pod *corev1.Pod, nsLabels map[string]string, cfg Config) (bool, string) {
 	cfg = cfg.withDefaults()
 	if _, ok := pod.Annotations[AnnotationStatus]; ok {
@@ -63,6 +69,7 @@ func Required(pod *corev1.Pod, nsLabels map[string]string, cfg Config) (bool, st
 	if v, ok := pod.Labels[LabelInject]; ok {
 		choice, how = v, "label"
 	}
+	// Only "true" and "false" count; any other value is as if unset.
 	explicit := choice == "true"
 	if choice == "false" {
 		return false, fmt.Sprintf("pod %s %s=false", how, LabelInject)
@@ -103,8 +110,30 @@ func Required(pod *corev1.Pod, nsLabels map[string]string, cfg Config) (bool, st
 		}
 		return true, fmt.Sprintf("%s, pod %s %s=true", selectedBy, how, LabelInject)
 	}
+	if sel, ok := matchingSelector(cfg.NeverInjectSelector, pod.Labels); ok {
+		return false, fmt.Sprintf("%s, but the pod matches neverInjectSelector %s", selectedBy, sel)
+	}
+	if sel, ok := matchingSelector(cfg.AlwaysInjectSelector, pod.Labels); ok {
+		return true, fmt.Sprintf("%s, pod matches alwaysInjectSelector %s", selectedBy, sel)
+	}
 	if cfg.Policy == PolicyDisabled {
 		return false, selectedBy + ", but the policy is disabled and the pod does not ask"
 	}
 	return true, selectedBy
+}
+
+// matchingSelector is the first of selectors that matches podLabels. Empty
+// selectors match nothing (Istio's injector skips them); Config.Validate
+// refuses invalid ones, so one that does not convert is skipped here.
+func matchingSelector(selectors []metav1.LabelSelector, podLabels map[string]string) (labels.Selector, bool) {
+	for i := range selectors {
+		sel, err := metav1.LabelSelectorAsSelector(&selectors[i])
+		if err != nil || sel.Empty() {
+			continue
+		}
+		if sel.Matches(labels.Set(podLabels)) {
+			return sel, true
+		}
+	}
+	return nil, false
 }

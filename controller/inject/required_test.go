@@ -41,6 +41,7 @@ func TestRequired(t *testing.T) {
 		}
 	}
 	enabled := map[string]string{"istio-injection": "enabled"}
+	batch := []metav1.LabelSelector{{MatchLabels: map[string]string{"team": "none"}}, {MatchLabels: map[string]string{"app": "batch"}}}
 	type result struct {
 		Inject bool
 		Reason string
@@ -186,6 +187,36 @@ func TestRequired(t *testing.T) {
 			name: "pod opted out of an ambient namespace",
 			pod:  pod(label("istio.io/dataplane-mode", "none")), ns: map[string]string{"istio-injection": "enabled", "istio.io/dataplane-mode": "ambient"},
 			want: result{true, "namespace label istio-injection=enabled"},
+		},
+		{
+			name: "neverInjectSelector refuses a pod that does not ask",
+			pod:  pod(label("app", "batch")), ns: enabled, cfg: Config{NeverInjectSelector: batch, AlwaysInjectSelector: batch},
+			want: result{false, "namespace label istio-injection=enabled, but the pod matches neverInjectSelector app=batch"},
+		},
+		{
+			name: "neverInjectSelector does not beat a pod that asks",
+			pod:  pod(both(label("app", "batch"), annotate("sidecar.istio.io/inject", "true"))), ns: enabled, cfg: Config{NeverInjectSelector: batch},
+			want: result{true, "namespace label istio-injection=enabled, pod annotation sidecar.istio.io/inject=true"},
+		},
+		{
+			name: "alwaysInjectSelector beats the disabled policy",
+			pod:  pod(label("app", "batch")), ns: enabled, cfg: Config{Policy: PolicyDisabled, AlwaysInjectSelector: batch},
+			want: result{true, "namespace label istio-injection=enabled, pod matches alwaysInjectSelector app=batch"},
+		},
+		{
+			name: "alwaysInjectSelector does not beat a pod that refuses",
+			pod:  pod(both(label("app", "batch"), label("sidecar.istio.io/inject", "false"))), ns: enabled, cfg: Config{AlwaysInjectSelector: batch},
+			want: result{false, "pod label sidecar.istio.io/inject=false"},
+		},
+		{
+			name: "alwaysInjectSelector does not select a revision",
+			pod:  pod(label("app", "batch")), cfg: Config{AlwaysInjectSelector: batch},
+			want: result{false, "neither the namespace nor the pod selects a revision"},
+		},
+		{
+			name: "empty selectors match nothing",
+			pod:  pod(label("app", "batch")), ns: enabled, cfg: Config{Policy: PolicyDisabled, AlwaysInjectSelector: []metav1.LabelSelector{{}}},
+			want: result{false, "namespace label istio-injection=enabled, but the policy is disabled and the pod does not ask"},
 		},
 		{
 			name: "already injected",

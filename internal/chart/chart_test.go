@@ -261,6 +261,17 @@ func TestInjection(t *testing.T) {
 			container: []int64{15012, 15014, 15017}, service: []int64{15012, 15014, 443},
 		},
 		{
+			name: "inject selectors", config: "istio-sidecar-injector",
+			set: []string{"injection.neverInjectSelector[0].matchLabels.app=batch",
+				"injection.alwaysInjectSelector[0].matchExpressions[0].key=mesh", "injection.alwaysInjectSelector[0].matchExpressions[0].operator=Exists"},
+			webhooks: []string{"rev.namespace.sidecar-injector.istio.io", "rev.object.sidecar-injector.istio.io",
+				"namespace.sidecar-injector.istio.io", "object.sidecar-injector.istio.io"},
+			wantArgs: []string{"--webhook-addr=:15017", "--proxy-hub=istio", "--proxy-tag=1.32.0", "--inject-cni",
+				`--never-inject-selector=[{"matchLabels":{"app":"batch"}}]`,
+				`--always-inject-selector=[{"matchExpressions":[{"key":"mesh","operator":"Exists"}]}]`},
+			container: []int64{15012, 15014, 15017}, service: []int64{15012, 15014, 443},
+		},
+		{
 			name: "disabled", set: []string{"injection.enabled=false"},
 			wantArgs:  []string{"--webhook-addr="},
 			container: []int64{15012, 15014}, service: []int64{15012, 15014},
@@ -271,7 +282,7 @@ func TestInjection(t *testing.T) {
 			args, container, service := controllerPorts(t, r)
 			var got []string
 			for _, a := range args {
-				for _, p := range []string{"--webhook", "--revision", "--proxy-", "--inject-"} {
+				for _, p := range []string{"--webhook", "--revision", "--proxy-", "--inject-", "--never-inject-", "--always-inject-"} {
 					if strings.HasPrefix(a, p) {
 						got = append(got, a)
 					}
