@@ -69,12 +69,13 @@ var Binaries = map[string][]Rule{
 			"./node/inpod", "./node/zdsclient", "./node/caclient"},
 		Reason: "canopyctl is a client of the API server and the components' HTTP views",
 	}},
-	// The test application runs in every demo pod: keep it a plain
-	// networking program.
+	// The test application runs in every demo pod: an application, not a
+	// mesh component. Its gRPC mode uses grpc-go's own xDS support as a
+	// proxyless application does, never Canopy's machinery.
 	"canopy-echo": {{
 		Packages: []string{"./cmd/canopy-echo"},
-		Forbid:   []string{"k8s.io", "google.golang.org/grpc", "./workloadapi"},
-		Reason:   "the test app is a plain HTTP/TCP program",
+		Forbid:   []string{"k8s.io", "./workloadapi", "./controller", "./node", "./cni", "./ca"},
+		Reason:   "the test app is an application of the mesh (HTTP, TCP, proxyless gRPC), not part of it",
 	}},
 }
 
