@@ -82,7 +82,7 @@ func TestPluginThroughLibcni(t *testing.T) {
 	n := startNode(t, nodeName, zdsPath, node, t.TempDir())
 
 	installer := install.Installer{ConfDir: confDir, BinDir: binDir, PluginBinary: plugin,
-		Entry: map[string]any{"agentSocket": n.plugin.Socket, "namespaceRecord": n.record}, Log: slog.New(slog.DiscardHandler)}
+		Entry: map[string]any{"agentSocket": n.plugin.Socket, "namespaceRecord": n.record, "timeoutSeconds": 2}, Log: slog.New(slog.DiscardHandler)}
 	if err := installer.Install(); err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +145,8 @@ func TestPluginThroughLibcni(t *testing.T) {
 	eventually.Within(t, settle, "node proxy told of the DEL", func() bool { return proxy.saw("del " + string(pod.UID)) })
 
 	// With the agent down, a pod of a namespace outside the mesh starts
-	// (the agent recorded it so); a pod of the ambient namespace does not.
+	// (the agent recorded it so); a pod of the ambient namespace waits for
+	// the agent up to the plugin's timeout, then does not.
 	plain := env.Namespace(t, "cni-plain", nil)
 	eventually.Within(t, settle, "the plain namespace recorded outside the mesh", func() bool {
 		rec, err := pluginevent.ReadNamespaceRecord(n.record)

@@ -137,12 +137,51 @@ func (p Plugin) add(args *skel.CmdArgs) error {
 		return err
 	}
 	if req.PodName != "" && !slices.Contains(conf.ExcludeNamespaces, req.PodNamespace) {
-		if _, err := p.agent(conf).Do(context.Background(), pluginevent.PathAdd, req); err != nil && !outsideMesh(conf, req, err) {
+		if err := p.askAdd(conf, req); err != nil {
 			// Fail closed: a pod the agent cannot answer for does not start.
 			return fmt.Errorf("canopy-cni: pod %s/%s: %w", req.PodNamespace, req.PodName, err)
 		}
 	}
 	return types.PrintResult(conf.PrevResult, conf.CNIVersion)
+}
+
+// Backoff between attempts to reach an agent that cannot be reached.
+const (
+	firstRetry = 100 * time.Millisecond
+	maxRetry   = time.Second
+)
+
+// askAdd asks the agent to take the pod. An agent that cannot be reached
+// at all (its socket gone while a new agent replaces it in an upgrade, or
+// not synced yet) is asked again until the ADD's timeout, so that pods
+// created during the swap wait for the new agent instead of failing; a pod
+// whose namespace the agent recorded as outside the mesh starts at once.
+// Any answer, a refusal included, is final.
+func (p Plugin) askAdd(conf *Conf, req pluginevent.Request) error {
+	timeout := time.Duration(conf.TimeoutSeconds) * time.Second
+	if timeout == 0 {
+		timeout = 60 * time.Second
+	}
+	deadline := time.Now().Add(timeout)
+	agent := p.agent(conf)
+	for wait := firstRetry; ; wait = min(2*wait, maxRetry) {
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		_, err := agent.Do(ctx, pluginevent.PathAdd, req)
+		cancel()
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, context.DeadlineExceeded):
+			return fmt.Errorf("the node agent did not answer within %s: %w", timeout, err)
+		case !errors.Is(err, pluginevent.ErrUnreachable):
+			return err
+		case outsideMesh(conf, req, err):
+			return nil
+		case time.Until(deadline) < wait:
+			return fmt.Errorf("still unreachable after %s: %w", timeout, err)
+		}
+		time.Sleep(wait)
+	}
 }
 
 // outsideMesh reports whether a pod whose ADD the agent did not answer

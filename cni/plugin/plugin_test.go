@@ -249,6 +249,13 @@ func startAgent(t *testing.T, answer func(w http.ResponseWriter, r *http.Request
 	if answer == nil {
 		return a
 	}
+	a.serve(t)
+	return a
+}
+
+// serve binds the agent's socket and answers on it until the test ends.
+func (a *agent) serve(t *testing.T) {
+	t.Helper()
 	lis, err := net.Listen("unix", a.socket)
 	if err != nil {
 		t.Fatal(err)
@@ -266,7 +273,6 @@ func startAgent(t *testing.T, answer func(w http.ResponseWriter, r *http.Request
 	})}
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(func() { srv.Close() })
-	return a
 }
 
 func (a *agent) calls() []call {
@@ -331,6 +337,8 @@ func TestAdd(t *testing.T) {
 		http.Error(w, "node agent not synced with the cluster yet", http.StatusServiceUnavailable)
 	}
 	outside := `{"version":1,"outsideMesh":["apps","other"]}`
+	// An agent that cannot be reached is asked again until the timeout.
+	short := []string{`"timeoutSeconds":1`}
 	for _, tt := range []struct {
 		name   string
 		answer func(w http.ResponseWriter, r *http.Request)
@@ -349,24 +357,24 @@ func TestAdd(t *testing.T) {
 		{name: "outside the mesh", answer: notEnrolled, wantCalls: []call{{pluginevent.PathAdd, wantPod}}},
 		{name: "excluded namespace, agent down", args: "IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=coredns-0"},
 		{name: "not a pod, agent down", args: "IgnoreUnknown=1"},
-		{name: "agent down", wantErr: "canopy-cni: pod apps/echo-0: node agent at"},
+		{name: "agent down", extra: short, wantErr: "canopy-cni: pod apps/echo-0: still unreachable after 1s: node agent at"},
 		{name: "agent refuses", answer: refuses, wantCalls: []call{{pluginevent.PathAdd, wantPod}}, wantErr: "canopy-cni: pod apps/echo-0: node agent: cannot enroll pod: netns gone"},
 		{name: "agent answers nonsense", answer: garbage, wantCalls: []call{{pluginevent.PathAdd, wantPod}}, wantErr: "node agent answered"},
-		{name: "agent too slow", answer: hang, extra: []string{`"timeoutSeconds":1`}, wantCalls: []call{{pluginevent.PathAdd, wantPod}}, wantErr: "Timeout"},
+		{name: "agent too slow", answer: hang, extra: []string{`"timeoutSeconds":1`}, wantCalls: []call{{pluginevent.PathAdd, wantPod}}, wantErr: "did not answer within 1s"},
 		{name: "no prevResult", answer: enrolled, noPrev: true, wantErr: "no prevResult"},
 		{name: "bad CNI_ARGS", answer: enrolled, args: "K8S_POD_NAME=echo-0;UNKNOWN=1", wantErr: "canopy-cni: CNI_ARGS"},
 		{name: "bad configuration", answer: enrolled, extra: []string{`"timeoutSeconds":-5`}, wantErr: "negative"},
 		{name: "agent down, namespace outside the mesh", record: outside},
 		{name: "agent not synced, namespace outside the mesh", answer: notSynced, record: outside, wantCalls: []call{{pluginevent.PathAdd, wantPod}}},
-		{name: "agent down, namespace in the mesh", record: `{"version":1,"outsideMesh":["other"]}`, wantErr: "canopy-cni: pod apps/echo-0: node agent at"},
-		{name: "agent down, nothing outside the mesh", record: `{"version":1,"outsideMesh":[]}`, wantErr: "node agent at"},
-		{name: "agent down, no record", record: "missing", wantErr: "node agent at"},
-		{name: "agent down, damaged record", record: `{"version":1,"outsideMesh":["apps"`, wantErr: "node agent at"},
-		{name: "agent down, record of an unknown version", record: `{"version":2,"outsideMesh":["apps"]}`, wantErr: "node agent at"},
-		{name: "agent down, record not an object", record: `["apps"]`, wantErr: "node agent at"},
+		{name: "agent down, namespace in the mesh", extra: short, record: `{"version":1,"outsideMesh":["other"]}`, wantErr: "canopy-cni: pod apps/echo-0: still unreachable after 1s"},
+		{name: "agent down, nothing outside the mesh", extra: short, record: `{"version":1,"outsideMesh":[]}`, wantErr: "node agent at"},
+		{name: "agent down, no record", extra: short, record: "missing", wantErr: "node agent at"},
+		{name: "agent down, damaged record", extra: short, record: `{"version":1,"outsideMesh":["apps"`, wantErr: "node agent at"},
+		{name: "agent down, record of an unknown version", extra: short, record: `{"version":2,"outsideMesh":["apps"]}`, wantErr: "node agent at"},
+		{name: "agent down, record not an object", extra: short, record: `["apps"]`, wantErr: "node agent at"},
 		// An agent that answers is obeyed, whatever the record says.
 		{name: "agent refuses, namespace outside the mesh", answer: refuses, record: outside, wantCalls: []call{{pluginevent.PathAdd, wantPod}}, wantErr: "netns gone"},
-		{name: "agent too slow, namespace outside the mesh", answer: hang, record: outside, extra: []string{`"timeoutSeconds":1`}, wantCalls: []call{{pluginevent.PathAdd, wantPod}}, wantErr: "Timeout"},
+		{name: "agent too slow, namespace outside the mesh", answer: hang, record: outside, extra: []string{`"timeoutSeconds":1`}, wantCalls: []call{{pluginevent.PathAdd, wantPod}}, wantErr: "did not answer within 1s"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -400,6 +408,28 @@ func TestAdd(t *testing.T) {
 			}
 			checkPassedThrough(t, out)
 		})
+	}
+}
+
+// TestAddWaitsForANewAgent: a pod created while the agent is being
+// replaced (its socket gone for a moment, as in a DaemonSet upgrade) waits
+// for the new agent and starts enrolled, instead of failing its ADD.
+func TestAddWaitsForANewAgent(t *testing.T) {
+	t.Parallel()
+	a := startAgent(t, nil)
+	a.answer = enrolled
+	go func() {
+		time.Sleep(1500 * time.Millisecond)
+		a.serve(t)
+	}()
+	stdin := conf(`"agentSocket":"`+a.socket+`"`, `"timeoutSeconds":10`, `"prevResult":`+prevResult)
+	out, ok := run(t, invocation{command: "ADD", stdin: stdin})
+	if !ok {
+		t.Fatalf("ADD failed while the new agent came up: %s", out)
+	}
+	checkPassedThrough(t, out)
+	if diff := cmp.Diff([]call{{pluginevent.PathAdd, wantPod}}, a.calls()); diff != "" {
+		t.Errorf("agent requests (-want +got):\n%s", diff)
 	}
 }
 
