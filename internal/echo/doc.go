@@ -10,6 +10,11 @@
 //	POST /healthz/ok       make /healthz answer 200 again
 //	GET  /fetch?url=U      GET U from inside this pod; relays status and body
 //	GET  /dial?addr=A&msg=M  send M to TCP address A, return what echoes back
+//	GET  /load/start?addr=A&duration=D[&interval=I&held=N&heldEvery=E]
+//	                       start a load run against TCP echo server A: a new
+//	                       connection every I (20ms) for D, and N long-lived
+//	                       connections echoing every E (200ms)
+//	GET  /load/result      the last run's LoadReport (409 while it runs)
 //
 // The gRPC mode (internal/echogrpc) adds GET /grpc and makes /healthz wait
 // for its server.

@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -40,6 +42,12 @@ type Server struct {
 	httpLn   net.Listener
 	tcpLn    net.Listener
 	hostname string
+
+	// load is the current or last load run (GET /load/start, /load/result).
+	loadMu  sync.Mutex
+	loading bool
+	report  *LoadReport
+	loadErr error
 }
 
 // Reply is the JSON body of GET /.
@@ -165,6 +173,8 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /healthz/ok", func(w http.ResponseWriter, _ *http.Request) { s.unready.Store(false) })
 	mux.HandleFunc("GET /fetch", s.fetch)
 	mux.HandleFunc("GET /dial", s.dial)
+	mux.HandleFunc("GET /load/start", s.loadStart)
+	mux.HandleFunc("GET /load/result", s.loadResult)
 	for pattern, h := range s.cfg.Handlers {
 		mux.Handle(pattern, h)
 	}
@@ -249,4 +259,62 @@ func EchoTCP(ctx context.Context, d Dialer, addr, msg string) (string, error) {
 		return "", fmt.Errorf("read echo from %s: %w", addr, err)
 	}
 	return string(buf), nil
+}
+
+// loadStart starts a load run (LoadConfig from the query: addr, duration,
+// interval, held, heldEvery) in the background; one at a time.
+func (s *Server) loadStart(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	cfg := LoadConfig{Addr: q.Get("addr"), Interval: 20 * time.Millisecond, HeldEvery: 200 * time.Millisecond}
+	var err error
+	parseDur := func(name string, into *time.Duration) {
+		if v := q.Get(name); v != "" && err == nil {
+			*into, err = time.ParseDuration(v)
+		}
+	}
+	parseDur("duration", &cfg.Duration)
+	parseDur("interval", &cfg.Interval)
+	parseDur("heldEvery", &cfg.HeldEvery)
+	if v := q.Get("held"); v != "" && err == nil {
+		cfg.Held, err = strconv.Atoi(v)
+	}
+	if err == nil {
+		err = cfg.Validate()
+	}
+	if err != nil {
+		http.Error(w, fmt.Sprintf("load: %v", err), http.StatusBadRequest)
+		return
+	}
+	s.loadMu.Lock()
+	defer s.loadMu.Unlock()
+	if s.loading {
+		http.Error(w, "a load run is already running", http.StatusConflict)
+		return
+	}
+	s.loading, s.report, s.loadErr = true, nil, nil
+	go func() {
+		rep, err := RunLoad(context.Background(), &s.dialer, cfg)
+		s.loadMu.Lock()
+		defer s.loadMu.Unlock()
+		s.loading, s.report, s.loadErr = false, &rep, err
+	}()
+	fmt.Fprintln(w, "started")
+}
+
+// loadResult answers the last run's report once it has ended: 409 while it
+// runs, 404 before any.
+func (s *Server) loadResult(w http.ResponseWriter, _ *http.Request) {
+	s.loadMu.Lock()
+	defer s.loadMu.Unlock()
+	switch {
+	case s.loading:
+		http.Error(w, "the load run is still running", http.StatusConflict)
+	case s.loadErr != nil:
+		http.Error(w, s.loadErr.Error(), http.StatusInternalServerError)
+	case s.report == nil:
+		http.Error(w, "no load run yet", http.StatusNotFound)
+	default:
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(s.report)
+	}
 }
