@@ -390,14 +390,6 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 			len(cs.Authorizations.Added)+len(cs.Authorizations.Updated)+len(cs.Authorizations.Removed))
 		xdsServer.Changed(cs)
 	}, log)
-	ready := func() bool {
-		select {
-		case <-watcher.Synced():
-			return true
-		default:
-			return false
-		}
-	}
 	registry := prometheus.NewRegistry()
 	ca, err := newCA(ctx, cfg, clients.Kube, authn.Reviewer{Client: reviewClient.AuthenticationV1()},
 		indexPods{tables: tables, synced: watcher.Synced()}, recorder, registry, log)
@@ -418,6 +410,18 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		return err
 	}
 	xdsServer.Register(ca.grpc)
+	// Ready once the xDS server has built its first full table from the
+	// synced informers, not before: a Service would route proxies to a
+	// replica whose answers hold part of the mesh. (Streams that reach it
+	// earlier wait for the table.)
+	ready := func() bool {
+		select {
+		case <-xdsServer.Ready():
+			return true
+		default:
+			return false
+		}
+	}
 	monitor := http.NewServeMux()
 	monitor.Handle("/", debug.Health(ready))
 	monitor.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))

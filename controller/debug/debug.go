@@ -24,13 +24,14 @@ type Tables interface {
 	Problems() map[string]string
 }
 
-// Health serves /healthz and /readyz (ready once ready returns true).
+// Health serves /healthz and /readyz (ready once ready returns true; the
+// controller's is the xDS server's tables being loaded).
 func Health(ready func() bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !ready() {
-			http.Error(w, "informers not synced", http.StatusServiceUnavailable)
+			http.Error(w, "tables not loaded", http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = w.Write([]byte("ok\n"))

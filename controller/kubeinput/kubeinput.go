@@ -85,7 +85,11 @@ func New(c Clients, x Index, onChange func(index.ChangeSet), log *slog.Logger) *
 	return &Watcher{clients: c, index: x, onChange: onChange, log: log.With("component", "kubeinput"), synced: make(chan struct{})}
 }
 
-// Synced is closed once every informer has delivered its initial list.
+// Synced is closed once every object of every informer's initial list
+// has been applied to the index and its change set handed to onChange:
+// the tables are then those of the whole cluster, not of the part the
+// handlers got through. An informer's cache is filled before its
+// handlers have run, so a filled cache alone says nothing of the index.
 func (w *Watcher) Synced() <-chan struct{} { return w.synced }
 
 // Run watches until ctx ends.
@@ -95,20 +99,25 @@ func (w *Watcher) Run(ctx context.Context) error {
 	gw := gatewayinformers.NewSharedInformerFactory(w.clients.Gateway, 0)
 
 	x := w.index
+	var regs []cache.ResourceEventHandlerRegistration
+	add := func(reg cache.ResourceEventHandlerRegistration, err error) error {
+		regs = append(regs, reg)
+		return err
+	}
 	errs := []error{
-		register(w, kube.Core().V1().Namespaces().Informer(), x.UpsertNamespace, func(_, name string) index.ChangeSet { return x.DeleteNamespace(name) }),
-		register(w, kube.Core().V1().Nodes().Informer(), x.UpsertNode, func(_, name string) index.ChangeSet { return x.DeleteNode(name) }),
-		register(w, kube.Core().V1().Pods().Informer(), x.UpsertPod, x.DeletePod),
-		register(w, kube.Core().V1().Services().Informer(), x.UpsertService, x.DeleteService),
-		register(w, kube.Discovery().V1().EndpointSlices().Informer(), x.UpsertEndpointSlice, x.DeleteEndpointSlice),
-		register(w, istio.Security().V1().AuthorizationPolicies().Informer(), x.UpsertAuthorizationPolicy, x.DeleteAuthorizationPolicy),
-		register(w, istio.Security().V1().PeerAuthentications().Informer(), x.UpsertPeerAuthentication, x.DeletePeerAuthentication),
-		register(w, istio.Networking().V1().ServiceEntries().Informer(), x.UpsertServiceEntry, x.DeleteServiceEntry),
-		register(w, istio.Networking().V1().WorkloadEntries().Informer(), x.UpsertWorkloadEntry, x.DeleteWorkloadEntry),
-		register(w, gw.Gateway().V1().Gateways().Informer(), x.UpsertGateway, x.DeleteGateway),
-		register(w, istio.Networking().V1().VirtualServices().Informer(), x.UpsertVirtualService, x.DeleteVirtualService),
-		register(w, istio.Networking().V1().DestinationRules().Informer(), x.UpsertDestinationRule, x.DeleteDestinationRule),
-		register(w, istio.Networking().V1().Sidecars().Informer(), x.UpsertSidecar, x.DeleteSidecar),
+		add(register(w, kube.Core().V1().Namespaces().Informer(), x.UpsertNamespace, func(_, name string) index.ChangeSet { return x.DeleteNamespace(name) })),
+		add(register(w, kube.Core().V1().Nodes().Informer(), x.UpsertNode, func(_, name string) index.ChangeSet { return x.DeleteNode(name) })),
+		add(register(w, kube.Core().V1().Pods().Informer(), x.UpsertPod, x.DeletePod)),
+		add(register(w, kube.Core().V1().Services().Informer(), x.UpsertService, x.DeleteService)),
+		add(register(w, kube.Discovery().V1().EndpointSlices().Informer(), x.UpsertEndpointSlice, x.DeleteEndpointSlice)),
+		add(register(w, istio.Security().V1().AuthorizationPolicies().Informer(), x.UpsertAuthorizationPolicy, x.DeleteAuthorizationPolicy)),
+		add(register(w, istio.Security().V1().PeerAuthentications().Informer(), x.UpsertPeerAuthentication, x.DeletePeerAuthentication)),
+		add(register(w, istio.Networking().V1().ServiceEntries().Informer(), x.UpsertServiceEntry, x.DeleteServiceEntry)),
+		add(register(w, istio.Networking().V1().WorkloadEntries().Informer(), x.UpsertWorkloadEntry, x.DeleteWorkloadEntry)),
+		add(register(w, gw.Gateway().V1().Gateways().Informer(), x.UpsertGateway, x.DeleteGateway)),
+		add(register(w, istio.Networking().V1().VirtualServices().Informer(), x.UpsertVirtualService, x.DeleteVirtualService)),
+		add(register(w, istio.Networking().V1().DestinationRules().Informer(), x.UpsertDestinationRule, x.DeleteDestinationRule)),
+		add(register(w, istio.Networking().V1().Sidecars().Informer(), x.UpsertSidecar, x.DeleteSidecar)),
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("register informer handlers: %w", err)
@@ -116,14 +125,14 @@ func (w *Watcher) Run(ctx context.Context) error {
 	kube.Start(ctx.Done())
 	istio.Start(ctx.Done())
 	gw.Start(ctx.Done())
-	for name, f := range map[string]func(<-chan struct{}) bool{
-		"kubernetes":  func(stop <-chan struct{}) bool { return allSynced(kube.WaitForCacheSync(stop)) },
-		"istio":       func(stop <-chan struct{}) bool { return allSynced(istio.WaitForCacheSync(stop)) },
-		"gateway-api": func(stop <-chan struct{}) bool { return allSynced(gw.WaitForCacheSync(stop)) },
-	} {
-		if !f(ctx.Done()) {
-			return fmt.Errorf("%s informers did not sync: %w", name, ctx.Err())
-		}
+	// A registration has synced once its informer has and its handler
+	// has returned for every object of the initial list.
+	checkers := make([]cache.DoneChecker, len(regs))
+	for i, r := range regs {
+		checkers[i] = r.HasSyncedChecker()
+	}
+	if !cache.WaitFor(ctx, "", checkers...) {
+		return fmt.Errorf("informers did not sync: %w", context.Cause(ctx))
 	}
 	close(w.synced)
 	w.log.Info("informers synced")
@@ -134,28 +143,19 @@ func (w *Watcher) Run(ctx context.Context) error {
 	return nil
 }
 
-func allSynced[K comparable](m map[K]bool) bool {
-	for _, ok := range m {
-		if !ok {
-			return false
-		}
-	}
-	return true
-}
-
 type object interface {
 	GetNamespace() string
 	GetName() string
 }
 
 // register applies an informer's events to the index.
-func register[T object](w *Watcher, inf cache.SharedIndexInformer, upsert func(T) index.ChangeSet, del func(namespace, name string) index.ChangeSet) error {
+func register[T object](w *Watcher, inf cache.SharedIndexInformer, upsert func(T) index.ChangeSet, del func(namespace, name string) index.ChangeSet) (cache.ResourceEventHandlerRegistration, error) {
 	emit := func(cs index.ChangeSet) {
 		if !cs.Empty() {
 			w.onChange(cs)
 		}
 	}
-	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	return inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
 			if o, ok := obj.(T); ok {
 				emit(upsert(o))
@@ -175,5 +175,4 @@ func register[T object](w *Watcher, inf cache.SharedIndexInformer, upsert func(T
 			}
 		},
 	})
-	return err
 }

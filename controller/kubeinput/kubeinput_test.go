@@ -3,6 +3,7 @@ package kubeinput_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"os"
 	"slices"
@@ -165,4 +166,91 @@ func TestWatcherConverges(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually.Within(t, settle, "deleted pod removed", func() bool { return x.Address(uid) == nil && rec.saw("removed", uid) })
+}
+
+// slowPods is an index whose pod events of one namespace wait, each for
+// at most hold, until the watcher reports itself synced. It records the
+// pods applied after that: a watcher that says it is synced while its
+// handlers still hold initial events would have the controller build its
+// first table without them.
+type slowPods struct {
+	*index.Index
+	ns     string
+	hold   time.Duration
+	synced func() <-chan struct{}
+
+	mu   sync.Mutex
+	late []string
+}
+
+func (s *slowPods) UpsertPod(p *corev1.Pod) index.ChangeSet {
+	if p.Namespace == s.ns {
+		timer := time.NewTimer(s.hold)
+		defer timer.Stop()
+		select {
+		case <-s.synced():
+			s.mu.Lock()
+			s.late = append(s.late, p.Name)
+			s.mu.Unlock()
+		case <-timer.C:
+		}
+	}
+	return s.Index.UpsertPod(p)
+}
+
+// TestSyncedMeansApplied: Synced closes only once the handlers have
+// applied every object of the initial lists to the index, however slowly
+// they apply them, not when the informers' caches are filled.
+func TestSyncedMeansApplied(t *testing.T) {
+	testenv.Need(t, env)
+	ctx := t.Context()
+	istio, err := istioclient.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := gatewayclient.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := env.Namespace(t, "slow", nil)
+	const pods = 3
+	for i := range pods {
+		if _, err := env.Client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p%d", i), Annotations: map[string]string{ambient.AnnotationRedirection: "enabled"}},
+			Spec:       corev1.PodSpec{NodeName: "node-1", Containers: []corev1.Container{{Name: "app", Image: "canopy/echo"}}},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	x := &slowPods{Index: index.New(ambient.Config{}), ns: ns, hold: time.Second}
+	w := kubeinput.New(kubeinput.Clients{Kube: env.Client, Istio: istio, Gateway: gw}, x, nil, slog.New(slog.DiscardHandler))
+	x.synced = w.Synced
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(runCtx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	select {
+	case <-w.Synced():
+	case err := <-done:
+		t.Fatalf("watcher ended before sync: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("informers did not sync")
+	}
+	var missing []string
+	for i := range pods {
+		if x.Pod(ns, fmt.Sprintf("p%d", i)) == nil {
+			missing = append(missing, fmt.Sprintf("p%d", i))
+		}
+	}
+	x.mu.Lock()
+	late := x.late
+	x.mu.Unlock()
+	if len(missing) > 0 || len(late) > 0 {
+		t.Errorf("at Synced the index lacked pods %q; pods applied after Synced: %q", missing, late)
+	}
 }

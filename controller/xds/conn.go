@@ -207,6 +207,14 @@ func (s *Server) DeltaAggregatedResources(stream grpc.BidiStreamingServer[discov
 	c.cancel = cancel
 	go func() { cancel(s.sendLoop(ctx, c, stream)) }()
 	go func() {
+		// Requests wait for the tables: a reconnecting proxy's held
+		// versions compared with a table still loading would look stale,
+		// and every resource would be sent again or removed.
+		select {
+		case <-s.ready:
+		case <-ctx.Done():
+			return
+		}
 		req := first
 		for {
 			if err := s.handle(c, req); err != nil {

@@ -40,7 +40,7 @@ func TestConfigDumpGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	addresses.sent[w.Name], addresses.sent[s.Name] = w, s
-	addresses.sent["demo/removed"] = staleVersion
+	addresses.sent["demo/removed"] = heldVersion("demo/removed", "stale")
 	authorizations.sent[p.Name] = p
 	c := &conn{id: "1", proxy: Proxy{ProxyID: "ztunnel-a.istio-system"},
 		watches: map[string]*watch{workloadapi.AddressTypeURL: addresses, workloadapi.AuthorizationTypeURL: authorizations}}

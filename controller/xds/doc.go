@@ -24,6 +24,11 @@
 //   - Server: the push pipeline (change sets from the index, debounced,
 //     applied to the Table, then marked on every connection) and the gRPC
 //     streams, each with its own sender so a slow proxy delays nobody.
+//     Streams are accepted from the start, but their requests are applied
+//     and answered only once the first full table is loaded (Ready): a
+//     proxy's first response is never part of the mesh, and a
+//     reconnecting proxy's held versions are compared with the whole
+//     table.
 //   - envoyConn: one Envoy client's stream. Each generation of the mesh
 //     builds one Generator, shared by all; what it generates is cached per
 //     share (sidecar.Share: keyed by only what its generator reads of the

@@ -2,15 +2,18 @@ package xds_test
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/canopy-mesh/canopy/controller/xds"
 	"github.com/canopy-mesh/canopy/internal/testing/eventually"
+	"github.com/canopy-mesh/canopy/internal/testing/testenv"
 	"github.com/canopy-mesh/canopy/internal/workloadtable"
 	"github.com/canopy-mesh/canopy/workloadapi"
 )
@@ -110,5 +113,69 @@ func TestManyClientsConverge(t *testing.T) {
 		if diff := cmp.Diff(want, mine(p), protocmp.Transform()); diff != "" {
 			t.Fatalf("proxy %d differs from proxy 0 (-want +got):\n%s", i+1, diff)
 		}
+	}
+}
+
+// TestReconnectBeforeLoad: a proxy that reconnects holding everything
+// before the server has loaded its tables (a restarted controller whose
+// informers are still listing) waits, and is then sent nothing it holds
+// and told to remove only what is truly gone.
+func TestReconnectBeforeLoad(t *testing.T) {
+	testenv.Need(t, env)
+	src := &fakeSource{n: 200}
+	m := newMesh(t, xds.Config{}, src)
+	synced := make(chan struct{})
+	m.run(t, synced)
+
+	const gonePod, gonePolicy = "Kubernetes//Pod/ns/pod-999", "ns/gone"
+	held := map[string]string{gonePod: "1"}
+	for _, n := range src.AddressNames() {
+		r, err := xds.NewResource(workloadapi.AddressTypeURL, n, src.Address(n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		held[n] = r.Version
+	}
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+m.token(t))
+	st, err := discoveryv3.NewAggregatedDiscoveryServiceClient(dial(t, m.addr)).DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := m.node(t, "ztunnel-early", "node-1")
+	for _, req := range []*discoveryv3.DeltaDiscoveryRequest{
+		{Node: node, TypeUrl: workloadapi.AddressTypeURL, InitialResourceVersions: held},
+		{Node: node, TypeUrl: workloadapi.AuthorizationTypeURL, InitialResourceVersions: map[string]string{gonePolicy: "1"}},
+	} {
+		if err := st.Send(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The server has the stream, and its requests, before it has tables.
+	eventually.Within(t, settle, "stream open", func() bool {
+		return slices.ContainsFunc(m.server.Status(), func(ps xds.ProxyStatus) bool { return ps.ProxyID == "ztunnel-early."+m.ns })
+	})
+	close(synced)
+
+	type response struct {
+		Resources, Removed []string
+	}
+	got := map[string]response{}
+	for range 2 {
+		resp, err := st.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := response{Removed: resp.GetRemovedResources()}
+		for _, res := range resp.GetResources() {
+			r.Resources = append(r.Resources, res.GetName())
+		}
+		got[resp.GetTypeUrl()] = r
+	}
+	want := map[string]response{
+		workloadapi.AddressTypeURL:       {Removed: []string{gonePod}},
+		workloadapi.AuthorizationTypeURL: {Removed: []string{gonePolicy}},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("first responses after the tables loaded (-want +got):\n%s", diff)
 	}
 }

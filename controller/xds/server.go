@@ -212,8 +212,12 @@ func (s *Server) Register(g *grpc.Server) {
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, s)
 }
 
-// Ready is closed once the tables are loaded; streams get their first
-// response only then, so a proxy never mistakes a partial table for all.
+// Ready is closed once the tables are loaded from the synced informers.
+// Until then streams are accepted but neither answered nor their requests
+// applied: a proxy's first response is the whole table, never part of it,
+// and the versions a reconnecting proxy holds are compared with the whole
+// table, so it is sent nothing it has and told to remove only what is
+// gone.
 func (s *Server) Ready() <-chan struct{} { return s.ready }
 
 // Changed queues the names a change set touched for the next push. It

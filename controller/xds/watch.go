@@ -5,10 +5,14 @@ import (
 	"time"
 )
 
-// staleVersion stands for a resource a reconnecting proxy holds at a
-// version the table no longer has: it never equals a current resource, so
-// the next response replaces or removes it.
-var staleVersion = &Resource{Version: "stale"}
+// heldVersion stands for a resource a reconnecting proxy says it holds:
+// only its name and version. The next response compares it with the
+// table by version (a hash of the content, the same in every controller
+// process): an equal one is not sent, a different one is replaced, a
+// missing one removed.
+func heldVersion(name, version string) *Resource {
+	return &Resource{Name: name, Version: version}
+}
 
 // watch is one connection's subscription to one type: what the proxy asked
 // for, what it holds, and what may have changed since the last response.
@@ -68,11 +72,7 @@ func (w *watch) start(t *Table, s subscription, limit int) error {
 			w.answer[name] = struct{}{}
 			continue
 		}
-		if cur := t.Get(w.typeURL, name); cur != nil && cur.Version == version {
-			w.sent[name] = cur
-		} else {
-			w.sent[name] = staleVersion
-		}
+		w.sent[name] = heldVersion(name, version)
 		w.subscribed[name] = struct{}{}
 	}
 	w.full, w.initial = true, true
@@ -209,6 +209,11 @@ func (w *watch) next(t *Table, node string) delta {
 			continue
 		}
 		if had == cur {
+			continue
+		}
+		if had != nil && had.Version == cur.Version {
+			// What a reconnecting proxy said it holds, unchanged.
+			w.sent[name] = cur
 			continue
 		}
 		if had != nil || w.wants(cur, node) {

@@ -191,6 +191,40 @@ func TestWatchReconnect(t *testing.T) {
 	}
 }
 
+// TestWatchReconnectIntoEmptyTable: the versions a reconnecting proxy
+// holds are compared with the table when the response is built, not
+// when the request arrives: a request that came while the table was
+// still empty costs nothing once it is filled with the same content.
+func TestWatchReconnectIntoEmptyTable(t *testing.T) {
+	t.Parallel()
+	full := table(t)
+	held := map[string]string{"gone": "1"}
+	for _, n := range []string{uidA, uidB, echo} {
+		held[n] = full.Get(addrType, n).Version
+	}
+	tbl := NewTable()
+	w := newWatch(addrType)
+	if err := w.start(tbl, subscription{initialVersions: held}, 100); err != nil {
+		t.Fatal(err)
+	}
+	put(t, tbl,
+		pod("a", "node-1", "10.244.1.5", echo),
+		pod("b", "node-2", "10.244.2.5", echo),
+		pod("c", "node-2", "10.244.2.6"),
+		svc("echo", "10.96.0.20"))
+	w.mark([]string{uidA, uidB, uidC, echo}, time.Now(), 100)
+	want := got{Resources: []string{uidC}, Removed: []string{"gone"}}
+	if diff := cmp.Diff(want, summary(w.next(tbl, ""))); diff != "" {
+		t.Errorf("reconnect (-want +got):\n%s", diff)
+	}
+	// What it held is now what it was sent: later pushes compare with it.
+	put(t, tbl, pod("a", "node-1", "10.244.1.6", echo))
+	w.mark([]string{uidA, uidB}, time.Now(), 100)
+	if diff := cmp.Diff(got{Resources: []string{uidA}}, summary(w.next(tbl, ""))); diff != "" {
+		t.Errorf("push after reconnect (-want +got):\n%s", diff)
+	}
+}
+
 func TestWatchBounds(t *testing.T) {
 	t.Parallel()
 	tbl := table(t)
