@@ -202,8 +202,8 @@ func TestClosingListenersHandsQueuedConnectionsOver(t *testing.T) {
 		// wantReset: whether some connections must be reset.
 		wantReset bool
 	}{
-		{"tcp_migrate_req on: every queued connection is served", "10.222.0.0/24", "1", false},
-		{"tcp_migrate_req off: the old proxy's queue is reset", "10.223.0.0/24", "0", true},
+		{"tcp_migrate_req on: every queued connection is served", "10.230.0.0/24", "1", false},
+		{"tcp_migrate_req off: the old proxy's queue is reset", "10.231.0.0/24", "0", true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			pair := nettest.NewPair(t, netip.MustParsePrefix(tt.subnet))
@@ -282,7 +282,7 @@ func openPod(t *testing.T, path string) *Pod {
 // TestDialAfterClose: a closed pod refuses dials instead of entering
 // whatever namespace its descriptor number names by then.
 func TestDialAfterClose(t *testing.T) {
-	pair := nettest.NewPair(t, netip.MustParsePrefix("10.224.0.0/24"))
+	pair := nettest.NewPair(t, netip.MustParsePrefix("10.232.0.0/24"))
 	pod := openPod(t, pair.A)
 	if err := pod.CloseListeners(); err != nil {
 		t.Fatal(err)
