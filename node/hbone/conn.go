@@ -71,7 +71,7 @@ type conn struct {
 	recvWindow     int64
 	err            error // set once closed
 	goAway         bool  // received or sent GOAWAY: no new streams
-	draining       bool  // server: GoAway was called
+	draining       bool  // GoAway (server) or CloseWhenIdle (client) was called
 	lastPeerStream uint32
 	idleSince      time.Time
 	onStream       func(*Stream) // server: a new CONNECT

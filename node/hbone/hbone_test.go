@@ -256,6 +256,41 @@ func TestGoAwayClosesWhenIdle(t *testing.T) {
 	}
 }
 
+// TestCloseWhenIdleKeepsOpenStreams: a client connection taken out of
+// use (its peer is draining) refuses new streams, carries the open one to
+// its end and only then closes.
+func TestCloseWhenIdleKeepsOpenStreams(t *testing.T) {
+	cc := pair(t)
+	s, err := cc.Connect(t.Context(), "10.244.1.5:80", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc.CloseWhenIdle()
+	cc.CloseWhenIdle() // a second call changes nothing
+	if cc.Usable() {
+		t.Error("Usable after CloseWhenIdle")
+	}
+	if _, err := cc.Connect(t.Context(), "10.244.1.5:80", nil); err == nil {
+		t.Error("Connect after CloseWhenIdle succeeded")
+	}
+	select {
+	case <-cc.Done():
+		t.Fatal("closed with a stream open")
+	default:
+	}
+	_, _ = s.Write([]byte("still here"))
+	_ = s.CloseWrite()
+	if got, err := io.ReadAll(s); string(got) != "still here" {
+		t.Errorf("the open stream echoed %q, %v", got, err)
+	}
+	_ = s.Close()
+	select {
+	case <-cc.Done():
+	case <-time.After(10 * time.Second): // a bound on a hang, not a timing assertion
+		t.Fatal("still open after its last stream ended")
+	}
+}
+
 // TestInterop checks the wire against net/http's HTTP/2, an independent
 // implementation: its client against our server, ours against its server.
 func TestInterop(t *testing.T) {

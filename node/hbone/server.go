@@ -85,8 +85,8 @@ func (sc *ServerConn) GoAway() {
 	go c.closeWhenIdle()
 }
 
-// closeWhenIdle closes a connection that sent GOAWAY once no stream and
-// no handler is left; the condition is broadcast when a stream goes, a
+// closeWhenIdle closes a draining connection once no stream and no
+// handler is left; the condition is broadcast when a stream goes, a
 // handler returns or the connection ends.
 func (c *conn) closeWhenIdle() {
 	c.mu.Lock()

@@ -271,11 +271,13 @@ func (p *Proxy) outbound(c net.Conn, pod *inpod.Pod, src *workloadapi.Workload) 
 		}
 		p.countTimeout(err)
 		// A pooled connection the peer is closing (a drain, a restart)
-		// fails before the stream exists: try a fresh one, once. An
-		// answer from the peer (a status) is final.
+		// fails before the stream exists: try a fresh one, once. The
+		// failed one takes no new stream but keeps carrying the streams
+		// it has: a draining peer lets them finish. An answer from the
+		// peer (a status) is final.
 		var status *hbone.StatusError
 		if attempt == 0 && !errors.As(err, &status) {
-			_ = cc.Close()
+			cc.CloseWhenIdle()
 			continue
 		}
 		p.Log.Info("CONNECT refused", "to", dst.String(), "err", err)
