@@ -269,6 +269,8 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	// Drain: peers are told to open no new streams (GOAWAY) and in-flight
 	// connections get the drain period to finish.
 	log.Info("draining", "period", cfg.drain)
-	px.Drain(cfg.drain)
+	dctx, cancel := context.WithTimeout(context.Background(), cfg.drain)
+	defer cancel()
+	px.Drain(dctx)
 	return err
 }
