@@ -17,6 +17,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -235,29 +236,44 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	defer px.Close()
 	set := &pods.Set{Node: cfg.nodeName, Workloads: table, Certs: certs, Server: px, Log: log, ClusterID: cfg.clusterID, TrustDomain: cfg.trustDomain}
 	defer set.Close()
+	// stopping ends on SIGTERM (or SIGINT, or POST /quitquitquit): the
+	// proxy takes no new pod and drains. The components that carry
+	// traffic (xDS, certificates, re-authorization) and the ports run on
+	// until the drain is over.
+	stopping, quit := context.WithCancel(ctx)
+	defer quit()
+	var draining atomic.Bool
+	// Ready: the tables are in, the first ZDS snapshot is served with
+	// every pod in it, every served identity has its certificate, and the
+	// proxy is not draining. During an upgrade this is what lets the old
+	// proxy go (the chart's maxSurge): the new one must then serve every
+	// pod on its own.
 	ready := func() bool {
 		select {
 		case <-xc.Ready():
-			return true
 		default:
 			return false
 		}
+		return !draining.Load() && set.Ready() && certs.Missing() == 0
 	}
-	ctx, quit := context.WithCancel(ctx)
-	defer quit()
-	g, gctx := errgroup.WithContext(ctx)
+	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopRun()
+	g, gctx := errgroup.WithContext(runCtx)
 	g.Go(func() error { return xc.Run(gctx) })
 	g.Go(func() error { certs.Run(gctx); return nil })
 	g.Go(func() error { bundle.Run(gctx, cfg.rootReload); return nil })
 	// Open inbound connections are re-authorized on each table change.
 	g.Go(func() error { px.Run(gctx); return nil })
+	zdsCtx, stopZDS := context.WithCancel(gctx)
+	defer stopZDS()
+	context.AfterFunc(stopping, stopZDS)
 	g.Go(func() error {
 		select { // serve pods only once the tables are in
 		case <-xc.Ready():
-		case <-gctx.Done():
+		case <-zdsCtx.Done():
 			return nil
 		}
-		return zdsclient.Client{Path: cfg.zdsSocket, Handler: set, Log: log}.Run(gctx)
+		return zdsclient.Client{Path: cfg.zdsSocket, Handler: set, Log: log}.Run(zdsCtx)
 	})
 	sources := admin.Sources{Table: table, Certs: certs.Current, Roots: certs.TrustedRoots, Pods: set.Pods, Version: version.Get(), Quit: quit,
 		Config: map[string]any{"xdsAddress": cfg.xdsAddr, "caAddress": cfg.caAddr, "clusterId": cfg.clusterID, "nodeName": cfg.nodeName}}
@@ -265,10 +281,19 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	httpserve.Run(gctx, g, "metrics", "tcp", cfg.metricsAddr, promhttp.HandlerFor(registry, promhttp.HandlerOpts{}), log)
 	httpserve.Run(gctx, g, "readiness", "tcp", cfg.readyAddr, admin.Readiness(ready), log)
 	log.Info("canopy-node started", "node", cfg.nodeName, "xds", cfg.xdsAddr, "version", version.Get())
-	err = g.Wait()
-	// Drain: peers are told to open no new streams (GOAWAY) and in-flight
-	// connections get the drain period to finish.
+	select {
+	case <-stopping.Done():
+	case <-gctx.Done(): // a component failed: drain all the same
+	}
+	// Hand over (node/README.md, "Upgrades"): no new pod (ZDS closed, so
+	// the agent sends new pods to the newest proxy), no new connection,
+	// and what was accepted gets the drain period to finish.
+	draining.Store(true)
+	stopZDS()
 	log.Info("draining", "period", cfg.drain)
-	px.Drain(cfg.drain)
-	return err
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.drain)
+	px.Drain(dctx)
+	cancel()
+	stopRun()
+	return g.Wait()
 }

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/canopy-mesh/canopy/cni/install"
+	"github.com/canopy-mesh/canopy/cni/redirect"
 	"github.com/canopy-mesh/canopy/internal/httpserve"
 	"github.com/canopy-mesh/canopy/internal/version"
 )
@@ -185,6 +186,10 @@ func RunLifecycle(ctx context.Context, cfg LifecycleConfig, c Components, log *s
 	httpserve.Run(ctx, g, "plugin events", "unix", cfg.PluginSocket, c.Agent.PluginHandler(), log)
 	httpserve.Run(ctx, g, "monitoring", "tcp", cfg.MonitorAddr, monitorHandler(c), log)
 	log.Info("canopy-cni-agent started", slices.Concat(cfg.Describe, []any{"version", version.Get()})...)
+	if !redirect.MigrateSupported() {
+		// Said once: the pods are enrolled all the same, as before.
+		log.Warn("the kernel has no net.ipv4.tcp_migrate_req (Linux 5.14): when the node proxy is replaced, connections queued on the old proxy's listeners are reset")
+	}
 	err := g.Wait()
 	if removing.Load() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(runCtx), 30*time.Second)

@@ -140,7 +140,10 @@ func (b Iptables) Enroll(netnsPath string, cfg PodConfig) error {
 	if err := b.v4().apply(netnsPath, cur, iptRules(cfg, familyV4(cfg))); err != nil {
 		return err
 	}
-	return withRouting(netnsPath, routingFor(cfg))
+	if err := withRouting(netnsPath, routingFor(cfg)); err != nil {
+		return err
+	}
+	return migrateFor(netnsPath, cfg)
 }
 
 // routingFor is what Enroll does to the routing of table 100: ambient
@@ -299,7 +302,11 @@ func (b Iptables) Verify(netnsPath string, cfg PodConfig) error {
 		if err != nil {
 			return err
 		}
-		problems = append(problems, missing...)
+		off, err := verifyMigrate(netnsPath)
+		if err != nil {
+			return err
+		}
+		problems = append(problems, append(missing, off...)...)
 	}
 	if len(problems) > 0 {
 		slices.Sort(problems)

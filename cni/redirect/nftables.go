@@ -70,7 +70,10 @@ func (n Nftables) Enroll(netnsPath string, cfg PodConfig) error {
 		return err
 	}
 	defer h.Close()
-	return routingFor(cfg)(h)
+	if err := routingFor(cfg)(h); err != nil {
+		return err
+	}
+	return migrateFor(netnsPath, cfg)
 }
 
 // deleteTables queues the deletion of our tables. Adding first makes the
@@ -149,6 +152,11 @@ func (n Nftables) Verify(netnsPath string, cfg PodConfig) error {
 			return err
 		}
 		problems = append(problems, missing...)
+		off, err := verifyMigrate(netnsPath)
+		if err != nil {
+			return err
+		}
+		problems = append(problems, off...)
 	}
 	if len(problems) > 0 {
 		return &DriftError{Problems: problems}

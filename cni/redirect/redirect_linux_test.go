@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -98,6 +99,18 @@ func networkOf(network, addr string) string {
 	return network + "4"
 }
 
+// migrateSetting reads net.ipv4.tcp_migrate_req inside ns.
+func migrateSetting(t *testing.T, ns string) string {
+	t.Helper()
+	return strings.TrimSpace(string(in(t, ns, func() ([]byte, error) { return os.ReadFile(MigrateSysctl) })))
+}
+
+// setMigrate writes net.ipv4.tcp_migrate_req inside ns.
+func setMigrate(t *testing.T, ns, v string) {
+	t.Helper()
+	in(t, ns, func() (struct{}, error) { return struct{}{}, os.WriteFile(MigrateSysctl, []byte(v), 0o644) })
+}
+
 func nftList(t *testing.T, ns string) string {
 	t.Helper()
 	return string(in(t, ns, func() ([]byte, error) { return exec.Command("nft", "list", "ruleset").CombinedOutput() }))
@@ -146,6 +159,12 @@ func testBackend(t *testing.T, b Backend, dump func(*testing.T, string) string, 
 	}
 	if err := b.Verify(p.pod, cfg); err != nil {
 		t.Fatalf("Verify after Enroll: %v", err)
+	}
+	if !MigrateSupported() {
+		ci.Unavailable(t, "the kernel has no net.ipv4.tcp_migrate_req (Linux 5.14)")
+	}
+	if got := migrateSetting(t, p.pod); got != "1" {
+		t.Errorf("net.ipv4.tcp_migrate_req after Enroll = %q, want 1", got)
 	}
 
 	outbound := listen(t, p.pod, "0.0.0.0:15001")
@@ -222,16 +241,21 @@ func testBackend(t *testing.T, b Backend, dump func(*testing.T, string) string, 
 		in(t, p.pod, func() ([]byte, error) {
 			return exec.Command("ip", "rule", "del", "priority", fmt.Sprint(RulePriority)).CombinedOutput()
 		})
+		setMigrate(t, p.pod, "0")
 		var drift *DriftError
 		err := b.Verify(p.pod, cfg)
-		if !errors.As(err, &drift) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "ip rule fwmark") {
-			t.Fatalf("Verify after tampering = %v, want %q and the ip rule", err, want)
+		if !errors.As(err, &drift) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "ip rule fwmark") ||
+			!strings.Contains(err.Error(), "tcp_migrate_req is 0") {
+			t.Fatalf("Verify after tampering = %v, want %q, the ip rule and tcp_migrate_req", err, want)
 		}
 		if err := b.Enroll(p.pod, cfg); err != nil {
 			t.Fatal(err)
 		}
 		if err := b.Verify(p.pod, cfg); err != nil {
 			t.Fatalf("Verify after repair: %v", err)
+		}
+		if got := migrateSetting(t, p.pod); got != "1" {
+			t.Errorf("net.ipv4.tcp_migrate_req after repair = %q, want 1", got)
 		}
 		if name, _ := landsOn(t, dialFrom(t, p.pod, netip.Addr{}, 0, "10.213.0.1:80"), map[string]listener{"15001": outbound, "outside": outside}); name != "15001" {
 			t.Fatalf("after repair, landed on %s", name)
@@ -258,6 +282,10 @@ func testBackend(t *testing.T, b Backend, dump func(*testing.T, string) string, 
 		rules := in(t, p.pod, func() ([]byte, error) { return exec.Command("ip", "rule").CombinedOutput() })
 		if bytes.Contains(rules, []byte("lookup 100")) {
 			t.Errorf("ip rule left behind:\n%s", rules)
+		}
+		// Left on by design (MigrateSysctl).
+		if got := migrateSetting(t, p.pod); got != "1" {
+			t.Errorf("net.ipv4.tcp_migrate_req after Unenroll = %q, want it left at 1", got)
 		}
 		if name, _ := landsOn(t, dialFrom(t, p.pod, netip.Addr{}, 0, "10.213.0.1:9000"), map[string]listener{"15001": outbound, "outside": outside}); name != "outside" {
 			t.Fatalf("after Unenroll, landed on %s", name)

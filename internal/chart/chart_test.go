@@ -92,6 +92,56 @@ func TestRenderShape(t *testing.T) {
 	}
 }
 
+// TestNodeProxyHandOver: the node proxy's DaemonSet rolls with a surge
+// (the new proxy ready beside the old one before the old one stops),
+// nothing in its pod keeps two of them off one node, and the kubelet
+// gives a stopping proxy its drain period and 5s more.
+func TestNodeProxyHandOver(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		set       []string
+		wantDrain string
+		wantGrace float64
+	}{
+		{"defaults", nil, "--drain-period=20s", 30},
+		{"a longer drain with its grace", []string{"node.drainPeriodSeconds=120", "node.terminationGracePeriodSeconds=125"}, "--drain-period=120s", 125},
+		{"no drain", []string{"node.drainPeriodSeconds=0", "node.terminationGracePeriodSeconds=5"}, "--drain-period=0s", 5},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := render(t, chart.Options{Namespace: "istio-system", Set: tt.set})
+			i := slices.IndexFunc(r.Objects, func(o *unstructured.Unstructured) bool { return o.GetKind() == "DaemonSet" && o.GetName() == "ztunnel" })
+			if i < 0 {
+				t.Fatal("no node proxy DaemonSet")
+			}
+			ds := r.Objects[i].Object
+			strategy, _, _ := unstructured.NestedMap(ds, "spec", "updateStrategy")
+			// Decoded as JSON: numbers are float64.
+			if diff := cmp.Diff(map[string]any{"type": "RollingUpdate", "rollingUpdate": map[string]any{"maxSurge": 1.0, "maxUnavailable": 0.0}}, strategy); diff != "" {
+				t.Errorf("updateStrategy (-want +got):\n%s", diff)
+			}
+			spec, _, _ := unstructured.NestedMap(ds, "spec", "template", "spec")
+			if spec["hostNetwork"] == true {
+				t.Error("hostNetwork: two proxies on a node would fight for the ports")
+			}
+			if grace := spec["terminationGracePeriodSeconds"]; grace != tt.wantGrace {
+				t.Errorf("terminationGracePeriodSeconds = %v, want %v", grace, tt.wantGrace)
+			}
+			containers, _, _ := unstructured.NestedSlice(spec, "containers")
+			c := containers[0].(map[string]any)
+			args, _, _ := unstructured.NestedStringSlice(c, "args")
+			if !slices.Contains(args, tt.wantDrain) {
+				t.Errorf("args %q, want %s", args, tt.wantDrain)
+			}
+			ports, _, _ := unstructured.NestedSlice(c, "ports")
+			for _, p := range ports {
+				if _, ok := p.(map[string]any)["hostPort"]; ok {
+					t.Errorf("port %v binds a host port: a second proxy on the node could not start", p)
+				}
+			}
+		})
+	}
+}
+
 // TestBadValuesRejected: the schema turns mistakes away with the path of
 // the value, before anything reaches a cluster.
 func TestBadValuesRejected(t *testing.T) {
@@ -107,6 +157,9 @@ func TestBadValuesRejected(t *testing.T) {
 		{"bad log level", "node.logLevel=trace", "/node/logLevel"},
 		{"relative CNI dir", "cniAgent.cniConfDir=etc/cni", "/cniAgent/cniConfDir"},
 		{"bad set syntax", "controller.replicas", "controller.replicas"},
+		{"drain period as a duration", "node.drainPeriodSeconds=5s", "/node/drainPeriodSeconds"},
+		{"the former drain value", "node.drainPeriod=5s", "drainPeriod"},
+		{"no time to stop after the drain", "node.drainPeriodSeconds=26", "node.terminationGracePeriodSeconds (30) must be at least node.drainPeriodSeconds (26) + 5"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := chart.Render(charts.Canopy(), chart.Options{Namespace: "istio-system", Set: []string{tt.set}})

@@ -105,6 +105,22 @@ func (cc *ClientConn) IdleFor() time.Duration {
 // Done is closed when the connection has ended.
 func (cc *ClientConn) Done() <-chan struct{} { return cc.c.done }
 
+// CloseWhenIdle takes the connection out of use (Connect refuses, Usable
+// is false) and closes it once its open streams have ended. A connection
+// the peer sent GOAWAY on still carries the streams the peer kept, which
+// Close would cut. Calling it again is a no-op.
+func (cc *ClientConn) CloseWhenIdle() {
+	c := cc.c
+	c.mu.Lock()
+	if c.draining || c.err != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.draining, c.goAway = true, true
+	c.mu.Unlock()
+	go c.closeWhenIdle()
+}
+
 // Close ends the connection and its streams.
 func (cc *ClientConn) Close() error {
 	cc.c.fail(ErrConnClosed)

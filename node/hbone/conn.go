@@ -71,6 +71,7 @@ type conn struct {
 	recvWindow     int64
 	err            error // set once closed
 	goAway         bool  // received or sent GOAWAY: no new streams
+	draining       bool  // GoAway (server) or CloseWhenIdle (client) was called
 	lastPeerStream uint32
 	idleSince      time.Time
 	onStream       func(*Stream) // server: a new CONNECT
@@ -628,6 +629,7 @@ func (c *conn) runHandler(s *Stream) {
 		if c.handlers == 0 && len(c.streams) == 0 {
 			c.idleSince = time.Now()
 		}
+		c.cond.Broadcast() // closeWhenIdle waits for the handlers too
 		c.mu.Unlock()
 	}()
 	c.onStream(s)

@@ -201,6 +201,96 @@ func TestGoAwayDrains(t *testing.T) {
 	<-done
 }
 
+// TestGoAwayClosesWhenIdle: after GoAway the open stream is carried to
+// its end, no new stream is taken, and the connection then closes by
+// itself, with no deadline involved.
+func TestGoAwayClosesWhenIdle(t *testing.T) {
+	scfg, ccfg := testcerts.MutualTLS(t, "hbone")
+	l, err := tls.Listen("tcp", "127.0.0.1:0", scfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	type served struct {
+		sc   *ServerConn
+		done <-chan error
+	}
+	conns := make(chan served, 1)
+	go func() {
+		nc, err := l.Accept()
+		if err != nil {
+			return
+		}
+		sc, done := Serve(nc, echo)
+		conns <- served{sc, done}
+	}()
+	cc := dial(t, l.Addr().String(), ccfg)
+	s, err := cc.Connect(t.Context(), "10.244.1.5:80", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := <-conns
+	srv.sc.GoAway()
+	srv.sc.GoAway() // a second call changes nothing
+	eventually.True(t, "the client saw the GOAWAY", func() bool { return !cc.Usable() })
+	if _, err := cc.Connect(t.Context(), "10.244.1.5:80", nil); !errors.Is(err, ErrGoAway) {
+		t.Errorf("Connect after GOAWAY = %v, want ErrGoAway", err)
+	}
+	select {
+	case err := <-srv.done:
+		t.Fatalf("the connection ended with a stream open: %v", err)
+	default:
+	}
+	_, _ = s.Write([]byte("still here"))
+	_ = s.CloseWrite()
+	if got, err := io.ReadAll(s); string(got) != "still here" {
+		t.Errorf("draining stream echoed %q, %v", got, err)
+	}
+	select {
+	case err := <-srv.done:
+		if err != nil {
+			t.Errorf("the connection ended with %v, want a normal end", err)
+		}
+	case <-time.After(10 * time.Second): // a bound on a hang, not a timing assertion
+		t.Fatal("the connection stayed open after its last stream ended")
+	}
+}
+
+// TestCloseWhenIdleKeepsOpenStreams: a client connection taken out of
+// use (its peer is draining) refuses new streams, carries the open one to
+// its end and only then closes.
+func TestCloseWhenIdleKeepsOpenStreams(t *testing.T) {
+	cc := pair(t)
+	s, err := cc.Connect(t.Context(), "10.244.1.5:80", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc.CloseWhenIdle()
+	cc.CloseWhenIdle() // a second call changes nothing
+	if cc.Usable() {
+		t.Error("Usable after CloseWhenIdle")
+	}
+	if _, err := cc.Connect(t.Context(), "10.244.1.5:80", nil); err == nil {
+		t.Error("Connect after CloseWhenIdle succeeded")
+	}
+	select {
+	case <-cc.Done():
+		t.Fatal("closed with a stream open")
+	default:
+	}
+	_, _ = s.Write([]byte("still here"))
+	_ = s.CloseWrite()
+	if got, err := io.ReadAll(s); string(got) != "still here" {
+		t.Errorf("the open stream echoed %q, %v", got, err)
+	}
+	_ = s.Close()
+	select {
+	case <-cc.Done():
+	case <-time.After(10 * time.Second): // a bound on a hang, not a timing assertion
+		t.Fatal("still open after its last stream ended")
+	}
+}
+
 // TestInterop checks the wire against net/http's HTTP/2, an independent
 // implementation: its client against our server, ours against its server.
 func TestInterop(t *testing.T) {

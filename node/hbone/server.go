@@ -62,14 +62,49 @@ func (c *conn) serve() error {
 	return err
 }
 
+// GoAway sends GOAWAY NO_ERROR: the peer opens no new stream here, and
+// one it sent meanwhile is refused (REFUSED_STREAM), which it may retry on
+// another connection. The streams already open are carried as before; the
+// connection closes itself once the last of them and its handler are done.
+// Nothing is cut: a caller that cannot wait for ever closes the connection
+// itself (Shutdown does, after a grace period). Calling it again is a no-op.
+func (sc *ServerConn) GoAway() {
+	c := sc.c
+	c.mu.Lock()
+	if c.draining || c.err != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.draining = true
+	// Read under the same lock that refuses new streams, so the GOAWAY
+	// never reports a stream it refused as processed.
+	c.goAway = true
+	last := c.lastPeerStream
+	c.mu.Unlock()
+	_ = c.writeGoAway(last, http2.ErrCodeNo, nil)
+	go c.closeWhenIdle()
+}
+
+// closeWhenIdle closes a draining connection once no stream and no
+// handler is left; the condition is broadcast when a stream goes, a
+// handler returns or the connection ends.
+func (c *conn) closeWhenIdle() {
+	c.mu.Lock()
+	for c.err == nil && (len(c.streams) > 0 || c.handlers > 0) {
+		c.cond.Wait()
+	}
+	open := c.err == nil
+	c.mu.Unlock()
+	if open {
+		c.fail(ErrConnClosed)
+	}
+}
+
 // Shutdown sends GOAWAY (no new streams) and closes the connection once
 // its streams are done or after grace.
 func (sc *ServerConn) Shutdown(grace time.Duration) {
 	c := sc.c
-	c.mu.Lock()
-	c.goAway = true
-	c.mu.Unlock()
-	_ = c.writeGoAway(c.lastPeer(), http2.ErrCodeNo, nil)
+	sc.GoAway()
 	deadline := time.Now().Add(grace)
 	for time.Now().Before(deadline) {
 		c.mu.Lock()

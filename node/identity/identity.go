@@ -356,6 +356,22 @@ func (m *Manager) issue(ctx context.Context, id workloadapi.Identity) (*Cert, er
 	return c, nil
 }
 
+// Missing is the number of identities asked for (Add) that have no
+// usable certificate now: not issued yet, refused, or expired without a
+// renewal. A node proxy is ready to take over its pods' traffic only when
+// it is 0.
+func (m *Manager) Missing() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, e := range m.entries {
+		if e.cert == nil || !e.cert.NotAfter().After(m.cfg.Now()) {
+			n++
+		}
+	}
+	return n
+}
+
 // Current returns the certificates held now, one per identity that has
 // one.
 func (m *Manager) Current() []*Cert {

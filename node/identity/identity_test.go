@@ -160,6 +160,39 @@ func TestWrongIdentityIsRefused(t *testing.T) {
 	}
 }
 
+// TestMissing: an identity counts as missing until its certificate is
+// issued, through a CA outage and the retries after it.
+func TestMissing(t *testing.T) {
+	m, signer, clk, _ := setup(t)
+	if got := m.Missing(); got != 0 {
+		t.Fatalf("Missing() with no identity = %d", got)
+	}
+	signer.mu.Lock()
+	signer.fail = true
+	signer.mu.Unlock()
+	m.Add(web)
+	if _, err := m.Get(t.Context(), web); err == nil {
+		t.Fatal("a certificate while the CA refuses")
+	}
+	if got := m.Missing(); got != 1 {
+		t.Errorf("Missing() after a refusal = %d, want 1", got)
+	}
+	signer.mu.Lock()
+	signer.fail = false
+	signer.mu.Unlock()
+	go m.Run(t.Context())
+	// The retry is due on the manager's clock, which the test moves.
+	eventually.True(t, "the retry issues the certificate", func() bool {
+		clk.add(time.Second)
+		m.poke()
+		return m.Missing() == 0
+	})
+	m.Remove(web)
+	if got := m.Missing(); got != 0 {
+		t.Errorf("Missing() after Remove = %d", got)
+	}
+}
+
 func rootsOf(c *x509.Certificate) *x509.CertPool {
 	p := x509.NewCertPool()
 	p.AddCert(c)

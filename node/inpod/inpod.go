@@ -12,6 +12,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strings"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -27,16 +29,37 @@ const (
 	Mark         = 0x539
 )
 
-// Pod is the proxy's presence in one pod's network namespace.
+// ErrClosed is a dial from a Pod already closed.
+var ErrClosed = errors.New("pod closed")
+
+// Pod is the proxy's presence in one pod's network namespace. Its methods
+// are safe for concurrent use.
 type Pod struct {
-	netns *os.File
 	// Outbound, Inbound and HBONE listen on 15001, 15006 and 15008.
 	Outbound, Inbound, HBONE net.Listener
+
+	// mu guards the namespace handle: a dial holds it shared for as long
+	// as it is inside, so that Close never frees the descriptor number
+	// under it (a number reused by another pod's handle would put the
+	// dial in that pod).
+	mu    sync.RWMutex
+	netns *os.File // nil once closed
 }
 
 // path names the namespace through the held handle, valid as long as the
-// handle is open, whatever happened to the path it came from.
+// handle is open, whatever happened to the path it came from; callers
+// hold mu and have checked netns.
 func (p *Pod) path() string { return fmt.Sprintf("/proc/self/fd/%d", p.netns.Fd()) }
+
+// in runs fn inside the pod's namespace, unless the pod is closed.
+func (p *Pod) in(fn func() error) error {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.netns == nil {
+		return ErrClosed
+	}
+	return netns.Do(p.path(), fn)
+}
 
 func mark(_, _ string, c syscall.RawConn) error {
 	var serr error
@@ -51,7 +74,7 @@ func mark(_, _ string, c syscall.RawConn) error {
 // Open listens inside the namespace; it takes ownership of ns.
 func Open(ns *os.File) (*Pod, error) {
 	p := &Pod{netns: ns}
-	err := netns.Do(p.path(), func() error {
+	err := p.in(func() error {
 		for _, l := range []struct {
 			dst  *net.Listener
 			port int
@@ -113,7 +136,7 @@ func listenConfig(dual bool) *net.ListenConfig {
 func (p *Pod) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
 	d := net.Dialer{Control: mark}
 	var c net.Conn
-	err := netns.Do(p.path(), func() (err error) {
+	err := p.in(func() (err error) {
 		c, err = d.DialContext(ctx, network, addr)
 		return err
 	})
@@ -136,7 +159,7 @@ func (p *Pod) DialFrom(ctx context.Context, src netip.Addr, network, addr string
 		return serr
 	}}
 	var c net.Conn
-	err := netns.Do(p.path(), func() (err error) {
+	err := p.in(func() (err error) {
 		c, err = d.DialContext(ctx, network, addr)
 		return err
 	})
@@ -152,14 +175,55 @@ func setTransparent(fd int, network string) error {
 	return unix.SetsockoptInt(fd, unix.SOL_IP, unix.IP_TRANSPARENT, 1)
 }
 
-// Close closes the listeners and the namespace handle.
-func (p *Pod) Close() error {
+// CloseListeners stops taking connections: the listeners close, and the
+// connections the kernel had queued for them go to the pod's other
+// listeners on the same ports (another proxy's) where the namespace
+// migrates them (MigratesRequests), and are reset otherwise. Dials still
+// work, for the connections already accepted. It is safe to repeat.
+func (p *Pod) CloseListeners() error {
 	var errs []error
 	for _, l := range []net.Listener{p.Outbound, p.Inbound, p.HBONE} {
 		if l != nil {
-			errs = append(errs, l.Close())
+			if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+				errs = append(errs, err)
+			}
 		}
 	}
-	errs = append(errs, p.netns.Close())
+	return errors.Join(errs...)
+}
+
+// MigratesRequests reports whether the pod's namespace hands a closing
+// listener's queued connections to the other listeners of its
+// SO_REUSEPORT group (net.ipv4.tcp_migrate_req, which the CNI agent turns
+// on). A kernel without the setting reports false and no error.
+func (p *Pod) MigratesRequests() (bool, error) {
+	var b []byte
+	err := p.in(func() (err error) {
+		b, err = os.ReadFile(migrateSysctl)
+		return err
+	})
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read net.ipv4.tcp_migrate_req: %w", err)
+	}
+	return strings.TrimSpace(string(b)) != "0", nil
+}
+
+// migrateSysctl is net.ipv4.tcp_migrate_req; /proc/sys/net shows the
+// namespace of the thread that opens it.
+const migrateSysctl = "/proc/sys/net/ipv4/tcp_migrate_req"
+
+// Close closes the listeners and the namespace handle; dials after it
+// fail with ErrClosed. It is safe to repeat.
+func (p *Pod) Close() error {
+	errs := []error{p.CloseListeners()}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.netns != nil {
+		errs = append(errs, p.netns.Close())
+		p.netns = nil
+	}
 	return errors.Join(errs...)
 }

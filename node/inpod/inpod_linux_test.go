@@ -2,15 +2,18 @@ package inpod
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/netip"
 	"os"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/canopy-mesh/canopy/cni/redirect"
 	"github.com/canopy-mesh/canopy/internal/origdst"
+	"github.com/canopy-mesh/canopy/internal/testing/ci"
 	"github.com/canopy-mesh/canopy/internal/testing/nettest"
 )
 
@@ -181,5 +184,125 @@ func TestListenersTakeIPv6(t *testing.T) {
 				t.Fatalf("the proxy read %q, %v", buf, err)
 			}
 		})
+	}
+}
+
+// TestClosingListenersHandsQueuedConnectionsOver is the kernel half of a
+// node proxy upgrade: an old and a new proxy's sockets share the pod's
+// ports (SO_REUSEPORT), connections wait in both accept queues, and the
+// old proxy closes its listeners. With net.ipv4.tcp_migrate_req on (the
+// CNI agent's setting) every queued connection is served by the new
+// proxy; off, those queued on the old proxy are reset, which is what the
+// setting is for.
+func TestClosingListenersHandsQueuedConnectionsOver(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		subnet  string
+		migrate string
+		// wantReset: whether some connections must be reset.
+		wantReset bool
+	}{
+		{"tcp_migrate_req on: every queued connection is served", "10.230.0.0/24", "1", false},
+		{"tcp_migrate_req off: the old proxy's queue is reset", "10.231.0.0/24", "0", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			pair := nettest.NewPair(t, netip.MustParsePrefix(tt.subnet))
+			if _, err := os.Stat(migrateSysctl); err != nil {
+				ci.Unavailable(t, "the kernel has no net.ipv4.tcp_migrate_req (Linux 5.14)")
+			}
+			nettest.In(t, pair.A, func() (struct{}, error) {
+				return struct{}{}, os.WriteFile(migrateSysctl, []byte(tt.migrate), 0o644)
+			})
+			old, next := openPod(t, pair.A), openPod(t, pair.A)
+			if got, err := old.MigratesRequests(); err != nil || got != (tt.migrate == "1") {
+				t.Fatalf("MigratesRequests() = %v, %v; want %v", got, err, tt.migrate == "1")
+			}
+			// Nobody accepts yet: every connection waits in the queue of
+			// the socket the kernel picked for it, old or new.
+			const n = 64
+			clients := make([]net.Conn, 0, n)
+			for range n {
+				c := nettest.In(t, pair.B, func() (net.Conn, error) {
+					return net.DialTimeout("tcp4", pair.AddrA.String()+":15008", 3*time.Second)
+				})
+				t.Cleanup(func() { c.Close() })
+				clients = append(clients, c)
+			}
+			if err := old.CloseListeners(); err != nil {
+				t.Fatal(err)
+			}
+			// The new proxy answers each connection it gets with a byte.
+			go func() {
+				for {
+					c, err := next.HBONE.Accept()
+					if err != nil {
+						return
+					}
+					_, _ = c.Write([]byte("x"))
+					c.Close() // nothing unread: a FIN after the byte, no reset
+				}
+			}()
+			served, reset := 0, 0
+			for i, c := range clients {
+				_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+				_, err := c.Read(make([]byte, 1))
+				switch {
+				case err == nil:
+					served++
+				case errors.Is(err, syscall.ECONNRESET):
+					reset++
+				default:
+					t.Errorf("connection %d: %v", i, err)
+				}
+			}
+			t.Logf("%d queued connections: %d served by the new listener, %d reset", n, served, reset)
+			if tt.wantReset != (reset > 0) || served+reset != n {
+				t.Errorf("served %d, reset %d of %d; want resets: %v", served, reset, n, tt.wantReset)
+			}
+		})
+	}
+}
+
+// openPod opens the proxy's listeners in the netns at path, as one proxy
+// does; two calls are two proxies sharing the ports.
+func openPod(t *testing.T, path string) *Pod {
+	t.Helper()
+	ns, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := Open(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pod.Close() })
+	return pod
+}
+
+// TestDialAfterClose: a closed pod refuses dials instead of entering
+// whatever namespace its descriptor number names by then.
+func TestDialAfterClose(t *testing.T) {
+	pair := nettest.NewPair(t, netip.MustParsePrefix("10.232.0.0/24"))
+	pod := openPod(t, pair.A)
+	if err := pod.CloseListeners(); err != nil {
+		t.Fatal(err)
+	}
+	outside := nettest.Listen(t, pair.B, pair.AddrB.String()+":9000")
+	c, err := pod.Dial(context.Background(), "tcp4", pair.AddrB.String()+":9000")
+	if err != nil {
+		t.Fatalf("dial with the listeners closed: %v", err)
+	}
+	c.Close()
+	(<-outside).Close()
+	for range 2 {
+		if err := pod.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pod.Dial(context.Background(), "tcp4", pair.AddrB.String()+":9000"); !errors.Is(err, ErrClosed) {
+		t.Errorf("dial after Close = %v, want ErrClosed", err)
+	}
+	if _, err := pod.MigratesRequests(); !errors.Is(err, ErrClosed) {
+		t.Errorf("MigratesRequests after Close = %v, want ErrClosed", err)
 	}
 }

@@ -57,6 +57,10 @@ type Set struct {
 	mu       sync.Mutex
 	served   map[string]*served
 	snapshot map[string]bool // pods seen in the snapshot under way
+	// synced: a snapshot has ended. refused: pods whose last Add failed
+	// and that no later Add, Del or snapshot settled.
+	synced  bool
+	refused map[string]bool
 }
 
 type served struct {
@@ -117,6 +121,17 @@ func (s *Set) Add(uid string, info *zdspb.WorkloadInfo, netns *os.File) error {
 	}
 	pod, err := inpod.Open(netns)
 	if err != nil {
+		s.mu.Lock()
+		if s.refused == nil {
+			s.refused = map[string]bool{}
+		}
+		s.refused[uid] = true
+		if s.snapshot != nil {
+			// Seen: a pod served before under this UID keeps its
+			// listeners rather than being dropped by the snapshot.
+			s.snapshot[uid] = true
+		}
+		s.mu.Unlock()
 		return err
 	}
 	id := workloadapi.WorkloadIdentity(self)
@@ -125,6 +140,7 @@ func (s *Set) Add(uid string, info *zdspb.WorkloadInfo, netns *os.File) error {
 	if s.served == nil {
 		s.served = map[string]*served{}
 	}
+	delete(s.refused, uid)
 	old := s.served[uid]
 	s.served[uid] = &served{Pod: Pod{UID: uid, Info: info, Self: self, State: "Up"}, pod: pod, id: id}
 	if s.snapshot != nil {
@@ -167,6 +183,12 @@ func (s *Set) Snapshot() error {
 			delete(s.served, uid)
 		}
 	}
+	for uid := range s.refused {
+		if s.snapshot == nil || !s.snapshot[uid] {
+			delete(s.refused, uid) // the agent no longer holds it
+		}
+	}
+	s.synced = true
 	s.snapshot = nil
 	s.mu.Unlock()
 	for _, p := range gone {
@@ -182,11 +204,23 @@ func (s *Set) Begin() {
 	s.mu.Unlock()
 }
 
+// Ready reports whether the set serves every pod the agent holds, as far
+// as it knows: a snapshot has ended, and no pod it was handed is left
+// refused. A refused pod comes again only in a later snapshot (a new
+// connection) or goes with its Del, so until then the proxy is not ready;
+// during an upgrade that keeps the old proxy, which serves it, in place.
+func (s *Set) Ready() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.synced && len(s.refused) == 0
+}
+
 // Del implements zdsclient.Handler.
 func (s *Set) Del(uid string) error {
 	s.mu.Lock()
 	p := s.served[uid]
 	delete(s.served, uid)
+	delete(s.refused, uid)
 	s.mu.Unlock()
 	if p == nil {
 		return nil

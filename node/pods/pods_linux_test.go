@@ -124,3 +124,62 @@ func TestSetFollowsZDS(t *testing.T) {
 		t.Errorf("after Del: %d pods, %d refs", len(set.Pods()), c.ids[web])
 	}
 }
+
+// TestReadyAfterTheSnapshot: the set is ready once a snapshot has ended
+// with every pod in it served; a pod it could not serve keeps it unready
+// until the agent takes the pod back (Del) or a later snapshot no longer
+// holds it.
+func TestReadyAfterTheSnapshot(t *testing.T) {
+	pair := nettest.NewPair(t, netip.MustParsePrefix("10.234.0.0/24"))
+	netnsOf := func(path string) *os.File {
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	set := &Set{Node: "n1", Workloads: workloads{}, Certs: &certs{ids: map[workloadapi.Identity]int{}}, Server: &server{},
+		Log: slog.New(slog.DiscardHandler), ClusterID: "Kubernetes"}
+	defer set.Close()
+	info := &zdspb.WorkloadInfo{Name: "web-1", Namespace: "apps", ServiceAccount: "web"}
+	step := func(what string, want bool) {
+		t.Helper()
+		if got := set.Ready(); got != want {
+			t.Errorf("%s: Ready() = %v, want %v", what, got, want)
+		}
+	}
+
+	step("before any snapshot", false)
+	set.Begin()
+	if err := set.Add("uid-web", info, netnsOf(pair.A)); err != nil {
+		t.Fatal(err)
+	}
+	step("during the snapshot", false)
+	// Not a network namespace: the listeners cannot be opened.
+	if err := set.Add("uid-bad", &zdspb.WorkloadInfo{Name: "bad-1", Namespace: "apps"}, netnsOf(os.DevNull)); err == nil {
+		t.Fatal("Add of a file that is no network namespace succeeded")
+	}
+	if err := set.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	step("after a snapshot with a refused pod", false)
+	if err := set.Del("uid-bad"); err != nil {
+		t.Fatal(err)
+	}
+	step("once the refused pod is deleted", true)
+
+	// A later connection: refused again, then a snapshot without it.
+	if err := set.Add("uid-bad", &zdspb.WorkloadInfo{Name: "bad-1", Namespace: "apps"}, netnsOf(os.DevNull)); err == nil {
+		t.Fatal("Add of a file that is no network namespace succeeded")
+	}
+	step("after a refused Add", false)
+	set.Begin()
+	_ = set.Keep("uid-web")
+	if err := set.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	step("after a snapshot no longer holding the refused pod", true)
+	if pods := set.Pods(); len(pods) != 1 || pods[0].UID != "uid-web" {
+		t.Errorf("served after the second snapshot: %+v", pods)
+	}
+}

@@ -47,6 +47,9 @@ type metrics struct {
 	// refused counts connections the proxy closed before carrying them,
 	// for reasons other than policy (those are DENY above).
 	refused *prometheus.CounterVec
+	// cut counts accepted connections the proxy closed while they were
+	// open, for reasons other than policy.
+	cut *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -60,8 +63,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		received: mk("istio_tcp_received_bytes_total", "Bytes received from the destination during TCP connections."),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "canopy_node_connections_refused_total",
 			Help: "Connections the node proxy refused before carrying them, by reason."}, []string{"reason"}),
+		cut: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "canopy_node_connections_cut_total",
+			Help: "Accepted connections the node proxy closed while they were open, by reason (drain_period_over: still open when a stopping proxy's drain period ended)."}, []string{"reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.opened, m.closed, m.sent, m.received, m.refused} {
+	for _, c := range []prometheus.Collector{m.opened, m.closed, m.sent, m.received, m.refused, m.cut} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -37,8 +37,7 @@ func (p *pool) get(ctx context.Context, k poolKey, lim hbone.Limits, dial func(c
 	kept := p.conns[k][:0]
 	var found *hbone.ClientConn
 	for _, c := range p.conns[k] {
-		if !c.Usable() || c.IdleFor() > p.idleTimeout {
-			_ = c.Close()
+		if !p.keep(c) {
 			continue
 		}
 		kept = append(kept, c)
@@ -74,8 +73,7 @@ func (p *pool) sweep() {
 	for k, cs := range p.conns {
 		kept := cs[:0]
 		for _, c := range cs {
-			if !c.Usable() || c.IdleFor() > p.idleTimeout {
-				_ = c.Close()
+			if !p.keep(c) {
 				continue
 			}
 			kept = append(kept, c)
@@ -86,6 +84,22 @@ func (p *pool) sweep() {
 			p.conns[k] = kept
 		}
 	}
+}
+
+// keep reports whether c stays in the pool, and lets go of it if not. A
+// connection that can take no new stream (the peer sent GOAWAY: it is
+// draining, a restarting proxy) still carries the streams the peer kept,
+// and is closed only once they have ended; one idle too long is closed.
+func (p *pool) keep(c *hbone.ClientConn) bool {
+	switch {
+	case !c.Usable():
+		c.CloseWhenIdle()
+		return false
+	case c.IdleFor() > p.idleTimeout:
+		_ = c.Close()
+		return false
+	}
+	return true
 }
 
 func (p *pool) close() {

@@ -92,8 +92,16 @@ type Proxy struct {
 	pool    *pool
 	metrics *metrics
 
+	// open are the accepted connections whose handlers run, which Drain
+	// waits for.
+	open openSet
+
 	mu      sync.Mutex
 	inbound map[*hbone.ServerConn]struct{}
+	// pods are those ServePod serves, until their listeners close.
+	pods map[*servedPod]struct{}
+	// draining: Drain has begun; nothing new is served.
+	draining bool
 }
 
 // New returns a Proxy; its metrics go to reg.
@@ -103,7 +111,7 @@ func New(table Table, certs Certs, clusterID string, reg prometheus.Registerer, 
 		return nil, err
 	}
 	p := &Proxy{Table: table, Certs: certs, ClusterID: clusterID, Log: log.With("component", "proxy"), pool: newPool(), metrics: m,
-		inbound: map[*hbone.ServerConn]struct{}{}}
+		inbound: map[*hbone.ServerConn]struct{}{}, pods: map[*servedPod]struct{}{}}
 	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "canopy_node_connections_open",
 		Help: "Accepted connections held open now, node-wide (bounded by --max-connections)."},
 		func() float64 { return float64(p.conns.open()) })
@@ -116,30 +124,31 @@ func New(table Table, certs Certs, clusterID string, reg prometheus.Registerer, 
 // Close drops pooled connections.
 func (p *Proxy) Close() { p.pool.close() }
 
-// Drain tells every inbound HBONE connection to go away (GOAWAY: peers
-// open no new streams here) and waits up to grace for their streams to
-// finish, so a restarting proxy cuts no connection that ends in time.
-func (p *Proxy) Drain(grace time.Duration) {
-	p.mu.Lock()
-	conns := make([]*hbone.ServerConn, 0, len(p.inbound))
-	for sc := range p.inbound {
-		conns = append(conns, sc)
-	}
-	p.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, sc := range conns {
-		wg.Go(func() { sc.Shutdown(grace) })
-	}
-	wg.Wait()
-}
-
 // ServePod serves a pod's listeners until they close; self is the pod's
 // workload. Each accepted connection takes a slot of the pod's and of the
-// node's connection limits, or is closed at once.
+// node's connection limits, or is closed at once. A draining proxy serves
+// no new pod: its listeners are closed at once.
 func (p *Proxy) ServePod(pod *inpod.Pod, self *workloadapi.Workload) {
+	sp := &servedPod{pod: pod}
+	p.mu.Lock()
+	if p.draining {
+		p.mu.Unlock()
+		_ = pod.CloseListeners()
+		return
+	}
+	p.pods[sp] = struct{}{}
+	sp.accepting.Add(3)
+	p.mu.Unlock()
+	go func() {
+		sp.accepting.Wait()
+		p.mu.Lock()
+		delete(p.pods, sp)
+		p.mu.Unlock()
+	}()
 	lim := p.limits()
 	var podConns counter
-	serve := func(l net.Listener, handle func(net.Conn)) {
+	serve := func(l net.Listener, kind string, handle func(net.Conn)) {
+		defer sp.accepting.Done()
 		var backoff time.Duration
 		for {
 			c, err := l.Accept()
@@ -166,16 +175,20 @@ func (p *Proxy) ServePod(pod *inpod.Pod, self *workloadapi.Workload) {
 				p.refuse(c, reasonNodeLimit)
 				continue
 			}
+			// Registered before the next Accept: once the loop is over,
+			// Drain finds every connection it returned.
+			p.open.add(c, kind)
 			go func() {
 				defer podConns.release()
 				defer p.conns.release()
+				defer p.open.remove(c)
 				handle(c)
 			}()
 		}
 	}
-	go serve(pod.Outbound, func(c net.Conn) { p.outbound(c, pod, self) })
-	go serve(pod.Inbound, func(c net.Conn) { p.inboundPlain(c, pod, self) })
-	go serve(pod.HBONE, func(c net.Conn) { p.inboundHBONE(c, pod, self) })
+	go serve(pod.Outbound, kindOutbound, func(c net.Conn) { p.outbound(c, pod, self) })
+	go serve(pod.Inbound, kindInbound, func(c net.Conn) { p.inboundPlain(c, pod, self) })
+	go serve(pod.HBONE, kindHBONE, func(c net.Conn) { p.inboundHBONE(c, pod, self) })
 }
 
 func (p *Proxy) limits() Limits { return p.Limits.withDefaults() }
@@ -271,11 +284,13 @@ func (p *Proxy) outbound(c net.Conn, pod *inpod.Pod, src *workloadapi.Workload) 
 		}
 		p.countTimeout(err)
 		// A pooled connection the peer is closing (a drain, a restart)
-		// fails before the stream exists: try a fresh one, once. An
-		// answer from the peer (a status) is final.
+		// fails before the stream exists: try a fresh one, once. The
+		// failed one takes no new stream but keeps carrying the streams
+		// it has: a draining peer lets them finish. An answer from the
+		// peer (a status) is final.
 		var status *hbone.StatusError
 		if attempt == 0 && !errors.As(err, &status) {
-			_ = cc.Close()
+			cc.CloseWhenIdle()
 			continue
 		}
 		p.Log.Info("CONNECT refused", "to", dst.String(), "err", err)
@@ -396,7 +411,13 @@ func (p *Proxy) inboundHBONE(raw net.Conn, pod *inpod.Pod, self *workloadapi.Wor
 	})
 	p.mu.Lock()
 	p.inbound[sc] = struct{}{}
+	draining := p.draining
 	p.mu.Unlock()
+	if draining {
+		// Accepted just before the listeners closed, its handshake ended
+		// after Drain sent its GOAWAYs: the peer's streams go elsewhere.
+		sc.GoAway()
+	}
 	// Held until the connection ends, so that it keeps its slot of the
 	// connection limits for as long as it is open, not only while it
 	// shakes hands.
