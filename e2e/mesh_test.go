@@ -65,6 +65,7 @@ func TestMesh(t *testing.T) {
 		{"DemoScenario", testDemoScenario},
 		{"IstioctlShowsWhatCanopyctlShows", testIstioctl},
 		{"ProxylessGRPCThroughIstiosAgent", testProxylessGRPC},
+		{"UpgradeUnderLoad", testUpgradeUnderLoad},
 		{"StrictPeerAuthenticationRefusesPlaintext", testStrict},
 		{"AllowPolicyByServiceAccount", testAllowByServiceAccount},
 		{"UnlabelledNamespaceLeavesTheMesh", testUnlabel},
