@@ -145,6 +145,22 @@ func TestIptablesRedirectsTraffic(t *testing.T) {
 	}, "nat: ISTIO_OUTPUT rules")
 }
 
+// enrollAgain enrolls pod a second time with cfg: the kernel state
+// (dump) must not change, and Verify must still pass.
+func enrollAgain(t *testing.T, b Backend, pod string, cfg PodConfig, dump func(*testing.T, string) string) {
+	t.Helper()
+	before := dump(t, pod)
+	if err := b.Enroll(pod, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if after := dump(t, pod); after != before {
+		t.Errorf("state changed on a second Enroll:\n%s\n---\n%s", before, after)
+	}
+	if err := b.Verify(pod, cfg); err != nil {
+		t.Error(err)
+	}
+}
+
 // testBackend enrolls a real pod netns and sends real connections through
 // it; dump shows the backend's state, tamper breaks it behind its back
 // (Verify must then report want).
@@ -223,18 +239,7 @@ func testBackend(t *testing.T, b Backend, dump func(*testing.T, string) string, 
 		}
 	})
 
-	t.Run("enrolling twice leaves the same state", func(t *testing.T) {
-		before := dump(t, p.pod)
-		if err := b.Enroll(p.pod, cfg); err != nil {
-			t.Fatal(err)
-		}
-		if after := dump(t, p.pod); after != before {
-			t.Errorf("ruleset changed on a second Enroll:\n%s\n---\n%s", before, after)
-		}
-		if err := b.Verify(p.pod, cfg); err != nil {
-			t.Error(err)
-		}
-	})
+	t.Run("enrolling twice leaves the same state", func(t *testing.T) { enrollAgain(t, b, p.pod, cfg, dump) })
 
 	t.Run("drift is found and repaired", func(t *testing.T) {
 		tamper(t, p.pod)
