@@ -88,22 +88,7 @@ func TestWatcherConverges(t *testing.T) {
 	x := index.New(ambient.Config{})
 	var rec recorder
 	w := kubeinput.New(kubeinput.Clients{Kube: env.Client, Istio: istio, Gateway: gw}, x, rec.add, slog.New(slog.DiscardHandler))
-	runCtx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(runCtx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	select {
-	case <-w.Synced():
-	case err := <-done:
-		t.Fatalf("watcher ended before sync: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("informers did not sync")
-	}
+	runSynced(t, w)
 
 	ns := env.Namespace(t, "tables", nil)
 	c := env.Client
@@ -225,6 +210,24 @@ func TestSyncedMeansApplied(t *testing.T) {
 	x := &slowPods{Index: index.New(ambient.Config{}), ns: ns, hold: time.Second}
 	w := kubeinput.New(kubeinput.Clients{Kube: env.Client, Istio: istio, Gateway: gw}, x, nil, slog.New(slog.DiscardHandler))
 	x.synced = w.Synced
+	runSynced(t, w)
+	var missing []string
+	for i := range pods {
+		if x.Pod(ns, fmt.Sprintf("p%d", i)) == nil {
+			missing = append(missing, fmt.Sprintf("p%d", i))
+		}
+	}
+	x.mu.Lock()
+	late := x.late
+	x.mu.Unlock()
+	if len(missing) > 0 || len(late) > 0 {
+		t.Errorf("at Synced the index lacked pods %q; pods applied after Synced: %q", missing, late)
+	}
+}
+
+// runSynced runs w until the test ends and waits for its first sync.
+func runSynced(t *testing.T, w *kubeinput.Watcher) {
+	t.Helper()
 	runCtx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(runCtx) }()
@@ -240,17 +243,5 @@ func TestSyncedMeansApplied(t *testing.T) {
 		t.Fatalf("watcher ended before sync: %v", err)
 	case <-time.After(30 * time.Second):
 		t.Fatal("informers did not sync")
-	}
-	var missing []string
-	for i := range pods {
-		if x.Pod(ns, fmt.Sprintf("p%d", i)) == nil {
-			missing = append(missing, fmt.Sprintf("p%d", i))
-		}
-	}
-	x.mu.Lock()
-	late := x.late
-	x.mu.Unlock()
-	if len(missing) > 0 || len(late) > 0 {
-		t.Errorf("at Synced the index lacked pods %q; pods applied after Synced: %q", missing, late)
 	}
 }
