@@ -215,6 +215,26 @@ func (p *Pod) MigratesRequests() (bool, error) {
 // namespace of the thread that opens it.
 const migrateSysctl = "/proc/sys/net/ipv4/tcp_migrate_req"
 
+// Holds reports whether f names the network namespace this Pod is in: the
+// same namespace handed over again (a CNI agent that restarted sends every
+// pod anew) needs no new listeners.
+func (p *Pod) Holds(f *os.File) (bool, error) {
+	var other unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &other); err != nil {
+		return false, fmt.Errorf("stat the handed network namespace: %w", err)
+	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.netns == nil {
+		return false, nil
+	}
+	var own unix.Stat_t
+	if err := unix.Fstat(int(p.netns.Fd()), &own); err != nil {
+		return false, fmt.Errorf("stat the pod's network namespace: %w", err)
+	}
+	return own.Dev == other.Dev && own.Ino == other.Ino, nil
+}
+
 // Close closes the listeners and the namespace handle; dials after it
 // fail with ErrClosed. It is safe to repeat.
 func (p *Pod) Close() error {

@@ -119,6 +119,9 @@ func (s *Set) Add(uid string, info *zdspb.WorkloadInfo, netns *os.File) error {
 		self = s.provisional(info)
 		s.Log.Debug("serving pod before its workload arrived over xDS", "uid", uid, "pod", info.GetNamespace()+"/"+info.GetName())
 	}
+	if s.keep(uid, info, netns) {
+		return nil
+	}
 	pod, err := inpod.Open(netns)
 	if err != nil {
 		s.mu.Lock()
@@ -153,6 +156,34 @@ func (s *Set) Add(uid string, info *zdspb.WorkloadInfo, netns *os.File) error {
 	s.Server.ServePod(pod, self)
 	s.Log.Debug("serving pod", "uid", uid, "pod", info.GetNamespace()+"/"+info.GetName(), "identity", id.String())
 	return nil
+}
+
+// keep takes an Add of a pod already served in the same network namespace
+// (a CNI agent that restarted hands over every pod again): its listeners
+// stay, so nothing queued on them or in flight to them is disturbed, and
+// the new handle is closed. It reports whether it took the Add.
+func (s *Set) keep(uid string, info *zdspb.WorkloadInfo, netns *os.File) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.served[uid]
+	if p == nil {
+		return false
+	}
+	same, err := p.pod.Holds(netns)
+	if err != nil {
+		s.Log.Warn("cannot tell whether a pod's network namespace changed; serving it anew", "uid", uid, "err", err)
+		return false
+	}
+	if !same {
+		return false
+	}
+	_ = netns.Close()
+	p.Info = info
+	if s.snapshot != nil {
+		s.snapshot[uid] = true
+	}
+	s.Log.Debug("pod handed over again in the same network namespace; keeping its listeners", "uid", uid)
+	return true
 }
 
 // stop closes a pod's listeners (its open connections finish on their

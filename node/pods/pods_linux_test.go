@@ -1,12 +1,15 @@
 package pods
 
 import (
+	"errors"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/canopy-mesh/canopy/internal/testing/nettest"
 	"github.com/canopy-mesh/canopy/node/inpod"
@@ -37,10 +40,12 @@ func (c *certs) Remove(id workloadapi.Identity) { c.mu.Lock(); c.ids[id]--; c.mu
 type server struct {
 	mu          sync.Mutex
 	names, uids []string
+	pods        []*inpod.Pod
 }
 
-func (s *server) ServePod(_ *inpod.Pod, self *workloadapi.Workload) {
+func (s *server) ServePod(pod *inpod.Pod, self *workloadapi.Workload) {
 	s.mu.Lock()
+	s.pods = append(s.pods, pod)
 	s.names = append(s.names, self.GetName())
 	s.uids = append(s.uids, self.GetUid())
 	s.mu.Unlock()
@@ -123,6 +128,88 @@ func TestSetFollowsZDS(t *testing.T) {
 	if len(set.Pods()) != 0 || c.ids[web] != 0 {
 		t.Errorf("after Del: %d pods, %d refs", len(set.Pods()), c.ids[web])
 	}
+}
+
+// TestSameNetnsKeepsListeners: a restarted CNI agent hands every pod over
+// again. A pod handed over in the network namespace it is served in keeps
+// its listeners (a new set would be a moment where its queued connections
+// move, and, on a kernel without migration, are reset); a pod handed over
+// in another namespace (its sandbox was replaced) is served anew.
+func TestSameNetnsKeepsListeners(t *testing.T) {
+	pair := nettest.NewPair(t, netip.MustParsePrefix("10.222.1.0/24"))
+	open := func(path string) *os.File {
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	web := workloadapi.Identity{TrustDomain: "cluster.local", Namespace: "apps", ServiceAccount: "web"}
+	c := &certs{ids: map[workloadapi.Identity]int{}}
+	srv := &server{}
+	set := &Set{Node: "n1", Workloads: workloads{}, Certs: c, Server: srv, Log: slog.New(slog.DiscardHandler), ClusterID: "Kubernetes"}
+	defer set.Close()
+	info := &zdspb.WorkloadInfo{Name: "web-1", Namespace: "apps", ServiceAccount: "web"}
+
+	set.Begin()
+	if err := set.Add("uid-web", info, open(pair.A)); err != nil {
+		t.Fatal(err)
+	}
+	_ = set.Snapshot()
+	first := srv.pods[0]
+
+	// The agent restarts: a new connection, the same pod, the same netns.
+	set.Begin()
+	again := open(pair.A)
+	if err := set.Add("uid-web", info, again); err != nil {
+		t.Fatal(err)
+	}
+	_ = set.Snapshot()
+	if len(srv.pods) != 1 {
+		t.Fatalf("the pod was served %d times, want once: its listeners were replaced", len(srv.pods))
+	}
+	if _, err := again.Stat(); err == nil {
+		t.Error("the handle handed over again is still open; want it closed")
+	}
+	if got := len(set.Pods()); got != 1 {
+		t.Fatalf("%d pods served after the snapshot, want 1", got)
+	}
+	if err := acceptErr(t, first.Outbound); errors.Is(err, net.ErrClosed) {
+		t.Fatal("the pod's first listeners were closed")
+	}
+	if c.ids[web] != 1 {
+		t.Errorf("certificate refs for web = %d, want 1", c.ids[web])
+	}
+
+	// The sandbox was replaced: same UID, another netns. Served anew,
+	// the old listeners closed.
+	if err := set.Add("uid-web", info, open(pair.B)); err != nil {
+		t.Fatal(err)
+	}
+	if len(srv.pods) != 2 {
+		t.Fatalf("a pod in a new netns was served %d times in all, want 2", len(srv.pods))
+	}
+	if err := acceptErr(t, first.Outbound); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("the replaced netns's listener: accept err %v, want net.ErrClosed", err)
+	}
+	if c.ids[web] != 1 {
+		t.Errorf("certificate refs for web = %d, want 1", c.ids[web])
+	}
+}
+
+// acceptErr is what an accept on l with nothing queued ends with: a
+// timeout while l is open, net.ErrClosed once it is closed.
+func acceptErr(t *testing.T, l net.Listener) error {
+	t.Helper()
+	tl, ok := l.(*net.TCPListener)
+	if !ok {
+		t.Fatalf("listener is a %T, want *net.TCPListener", l)
+	}
+	if err := tl.SetDeadline(time.Now().Add(20 * time.Millisecond)); err != nil {
+		return err
+	}
+	_, err := tl.Accept()
+	return err
 }
 
 // TestReadyAfterTheSnapshot: the set is ready once a snapshot has ended
