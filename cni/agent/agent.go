@@ -31,6 +31,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -230,10 +231,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), podInformer.Informer().HasSynced, nsInformer.Informer().HasSynced) {
 		return nil
 	}
-	// The host rules start empty (pods join as they are enrolled); the
-	// first pass enrolls what already runs and repairs what drifted while
-	// the agent was away.
-	if err := a.host.Sync(nil); err != nil {
+	// The host rules are rewritten with the IPs of the ambient pods the
+	// first pass will enroll, which an agent that restarts finds there
+	// already: their kubelet probes never miss the rule. The pass then
+	// enrolls what already runs, repairs what drifted while the agent was
+	// away, and drops from the set what it could not enroll.
+	if err := a.host.Sync(a.ambientIPs()); err != nil {
 		return fmt.Errorf("host probe rules: %w", err)
 	}
 	if a.cfg.NamespaceRecord != "" {
@@ -275,6 +278,22 @@ func (a *Agent) pokeRecord() {
 func (a *Agent) decide(pod *corev1.Pod) (enroll.Decision, error) {
 	ns, _ := a.namespaces.Get(pod.Namespace)
 	return enroll.Decide(pod, ns, a.cfg.Enroll)
+}
+
+// ambientIPs are the IPs of the node's running pods that belong in the
+// mesh as ambient pods, from the informer's view.
+func (a *Agent) ambientIPs() []netip.Addr {
+	pods, err := a.pods.List(labels.Everything())
+	if err != nil {
+		return nil
+	}
+	var ips []netip.Addr
+	for _, pod := range pods {
+		if d, err := a.decide(pod); err == nil && d.Enroll && d.Pod.Sidecar == nil && running(pod) {
+			ips = append(ips, podIPs(pod)...)
+		}
+	}
+	return ips
 }
 
 // podIPs returns a pod's IPs from its status.

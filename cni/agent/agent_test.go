@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -233,6 +234,44 @@ func podProcess(t *testing.T, netnsPath string, uid types.UID) {
 	go func() { _ = cmd.Wait() }()
 }
 
+// tableHandle is the header line of the pod's redirection table with its
+// kernel handle, which a rewrite of the table changes.
+func tableHandle(t *testing.T, podNetns string) string {
+	t.Helper()
+	out := nettest.In(t, podNetns, func() ([]byte, error) {
+		return exec.Command("nft", "-a", "list", "table", "inet", redirect.NatTable).CombinedOutput()
+	})
+	line, _, _ := strings.Cut(string(out), "\n")
+	return line
+}
+
+// watchProbes reads the host probe set in the node netns every few
+// milliseconds until the test ends; the func it returns stops it and
+// says which of ips was missing at some read, and when, or "".
+func watchProbes(t *testing.T, nodeNetns string, ips []netip.Addr) func() string {
+	t.Helper()
+	host := hostrules.Rules{ProbeSNAT: redirect.DefaultProbeSNAT, ProbeSNATv6: redirect.DefaultProbeSNATv6, Netns: nodeNetns}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan string, 1)
+	go func() {
+		start := time.Now()
+		for ctx.Err() == nil {
+			got, err := host.Members()
+			if err == nil {
+				for _, ip := range ips {
+					if !slices.Contains(got, ip) {
+						done <- fmt.Sprintf("%s at %v", ip, time.Since(start).Round(time.Millisecond))
+						return
+					}
+				}
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		done <- ""
+	}()
+	return func() string { cancel(); return <-done }
+}
+
 func createPod(t *testing.T, ns, name, node string, ip netip.Addr, labels map[string]string) *corev1.Pod {
 	t.Helper()
 	ctx := t.Context()
@@ -387,10 +426,47 @@ func TestAgentKeepsPodsEnrolled(t *testing.T) {
 	outer := t // the restarted agent outlives its subtest
 	var n2 *node
 	t.Run("an agent restart gives the node proxy a full snapshot", func(t *testing.T) {
+		// What the rest of the mesh sees of the restart: every change to
+		// the pods' redirection annotation, and the host probe set, read
+		// every few milliseconds.
+		w, err := env.Client.CoreV1().Pods(ns).Watch(t.Context(), metav1.ListOptions{ResourceVersion: getPod(t, ns, "fresh").ResourceVersion})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Stop()
+		probed := []netip.Addr{running.AddrA, fresh.AddrA}
+		probesGone := watchProbes(t, running.B, probed)
+		handle := func() string { return tableHandle(t, fresh.A) }
+		before := handle()
+
 		n.stop()
 		proxy.reset()
 		n2 = startNode(outer, nodeName, zdsPath, running.B, stateDir)
 		eventually.Within(t, settle, "a snapshot", func() bool { return proxy.saw("snapshot") })
+		// A pass after the snapshot has published whatever it would.
+		time.Sleep(time.Second)
+		if after := handle(); after != before {
+			t.Errorf("the restarted agent rewrote a pod's rules that were in place: table %q became %q", before, after)
+		}
+		if gone := probesGone(); gone != "" {
+			t.Errorf("during the restart the host probe set lost an enrolled pod's IP: %s", gone)
+		}
+	drain:
+		for {
+			select {
+			case ev := <-w.ResultChan():
+				p, ok := ev.Object.(*corev1.Pod)
+				if !ok || (p.Name != "running" && p.Name != "fresh") {
+					continue
+				}
+				if got := p.Annotations[enroll.AnnotationRedirection]; got != enroll.RedirectionEnabled {
+					t.Errorf("during the restart pod %s was annotated %s=%q (every node proxy would switch it to plain TCP), want %q throughout",
+						p.Name, enroll.AnnotationRedirection, got, enroll.RedirectionEnabled)
+				}
+			default:
+				break drain
+			}
+		}
 		proxy.mu.Lock()
 		got := slices.Clone(proxy.got[:3])
 		proxy.mu.Unlock()

@@ -118,7 +118,7 @@ func (a *Agent) cmdAdd(ctx context.Context, req pluginevent.Request) (plugineven
 	}
 	unlock := a.locks.lock(pod.UID)
 	defer unlock()
-	if err := a.enrollPod(ctx, pod, f, req.Netns, ips, d.Pod); err != nil {
+	if err := a.enrollPod(ctx, pod, f, req.Netns, false, ips, d.Pod); err != nil {
 		return pluginevent.Response{}, err
 	}
 	return pluginevent.Response{Enrolled: true, Reason: d.Reason}, nil

@@ -26,7 +26,7 @@ import (
 // A failed enrollment leaves nothing of the pod in ZDS: a node proxy must
 // never serve a pod the agent could not enroll, so the ZDS server forgets
 // it (closing its handle on the netns) and every node proxy is told.
-func (a *Agent) enrollPod(ctx context.Context, pod *corev1.Pod, f *os.File, source string, ips []netip.Addr, cfg redirect.PodConfig) error {
+func (a *Agent) enrollPod(ctx context.Context, pod *corev1.Pod, f *os.File, source string, adopted bool, ips []netip.Addr, cfg redirect.PodConfig) error {
 	// A pod that changes mode leaves the old one entirely first: the node
 	// proxy, the probe set and the annotation are ambient's only.
 	if old := a.memberOf(pod.UID); old != nil && old.sidecar() != (cfg.Sidecar != nil) {
@@ -56,8 +56,13 @@ func (a *Agent) enrollPod(ctx context.Context, pod *corev1.Pod, f *os.File, sour
 		return a.failed(ctx, pod, modeAmbient, err)
 	}
 	m := &member{namespace: pod.Namespace, name: pod.Name, uid: pod.UID, netns: f, ips: ips, cfg: cfg}
-	if err := a.backend.Enroll(m.path(), cfg); err != nil {
-		return fail(err)
+	// An adopted pod whose rules are as they should be keeps them
+	// untouched: rewriting them is a needless moment of kernel churn in a
+	// pod that carries traffic.
+	if !adopted || a.backend.Verify(m.path(), cfg) != nil {
+		if err := a.backend.Enroll(m.path(), cfg); err != nil {
+			return fail(err)
+		}
 	}
 	if err := a.addProbes(ips); err != nil {
 		return fail(fmt.Errorf("host probe set: %w", err))
@@ -71,6 +76,15 @@ func (a *Agent) enrollPod(ctx context.Context, pod *corev1.Pod, f *os.File, sour
 			return fail(fmt.Errorf("node proxy: %w", err))
 		}
 		state, reason = enroll.RedirectionPending, ReasonPending
+		if adopted && pod.Annotations[enroll.AnnotationRedirection] == enroll.RedirectionEnabled {
+			// A node proxy took the pod from an earlier agent, and node
+			// proxies keep their pods while the agent is away: it still
+			// serves them, and takes them again from this agent's ZDS
+			// snapshot. Saying pending now would flip the pod's workload
+			// from HBONE to plain TCP in every node proxy of the mesh
+			// for the length of an agent restart, and back.
+			state, reason = enroll.RedirectionEnabled, ReasonVerified
+		}
 	}
 	now := a.cfg.Now()
 	m.state, m.verified, m.published = state, now, now

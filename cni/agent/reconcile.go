@@ -173,7 +173,7 @@ func (a *Agent) enrollRunning(ctx context.Context, pod *corev1.Pod, ips []netip.
 	if ok {
 		f, err := openRecorded(rec, ips[0])
 		if err == nil {
-			return a.enrollPod(ctx, pod, f, rec.Netns, ips, cfg) == nil
+			return a.enrollPod(ctx, pod, f, rec.Netns, true, ips, cfg) == nil
 		}
 		// The sandbox was replaced behind the agent's back.
 		a.log.Info("the pod's recorded network namespace is gone; looking for its processes", "pod", key, "err", err)
@@ -190,7 +190,7 @@ func (a *Agent) enrollRunning(ctx context.Context, pod *corev1.Pod, ips []netip.
 		}
 		return false
 	}
-	return a.enrollPod(ctx, pod, f, "the network namespace of the pod's processes", ips, cfg) == nil
+	return a.enrollPod(ctx, pod, f, "the network namespace of the pod's processes", true, ips, cfg) == nil
 }
 
 // verify checks an enrolled pod against the kernel and repairs it. A

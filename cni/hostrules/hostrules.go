@@ -247,30 +247,63 @@ func (r Rules) Verify(ips []netip.Addr) ([]string, error) {
 }
 
 func verifySet(conn *nftables.Conn, t *nftables.Table, f family, ips []netip.Addr) ([]string, error) {
-	set, err := conn.GetSetByName(t, f.set)
+	have, ok, err := members(conn, t, f)
 	if err != nil {
+		return nil, err
+	}
+	if !ok {
 		return []string{"missing set " + f.set}, nil
 	}
-	els, err := conn.GetSetElements(set)
-	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", f.set, err)
-	}
-	var have, want []string
-	for _, e := range els {
-		if a, ok := netip.AddrFromSlice(e.Key); ok {
-			have = append(have, a.String())
-		}
-	}
+	var want []netip.Addr
 	for _, e := range setElements(ips, f) {
 		a, _ := netip.AddrFromSlice(e.Key)
-		want = append(want, a.String())
+		want = append(want, a)
 	}
-	slices.Sort(have)
-	slices.Sort(want)
+	slices.SortFunc(have, netip.Addr.Compare)
+	slices.SortFunc(want, netip.Addr.Compare)
 	if !slices.Equal(have, want) {
 		return []string{fmt.Sprintf("set %s holds %v, want %v", f.set, have, want)}, nil
 	}
 	return nil, nil
+}
+
+// members lists the addresses in f's set; ok is false when the set is
+// missing.
+func members(conn *nftables.Conn, t *nftables.Table, f family) (ips []netip.Addr, ok bool, err error) {
+	set, err := conn.GetSetByName(t, f.set)
+	if err != nil {
+		return nil, false, nil
+	}
+	els, err := conn.GetSetElements(set)
+	if err != nil {
+		return nil, true, fmt.Errorf("list %s: %w", f.set, err)
+	}
+	for _, e := range els {
+		if a, ok := netip.AddrFromSlice(e.Key); ok {
+			ips = append(ips, a)
+		}
+	}
+	return ips, true, nil
+}
+
+// Members lists the addresses in the probe sets, both families; a missing
+// table or set holds none.
+func (r Rules) Members() ([]netip.Addr, error) {
+	conn, done, err := r.conn()
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	t, _, _ := r.objects()
+	var all []netip.Addr
+	for _, f := range r.families() {
+		ips, _, err := members(conn, t, f)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, ips...)
+	}
+	return all, nil
 }
 
 // Delete removes the host table (uninstall).
