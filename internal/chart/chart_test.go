@@ -92,6 +92,46 @@ func TestRenderShape(t *testing.T) {
 	}
 }
 
+// TestComponentImageTags: a component's imageTag overrides image.tag for
+// its image and its version label only, so that an upgrade can move one
+// component at a time.
+func TestComponentImageTags(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		set  []string
+		want map[string]string
+	}{
+		{"chart version", nil, map[string]string{"canopy-controller": "v0.9.0", "canopy-cni-agent": "v0.9.0", "ztunnel": "v0.9.0"}},
+		{"image.tag", []string{"image.tag=v1"}, map[string]string{"canopy-controller": "v1", "canopy-cni-agent": "v1", "ztunnel": "v1"}},
+		{"the node proxy alone", []string{"image.tag=v1", "node.imageTag=v2"}, map[string]string{"canopy-controller": "v1", "canopy-cni-agent": "v1", "ztunnel": "v2"}},
+		{"each its own", []string{"controller.imageTag=c", "cniAgent.imageTag=a", "node.imageTag=n"}, map[string]string{"canopy-controller": "c", "canopy-cni-agent": "a", "ztunnel": "n"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := render(t, chart.Options{Namespace: "istio-system", Version: "v0.9.0", Set: tt.set})
+			got := map[string]string{}
+			for _, o := range r.Objects {
+				if o.GetKind() != "Deployment" && o.GetKind() != "DaemonSet" {
+					continue
+				}
+				cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+				image := cs[0].(map[string]any)["image"].(string)
+				tag := image[strings.LastIndex(image, ":")+1:]
+				labels, _, _ := unstructured.NestedStringMap(o.Object, "spec", "template", "metadata", "labels")
+				if v := labels["app.kubernetes.io/version"]; v != tag {
+					t.Errorf("%s: image tag %q, version label %q", o.GetName(), tag, v)
+				}
+				got[o.GetName()] = tag
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("image tags (-want +got):\n%s", diff)
+			}
+		})
+	}
+	if _, err := chart.Render(charts.Canopy(), chart.Options{Namespace: "istio-system", Set: []string{"node.imageTag=bad tag"}}); err == nil {
+		t.Error("node.imageTag=\"bad tag\" rendered; want the schema to refuse it")
+	}
+}
+
 // TestNodeProxyHandOver: the node proxy's DaemonSet rolls with a surge
 // (the new proxy ready beside the old one before the old one stops),
 // nothing in its pod keeps two of them off one node, and the kubelet

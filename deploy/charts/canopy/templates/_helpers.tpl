@@ -1,6 +1,14 @@
 {{/* The image of a component: hub/name:tag, tag defaulting to appVersion. */}}
 {{- define "canopy.image" -}}
-{{ .root.Values.image.hub }}/{{ .name }}:{{ .root.Values.image.tag | default .root.Chart.AppVersion }}
+{{ .root.Values.image.hub }}/{{ .name }}:{{ include "canopy.tag" . }}
+{{- end }}
+
+{{/*
+A component's image tag: its own (.tag, from <component>.imageTag) when
+set, else image.tag, else the chart's appVersion.
+*/}}
+{{- define "canopy.tag" -}}
+{{ .tag | default .root.Values.image.tag | default .root.Chart.AppVersion }}
 {{- end }}
 
 {{/*
@@ -15,7 +23,7 @@ app: {{ .app | default .name }}
 app.kubernetes.io/name: {{ .name }}
 app.kubernetes.io/part-of: canopy
 app.kubernetes.io/instance: {{ .root.Release.Name }}
-app.kubernetes.io/version: {{ .root.Values.image.tag | default .root.Chart.AppVersion | quote }}
+app.kubernetes.io/version: {{ include "canopy.tag" . | quote }}
 app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 {{- end }}
 
