@@ -57,9 +57,9 @@ func testUpgradeUnderLoad(t *testing.T, m *mesh) {
 
 	for i := range pods {
 		rep := loadReport(t, m, &pods[i], run+time.Minute)
-		t.Logf("%s on %s: %d new connections, %d failed %v, longest stall %s; %d held, %d cut, %d echoes; errors %q (upgrade done %s into the run)",
-			pods[i].Name, pods[i].Spec.NodeName, rep.Connections, rep.Failures, rep.ByKind, rep.LongestStall,
-			rep.Held, rep.HeldFailures, rep.HeldEchoes, rep.Errors, upgraded.Round(time.Second))
+		t.Logf("%s on %s: %d new connections, %d failed %v (by second of the run: %v), longest stall %s; %d held, %d cut, %d echoes; errors %q (run began %s, upgrade done %s into it)",
+			pods[i].Name, pods[i].Spec.NodeName, rep.Connections, rep.Failures, rep.ByKind, rep.FailuresAt, rep.LongestStall,
+			rep.Held, rep.HeldFailures, rep.HeldEchoes, rep.Errors, rep.Start.Format("15:04:05.000"), upgraded.Round(time.Second))
 		if rep.Failures != 0 {
 			t.Errorf("%s: %d of %d new connections failed during the upgrade: %v %q", pods[i].Name, rep.Failures, rep.Connections, rep.ByKind, rep.Errors)
 		}

@@ -69,6 +69,11 @@ type LoadReport struct {
 	HeldFailures int      `json:"heldFailures"`
 	HeldEchoes   int      `json:"heldEchoes"`
 	Errors       []string `json:"errors,omitempty"`
+	// Start is when the run began; FailuresAt counts the failures of new
+	// connections by the second of the run they happened in, to line them
+	// up with what else happened then (a component's roll, its logs).
+	Start      time.Time   `json:"start"`
+	FailuresAt map[int]int `json:"failuresAt,omitempty"`
 }
 
 // loadRun accumulates a report from the run's goroutines.
@@ -101,6 +106,15 @@ func (l *loadRun) fail(err error, held bool) {
 	}
 }
 
+func (l *loadRun) failedAt(second int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.r.FailuresAt == nil {
+		l.r.FailuresAt = map[int]int{}
+	}
+	l.r.FailuresAt[second]++
+}
+
 func failureKind(err error) string {
 	var ne net.Error
 	switch {
@@ -129,6 +143,9 @@ func RunLoad(ctx context.Context, d Dialer, cfg LoadConfig) (LoadReport, error) 
 		wg.Go(func() { run.hold(ctx, d, cfg, i) })
 	}
 	start := time.Now()
+	run.mu.Lock()
+	run.r.Start = start
+	run.mu.Unlock()
 	last := start
 	var stall time.Duration
 	for ctx.Err() == nil {
@@ -144,6 +161,7 @@ func RunLoad(ctx context.Context, d Dialer, cfg LoadConfig) (LoadReport, error) 
 		run.mu.Unlock()
 		if err != nil {
 			run.fail(err, false)
+			run.failedAt(int(now.Sub(start) / time.Second))
 		} else {
 			stall = max(stall, now.Sub(last))
 			last = now
