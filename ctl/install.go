@@ -45,6 +45,14 @@ type InstallOptions struct {
 	Revision string
 }
 
+// Check checks the options without a cluster.
+func (o InstallOptions) Check() error {
+	if o.SkipCRDs && o.ForceCRDs {
+		return errors.New("--skip-crds and --force-crds: pass one or the other")
+	}
+	return CheckRevision(o.Revision)
+}
+
 // RenderChart renders the embedded chart with the options' values.
 func RenderChart(opts InstallOptions) (*chart.Rendered, error) {
 	vals := map[string]any{}
@@ -73,7 +81,7 @@ func RenderChart(opts InstallOptions) (*chart.Rendered, error) {
 // canopyctl upgrade rolls one component at a time. A revision's install
 // waits only for its own controller.
 func Install(ctx context.Context, c *cluster.Cluster, opts InstallOptions, w io.Writer) error {
-	if err := CheckRevision(opts.Revision); err != nil {
+	if err := opts.Check(); err != nil {
 		return err
 	}
 	r, err := RenderChart(opts)
@@ -275,6 +283,17 @@ type UninstallOptions struct {
 	Revision string
 }
 
+// Check checks the options without a cluster.
+func (o UninstallOptions) Check() error {
+	if err := CheckRevision(o.Revision); err != nil {
+		return err
+	}
+	if o.Revision != "" && (o.Purge || o.RemoveCRDs) {
+		return fmt.Errorf("uninstall --revision %s: --purge and --remove-crds remove what every revision shares; they go with the default release (canopyctl uninstall)", o.Revision)
+	}
+	return nil
+}
+
 // Uninstall removes Canopy. The CNI agents go first: deleting their
 // DaemonSet makes each take its node's pods out of the mesh (rules, node
 // proxy, annotations) while the node proxies and RBAC still exist; then
@@ -283,11 +302,8 @@ type UninstallOptions struct {
 // With a Revision it deletes only that revision's control plane, and
 // refuses while the node proxies use its controller.
 func Uninstall(ctx context.Context, c *cluster.Cluster, opts UninstallOptions, w io.Writer) error {
-	if err := CheckRevision(opts.Revision); err != nil {
+	if err := opts.Check(); err != nil {
 		return err
-	}
-	if opts.Revision != "" && (opts.Purge || opts.RemoveCRDs) {
-		return fmt.Errorf("uninstall --revision %s: --purge and --remove-crds remove what every revision shares; they go with the default release (canopyctl uninstall)", opts.Revision)
 	}
 	r, err := RenderChart(InstallOptions{Namespace: opts.Namespace, Revision: opts.Revision})
 	if err != nil {

@@ -49,6 +49,17 @@ func upgradeOrder() []component {
 	}
 }
 
+// Check checks the options without a cluster.
+func (o UpgradeOptions) Check() error {
+	if err := o.InstallOptions.Check(); err != nil {
+		return err
+	}
+	if o.Wait <= 0 {
+		return fmt.Errorf("upgrade: --wait must be positive (got %s): each step waits for its rollout before the next starts", o.Wait)
+	}
+	return nil
+}
+
 // Step is one step of an upgrade: its objects are applied together, then
 // its rollouts are waited for.
 type Step struct {
@@ -142,11 +153,8 @@ const revisionLabel = "istio.io/rev"
 // opts.Wait stops the upgrade, naming the component and its stuck pods;
 // the later steps are not applied. With DryRun it prints the plan.
 func Upgrade(ctx context.Context, c *cluster.Cluster, opts UpgradeOptions, w io.Writer) error {
-	if err := CheckRevision(opts.Revision); err != nil {
+	if err := opts.Check(); err != nil {
 		return err
-	}
-	if opts.Wait <= 0 {
-		return fmt.Errorf("upgrade: --wait must be positive (got %s): each step waits for its rollout before the next starts", opts.Wait)
 	}
 	r, err := RenderChart(opts.InstallOptions)
 	if err != nil {
