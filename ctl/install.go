@@ -39,6 +39,18 @@ type InstallOptions struct {
 	DryRun bool
 	// Wait bounds the wait for readiness; zero does not wait.
 	Wait time.Duration
+	// Revision, when set, installs a control-plane revision beside the
+	// default one (the chart's revision value): only its controller,
+	// named and labelled for it; see CheckRevision.
+	Revision string
+}
+
+// Check checks the options without a cluster.
+func (o InstallOptions) Check() error {
+	if o.SkipCRDs && o.ForceCRDs {
+		return errors.New("--skip-crds and --force-crds: pass one or the other")
+	}
+	return CheckRevision(o.Revision)
 }
 
 // RenderChart renders the embedded chart with the options' values.
@@ -55,12 +67,23 @@ func RenderChart(opts InstallOptions) (*chart.Rendered, error) {
 		}
 		vals = mergeValues(vals, v)
 	}
-	return chart.Render(charts.Canopy(), chart.Options{Namespace: opts.Namespace, Version: opts.Version, Values: vals, Set: opts.Set})
+	set := opts.Set
+	if opts.Revision != "" {
+		// Last, so that the flag wins over a values file or --set.
+		set = append(slices.Clone(set), "revision="+opts.Revision)
+	}
+	return chart.Render(charts.Canopy(), chart.Options{Namespace: opts.Namespace, Version: opts.Version, Values: vals, Set: set})
 }
 
 // Install renders the chart, applies it and waits until the controller
-// and every DaemonSet pod are ready, printing progress to w.
+// and every DaemonSet pod are ready, printing progress to w. On a release
+// that is already installed it applies everything at once, saying that
+// canopyctl upgrade rolls one component at a time. A revision's install
+// waits only for its own controller.
 func Install(ctx context.Context, c *cluster.Cluster, opts InstallOptions, w io.Writer) error {
+	if err := opts.Check(); err != nil {
+		return err
+	}
 	r, err := RenderChart(opts)
 	if err != nil {
 		return err
@@ -70,6 +93,13 @@ func Install(ctx context.Context, c *cluster.Cluster, opts InstallOptions, w io.
 	}
 	if err := ensureNamespace(ctx, c, opts.Namespace); err != nil {
 		return err
+	}
+	if name, ok := controllerDeployment(r); ok {
+		_, err := c.Client.AppsV1().Deployments(opts.Namespace).Get(ctx, name, metav1.GetOptions{})
+		if err == nil {
+			fmt.Fprintf(w, "%s is already installed in namespace %s: applying every component at once (canopyctl upgrade%s rolls them one at a time, the controller first)\n",
+				name, opts.Namespace, revisionFlag(r))
+		}
 	}
 	a, err := kubeapply.New(c.Config, kubeapply.Options{})
 	if err != nil {
@@ -86,6 +116,16 @@ func Install(ctx context.Context, c *cluster.Cluster, opts InstallOptions, w io.
 		return err
 	}
 	if opts.Wait <= 0 {
+		return nil
+	}
+	if revisionOf(r) != "" {
+		// The default release's components are not this install's to
+		// wait for.
+		rollouts := PlanUpgrade(r, true, true)[0].Rollouts
+		if err := waitRollouts(ctx, c, opts.Namespace, rollouts, opts.Wait, w); err != nil {
+			return fmt.Errorf("not ready: %w", err)
+		}
+		fmt.Fprintf(w, "revision %s is ready\n", revisionOf(r))
 		return nil
 	}
 	return WaitReady(ctx, c, opts.Namespace, opts.Wait, w)
@@ -132,7 +172,7 @@ func WaitReady(ctx context.Context, c *cluster.Cluster, namespace string, timeou
 		return nil
 	}
 	if ctx.Err() == nil && (errors.Is(err, context.DeadlineExceeded) || wait.Interrupted(err)) {
-		return fmt.Errorf("not ready after %s:\n%s", timeout, notReadyReport(context.WithoutCancel(ctx), c, namespace))
+		return fmt.Errorf("not ready after %s:\n%s", timeout, notReadyReport(context.WithoutCancel(ctx), c, namespace, "app.kubernetes.io/part-of=canopy"))
 	}
 	return err
 }
@@ -181,12 +221,12 @@ func daemonSetReady(d *appsv1.DaemonSet) bool {
 		s.UpdatedNumberScheduled == s.DesiredNumberScheduled && s.NumberReady == s.DesiredNumberScheduled
 }
 
-// notReadyReport lists Canopy's pods that are not ready with the reason
-// their status gives.
-func notReadyReport(ctx context.Context, c *cluster.Cluster, ns string) string {
+// notReadyReport lists the pods of ns that selector selects and that are
+// not ready, with the reason their status gives.
+func notReadyReport(ctx context.Context, c *cluster.Cluster, ns, selector string) string {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	pods, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/part-of=canopy"})
+	pods, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
 	if err != nil {
 		return "  (cannot list pods: " + err.Error() + ")"
 	}
@@ -237,20 +277,44 @@ type UninstallOptions struct {
 	// zero does not wait (their pods may still be enrolled when the node
 	// proxies go).
 	Wait time.Duration
+	// Revision, when set, removes only that revision's control plane
+	// (see InstallOptions.Revision), leaving the default release and
+	// every other revision.
+	Revision string
+}
+
+// Check checks the options without a cluster.
+func (o UninstallOptions) Check() error {
+	if err := CheckRevision(o.Revision); err != nil {
+		return err
+	}
+	if o.Revision != "" && (o.Purge || o.RemoveCRDs) {
+		return fmt.Errorf("uninstall --revision %s: --purge and --remove-crds remove what every revision shares; they go with the default release (canopyctl uninstall)", o.Revision)
+	}
+	return nil
 }
 
 // Uninstall removes Canopy. The CNI agents go first: deleting their
 // DaemonSet makes each take its node's pods out of the mesh (rules, node
 // proxy, annotations) while the node proxies and RBAC still exist; then
 // the rest of the chart is deleted.
+//
+// With a Revision it deletes only that revision's control plane, and
+// refuses while the node proxies use its controller.
 func Uninstall(ctx context.Context, c *cluster.Cluster, opts UninstallOptions, w io.Writer) error {
-	r, err := RenderChart(InstallOptions{Namespace: opts.Namespace})
+	if err := opts.Check(); err != nil {
+		return err
+	}
+	r, err := RenderChart(InstallOptions{Namespace: opts.Namespace, Revision: opts.Revision})
 	if err != nil {
 		return err
 	}
 	a, err := kubeapply.New(c.Config, kubeapply.Options{})
 	if err != nil {
 		return err
+	}
+	if opts.Revision != "" {
+		return uninstallRevision(ctx, c, a, r, opts, w)
 	}
 	agents := slices.DeleteFunc(slices.Clone(r.Objects), func(o *unstructured.Unstructured) bool {
 		return o.GetKind() != "DaemonSet" || o.GetName() != cluster.CNIAgentApp
@@ -294,7 +358,62 @@ func Uninstall(ctx context.Context, c *cluster.Cluster, opts UninstallOptions, w
 		}
 	}
 	fmt.Fprintln(w, "Canopy is uninstalled")
+	if revs := otherRevisions(ctx, c, opts.Namespace); len(revs) > 0 {
+		fmt.Fprintf(w, "controllers of other revisions are still installed: %s (canopyctl uninstall --revision <revision>)\n", strings.Join(revs, ", "))
+	}
 	return nil
+}
+
+// uninstallRevision deletes a revision's control plane, r.
+func uninstallRevision(ctx context.Context, c *cluster.Cluster, a *kubeapply.Applier, r *chart.Rendered, opts UninstallOptions, w io.Writer) error {
+	name, _ := controllerDeployment(r)
+	ds, err := c.Client.AppsV1().DaemonSets(opts.Namespace).Get(ctx, nodeProxyDaemonSet, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return fmt.Errorf("get DaemonSet %s/%s (whose controller the node proxies use): %w", opts.Namespace, nodeProxyDaemonSet, err)
+	case usesController(ds, name):
+		return fmt.Errorf("the node proxies use revision %s's controller: move them back first (canopyctl upgrade --set node.controllerRevision=), then uninstall it", opts.Revision)
+	}
+	fmt.Fprintf(w, "deleting revision %s (%s) from namespace %s\n", opts.Revision, name, opts.Namespace)
+	if err := a.Delete(ctx, r.Objects); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "revision %s is uninstalled\n", opts.Revision)
+	return nil
+}
+
+// nodeProxyDaemonSet is the node proxy's DaemonSet, named as Istio's.
+const nodeProxyDaemonSet = "ztunnel"
+
+// usesController reports whether the node proxy's DaemonSet points its
+// proxies at the controller Service named controller.
+func usesController(ds *appsv1.DaemonSet, controller string) bool {
+	for _, ctr := range ds.Spec.Template.Spec.Containers {
+		for _, e := range ctr.Env {
+			if (e.Name == "XDS_ADDRESS" || e.Name == "CA_ADDRESS") && strings.HasPrefix(e.Value, controller+".") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// otherRevisions lists the revisions whose controllers remain in ns: best
+// effort, for a hint after the default release is gone.
+func otherRevisions(ctx context.Context, c *cluster.Cluster, ns string) []string {
+	deps, err := c.Client.AppsV1().Deployments(ns).List(ctx, metav1.ListOptions{LabelSelector: cluster.Selector(cluster.ControllerApp)})
+	if err != nil {
+		return nil
+	}
+	var revs []string
+	for _, d := range deps.Items {
+		if rev := d.Spec.Template.Labels[revisionLabel]; rev != "" && rev != "default" && d.DeletionTimestamp == nil {
+			revs = append(revs, rev)
+		}
+	}
+	slices.Sort(revs)
+	return revs
 }
 
 // purge deletes the controller's run-time objects (see Purge).

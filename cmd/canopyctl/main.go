@@ -16,6 +16,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 
 	"github.com/canopy-mesh/canopy/ctl"
@@ -89,7 +90,7 @@ func newRootCommand(reader readerFunc) *cobra.Command {
 	pf.StringVarP(&g.namespace, "istio-namespace", "i", "istio-system", "namespace Canopy runs in")
 	root.AddCommand(workloadsCommand(g), servicesCommand(g), policiesCommand(g), certificatesCommand(g),
 		proxyStatusCommand(g), configDumpCommand(g), trafficCommand(g),
-		installCommand(g), uninstallCommand(g), versionCommand(g))
+		installCommand(g), upgradeCommand(g), uninstallCommand(g), versionCommand(g))
 	return root
 }
 
@@ -257,14 +258,32 @@ func trafficCommand(g *globals) *cobra.Command {
 	return cmd
 }
 
+// chartFlags adds the flags that say what to render and apply, which
+// install and upgrade share.
+func chartFlags(f *pflag.FlagSet, opts *ctl.InstallOptions) {
+	f.StringArrayVarP(&opts.ValuesFiles, "values", "f", nil, "values file (repeatable; later ones win)")
+	f.StringArrayVar(&opts.Set, "set", nil, "a value, key=value, as helm --set (repeatable)")
+	f.StringVar(&opts.Version, "version", opts.Version, "image tag to install")
+	f.BoolVar(&opts.SkipCRDs, "skip-crds", false, "do not apply the CRDs (they are managed elsewhere)")
+	f.BoolVar(&opts.ForceCRDs, "force-crds", false, "take over CRD fields another installer manages")
+	f.BoolVar(&opts.DryRun, "dry-run", false, "print what would be applied instead of applying it")
+	f.StringVar(&opts.Revision, "revision", "", "a control-plane revision beside the default one (e.g. canary): only its canopy-controller and injector, named for it; the node DaemonSets stay the default release's")
+}
+
 func installCommand(g *globals) *cobra.Command {
 	opts := ctl.InstallOptions{Version: version.Get()}
 	cmd := &cobra.Command{
 		Use:   "install",
 		Short: "Install Canopy (CRDs, controller, CNI agent, node proxy) and wait until it is ready",
-		Args:  cobra.NoArgs,
+		Long: "Install Canopy (CRDs, controller, CNI agent, node proxy) and wait until it is ready.\n\n" +
+			"On a release already installed it applies every component at once; canopyctl upgrade rolls them one at a time, the controller first. " +
+			"With --revision it installs a second control plane for a canary upgrade: namespaces labelled istio.io/rev=<revision> get its sidecars.",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opts.Namespace = g.namespace
+			if err := opts.Check(); err != nil {
+				return err
+			}
 			if opts.DryRun {
 				return ctl.Install(cmd.Context(), nil, opts, cmd.OutOrStdout())
 			}
@@ -275,14 +294,39 @@ func installCommand(g *globals) *cobra.Command {
 			return ctl.Install(cmd.Context(), c, opts, cmd.OutOrStdout())
 		},
 	}
-	f := cmd.Flags()
-	f.StringArrayVarP(&opts.ValuesFiles, "values", "f", nil, "values file (repeatable; later ones win)")
-	f.StringArrayVar(&opts.Set, "set", nil, "a value, key=value, as helm --set (repeatable)")
-	f.StringVar(&opts.Version, "version", opts.Version, "image tag to install")
-	f.BoolVar(&opts.SkipCRDs, "skip-crds", false, "do not apply the CRDs (they are managed elsewhere)")
-	f.BoolVar(&opts.ForceCRDs, "force-crds", false, "take over CRD fields another installer manages")
-	f.BoolVar(&opts.DryRun, "dry-run", false, "print the manifests instead of applying them")
-	f.DurationVar(&opts.Wait, "wait", 5*time.Minute, "how long to wait for readiness (0: do not wait)")
+	chartFlags(cmd.Flags(), &opts)
+	cmd.Flags().DurationVar(&opts.Wait, "wait", 5*time.Minute, "how long to wait for readiness (0: do not wait)")
+	return cmd
+}
+
+func upgradeCommand(g *globals) *cobra.Command {
+	opts := ctl.UpgradeOptions{InstallOptions: ctl.InstallOptions{Version: version.Get()}}
+	cmd := &cobra.Command{
+		Use:   "upgrade",
+		Short: "Upgrade Canopy one component at a time: CRDs, controller, CNI agent, node proxy, each rolled out before the next",
+		Long: "Upgrade an installed Canopy to this canopyctl's version (or --version), with the values given, one component at a time: " +
+			"the CRDs, then the controller (so that new node proxies find a controller that knows them), the CNI agent and the node proxy. " +
+			"Each step waits until its rollout is done (every pod updated and available), at most --wait; a step that does not finish stops the upgrade, " +
+			"naming the component and its stuck pods. --all-at-once applies everything and waits once, as install does. --dry-run prints the plan.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			opts.Namespace = g.namespace
+			if err := opts.Check(); err != nil {
+				return err
+			}
+			if opts.DryRun {
+				return ctl.Upgrade(cmd.Context(), nil, opts, cmd.OutOrStdout())
+			}
+			c, err := g.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			return ctl.Upgrade(cmd.Context(), c, opts, cmd.OutOrStdout())
+		},
+	}
+	chartFlags(cmd.Flags(), &opts.InstallOptions)
+	cmd.Flags().DurationVar(&opts.Wait, "wait", 5*time.Minute, "how long each step's rollout may take (with --all-at-once, the whole rollout)")
+	cmd.Flags().BoolVar(&opts.AllAtOnce, "all-at-once", false, "apply every component together and wait once, instead of one at a time")
 	return cmd
 }
 
@@ -294,6 +338,9 @@ func uninstallCommand(g *globals) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opts.Namespace = g.namespace
+			if err := opts.Check(); err != nil {
+				return err
+			}
 			c, err := g.connect(cmd.Context())
 			if err != nil {
 				return err
@@ -304,6 +351,7 @@ func uninstallCommand(g *globals) *cobra.Command {
 	cmd.Flags().BoolVar(&opts.RemoveCRDs, "remove-crds", false, "also delete the CRDs, and with them every Istio resource of the cluster")
 	cmd.Flags().BoolVar(&opts.Purge, "purge", false, "also delete the self-signed CA and the root-certificate ConfigMaps of every namespace (a reinstall gets a new root)")
 	cmd.Flags().DurationVar(&opts.Wait, "wait", 2*time.Minute, "how long the CNI agents may take to un-enroll their pods")
+	cmd.Flags().StringVar(&opts.Revision, "revision", "", "remove only this revision's control plane (installed with install --revision), leaving the rest of Canopy")
 	return cmd
 }
 

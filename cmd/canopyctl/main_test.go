@@ -176,6 +176,14 @@ func TestCommands(t *testing.T) {
 		// Errors that name the fix.
 		{"workloads-no-canopy", fake, []string{"workloads", "-i", "wrong-namespace"}},
 		{"unknown-context", connectReader, []string{"--kubeconfig", "testdata/kubeconfig", "--context", "nosuchcontext", "workloads"}},
+		// install, upgrade and uninstall check their flags before connecting
+		// (testdata/kubeconfig's server listens nowhere).
+		{"install-revision-default", connectReader, []string{"--kubeconfig", "testdata/kubeconfig", "install", "--revision", "default"}},
+		{"install-skip-and-force-crds", connectReader, []string{"--kubeconfig", "testdata/kubeconfig", "install", "--skip-crds", "--force-crds"}},
+		{"upgrade-no-wait", connectReader, []string{"--kubeconfig", "testdata/kubeconfig", "upgrade", "--wait=0"}},
+		{"upgrade-bad-revision", connectReader, []string{"--kubeconfig", "testdata/kubeconfig", "upgrade", "--revision", "Canary"}},
+		{"uninstall-revision-purge", connectReader, []string{"--kubeconfig", "testdata/kubeconfig", "uninstall", "--revision", "canary", "--purge"}},
+		{"upgrade-dry-run-revision", connectReader, []string{"--kubeconfig", "testdata/kubeconfig", "upgrade", "--dry-run", "--revision", "canary", "--skip-crds", "--version", "1.2.3", "--wait", "2m"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()

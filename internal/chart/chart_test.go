@@ -30,20 +30,30 @@ func render(t *testing.T, opts chart.Options) *chart.Rendered {
 	return r
 }
 
-// TestRenderGolden pins what the default values render to, so a template
-// change shows up in review as a manifest diff.
+// TestRenderGolden pins what the default values and a revision's release
+// render to, so a template change shows up in review as a manifest diff.
 func TestRenderGolden(t *testing.T) {
-	r := render(t, chart.Options{Namespace: "istio-system", Version: "1.2.3"})
-	var b strings.Builder
-	for _, o := range r.Objects {
-		y, err := yaml.Marshal(o.Object)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b.WriteString("---\n")
-		b.Write(y)
+	for _, tt := range []struct {
+		file string
+		set  []string
+	}{
+		{"default.golden.yaml", nil},
+		{"revision.golden.yaml", []string{"revision=canary"}},
+	} {
+		t.Run(tt.file, func(t *testing.T) {
+			r := render(t, chart.Options{Namespace: "istio-system", Version: "1.2.3", Set: tt.set})
+			var b strings.Builder
+			for _, o := range r.Objects {
+				y, err := yaml.Marshal(o.Object)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b.WriteString("---\n")
+				b.Write(y)
+			}
+			golden.Check(t, tt.file, []byte(b.String()))
+		})
 	}
-	golden.Check(t, "default.golden.yaml", []byte(b.String()))
 }
 
 func TestRenderShape(t *testing.T) {
@@ -200,6 +210,11 @@ func TestBadValuesRejected(t *testing.T) {
 		{"drain period as a duration", "node.drainPeriodSeconds=5s", "/node/drainPeriodSeconds"},
 		{"the former drain value", "node.drainPeriod=5s", "drainPeriod"},
 		{"no time to stop after the drain", "node.drainPeriodSeconds=26", "node.terminationGracePeriodSeconds (30) must be at least node.drainPeriodSeconds (26) + 5"},
+		{"revision named default", "revision=default", "/revision"},
+		{"revision not a DNS label", "revision=Canary", "/revision"},
+		{"revision too long for the Service name", "revision=" + strings.Repeat("a", 46), "/revision"},
+		{"node proxies on a bad revision", "node.controllerRevision=1.2", "/node/controllerRevision"},
+		{"the injector's former revision value", "injection.revision=canary", "revision"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := chart.Render(charts.Canopy(), chart.Options{Namespace: "istio-system", Set: []string{tt.set}})
@@ -220,6 +235,7 @@ func TestAcceptedByAPIServer(t *testing.T) {
 	testenv.Need(t, env)
 	ns := env.Namespace(t, "chart", nil)
 	r := render(t, chart.Options{Namespace: ns, Version: "0.0.0-test"})
+	canary := render(t, chart.Options{Namespace: ns, Version: "0.0.0-test", Set: []string{"revision=canary"}})
 	a, err := kubeapply.New(env.Config, kubeapply.Options{DryRun: true, FieldManager: "chart-test"})
 	if err != nil {
 		t.Fatal(err)
@@ -227,15 +243,21 @@ func TestAcceptedByAPIServer(t *testing.T) {
 	if err := a.Apply(t.Context(), append(r.CRDs, r.Objects...)); err != nil {
 		t.Fatal(err)
 	}
+	if err := a.Apply(t.Context(), canary.Objects); err != nil {
+		t.Fatalf("a revision's release: %v", err)
+	}
 }
 
 // controllerPorts returns the controller's container args, container
-// ports and Service ports of a render.
+// ports and Service ports of a render (of any revision).
 func controllerPorts(t *testing.T, r *chart.Rendered) (args []string, container, service []int64) {
 	t.Helper()
 	for _, o := range r.Objects {
-		switch {
-		case o.GetKind() == "Deployment" && o.GetName() == "canopy-controller":
+		if o.GetLabels()["app.kubernetes.io/name"] != "canopy-controller" {
+			continue
+		}
+		switch o.GetKind() {
+		case "Deployment":
 			cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
 			c := cs[0].(map[string]any)
 			for _, a := range c["args"].([]any) {
@@ -244,7 +266,7 @@ func controllerPorts(t *testing.T, r *chart.Rendered) (args []string, container,
 			for _, p := range c["ports"].([]any) {
 				container = append(container, int64(p.(map[string]any)["containerPort"].(float64)))
 			}
-		case o.GetKind() == "Service" && o.GetName() == "canopy-controller":
+		case "Service":
 			ps, _, _ := unstructured.NestedSlice(o.Object, "spec", "ports")
 			for _, p := range ps {
 				service = append(service, int64(p.(map[string]any)["port"].(float64)))
@@ -346,10 +368,10 @@ func TestInjection(t *testing.T) {
 		},
 		{
 			name: "image, revision, native sidecars, istio-init", config: "istio-sidecar-injector-canary",
-			set: []string{"injection.revision=canary", "injection.proxy.hub=example.test/istio", "injection.proxy.tag=1.0.0",
+			set: []string{"revision=canary", "injection.proxy.hub=example.test/istio", "injection.proxy.tag=1.0.0",
 				"injection.cni=false", "injection.nativeSidecars=true"},
 			webhooks: []string{"rev.namespace.sidecar-injector.istio.io", "rev.object.sidecar-injector.istio.io"},
-			wantArgs: []string{"--webhook-addr=:15017", "--revision=canary", "--proxy-hub=example.test/istio", "--proxy-tag=1.0.0",
+			wantArgs: []string{"--revision=canary", "--webhook-addr=:15017", "--proxy-hub=example.test/istio", "--proxy-tag=1.0.0",
 				"--inject-native-sidecars"},
 			container: []int64{15012, 15014, 15017}, service: []int64{15012, 15014, 443},
 		},
@@ -400,9 +422,9 @@ func TestInjection(t *testing.T) {
 			if cfg == nil || cfg.GetName() != tt.config {
 				t.Fatalf("webhook configuration %v, want %s", cfg, tt.config)
 			}
-			rev := "default"
+			rev, svcName := "default", "canopy-controller"
 			if strings.HasSuffix(tt.config, "-canary") {
-				rev = "canary"
+				rev, svcName = "canary", "canopy-controller-canary"
 			}
 			if got := cfg.GetLabels()["istio.io/rev"]; got != rev {
 				t.Errorf("istio.io/rev label %q, want %q", got, rev)
@@ -413,7 +435,7 @@ func TestInjection(t *testing.T) {
 				w := w.(map[string]any)
 				names = append(names, w["name"].(string))
 				svc, _, _ := unstructured.NestedMap(w, "clientConfig", "service")
-				if svc["name"] != "canopy-controller" || svc["namespace"] != "mesh" || svc["path"] != "/inject" || svc["port"] != float64(443) {
+				if svc["name"] != svcName || svc["namespace"] != "mesh" || svc["path"] != "/inject" || svc["port"] != float64(443) {
 					t.Errorf("%s: clientConfig.service %v", w["name"], svc)
 				}
 				if w["failurePolicy"] != "Fail" || w["sideEffects"] != "None" || w["reinvocationPolicy"] != "Never" {
@@ -434,6 +456,152 @@ func TestInjection(t *testing.T) {
 			}
 			if diff := cmp.Diff(tt.webhooks, names); diff != "" {
 				t.Errorf("webhooks (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// object finds a rendered object by kind and name, or fails the test.
+func object(t *testing.T, r *chart.Rendered, kind, name string) map[string]any {
+	t.Helper()
+	for _, o := range r.Objects {
+		if o.GetKind() == kind && o.GetName() == name {
+			return o.Object
+		}
+	}
+	t.Fatalf("no %s %s rendered", kind, name)
+	return nil
+}
+
+// TestRevision: a revision's release is only its control plane, every
+// object named for the revision and selecting only its own pods, so that
+// it runs beside the default release in one namespace.
+func TestRevision(t *testing.T) {
+	r := render(t, chart.Options{Namespace: "mesh", Set: []string{"revision=canary"}})
+	var got []string
+	for _, o := range r.Objects {
+		got = append(got, kubeapply.Describe(o))
+	}
+	want := []string{
+		"ServiceAccount mesh/canopy-controller-canary",
+		"ClusterRole canopy-controller-canary-mesh",
+		"ClusterRoleBinding canopy-controller-canary-mesh",
+		"Role mesh/canopy-controller-canary",
+		"RoleBinding mesh/canopy-controller-canary",
+		"Service mesh/canopy-controller-canary",
+		"PodDisruptionBudget mesh/canopy-controller-canary",
+		"Deployment mesh/canopy-controller-canary",
+		"MutatingWebhookConfiguration istio-sidecar-injector-canary",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("objects of revision canary (-want +got):\n%s", diff)
+	}
+
+	canary := map[string]any{"app": "istiod", "istio.io/rev": "canary"}
+	for _, tt := range []struct {
+		kind string
+		path []string
+		want map[string]any
+	}{
+		{"Deployment", []string{"spec", "selector", "matchLabels"}, canary},
+		{"Service", []string{"spec", "selector"}, canary},
+		{"PodDisruptionBudget", []string{"spec", "selector", "matchLabels"}, canary},
+	} {
+		got, _, _ := unstructured.NestedMap(object(t, r, tt.kind, "canopy-controller-canary"), tt.path...)
+		if diff := cmp.Diff(tt.want, got); diff != "" {
+			t.Errorf("%s %s (-want +got):\n%s", tt.kind, strings.Join(tt.path, "."), diff)
+		}
+	}
+	dep := object(t, r, "Deployment", "canopy-controller-canary")
+	labels, _, _ := unstructured.NestedStringMap(dep, "spec", "template", "metadata", "labels")
+	if labels["istio.io/rev"] != "canary" || labels["app"] != "istiod" || labels["app.kubernetes.io/name"] != "canopy-controller" {
+		t.Errorf("pod labels %v, want app=istiod, istio.io/rev=canary, app.kubernetes.io/name=canopy-controller", labels)
+	}
+	sa, _, _ := unstructured.NestedString(dep, "spec", "template", "spec", "serviceAccountName")
+	if sa != "canopy-controller-canary" {
+		t.Errorf("serviceAccountName %q", sa)
+	}
+	args, _, _ := controllerPorts(t, r)
+	for _, want := range []string{
+		"--revision=canary",
+		"--ca-dns-names=canopy-controller-canary.mesh.svc,istiod-canary.mesh.svc",
+		"--discovery-address=canopy-controller-canary.mesh.svc:15012",
+		// The node proxies stay the default release's, and trusted.
+		"--trusted-node-accounts=mesh/canopy-node",
+	} {
+		if !slices.Contains(args, want) {
+			t.Errorf("controller args %q lack %s", args, want)
+		}
+	}
+	for _, kind := range []string{"ClusterRoleBinding", "RoleBinding"} {
+		subjects, _, _ := unstructured.NestedSlice(object(t, r, kind, "canopy-controller-canary"+map[string]string{"ClusterRoleBinding": "-mesh"}[kind]), "subjects")
+		if diff := cmp.Diff([]any{map[string]any{"kind": "ServiceAccount", "name": "canopy-controller-canary", "namespace": "mesh"}}, subjects); diff != "" {
+			t.Errorf("%s subjects (-want +got):\n%s", kind, diff)
+		}
+	}
+	// The revision may patch only its own webhook configuration.
+	rules, _, _ := unstructured.NestedSlice(object(t, r, "ClusterRole", "canopy-controller-canary-mesh"), "rules")
+	patchable := false
+	for _, rule := range rules {
+		if names, ok := rule.(map[string]any)["resourceNames"]; ok && cmp.Equal(names, []any{"istio-sidecar-injector-canary"}) {
+			patchable = true
+		}
+	}
+	if !patchable {
+		t.Errorf("the ClusterRole does not name istio-sidecar-injector-canary: %v", rules)
+	}
+}
+
+// TestRevisionBesideDefault: no object of a revision's release is also
+// one of the default release's (an apply of one would take over the
+// other's), and the default release's selectors leave the revision's pods
+// out, except the Deployment's, which cannot change in place.
+func TestRevisionBesideDefault(t *testing.T) {
+	def := render(t, chart.Options{Namespace: "mesh"})
+	canary := render(t, chart.Options{Namespace: "mesh", Set: []string{"revision=canary"}})
+	names := map[string]bool{}
+	for _, o := range def.Objects {
+		names[kubeapply.Describe(o)] = true
+	}
+	for _, o := range canary.Objects {
+		if names[kubeapply.Describe(o)] {
+			t.Errorf("%s is in both releases", kubeapply.Describe(o))
+		}
+	}
+	svc, _, _ := unstructured.NestedMap(object(t, def, "Service", "canopy-controller"), "spec", "selector")
+	if diff := cmp.Diff(map[string]any{"app": "istiod", "istio.io/rev": "default"}, svc); diff != "" {
+		t.Errorf("default Service selector (-want +got):\n%s", diff)
+	}
+	sel, _, _ := unstructured.NestedMap(object(t, def, "Deployment", "canopy-controller"), "spec", "selector", "matchLabels")
+	if diff := cmp.Diff(map[string]any{"app": "istiod"}, sel); diff != "" {
+		t.Errorf("default Deployment selector changed (immutable; -want +got):\n%s", diff)
+	}
+}
+
+// TestNodeProxyController: the node proxies use the default revision's
+// controller unless node.controllerRevision moves them.
+func TestNodeProxyController(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		set  []string
+		want string
+	}{
+		{"default", nil, "canopy-controller.mesh.svc:15012"},
+		{"moved to a canary", []string{"node.controllerRevision=canary"}, "canopy-controller-canary.mesh.svc:15012"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := render(t, chart.Options{Namespace: "mesh", Set: tt.set})
+			cs, _, _ := unstructured.NestedSlice(object(t, r, "DaemonSet", "ztunnel"), "spec", "template", "spec", "containers")
+			env, _, _ := unstructured.NestedSlice(cs[0].(map[string]any), "env")
+			got := map[string]any{}
+			for _, e := range env {
+				e := e.(map[string]any)
+				if e["name"] == "XDS_ADDRESS" || e["name"] == "CA_ADDRESS" {
+					got[e["name"].(string)] = e["value"]
+				}
+			}
+			if diff := cmp.Diff(map[string]any{"XDS_ADDRESS": tt.want, "CA_ADDRESS": tt.want}, got); diff != "" {
+				t.Errorf("node proxy addresses (-want +got):\n%s", diff)
 			}
 		})
 	}

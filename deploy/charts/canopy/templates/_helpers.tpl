@@ -41,11 +41,26 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 
 {{/* The injector's MutatingWebhookConfiguration, named as Istio's. */}}
 {{- define "canopy.injectorName" -}}
-istio-sidecar-injector{{ with .Values.injection.revision }}-{{ . }}{{ end }}
+istio-sidecar-injector{{ with .Values.revision }}-{{ . }}{{ end }}
 {{- end }}
 
 {{/*
-One webhook of the injector: canopy-controller's Service, port 443 (15017
+The name of canopy-controller's objects (Deployment, Service,
+ServiceAccount, Roles): canopy-controller, suffixed with the revision for
+a revision's control plane, so that two run side by side in one
+namespace during a canary upgrade (Istio's istiod-<revision>).
+*/}}
+{{- define "canopy.controllerName" -}}
+canopy-controller{{ with .Values.revision }}-{{ . }}{{ end }}
+{{- end }}
+
+{{/* The revision as istio.io/rev carries it: "default" for none. */}}
+{{- define "canopy.revision" -}}
+{{ .Values.revision | default "default" }}
+{{- end }}
+
+{{/*
+One webhook of the injector: canopy-controller's Service (.service), port 443 (15017
 in the pod), path /inject, pod creation only. Istio's chart sets no
 timeoutSeconds either, so the API server's default of 10 s applies. The
 release namespace is never sent (canopy-controller refuses it as well).
@@ -54,7 +69,7 @@ release namespace is never sent (canopy-controller refuses it as well).
 - name: {{ .prefix }}sidecar-injector.istio.io
   clientConfig:
     service:
-      name: canopy-controller
+      name: {{ .service }}
       namespace: {{ .ns | quote }}
       path: /inject
       port: 443
