@@ -14,6 +14,7 @@
 //	                       start a load run against TCP echo server A: a new
 //	                       connection every I (20ms) for D, and N long-lived
 //	                       connections echoing every E (200ms)
+//	GET  /load/stop        end the current run now (as if D were over)
 //	GET  /load/result      the last run's LoadReport (409 while it runs)
 //
 // The gRPC mode (internal/echogrpc) adds GET /grpc and makes /healthz wait

@@ -25,8 +25,8 @@ const (
 
 // LoadConfig is one load run against a TCP echo server: a new connection
 // every Interval for Duration, each sending a message and reading its echo,
-// and Held connections opened at the start that echo a message every
-// HeldEvery until the end.
+// and Held long-lived connections that echo a message every HeldEvery until
+// the end, each replaced when it fails.
 type LoadConfig struct {
 	Addr      string
 	Duration  time.Duration
@@ -63,8 +63,9 @@ type LoadReport struct {
 	// LongestStall is the longest time without a new connection
 	// completing its echo, from the start to the end of the run.
 	LongestStall time.Duration `json:"longestStall"`
-	// Held counts the long-lived connections; HeldFailures those that
-	// failed before the end, HeldEchoes their echoes in all.
+	// Held counts the long-lived connections opened (one per held slot,
+	// and one more after each failure); HeldFailures those that failed
+	// before the end, HeldEchoes their echoes in all.
 	Held         int      `json:"held"`
 	HeldFailures int      `json:"heldFailures"`
 	HeldEchoes   int      `json:"heldEchoes"`
@@ -179,12 +180,29 @@ func RunLoad(ctx context.Context, d Dialer, cfg LoadConfig) (LoadReport, error) 
 	return run.r, nil
 }
 
-// hold keeps one connection, echoing on it every HeldEvery until the run
-// ends.
+// hold keeps one long-lived connection, echoing on it every HeldEvery
+// until the run ends; a connection that fails is counted and replaced
+// after a HeldEvery, so that a long run sees every cut, not only the
+// first.
 func (l *loadRun) hold(ctx context.Context, d Dialer, cfg LoadConfig, i int) {
+	for ctx.Err() == nil {
+		l.holdOne(ctx, d, cfg, i)
+		select {
+		case <-ctx.Done():
+		case <-time.After(cfg.HeldEvery):
+		}
+	}
+}
+
+// holdOne is one long-lived connection, from its dial to its failure or
+// the end of the run.
+func (l *loadRun) holdOne(ctx context.Context, d Dialer, cfg LoadConfig, i int) {
 	dctx, cancel := context.WithTimeout(ctx, loadIOTimeout)
 	conn, err := d.DialContext(dctx, "tcp", cfg.Addr)
 	cancel()
+	if ctx.Err() != nil {
+		return // the run ended during the dial
+	}
 	l.mu.Lock()
 	l.r.Held++
 	l.mu.Unlock()

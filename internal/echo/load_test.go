@@ -66,8 +66,10 @@ func TestLoadSeesAServerGo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.ByKind["refused"] == 0 || rep.HeldFailures != 1 || rep.LongestStall < 200*time.Millisecond {
-		t.Errorf("report %+v: want refused connections, the held one failed, a stall of the run's rest", rep)
+	// The held connection is cut, and each one dialled to replace it is
+	// refused.
+	if rep.ByKind["refused"] == 0 || rep.HeldFailures < 2 || rep.Held != rep.HeldFailures || rep.LongestStall < 200*time.Millisecond {
+		t.Errorf("report %+v: want refused connections, the held one and its replacements failed, a stall of the run's rest", rep)
 	}
 }
 
@@ -127,5 +129,23 @@ func TestLoadEndpoints(t *testing.T) {
 	}
 	if rep.Connections == 0 || rep.Failures != 0 || rep.Held != 1 {
 		t.Errorf("report %+v", rep)
+	}
+
+	// A long run stopped early reports at once.
+	if code, body := get(t, http.MethodGet, base+"/load/start?addr="+target+"&duration=10m"); code != http.StatusOK {
+		t.Fatalf("start: %d %q", code, body)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if code, body := get(t, http.MethodGet, base+"/load/stop"); code != http.StatusOK {
+		t.Fatalf("stop: %d %q", code, body)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		code, body := get(t, http.MethodGet, base+"/load/result")
+		if code == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no result within 5s of a stop: %d %q", code, body)
+		}
 	}
 }

@@ -43,11 +43,13 @@ type Server struct {
 	tcpLn    net.Listener
 	hostname string
 
-	// load is the current or last load run (GET /load/start, /load/result).
-	loadMu  sync.Mutex
-	loading bool
-	report  *LoadReport
-	loadErr error
+	// load is the current or last load run (GET /load/start, /load/stop,
+	// /load/result); stopLoad ends the current one early.
+	loadMu   sync.Mutex
+	loading  bool
+	stopLoad context.CancelFunc
+	report   *LoadReport
+	loadErr  error
 }
 
 // Reply is the JSON body of GET /.
@@ -174,6 +176,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /fetch", s.fetch)
 	mux.HandleFunc("GET /dial", s.dial)
 	mux.HandleFunc("GET /load/start", s.loadStart)
+	mux.HandleFunc("GET /load/stop", s.loadStop)
 	mux.HandleFunc("GET /load/result", s.loadResult)
 	for pattern, h := range s.cfg.Handlers {
 		mux.Handle(pattern, h)
@@ -291,14 +294,27 @@ func (s *Server) loadStart(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "a load run is already running", http.StatusConflict)
 		return
 	}
-	s.loading, s.report, s.loadErr = true, nil, nil
+	ctx, stop := context.WithCancel(context.Background())
+	s.loading, s.stopLoad, s.report, s.loadErr = true, stop, nil, nil
 	go func() {
-		rep, err := RunLoad(context.Background(), &s.dialer, cfg)
+		defer stop()
+		rep, err := RunLoad(ctx, &s.dialer, cfg)
 		s.loadMu.Lock()
 		defer s.loadMu.Unlock()
 		s.loading, s.report, s.loadErr = false, &rep, err
 	}()
 	fmt.Fprintln(w, "started")
+}
+
+// loadStop ends the current load run now, as if its duration were over;
+// its report follows on /load/result. Without a run it does nothing.
+func (s *Server) loadStop(w http.ResponseWriter, _ *http.Request) {
+	s.loadMu.Lock()
+	defer s.loadMu.Unlock()
+	if s.loading {
+		s.stopLoad()
+	}
+	fmt.Fprintln(w, "stopped")
 }
 
 // loadResult answers the last run's report once it has ended: 409 while it
