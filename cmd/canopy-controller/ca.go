@@ -63,11 +63,12 @@ type caParts struct {
 }
 
 // newCA loads the CA's key material and builds its service; pods is its
-// view of the cluster's pods for the impersonation checks. publish is
-// given the PEM roots whenever they change, before anything else hears of
-// it.
+// view of the cluster's pods for the impersonation checks. Events about
+// the CA's expiry go to events while leading says so (nil: always).
+// publish is given the PEM roots whenever they change, before anything
+// else hears of it.
 func newCA(ctx context.Context, cfg config, kube kubernetes.Interface, reviewer authn.TokenReviewer, pods identity.Pods, events expiry.Recorder,
-	publish func(bundle []byte), reg prometheus.Registerer, log *slog.Logger) (*caParts, error) {
+	leading func() bool, publish func(bundle []byte), reg prometheus.Registerer, log *slog.Logger) (*caParts, error) {
 	authority, fromDir, err := rootstore.LoadDir(cfg.caCertsDir, time.Now())
 	source := rootstore.SourcePlugInDir
 	if err != nil {
@@ -98,7 +99,7 @@ func newCA(ctx context.Context, cfg config, kube kubernetes.Interface, reviewer 
 	log.Info("CA loaded", "source", string(source), "namespace", cfg.caNamespace, "not_after", notAfter)
 	monitor, err := expiry.New(expiry.Config{
 		Secret:     &corev1.ObjectReference{Kind: "Secret", APIVersion: "v1", Namespace: cfg.caNamespace, Name: source.Secret()},
-		MinLeafTTL: cfg.certTTL.Min, WarnBefore: cfg.caExpiryWarning, Registerer: reg,
+		MinLeafTTL: cfg.certTTL.Min, WarnBefore: cfg.caExpiryWarning, Registerer: reg, EventsWhen: leading,
 	}, authority, events, log)
 	if err != nil {
 		return nil, err

@@ -442,11 +442,14 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		leading = elector.Leading
 	}
 	ca, err := newCA(ctx, cfg, clients.Kube, authn.Reviewer{Client: reviewClient.AuthenticationV1()},
-		indexPods{tables: tables, synced: watcher.Synced()}, leaderEvents{rec: recorder, leading: leading}, w.SetBundle, registry, log)
+		indexPods{tables: tables, synced: watcher.Synced()}, recorder, leading, w.SetBundle, registry, log)
 	if err != nil {
 		return err
 	}
 	w.SetBundle(ca.rootBundle)
+	// A new leader tells of an expiring CA at once, not at the monitor's
+	// next hourly check.
+	w.onTerm = ca.expiry.Check
 	var hook *webhook
 	if cfg.webhookAddr != "" {
 		ns := indexNamespaces{tables: tables, synced: watcher.Synced(), client: clients.Kube}

@@ -58,7 +58,7 @@ func startWebhook(t *testing.T, sys string) (addr string, roots []byte) {
 	w := &writers{kube: env.Client, tables: tables, synced: watcher.Synced(), recorder: &record.FakeRecorder{}, log: log,
 		revision: cfg.inject.Revision, patchWebhooks: true, problemInterval: time.Hour}
 	ca, err := newCA(t.Context(), cfg, env.Client, authn.Reviewer{Client: env.Client.AuthenticationV1()},
-		indexPods{tables: tables, synced: watcher.Synced()}, nil, w.SetBundle, prometheus.NewRegistry(), log)
+		indexPods{tables: tables, synced: watcher.Synced()}, nil, nil, w.SetBundle, prometheus.NewRegistry(), log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,11 +10,9 @@ import (
 
 	"golang.org/x/sync/errgroup"
 	istioclient "istio.io/client-go/pkg/clientset/versioned"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
 
-	"github.com/canopy-mesh/canopy/ca/expiry"
 	"github.com/canopy-mesh/canopy/ca/rootcm"
 	"github.com/canopy-mesh/canopy/controller/index"
 	"github.com/canopy-mesh/canopy/controller/status"
@@ -48,6 +46,8 @@ type writers struct {
 	vipAllocation   bool
 	vipRanges       vipalloc.Ranges
 	problemInterval time.Duration
+	// onTerm, if set, is called as each term starts.
+	onTerm func()
 
 	mu     sync.Mutex
 	bundle []byte
@@ -100,6 +100,9 @@ func (w *writers) run(ctx context.Context) error {
 		w.mu.Unlock()
 	}()
 
+	if w.onTerm != nil {
+		w.onTerm()
+	}
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return roots.Run(ctx) })
 	if patcher != nil {
@@ -133,21 +136,4 @@ func (w *writers) run(ctx context.Context) error {
 		}
 	})
 	return g.Wait()
-}
-
-// leaderEvents passes Events on only while leading: components that run
-// on every replica (the CA expiry monitor) still log and count on each,
-// but only one replica tells the API server.
-type leaderEvents struct {
-	rec     record.EventRecorder
-	leading func() bool
-}
-
-var _ expiry.Recorder = leaderEvents{}
-
-// Event implements expiry.Recorder.
-func (l leaderEvents) Event(object runtime.Object, eventtype, reason, message string) {
-	if l.leading() {
-		l.rec.Event(object, eventtype, reason, message)
-	}
 }
