@@ -230,7 +230,7 @@ func TestUpgradeRollsInOrder(t *testing.T) {
 	inOrder(t, out.String(),
 		"step 1 of 3: controller: applying 8 objects\n",
 		"  controller (Deployment canopy-controller): ",
-		"  controller (Deployment canopy-controller): 1/1 updated, 1/1 available\n",
+		"  controller (Deployment canopy-controller): 2/2 updated, 2/2 available\n",
 		"step 2 of 3: CNI agent: applying 6 objects\n",
 		"  CNI agent (DaemonSet canopy-cni-agent): 2/2 nodes updated, 2/2 available\n",
 		"step 3 of 3: node proxy: applying 2 objects\n",
@@ -301,7 +301,9 @@ func TestUpgradeNotInstalled(t *testing.T) {
 // once the node proxies do not use it.
 func TestRevisionBesideDefault(t *testing.T) {
 	testenv.Need(t, env)
-	t.Parallel()
+	// Not parallel: the default release's injector webhook configuration
+	// is cluster-scoped, one name for every namespace, and the other
+	// tests' installs and uninstalls would write and delete it meanwhile.
 	ns := env.Namespace(t, "revision", nil)
 	c := &cluster.Cluster{Config: env.Config, Client: env.Client}
 	k := startFakeKubelet(t, env.Client, ns)

@@ -97,6 +97,11 @@ type Config struct {
 	Interval, WarnEvery time.Duration
 	// Registerer receives the gauge; nil registers nowhere.
 	Registerer prometheus.Registerer
+	// EventsWhen, if set, says whether Events may be written now (the
+	// controller replica holds the writers' Lease). Findings withheld are
+	// still logged, and are sent as Events at the first check they may be,
+	// without waiting for their repeat interval.
+	EventsWhen func() bool
 	Now        func() time.Time
 }
 
@@ -108,8 +113,9 @@ type Monitor struct {
 	log *slog.Logger
 
 	mu sync.Mutex
-	// last is when each reason was last reported.
-	last map[string]time.Time
+	// last is when each reason was last logged, lastEvent when it was
+	// last sent as an Event.
+	last, lastEvent map[string]time.Time
 }
 
 // New returns a Monitor of ca reporting through rec (nil: logs only).
@@ -132,7 +138,7 @@ func New(cfg Config, ca *pki.Authority, rec Recorder, log *slog.Logger) (*Monito
 	if rec != nil && cfg.Secret == nil {
 		return nil, errors.New("expiry: Events need the CA Secret's reference")
 	}
-	m := &Monitor{cfg: cfg, rec: rec, log: log.With("component", "ca-expiry"), last: map[string]time.Time{}}
+	m := &Monitor{cfg: cfg, rec: rec, log: log.With("component", "ca-expiry"), last: map[string]time.Time{}, lastEvent: map[string]time.Time{}}
 	m.ca.Store(ca)
 	if cfg.Registerer != nil {
 		g := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -188,23 +194,27 @@ func (m *Monitor) report(f Finding) {
 		every = m.cfg.WarnEvery
 	}
 	now := m.cfg.Now()
+	due := func(last map[string]time.Time) bool {
+		t, seen := last[f.Reason]
+		if seen && now.Sub(t) < every {
+			return false
+		}
+		last[f.Reason] = now
+		return true
+	}
 	m.mu.Lock()
-	last, seen := m.last[f.Reason]
-	due := !seen || now.Sub(last) >= every
-	if due {
-		m.last[f.Reason] = now
-	}
+	logDue := due(m.last)
+	eventDue := m.rec != nil && (m.cfg.EventsWhen == nil || m.cfg.EventsWhen()) && due(m.lastEvent)
 	m.mu.Unlock()
-	if !due {
-		return
+	if logDue {
+		notAfter := f.NotAfter.UTC().Format(time.RFC3339)
+		if f.Level == Unusable {
+			m.log.Error("CA certificate cannot sign; no workload certificates are issued", "not_after", notAfter, "err", f.Err)
+		} else {
+			m.log.Warn("CA certificate expires soon", "not_after", notAfter, "left", f.NotAfter.Sub(now).Round(time.Minute))
+		}
 	}
-	notAfter := f.NotAfter.UTC().Format(time.RFC3339)
-	if f.Level == Unusable {
-		m.log.Error("CA certificate cannot sign; no workload certificates are issued", "not_after", notAfter, "err", f.Err)
-	} else {
-		m.log.Warn("CA certificate expires soon", "not_after", notAfter, "left", f.NotAfter.Sub(now).Round(time.Minute))
-	}
-	if m.rec != nil {
+	if eventDue {
 		m.rec.Event(m.cfg.Secret, corev1.EventTypeWarning, f.Reason, f.Message)
 	}
 }

@@ -128,3 +128,46 @@ func TestMonitor(t *testing.T) {
 		}
 	}
 }
+
+// TestMonitorEventsWhen: a replica that does not lead logs its findings
+// but sends no Event; once it leads, its next check sends the Event at
+// once, without waiting for the repeat interval, and then keeps to it.
+func TestMonitorEventsWhen(t *testing.T) {
+	ca := testCA(t)
+	now := start.Add(31 * 24 * time.Hour) // 29 days left
+	leading := false
+	rec := &recorder{}
+	var logs bytes.Buffer
+	m, err := New(Config{
+		Secret: &corev1.ObjectReference{Kind: "Secret", APIVersion: "v1", Namespace: "istio-system", Name: "istio-ca-secret"},
+		Now:    func() time.Time { return now }, EventsWhen: func() bool { return leading },
+	}, ca, rec, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret := "Secret istio-system/istio-ca-secret"
+	for _, s := range []struct {
+		name     string
+		advance  time.Duration
+		leading  bool
+		want     []event
+		wantLogs bool
+	}{
+		{"following: logged, no Event", 0, false, nil, true},
+		{"leading a minute later: the Event, no log", time.Minute, true, []event{{secret, "Warning", ReasonExpiringSoon}}, false},
+		{"an hour later: nothing", time.Hour, true, nil, false},
+		{"a day later: both", 24 * time.Hour, true, []event{{secret, "Warning", ReasonExpiringSoon}}, true},
+	} {
+		now = now.Add(s.advance)
+		leading = s.leading
+		rec.events = nil
+		logs.Reset()
+		m.Check()
+		if diff := cmp.Diff(s.want, rec.events); diff != "" {
+			t.Errorf("%s: events (-want +got):\n%s", s.name, diff)
+		}
+		if got := logs.Len() > 0; got != s.wantLogs {
+			t.Errorf("%s: logged %v, want %v: %q", s.name, got, s.wantLogs, logs.String())
+		}
+	}
+}

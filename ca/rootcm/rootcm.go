@@ -2,7 +2,8 @@
 // (docs/wire-contract.md §6.4): ConfigMap istio-ca-root-cert, key
 // root-cert.pem, in every namespace, created for new namespaces and repaired
 // when edited or deleted. The bundle may hold several roots, which is how a
-// root rotation avoids downtime.
+// root rotation avoids downtime. canopy-controller runs a Publisher only on
+// the replica holding its writers' Lease, a new one per term.
 package rootcm
 
 import (

@@ -23,7 +23,6 @@ import (
 	"github.com/canopy-mesh/canopy/ca/identity"
 	"github.com/canopy-mesh/canopy/ca/pki"
 	"github.com/canopy-mesh/canopy/ca/reload"
-	"github.com/canopy-mesh/canopy/ca/rootcm"
 	"github.com/canopy-mesh/canopy/ca/rootstore"
 	"github.com/canopy-mesh/canopy/ca/server"
 )
@@ -48,31 +47,28 @@ func grpcOptions(cfg config) []grpc.ServerOption {
 }
 
 // caParts is the CA as the controller runs it: the gRPC service on the
-// secure port with a certificate of its own, and the root ConfigMaps.
+// secure port with a certificate of its own. (The root ConfigMaps are
+// published by the writers, on the leader.)
 type caParts struct {
 	addr string
 	// grpc is the secure port's server; workload xDS registers on it too.
 	grpc          *grpc.Server
 	authenticator *authn.Authenticator
 	serving       *server.ServingCert
-	roots         *rootcm.Publisher
 	expiry        *expiry.Monitor
 	reload        *reload.Watcher
-	// rootBundle is the PEM roots at start; onRootsChange follows them.
+	// rootBundle is the PEM roots at start; publish follows them.
 	rootBundle []byte
 	log        *slog.Logger
 }
 
-// onRootsChange registers f, called with the PEM roots whenever the CA's
-// material changes. Register before start.
-func (c *caParts) onRootsChange(f func(bundle []byte)) {
-	c.reload.OnChange(func(a *pki.Authority) { f(pki.EncodeCertificates(a.Roots...)) })
-}
-
 // newCA loads the CA's key material and builds its service; pods is its
-// view of the cluster's pods for the impersonation checks.
+// view of the cluster's pods for the impersonation checks. Events about
+// the CA's expiry go to events while leading says so (nil: always).
+// publish is given the PEM roots whenever they change, before anything
+// else hears of it.
 func newCA(ctx context.Context, cfg config, kube kubernetes.Interface, reviewer authn.TokenReviewer, pods identity.Pods, events expiry.Recorder,
-	reg prometheus.Registerer, log *slog.Logger) (*caParts, error) {
+	leading func() bool, publish func(bundle []byte), reg prometheus.Registerer, log *slog.Logger) (*caParts, error) {
 	authority, fromDir, err := rootstore.LoadDir(cfg.caCertsDir, time.Now())
 	source := rootstore.SourcePlugInDir
 	if err != nil {
@@ -103,7 +99,7 @@ func newCA(ctx context.Context, cfg config, kube kubernetes.Interface, reviewer 
 	log.Info("CA loaded", "source", string(source), "namespace", cfg.caNamespace, "not_after", notAfter)
 	monitor, err := expiry.New(expiry.Config{
 		Secret:     &corev1.ObjectReference{Kind: "Secret", APIVersion: "v1", Namespace: cfg.caNamespace, Name: source.Secret()},
-		MinLeafTTL: cfg.certTTL.Min, WarnBefore: cfg.caExpiryWarning, Registerer: reg,
+		MinLeafTTL: cfg.certTTL.Min, WarnBefore: cfg.caExpiryWarning, Registerer: reg, EventsWhen: leading,
 	}, authority, events, log)
 	if err != nil {
 		return nil, err
@@ -128,14 +124,10 @@ func newCA(ctx context.Context, cfg config, kube kubernetes.Interface, reviewer 
 	creds := credentials.NewTLS(&tls.Config{GetCertificate: serving.GetCertificate, MinVersion: tls.VersionTLS12})
 	g := grpc.NewServer(append(grpcOptions(cfg), grpc.Creds(creds))...)
 	securityapi.RegisterIstioCertificateServiceServer(g, svc)
-	roots, err := rootcm.New(kube, pki.EncodeCertificates(authority.Roots...), log)
-	if err != nil {
-		return nil, err
-	}
 	watcher := reload.New(authority, load, cfg.caReload, log)
 	// The bundle first: proxies must trust a new root before anything
 	// they are shown is signed under it.
-	watcher.OnChange(func(a *pki.Authority) { roots.SetBundle(pki.EncodeCertificates(a.Roots...)) })
+	watcher.OnChange(func(a *pki.Authority) { publish(pki.EncodeCertificates(a.Roots...)) })
 	watcher.OnChange(func(a *pki.Authority) {
 		if err := serving.SetAuthority(a); err != nil {
 			log.Error("serving certificate from the new CA failed; keeping the current one", "err", err)
@@ -143,12 +135,11 @@ func newCA(ctx context.Context, cfg config, kube kubernetes.Interface, reviewer 
 	})
 	watcher.OnChange(monitor.SetAuthority)
 	watcher.OnChange(svc.SetAuthority)
-	return &caParts{addr: cfg.secureAddr, grpc: g, authenticator: authenticator, serving: serving, roots: roots, expiry: monitor,
+	return &caParts{addr: cfg.secureAddr, grpc: g, authenticator: authenticator, serving: serving, expiry: monitor,
 		reload: watcher, rootBundle: pki.EncodeCertificates(authority.Roots...), log: log}, nil
 }
 
 func (c *caParts) start(ctx context.Context, g *errgroup.Group) {
-	g.Go(func() error { return c.roots.Run(ctx) })
 	g.Go(func() error { return c.expiry.Run(ctx) })
 	g.Go(func() error { return c.reload.Run(ctx) })
 	g.Go(func() error { c.serving.Run(ctx, time.Minute); return nil })

@@ -123,7 +123,7 @@ func startCA(t *testing.T, kube kubernetes.Interface, sys string, o caOptions) *
 	}
 	tables := index.New(cfg.mesh)
 	watcher := kubeinput.New(clients, tables, nil, log)
-	ca, err := newCA(ctx, cfg, kube, authn.Reviewer{Client: kube.AuthenticationV1()}, indexPods{tables: tables, synced: watcher.Synced()}, o.events, prometheus.NewRegistry(), log)
+	ca, err := newCA(ctx, cfg, kube, authn.Reviewer{Client: kube.AuthenticationV1()}, indexPods{tables: tables, synced: watcher.Synced()}, o.events, nil, func([]byte) {}, prometheus.NewRegistry(), log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,7 +43,7 @@ import (
 	"github.com/canopy-mesh/canopy/controller/index"
 	"github.com/canopy-mesh/canopy/controller/inject"
 	"github.com/canopy-mesh/canopy/controller/kubeinput"
-	"github.com/canopy-mesh/canopy/controller/status"
+	"github.com/canopy-mesh/canopy/controller/leader"
 	"github.com/canopy-mesh/canopy/controller/vipalloc"
 	"github.com/canopy-mesh/canopy/controller/xds"
 	"github.com/canopy-mesh/canopy/internal/cmdmain"
@@ -103,6 +103,13 @@ type config struct {
 	webhookAddr        string
 	webhookMaxRequests int
 	inject             inject.Config
+
+	// Leader election: whether the writers (root ConfigMaps, ServiceEntry
+	// VIPs, the webhook caBundle, Events) run only while this replica
+	// holds the Lease, and the Lease (Namespace: caNamespace; Identity:
+	// xds.ID).
+	leaderElect bool
+	leader      leader.Config
 }
 
 func parseFlags(args []string) (config, error) {
@@ -181,6 +188,11 @@ func parseFlags(args []string) (config, error) {
 	fs.BoolVar(&c.inject.NativeSidecars, "inject-native-sidecars", false, "inject istio-proxy as a native sidecar (an init container with restartPolicy Always)")
 	never := fs.String("never-inject-selector", "", `JSON list of label selectors ([{"matchLabels":{...}}]): selected pods that neither ask for nor refuse a sidecar and match one are not injected`)
 	always := fs.String("always-inject-selector", "", `JSON list of label selectors: selected pods that neither ask for nor refuse a sidecar and match one (and no never-inject selector) are injected`)
+	fs.BoolVar(&c.leaderElect, "leader-elect", true, "run the API writers (root-certificate ConfigMaps, ServiceEntry VIPs, the webhook caBundle, Events) only while holding a Lease in --ca-namespace, so that of several replicas one writes; every replica serves xDS, the CA and the webhook either way. false: always write (one replica only)")
+	fs.StringVar(&c.leader.Name, "leader-election-lease", "", "name of the Lease (default canopy-controller, or canopy-controller-<revision> with a --revision other than default: each revision has writers of its own)")
+	fs.DurationVar(&c.leader.LeaseDuration, "leader-lease-duration", leader.DefaultLeaseDuration, "how long a leader that stops renewing (a crash, a partition) keeps the Lease; one that stops cleanly releases it at once")
+	fs.DurationVar(&c.leader.RenewDeadline, "leader-renew-deadline", leader.DefaultRenewDeadline, "how long the leader tries to renew before it stops its writers and campaigns again")
+	fs.DurationVar(&c.leader.RetryPeriod, "leader-retry-period", leader.DefaultRetryPeriod, "how often the Lease is renewed, or tried for by a replica that does not hold it")
 	id := os.Getenv("POD_NAME")
 	if id == "" {
 		id, _ = os.Hostname()
@@ -276,6 +288,21 @@ func parseFlags(args []string) (config, error) {
 	}
 	if err := c.injectConfig(*discovery); err != nil {
 		return c, err
+	}
+	if c.leader.Name == "" {
+		c.leader.Name = "canopy-controller"
+		if r := c.inject.Revision; r != "" && r != "default" {
+			c.leader.Name += "-" + r
+		}
+	}
+	c.leader.Namespace, c.leader.Identity = c.caNamespace, c.xds.ID
+	if c.leaderElect {
+		if err := c.leader.Validate(); err != nil {
+			return c, fmt.Errorf("--leader-lease-duration, --leader-renew-deadline, --leader-retry-period: %w", err)
+		}
+		if c.leader.Identity == "" {
+			return c, fmt.Errorf("--id is empty: leader election needs a name for this replica")
+		}
 	}
 	return c, nil
 }
@@ -377,7 +404,6 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	defer broadcaster.Shutdown()
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: clients.Kube.CoreV1().Events("")})
 	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "canopy-controller"})
-	reporter := status.NewReporter(recorder)
 
 	tables := index.New(cfg.mesh)
 	// The xDS server is built after the watcher that feeds it, and the CA
@@ -391,16 +417,43 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		xdsServer.Changed(cs)
 	}, log)
 	registry := prometheus.NewRegistry()
+	w := &writers{kube: clients.Kube, istio: clients.Istio, tables: tables, synced: watcher.Synced(), recorder: recorder, log: log,
+		revision: cfg.inject.Revision, patchWebhooks: cfg.webhookAddr != "", problemInterval: cfg.problemInterval}
+	if cfg.vipAllocation {
+		w.vipAllocation, w.vipRanges = true, cfg.vipRanges
+	}
+	// Without leader election this process always writes.
+	var elector *leader.Elector
+	leading := func() bool { return true }
+	if cfg.leaderElect {
+		// Lease requests have a client of their own: a burst of ConfigMap
+		// writes must not hold up a renewal, nor a slow request outlast
+		// the renew deadline.
+		leaseConfig := rest.CopyConfig(rc)
+		leaseConfig.Timeout = max(cfg.leader.RenewDeadline/2, time.Second)
+		leaseClient, err := kubernetes.NewForConfig(leaseConfig)
+		if err != nil {
+			return err
+		}
+		cfg.leader.Registerer = registry
+		if elector, err = leader.New(cfg.leader, leaseClient.CoordinationV1(), log); err != nil {
+			return err
+		}
+		leading = elector.Leading
+	}
 	ca, err := newCA(ctx, cfg, clients.Kube, authn.Reviewer{Client: reviewClient.AuthenticationV1()},
-		indexPods{tables: tables, synced: watcher.Synced()}, recorder, registry, log)
+		indexPods{tables: tables, synced: watcher.Synced()}, recorder, leading, w.SetBundle, registry, log)
 	if err != nil {
 		return err
 	}
+	w.SetBundle(ca.rootBundle)
+	// A new leader tells of an expiring CA at once, not at the monitor's
+	// next hourly check.
+	w.onTerm = ca.expiry.Check
 	var hook *webhook
 	if cfg.webhookAddr != "" {
-		// Built before the CA starts: it follows the CA's roots.
 		ns := indexNamespaces{tables: tables, synced: watcher.Synced(), client: clients.Kube}
-		if hook, err = newWebhook(cfg, ca, ns, clients.Kube, log); err != nil {
+		if hook, err = newWebhook(cfg, ca, ns, log); err != nil {
 			return err
 		}
 	}
@@ -434,14 +487,12 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		hook.start(ctx, g)
 	}
 	g.Go(func() error { return watcher.Run(ctx) })
-	if cfg.vipAllocation {
-		// Every replica allocates: the allocation is deterministic and each
-		// write is conditional on the status it was computed from.
-		allocator, err := vipalloc.New(clients.Istio, cfg.vipRanges, log)
-		if err != nil {
-			return err
-		}
-		g.Go(func() error { return allocator.Run(ctx) })
+	if elector != nil {
+		log.Info("campaigning for the writers' lease", "lease", cfg.leader.Namespace+"/"+cfg.leader.Name, "identity", elector.Identity())
+		g.Go(func() error { return elector.Run(ctx, w.run) })
+	} else {
+		log.Info("leader election off: this replica writes")
+		g.Go(func() error { return w.run(ctx) })
 	}
 	g.Go(func() error { return xdsServer.Run(ctx, watcher.Synced()) })
 	if cfg.xdsAddr != "" {
@@ -449,26 +500,6 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		xdsServer.Register(plain)
 		serveGRPC(ctx, g, plain, cfg.xdsAddr, "plaintext xDS", log)
 	}
-	g.Go(func() error {
-		// Problems are reported once the initial lists are in (before, a
-		// problem may only mean its cause, a Gateway say, is not listed
-		// yet), then every few seconds, which batches the named-port checks.
-		select {
-		case <-watcher.Synced():
-		case <-ctx.Done():
-			return nil
-		}
-		tick := time.NewTicker(cfg.problemInterval)
-		defer tick.Stop()
-		for {
-			reporter.Report(tables.Problems())
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-tick.C:
-			}
-		}
-	})
 	log.Info("canopy-controller started", "version", version.Get())
 	httpserve.Run(ctx, g, "monitoring port", "tcp", cfg.monitorAddr, monitor, log)
 	if cfg.debugAddr != "" {

@@ -5,7 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/canopy-mesh/canopy/ca/pki"
+	"github.com/canopy-mesh/canopy/controller/leader"
 	"github.com/canopy-mesh/canopy/controller/vipalloc"
 )
 
@@ -119,5 +122,57 @@ func TestWebhookFlags(t *testing.T) {
 		if _, err := parseFlags(tt.args); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("parseFlags(%v) = %v, want an error naming %s", tt.args, err, tt.want)
 		}
+	}
+}
+
+// TestLeaderFlags: the writers' Lease is in the CA namespace, named after
+// the revision so that two revisions never share one, and durations
+// client-go would refuse stop the start.
+func TestLeaderFlags(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		args    []string
+		want    leader.Config
+		wantErr string
+	}{
+		{name: "defaults", args: []string{"--ca-namespace=mesh", "--id=c-1"},
+			want: leader.Config{Namespace: "mesh", Name: "canopy-controller", Identity: "c-1",
+				LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second}},
+		{name: "a revision has its own lease", args: []string{"--ca-namespace=mesh", "--id=c-1", "--revision=canary"},
+			want: leader.Config{Namespace: "mesh", Name: "canopy-controller-canary", Identity: "c-1",
+				LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second}},
+		{name: "the default revision shares the plain name", args: []string{"--ca-namespace=mesh", "--id=c-1", "--revision=default"},
+			want: leader.Config{Namespace: "mesh", Name: "canopy-controller", Identity: "c-1",
+				LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second}},
+		{name: "named and timed", args: []string{"--ca-namespace=mesh", "--id=c-1", "--leader-election-lease=mine",
+			"--leader-lease-duration=4s", "--leader-renew-deadline=2s", "--leader-retry-period=500ms"},
+			want: leader.Config{Namespace: "mesh", Name: "mine", Identity: "c-1",
+				LeaseDuration: 4 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 500 * time.Millisecond}},
+		{name: "renew deadline not under the lease", args: []string{"--leader-lease-duration=10s", "--leader-renew-deadline=10s"}, wantErr: "--leader-lease-duration"},
+		{name: "retry period too long", args: []string{"--leader-retry-period=9s"}, wantErr: "--leader-retry-period"},
+		{name: "no identity", args: []string{"--id="}, wantErr: "--id"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := parseFlags(tt.args)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("parseFlags(%v) = %v, want an error naming %s", tt.args, err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !c.leaderElect {
+				t.Error("leader election off by default")
+			}
+			if diff := cmp.Diff(tt.want, c.leader); diff != "" {
+				t.Errorf("leader config (-want +got):\n%s", diff)
+			}
+		})
+	}
+	// Without election nothing is checked: one replica writes always.
+	if _, err := parseFlags([]string{"--leader-elect=false", "--id="}); err != nil {
+		t.Errorf("--leader-elect=false --id= : %v", err)
 	}
 }

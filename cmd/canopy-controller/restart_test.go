@@ -87,49 +87,13 @@ func TestRestartWithoutFlap(t *testing.T) {
 		if slowAPI {
 			args = append(args, "--kube-api-qps=20", "--kube-api-burst=1")
 		}
-		c, err := canopy.Start(canopy.Options{Binary: bin, Kubeconfig: env.KubeconfigPath, CANamespace: sys, Dir: t.TempDir(), ID: id, Args: args})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = c.Stop()
-			if t.Failed() {
-				b, _ := os.ReadFile(c.LogPath)
-				t.Logf("%s log (tail):\n%s", id, tail(string(b), 4000))
-			}
-		})
-		return c
+		return startController(t, bin, sys, id, args...)
 	}
 
 	// The proxy dials before any controller listens, and retries quickly:
 	// its stream opens while the controller is still listing.
 	v := newView(fx.ours)
-	conn, err := grpc.NewClient(plain, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.6, MaxDelay: 100 * time.Millisecond}, MinConnectTimeout: time.Second}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	token, err := env.Token(ctx, sys, "default", testenv.TokenOptions{Audiences: []string{"istio-ca"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	md, err := structpb.NewStruct(map[string]any{"NAMESPACE": sys, "NODE_NAME": "node-1", "CLUSTER_ID": "Kubernetes"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := xdsclient.New(xdsclient.Config{
-		Conn: conn, Node: &corev3.Node{Id: "ztunnel~10.0.0.1~ztunnel-r." + sys + "~" + sys + ".svc.cluster.local", Metadata: md},
-		Token: func(context.Context) (string, error) { return token, nil }, ClusterID: "Kubernetes", Handler: v,
-		InitialBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = client.Run(runCtx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	runProxy(t, sys, dialFast(t, plain), v)
 
 	cur := start("controller-1", false)
 	eventually.Within(t, settle, "proxy holds the fixture and is sent nothing more", func() bool {
@@ -193,6 +157,67 @@ func TestRestartWithoutFlap(t *testing.T) {
 			}
 		})
 	}
+}
+
+// startController runs the built controller with its CA in namespace sys
+// and more flags; the test's end stops it, and a failed test logs the
+// tail of its log.
+func startController(t *testing.T, bin, sys, id string, args ...string) *canopy.Controller {
+	t.Helper()
+	c, err := canopy.Start(canopy.Options{Binary: bin, Kubeconfig: env.KubeconfigPath, CANamespace: sys, Dir: t.TempDir(), ID: id, Args: args})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.Stop()
+		if t.Failed() {
+			b, _ := os.ReadFile(c.LogPath)
+			t.Logf("%s log (tail):\n%s", id, tail(string(b), 4000))
+		}
+	})
+	return c
+}
+
+// dialFast connects to plaintext xDS at target, retrying every 10 to
+// 100 ms, as a proxy waiting for its controller would (only faster).
+func dialFast(t *testing.T, target string, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(target, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.6, MaxDelay: 100 * time.Millisecond}, MinConnectTimeout: time.Second})},
+		opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// runProxy runs a node proxy's Delta xDS client (wildcard subscriptions
+// to addresses and authorizations, as ztunnel's) over conn until the test
+// ends, applying every response to v. On a reconnect it sends
+// initial_resource_versions for all it holds.
+func runProxy(t *testing.T, sys string, conn *grpc.ClientConn, v *view) {
+	t.Helper()
+	token, err := env.Token(t.Context(), sys, "default", testenv.TokenOptions{Audiences: []string{"istio-ca"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	md, err := structpb.NewStruct(map[string]any{"NAMESPACE": sys, "NODE_NAME": "node-1", "CLUSTER_ID": "Kubernetes"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := xdsclient.New(xdsclient.Config{
+		Conn: conn, Node: &corev3.Node{Id: "ztunnel~10.0.0.1~ztunnel-r." + sys + "~" + sys + ".svc.cluster.local", Metadata: md},
+		Token: func(context.Context) (string, error) { return token, nil }, ClusterID: "Kubernetes", Handler: v,
+		InitialBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = client.Run(runCtx) }()
+	t.Cleanup(func() { cancel(); <-done })
 }
 
 // connectedEarly checks the premise of the attack: the proxy's stream

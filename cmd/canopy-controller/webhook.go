@@ -13,20 +13,18 @@ import (
 
 	"github.com/canopy-mesh/canopy/controller/index"
 	"github.com/canopy-mesh/canopy/controller/inject"
-	"github.com/canopy-mesh/canopy/controller/webhookpatch"
 	"github.com/canopy-mesh/canopy/internal/httpserve"
 )
 
 // webhook is the sidecar injection webhook as the controller runs it: the
 // handler of controller/inject over HTTPS with the CA's serving
-// certificate (which names canopy-controller.<ns>.svc and istiod.<ns>.svc),
-// and the patcher that keeps the webhook configurations' caBundle equal to
-// the CA's roots.
+// certificate (which names canopy-controller.<ns>.svc and istiod.<ns>.svc).
+// The webhook configurations' caBundle is kept by the writers, on the
+// leader.
 type webhook struct {
-	addr    string
-	server  *http.Server
-	patcher *webhookpatch.Patcher
-	log     *slog.Logger
+	addr   string
+	server *http.Server
+	log    *slog.Logger
 }
 
 // Timeouts and limits of the webhook's HTTP server. The API server gives a
@@ -43,9 +41,8 @@ const (
 	webhookQueueWait = time.Second
 )
 
-// newWebhook builds the webhook; register it before ca.start, since it
-// follows the CA's root changes.
-func newWebhook(cfg config, ca *caParts, ns inject.Namespaces, kube kubernetes.Interface, log *slog.Logger) (*webhook, error) {
+// newWebhook builds the webhook.
+func newWebhook(cfg config, ca *caParts, ns inject.Namespaces, log *slog.Logger) (*webhook, error) {
 	if cfg.inject.DenyReason != "" {
 		log.Warn("the injection webhook has no proxy image: it denies the pods it would inject", "reason", cfg.inject.DenyReason)
 	}
@@ -53,11 +50,6 @@ func newWebhook(cfg config, ca *caParts, ns inject.Namespaces, kube kubernetes.I
 	if err != nil {
 		return nil, err
 	}
-	patcher, err := webhookpatch.New(kube, cfg.inject.Revision, ca.rootBundle, log)
-	if err != nil {
-		return nil, err
-	}
-	ca.onRootsChange(patcher.SetBundle)
 	return &webhook{
 		addr: cfg.webhookAddr,
 		server: &http.Server{
@@ -70,13 +62,11 @@ func newWebhook(cfg config, ca *caParts, ns inject.Namespaces, kube kubernetes.I
 			MaxHeaderBytes:    webhookMaxHeaderBytes,
 			ErrorLog:          slog.NewLogLogger(log.With("component", "webhook-server").Handler(), slog.LevelDebug),
 		},
-		patcher: patcher,
-		log:     log,
+		log: log,
 	}, nil
 }
 
 func (w *webhook) start(ctx context.Context, g *errgroup.Group) {
-	g.Go(func() error { return w.patcher.Run(ctx) })
 	httpserve.Serve(ctx, g, "sidecar injection webhook", "tcp", w.addr, w.server, w.log)
 }
 

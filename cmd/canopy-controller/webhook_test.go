@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/tools/record"
 	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/canopy-mesh/canopy/ca/authn"
@@ -52,12 +53,17 @@ func startWebhook(t *testing.T, sys string) (addr string, roots []byte) {
 	}
 	tables := index.New(cfg.mesh)
 	watcher := kubeinput.New(clients, tables, nil, log)
+	// The writers keep the caBundle; run leads from the start, as a
+	// single replica does.
+	w := &writers{kube: env.Client, tables: tables, synced: watcher.Synced(), recorder: &record.FakeRecorder{}, log: log,
+		revision: cfg.inject.Revision, patchWebhooks: true, problemInterval: time.Hour}
 	ca, err := newCA(t.Context(), cfg, env.Client, authn.Reviewer{Client: env.Client.AuthenticationV1()},
-		indexPods{tables: tables, synced: watcher.Synced()}, nil, prometheus.NewRegistry(), log)
+		indexPods{tables: tables, synced: watcher.Synced()}, nil, nil, w.SetBundle, prometheus.NewRegistry(), log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	hook, err := newWebhook(cfg, ca, indexNamespaces{tables: tables, synced: watcher.Synced(), client: env.Client}, env.Client, log)
+	w.SetBundle(ca.rootBundle)
+	hook, err := newWebhook(cfg, ca, indexNamespaces{tables: tables, synced: watcher.Synced(), client: env.Client}, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,6 +71,7 @@ func startWebhook(t *testing.T, sys string) (addr string, roots []byte) {
 	g, gctx := errgroup.WithContext(ctx)
 	ca.start(gctx, g)
 	hook.start(gctx, g)
+	g.Go(func() error { return w.run(gctx) })
 	g.Go(func() error { return watcher.Run(gctx) })
 	t.Cleanup(func() {
 		cancel()

@@ -3,8 +3,10 @@
 // objects concerned, so that nothing is lost silently: kubectl describe
 // shows it.
 //
-// Every controller replica computes the same problems and reports them;
-// the API server's event aggregation folds the repeats.
+// Every controller replica computes the same problems; canopy-controller
+// reports them from the replica holding its writers' Lease, a new
+// Reporter per term, and the API server's event aggregation folds a new
+// leader's repeats.
 package status
 
 import (

@@ -11,10 +11,11 @@
 // of the entry and of who else holds each address: a host keeps the
 // addresses its status holds unless another entry has a better claim to
 // them, and a new address starts at a point hashed from the entry and host
-// and takes the first free one after it. It is deterministic, so every
-// controller replica computes the same status; each write carries the
-// resourceVersion it was computed from, so a replica working from a stale
-// view fails and retries from a fresh one. Addresses survive restarts
+// and takes the first free one after it. It is deterministic, so a replica
+// that takes over (canopy-controller runs a Controller only on the replica
+// holding its writers' Lease) computes the same status; each write carries
+// the resourceVersion it was computed from, so a write from a stale view,
+// or a former leader's last one, fails and is retried from a fresh view. Addresses survive restarts
 // because they live in status, and the controller reads every status
 // before it allocates anything.
 package vipalloc

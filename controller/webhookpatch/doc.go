@@ -11,9 +11,10 @@
 // Plan is the decision, pure: a configuration and a bundle in, a JSON Patch
 // (or none) out. Patcher is the loop around it: an informer on the
 // configurations of its revision, a work queue, and one conditional patch
-// per configuration that differs. Every replica of the controller may run
-// it: a patch is sent only when the bundle differs, and is refused when
-// the configuration changed since it was read. A Patcher is safe for
+// per configuration that differs. canopy-controller runs it on the replica
+// holding its writers' Lease; a patch is sent only when the bundle
+// differs, and is refused when the configuration changed since it was
+// read, so an overlap with a former leader does no harm. A Patcher is safe for
 // concurrent use; SetBundle may be called at any time.
 //
 // Anything in cmd/ may import this package; it imports only client-go and

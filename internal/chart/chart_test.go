@@ -192,6 +192,95 @@ func TestNodeProxyHandOver(t *testing.T) {
 	}
 }
 
+// TestControllerReplicas: the controller runs as several replicas that
+// roll one at a time with a surge (never fewer ready than asked for),
+// prefer different nodes, are kept from being evicted all at once by a
+// budget (only when there are several), and may renew their revision's
+// Lease and no other.
+func TestControllerReplicas(t *testing.T) {
+	for _, tt := range []struct {
+		name         string
+		set          []string
+		wantReplicas float64
+		wantPDB      bool
+		wantLease    string
+		wantRev      string
+	}{
+		{"defaults", nil, 2, true, "canopy-controller", "default"},
+		{"one replica, no budget", []string{"controller.replicas=1"}, 1, false, "canopy-controller", "default"},
+		{"three", []string{"controller.replicas=3"}, 3, true, "canopy-controller", "default"},
+		{"a revision has its own lease", []string{"revision=canary"}, 2, true, "canopy-controller-canary", "canary"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := render(t, chart.Options{Namespace: "istio-system", Set: tt.set})
+			find := func(kind, name string) *unstructured.Unstructured {
+				i := slices.IndexFunc(r.Objects, func(o *unstructured.Unstructured) bool { return o.GetKind() == kind && o.GetName() == name })
+				if i < 0 {
+					return nil
+				}
+				return r.Objects[i]
+			}
+			// A revision's objects carry its name.
+			name := "canopy-controller"
+			if tt.wantRev != "default" {
+				name += "-" + tt.wantRev
+			}
+			d := find("Deployment", name)
+			if d == nil {
+				t.Fatal("no controller Deployment")
+			}
+			spec, _, _ := unstructured.NestedMap(d.Object, "spec")
+			if spec["replicas"] != tt.wantReplicas {
+				t.Errorf("replicas = %v, want %v", spec["replicas"], tt.wantReplicas)
+			}
+			// Decoded as JSON: numbers are float64.
+			if diff := cmp.Diff(map[string]any{"type": "RollingUpdate", "rollingUpdate": map[string]any{"maxSurge": 1.0, "maxUnavailable": 0.0}}, spec["strategy"]); diff != "" {
+				t.Errorf("strategy (-want +got):\n%s", diff)
+			}
+			anti, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "affinity", "podAntiAffinity", "preferredDuringSchedulingIgnoredDuringExecution")
+			wantAnti := []any{map[string]any{"weight": 100.0, "podAffinityTerm": map[string]any{
+				"topologyKey":   "kubernetes.io/hostname",
+				"labelSelector": map[string]any{"matchLabels": map[string]any{"app": "istiod", "istio.io/rev": tt.wantRev}},
+			}}}
+			if diff := cmp.Diff(wantAnti, anti); diff != "" {
+				t.Errorf("preferred pod anti-affinity (-want +got):\n%s", diff)
+			}
+			containers, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
+			args, _, _ := unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
+			if want := "--leader-election-lease=" + tt.wantLease; !slices.Contains(args, want) {
+				t.Errorf("args %q lack %s", args, want)
+			}
+			pdb := find("PodDisruptionBudget", name)
+			if (pdb != nil) != tt.wantPDB {
+				t.Errorf("PodDisruptionBudget rendered: %v, want %v", pdb != nil, tt.wantPDB)
+			}
+			if pdb != nil {
+				if got, _, _ := unstructured.NestedFieldNoCopy(pdb.Object, "spec", "maxUnavailable"); got != 1.0 {
+					t.Errorf("PodDisruptionBudget maxUnavailable = %v, want 1 (one replica keeps serving)", got)
+				}
+			}
+			role := find("Role", name)
+			if role == nil {
+				t.Fatal("no controller Role")
+			}
+			rules, _, _ := unstructured.NestedSlice(role.Object, "rules")
+			var leaseRules []any
+			for _, rule := range rules {
+				if groups, _ := rule.(map[string]any)["apiGroups"].([]any); slices.Contains(groups, any("coordination.k8s.io")) {
+					leaseRules = append(leaseRules, rule)
+				}
+			}
+			wantRules := []any{
+				map[string]any{"apiGroups": []any{"coordination.k8s.io"}, "resources": []any{"leases"}, "verbs": []any{"create"}},
+				map[string]any{"apiGroups": []any{"coordination.k8s.io"}, "resources": []any{"leases"}, "resourceNames": []any{tt.wantLease}, "verbs": []any{"get", "update"}},
+			}
+			if diff := cmp.Diff(wantRules, leaseRules); diff != "" {
+				t.Errorf("Role rules on leases (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
 // TestBadValuesRejected: the schema turns mistakes away with the path of
 // the value, before anything reaches a cluster.
 func TestBadValuesRejected(t *testing.T) {

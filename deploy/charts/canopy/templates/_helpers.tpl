@@ -39,6 +39,15 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
   valueFrom: {fieldRef: {fieldPath: status.podIP}}
 {{- end }}
 
+{{/*
+The Lease of canopy-controller's writers, one per revision: two revisions'
+controllers write different webhook configurations and must not take
+turns on one Lease.
+*/}}
+{{- define "canopy.controllerLease" -}}
+canopy-controller{{ with .Values.revision }}-{{ . }}{{ end }}
+{{- end }}
+
 {{/* The injector's MutatingWebhookConfiguration, named as Istio's. */}}
 {{- define "canopy.injectorName" -}}
 istio-sidecar-injector{{ with .Values.revision }}-{{ . }}{{ end }}

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	istioclient "istio.io/client-go/pkg/clientset/versioned"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/canopy-mesh/canopy/ca/rootcm"
+	"github.com/canopy-mesh/canopy/controller/index"
+	"github.com/canopy-mesh/canopy/controller/status"
+	"github.com/canopy-mesh/canopy/controller/vipalloc"
+	"github.com/canopy-mesh/canopy/controller/webhookpatch"
+)
+
+// writers are the controller's writes to the API server that want a
+// single writer: the root-certificate ConfigMap in every namespace, the
+// VIPs in ServiceEntries' status, the injector webhooks' caBundle and the
+// Events about input the tables cannot represent. With leader election
+// they run only on the replica holding the Lease; every replica serves
+// xDS, the CA and the injection webhook whether it leads or not.
+//
+// Each term builds them anew, with fresh informers and queues: a replica
+// that takes over reconciles everything from what the API server holds,
+// not from what it saw the last time it led.
+type writers struct {
+	kube     kubernetes.Interface
+	istio    istioclient.Interface
+	tables   *index.Index
+	synced   <-chan struct{}
+	recorder record.EventRecorder
+	log      *slog.Logger
+
+	// revision is the injector's, whose webhook configurations get the
+	// caBundle; patchWebhooks is false when the controller serves no
+	// webhook.
+	revision        string
+	patchWebhooks   bool
+	vipAllocation   bool
+	vipRanges       vipalloc.Ranges
+	problemInterval time.Duration
+	// onTerm, if set, is called as each term starts.
+	onTerm func()
+
+	mu     sync.Mutex
+	bundle []byte
+	// The current term's, nil between terms.
+	roots   *rootcm.Publisher
+	patcher *webhookpatch.Patcher
+}
+
+// SetBundle follows the CA's roots (PEM): the current term's writers
+// publish them at once, the next term's start with them.
+func (w *writers) SetBundle(bundle []byte) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.bundle = slices.Clone(bundle)
+	if w.roots != nil {
+		w.roots.SetBundle(w.bundle)
+	}
+	if w.patcher != nil {
+		w.patcher.SetBundle(w.bundle)
+	}
+}
+
+// run writes until ctx ends (the term ends) or a writer fails.
+func (w *writers) run(ctx context.Context) error {
+	w.mu.Lock()
+	roots, err := rootcm.New(w.kube, w.bundle, w.log)
+	if err != nil {
+		w.mu.Unlock()
+		return fmt.Errorf("root ConfigMaps: %w", err)
+	}
+	var patcher *webhookpatch.Patcher
+	if w.patchWebhooks {
+		if patcher, err = webhookpatch.New(w.kube, w.revision, w.bundle, w.log); err != nil {
+			w.mu.Unlock()
+			return fmt.Errorf("webhook caBundle: %w", err)
+		}
+	}
+	var allocator *vipalloc.Controller
+	if w.vipAllocation {
+		if allocator, err = vipalloc.New(w.istio, w.vipRanges, w.log); err != nil {
+			w.mu.Unlock()
+			return fmt.Errorf("service entry VIPs: %w", err)
+		}
+	}
+	w.roots, w.patcher = roots, patcher
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		w.roots, w.patcher = nil, nil
+		w.mu.Unlock()
+	}()
+
+	if w.onTerm != nil {
+		w.onTerm()
+	}
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return roots.Run(ctx) })
+	if patcher != nil {
+		g.Go(func() error { return patcher.Run(ctx) })
+	}
+	if allocator != nil {
+		g.Go(func() error { return allocator.Run(ctx) })
+	}
+	// A new term reports every current problem again: the former leader's
+	// memory of what it reported went with it, and the API server folds
+	// repeats of an Event into its count.
+	reporter := status.NewReporter(w.recorder)
+	g.Go(func() error {
+		// Problems are reported once the initial lists are in (before, a
+		// problem may only mean its cause, a Gateway say, is not listed
+		// yet), then every few seconds, which batches the named-port checks.
+		select {
+		case <-w.synced:
+		case <-ctx.Done():
+			return nil
+		}
+		tick := time.NewTicker(w.problemInterval)
+		defer tick.Stop()
+		for {
+			reporter.Report(w.tables.Problems())
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-tick.C:
+			}
+		}
+	})
+	return g.Wait()
+}
