@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/canopy-mesh/canopy/ctl"
 	"github.com/canopy-mesh/canopy/internal/echo"
@@ -26,10 +28,10 @@ import (
 // draining node proxy's drain period ends (the documented bound); the
 // step reports the counts, when failures happened and the longest stall.
 //
-// It runs only with CANOPY_E2E_UPGRADE=1: it adds three minutes or so.
+// CANOPY_E2E_UPGRADE=0 skips it (it takes about 100 s).
 func testUpgradeUnderLoad(t *testing.T, m *mesh) {
-	if os.Getenv("CANOPY_E2E_UPGRADE") != "1" {
-		t.Skip("the upgrade under load runs with CANOPY_E2E_UPGRADE=1")
+	if os.Getenv("CANOPY_E2E_UPGRADE") == "0" {
+		t.Skip("CANOPY_E2E_UPGRADE=0")
 	}
 	pods := m.pods(t, "demo", "")
 	addr := url.QueryEscape("echo.demo.svc.cluster.local:9000")
@@ -51,6 +53,9 @@ func testUpgradeUnderLoad(t *testing.T, m *mesh) {
 	time.Sleep(5 * time.Second)
 
 	values := []string{m.root + "/deploy/examples/local-values.yaml"}
+	drainPeriod := nodeDrainPeriod(t, ctl.InstallOptions{Namespace: system, ValuesFiles: values})
+	// spans are when each upgrade ran, in seconds of the run.
+	var spans [][2]int
 	for _, phase := range []struct {
 		name string
 		opts ctl.UpgradeOptions
@@ -67,25 +72,64 @@ func testUpgradeUnderLoad(t *testing.T, m *mesh) {
 			stopLoad()
 			t.Fatalf("upgrade %s: %v", phase.name, err)
 		}
-		// The old node proxies drain for node.drainPeriodSeconds (20 s in
-		// the chart) after the rollout: the next phase and the end of the
-		// run wait for that, and 5 s more.
-		time.Sleep(25 * time.Second)
+		spans = append(spans, [2]int{int(from / time.Second), int(time.Since(started) / time.Second)})
+		// The old node proxies drain after the rollout: the next phase and
+		// the end of the run wait for that, and 5 s more.
+		time.Sleep(drainPeriod + 5*time.Second)
 	}
 	stopLoad()
 
 	for i := range pods {
 		rep := loadReport(t, m, &pods[i], time.Minute)
-		t.Logf("%s on %s: %d new connections, %d failed %v (by second of the run: %v), longest stall %s; %d held, %d cut, %d echoes; errors %q (run began %s, lasted %s)",
+		t.Logf("%s on %s: %d new connections, %d failed %v (by second of the run: %v), longest stall %s; %d held, %d cut (by second: %v), %d echoes; errors %q (run began %s, lasted %s)",
 			pods[i].Name, pods[i].Spec.NodeName, rep.Connections, rep.Failures, rep.ByKind, rep.FailuresAt, rep.LongestStall,
-			rep.Held, rep.HeldFailures, rep.HeldEchoes, rep.Errors, rep.Start.Format("15:04:05.000"), time.Since(started).Round(time.Second))
+			rep.Held, rep.HeldFailures, rep.HeldFailuresAt, rep.HeldEchoes, rep.Errors, rep.Start.Format("15:04:05.000"), time.Since(started).Round(time.Second))
 		if rep.Failures != 0 {
 			t.Errorf("%s: %d of %d new connections failed during the upgrades: %v %q", pods[i].Name, rep.Failures, rep.Connections, rep.ByKind, rep.Errors)
+		}
+		// A held connection may be cut only by a draining node proxy at
+		// the end of its drain: a drain period after its upgrade began,
+		// at most a drain period (and a little) after it was done.
+		for sec, n := range rep.HeldFailuresAt {
+			if !slices.ContainsFunc(spans, func(s [2]int) bool {
+				return sec >= s[0]+int(drainPeriod/time.Second)-1 && sec <= s[1]+int(drainPeriod/time.Second)+5
+			}) {
+				t.Errorf("%s: %d held connections cut %d s into the run, outside every drain's end (upgrades ran %v s into the run, drain %s)",
+					pods[i].Name, n, sec, spans, drainPeriod)
+			}
 		}
 		if rep.Connections < 1000 {
 			t.Errorf("%s: only %d connections in %s", pods[i].Name, rep.Connections, time.Since(started).Round(time.Second))
 		}
 	}
+}
+
+// nodeDrainPeriod is the node proxy's --drain-period as the chart renders
+// it with opts.
+func nodeDrainPeriod(t *testing.T, opts ctl.InstallOptions) time.Duration {
+	t.Helper()
+	r, err := ctl.RenderChart(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range r.Objects {
+		if o.GetKind() != "DaemonSet" || o.GetName() != "ztunnel" {
+			continue
+		}
+		cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+		args, _, _ := unstructured.NestedStringSlice(cs[0].(map[string]any), "args")
+		for _, a := range args {
+			if v, ok := strings.CutPrefix(a, "--drain-period="); ok {
+				d, err := time.ParseDuration(v)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return d
+			}
+		}
+	}
+	t.Fatal("the chart renders no node proxy with --drain-period")
+	return 0
 }
 
 // loadReport waits for a pod's load run to end and returns its report.

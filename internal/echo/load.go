@@ -75,6 +75,8 @@ type LoadReport struct {
 	// up with what else happened then (a component's roll, its logs).
 	Start      time.Time   `json:"start"`
 	FailuresAt map[int]int `json:"failuresAt,omitempty"`
+	// HeldFailuresAt is the same for the long-lived connections.
+	HeldFailuresAt map[int]int `json:"heldFailuresAt,omitempty"`
 }
 
 // loadRun accumulates a report from the run's goroutines.
@@ -107,13 +109,17 @@ func (l *loadRun) fail(err error, held bool) {
 	}
 }
 
-func (l *loadRun) failedAt(second int) {
+func (l *loadRun) failedAt(second int, held bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.r.FailuresAt == nil {
-		l.r.FailuresAt = map[int]int{}
+	at := &l.r.FailuresAt
+	if held {
+		at = &l.r.HeldFailuresAt
 	}
-	l.r.FailuresAt[second]++
+	if *at == nil {
+		*at = map[int]int{}
+	}
+	(*at)[second]++
 }
 
 func failureKind(err error) string {
@@ -140,13 +146,11 @@ func RunLoad(ctx context.Context, d Dialer, cfg LoadConfig) (LoadReport, error) 
 	defer cancel()
 	run := &loadRun{}
 	var wg sync.WaitGroup
-	for i := range cfg.Held {
-		wg.Go(func() { run.hold(ctx, d, cfg, i) })
-	}
 	start := time.Now()
-	run.mu.Lock()
 	run.r.Start = start
-	run.mu.Unlock()
+	for i := range cfg.Held {
+		wg.Go(func() { run.hold(ctx, d, cfg, i, start) })
+	}
 	last := start
 	var stall time.Duration
 	for ctx.Err() == nil {
@@ -162,7 +166,7 @@ func RunLoad(ctx context.Context, d Dialer, cfg LoadConfig) (LoadReport, error) 
 		run.mu.Unlock()
 		if err != nil {
 			run.fail(err, false)
-			run.failedAt(int(now.Sub(start) / time.Second))
+			run.failedAt(int(now.Sub(start)/time.Second), false)
 		} else {
 			stall = max(stall, now.Sub(last))
 			last = now
@@ -184,9 +188,12 @@ func RunLoad(ctx context.Context, d Dialer, cfg LoadConfig) (LoadReport, error) 
 // until the run ends; a connection that fails is counted and replaced
 // after a HeldEvery, so that a long run sees every cut, not only the
 // first.
-func (l *loadRun) hold(ctx context.Context, d Dialer, cfg LoadConfig, i int) {
+func (l *loadRun) hold(ctx context.Context, d Dialer, cfg LoadConfig, i int, start time.Time) {
 	for ctx.Err() == nil {
-		l.holdOne(ctx, d, cfg, i)
+		if err := l.holdOne(ctx, d, cfg, i); err != nil {
+			l.fail(err, true)
+			l.failedAt(int(time.Since(start)/time.Second), true)
+		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(cfg.HeldEvery):
@@ -194,21 +201,20 @@ func (l *loadRun) hold(ctx context.Context, d Dialer, cfg LoadConfig, i int) {
 	}
 }
 
-// holdOne is one long-lived connection, from its dial to its failure or
-// the end of the run.
-func (l *loadRun) holdOne(ctx context.Context, d Dialer, cfg LoadConfig, i int) {
+// holdOne is one long-lived connection, from its dial to its failure (the
+// error) or the end of the run (nil).
+func (l *loadRun) holdOne(ctx context.Context, d Dialer, cfg LoadConfig, i int) error {
 	dctx, cancel := context.WithTimeout(ctx, loadIOTimeout)
 	conn, err := d.DialContext(dctx, "tcp", cfg.Addr)
 	cancel()
 	if ctx.Err() != nil {
-		return // the run ended during the dial
+		return nil // the run ended during the dial
 	}
 	l.mu.Lock()
 	l.r.Held++
 	l.mu.Unlock()
 	if err != nil {
-		l.fail(fmt.Errorf("held connection %d: dial: %w", i, err), true)
-		return
+		return fmt.Errorf("held connection %d: dial: %w", i, err)
 	}
 	defer conn.Close()
 	msg := []byte(fmt.Sprintf("held-%03d", i))
@@ -218,17 +224,15 @@ func (l *loadRun) holdOne(ctx context.Context, d Dialer, cfg LoadConfig, i int) 
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-t.C:
 		}
 		_ = conn.SetDeadline(time.Now().Add(loadIOTimeout))
 		if _, err := conn.Write(msg); err != nil {
-			l.fail(fmt.Errorf("held connection %d: write: %w", i, err), true)
-			return
+			return fmt.Errorf("held connection %d: write: %w", i, err)
 		}
 		if _, err := io.ReadFull(conn, buf); err != nil {
-			l.fail(fmt.Errorf("held connection %d: read: %w", i, err), true)
-			return
+			return fmt.Errorf("held connection %d: read: %w", i, err)
 		}
 		l.mu.Lock()
 		l.r.HeldEchoes++

@@ -71,6 +71,16 @@ func TestLoadSeesAServerGo(t *testing.T) {
 	if rep.ByKind["refused"] == 0 || rep.HeldFailures < 2 || rep.Held != rep.HeldFailures || rep.LongestStall < 200*time.Millisecond {
 		t.Errorf("report %+v: want refused connections, the held one and its replacements failed, a stall of the run's rest", rep)
 	}
+	// Each failure is dated: none before the server went (150 ms in).
+	sum := func(at map[int]int) (n int) {
+		for _, v := range at {
+			n += v
+		}
+		return n
+	}
+	if sum(rep.FailuresAt) != rep.Failures || sum(rep.HeldFailuresAt) != rep.HeldFailures {
+		t.Errorf("failures dated %v and %v, want %d and %d", rep.FailuresAt, rep.HeldFailuresAt, rep.Failures, rep.HeldFailures)
+	}
 }
 
 func TestFailureKind(t *testing.T) {
