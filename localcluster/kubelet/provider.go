@@ -264,16 +264,18 @@ func (p *Provider) DeletePod(_ context.Context, pod *corev1.Pod) error {
 	return nil
 }
 
-// gracePeriod is how long containers get between SIGTERM and SIGKILL,
-// capped at 10s on a development cluster.
+// gracePeriod is how long containers get between SIGTERM and SIGKILL: the
+// deletion's, else the pod's, else Kubernetes' default of 30 s, as a
+// kubelet gives. Shortening it would cut what a pod does in its grace (a
+// node proxy's drain, which the upgrade test measures).
 func gracePeriod(pod *corev1.Pod) time.Duration {
-	g := 30 * time.Second
 	if s := pod.DeletionGracePeriodSeconds; s != nil {
-		g = time.Duration(*s) * time.Second
-	} else if s := pod.Spec.TerminationGracePeriodSeconds; s != nil {
-		g = time.Duration(*s) * time.Second
+		return time.Duration(*s) * time.Second
 	}
-	return min(g, 10*time.Second)
+	if s := pod.Spec.TerminationGracePeriodSeconds; s != nil {
+		return time.Duration(*s) * time.Second
+	}
+	return 30 * time.Second
 }
 
 // GetPod implements node.PodLifecycleHandler.
