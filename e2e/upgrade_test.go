@@ -28,7 +28,7 @@ import (
 // draining node proxy's drain period ends (the documented bound); the
 // step reports the counts, when failures happened and the longest stall.
 //
-// CANOPY_E2E_UPGRADE=0 skips it (it takes about 100 s).
+// CANOPY_E2E_UPGRADE=0 skips it (it takes about two minutes).
 func testUpgradeUnderLoad(t *testing.T, m *mesh) {
 	if os.Getenv("CANOPY_E2E_UPGRADE") == "0" {
 		t.Skip("CANOPY_E2E_UPGRADE=0")
