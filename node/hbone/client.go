@@ -116,9 +116,10 @@ func (cc *ClientConn) CloseWhenIdle() {
 		c.mu.Unlock()
 		return
 	}
-	c.draining, c.goAway = true, true
+	// The server opens no stream: nothing it sends is waited for.
+	c.draining, c.goAway, c.goAwaySeen = true, true, true
 	c.mu.Unlock()
-	go c.closeWhenIdle()
+	go c.closeWhenIdle(ErrConnClosed)
 }
 
 // Close ends the connection and its streams.

@@ -68,10 +68,13 @@ type conn struct {
 	recvUnacked       int64 // connection bytes consumed, not yet updated
 	// recvWindow is what the peer may still send on the connection; a
 	// peer that ignores it is cut off rather than buffered without bound.
-	recvWindow     int64
-	err            error // set once closed
-	goAway         bool  // received or sent GOAWAY: no new streams
-	draining       bool  // GoAway (server) or CloseWhenIdle (client) was called
+	recvWindow int64
+	err        error // set once closed
+	goAway     bool  // received or sent GOAWAY: no new streams
+	draining   bool  // GoAway (server) or CloseWhenIdle (client) was called
+	// goAwaySeen: the peer answered the PING after our GOAWAY, or is no
+	// longer waited for (goAwayGracefully).
+	goAwaySeen     bool
 	lastPeerStream uint32
 	idleSince      time.Time
 	onStream       func(*Stream) // server: a new CONNECT
@@ -348,6 +351,9 @@ func (c *conn) handle(f http2.Frame) error {
 		return c.queueControl(ctrlFrame{kind: ctrlSettingsAck})
 	case *http2.PingFrame:
 		if f.IsAck() {
+			if f.Data == goAwayPing {
+				c.peerSawGoAway()
+			}
 			return nil
 		}
 		if !c.pings.take(c.lim.Pings, time.Now()) {

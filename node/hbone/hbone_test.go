@@ -256,6 +256,36 @@ func TestGoAwayClosesWhenIdle(t *testing.T) {
 	}
 }
 
+// TestGoAwayWaitsForThePeer: a CONNECT the peer sent before it read our
+// GOAWAY is refused (REFUSED_STREAM, which it may retry elsewhere), not
+// met with a closed socket: an idle connection closes only once the peer
+// has answered the PING that follows the GOAWAY. This is the race of a
+// node proxy handing over (a connection accepted just before the drain
+// gets GOAWAY while its client's first CONNECT is on the wire).
+func TestGoAwayWaitsForThePeer(t *testing.T) {
+	p, sc, done := attackServerConn(t, Limits{}, block(t))
+	p.sync()
+	sc.GoAway()
+	p.waitFor("GOAWAY NO_ERROR", func(s seen) bool { return s.typ == http2.FrameGoAway && s.code == http2.ErrCodeNo })
+	p.waitFor("a PING after the GOAWAY", func(s seen) bool { return s.typ == http2.FramePing && !s.ack })
+
+	// The peer has not answered the PING: its CONNECT crossed the GOAWAY.
+	p.check(p.headers(1))
+	p.waitFor("the crossing CONNECT refused", func(s seen) bool {
+		return s.typ == http2.FrameRSTStream && s.stream == 1 && s.code == http2.ErrCodeRefusedStream
+	})
+	select {
+	case err := <-done:
+		t.Fatalf("the connection ended before the peer answered the PING: %v", err)
+	default:
+	}
+
+	p.check(p.fr.WritePing(true, goAwayPing))
+	if err := ended(t, done); err != nil {
+		t.Errorf("the connection ended with %v, want a normal end", err)
+	}
+}
+
 // TestCloseWhenIdleKeepsOpenStreams: a client connection taken out of
 // use (its peer is draining) refuses new streams, carries the open one to
 // its end and only then closes.

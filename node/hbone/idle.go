@@ -50,10 +50,10 @@ func (c *conn) checkIdle() {
 	default:
 		// No new stream from here on: one the peer sends meanwhile has a
 		// higher ID than the GOAWAY reports, and the peer retries it.
-		c.goAway = true
+		c.goAway, c.draining = true, true
 		last := c.lastPeerStream
 		c.mu.Unlock()
-		c.closeGoAway(fmt.Errorf("%w: idle for %v", ErrConnClosed, c.lim.IdleTimeout), last)
+		c.goAwayGracefully(last, fmt.Errorf("%w: idle for %v", ErrConnClosed, c.lim.IdleTimeout))
 		return
 	}
 	c.mu.Unlock()

@@ -65,9 +65,10 @@ func (c *conn) serve() error {
 // GoAway sends GOAWAY NO_ERROR: the peer opens no new stream here, and
 // one it sent meanwhile is refused (REFUSED_STREAM), which it may retry on
 // another connection. The streams already open are carried as before; the
-// connection closes itself once the last of them and its handler are done.
-// Nothing is cut: a caller that cannot wait for ever closes the connection
-// itself (Shutdown does, after a grace period). Calling it again is a no-op.
+// connection closes itself once the last of them and its handler are done
+// and the peer has read the GOAWAY (goAwayGracefully). Nothing is cut: a
+// caller that cannot wait for ever closes the connection itself
+// (Shutdown does, after a grace period). Calling it again is a no-op.
 func (sc *ServerConn) GoAway() {
 	c := sc.c
 	c.mu.Lock()
@@ -81,23 +82,72 @@ func (sc *ServerConn) GoAway() {
 	c.goAway = true
 	last := c.lastPeerStream
 	c.mu.Unlock()
-	_ = c.writeGoAway(last, http2.ErrCodeNo, nil)
-	go c.closeWhenIdle()
+	c.goAwayGracefully(last, ErrConnClosed)
 }
 
-// closeWhenIdle closes a draining connection once no stream and no
-// handler is left; the condition is broadcast when a stream goes, a
-// handler returns or the connection ends.
-func (c *conn) closeWhenIdle() {
+// goAwayPing is the payload of the PING that follows our GOAWAY.
+var goAwayPing = [8]byte{'g', 'o', 'a', 'w', 'a', 'y'}
+
+// goAwayAckTimeout bounds the wait for the peer to answer the PING that
+// follows our GOAWAY: one that does not answer is closed without it.
+const goAwayAckTimeout = time.Second
+
+// goAwayGracefully tells the peer to open no new stream (GOAWAY NO_ERROR
+// reporting last as processed) and closes the connection with why once
+// its streams and handlers are done and the peer has read the GOAWAY.
+// Callers have set goAway and draining.
+//
+// Why wait for the peer: a CONNECT it sent before reading the GOAWAY may
+// still be on its way. Closing the socket with it unread resets the TCP
+// connection, and the peer sees a broken connection instead of a refused
+// stream, which it cannot tell from a failure mid-stream. A PING written
+// after the GOAWAY is answered only once the peer has read the GOAWAY,
+// so every CONNECT it sent before has arrived (and been refused) when
+// the answer does, and it sends none after. A client's peer (a server)
+// opens no stream: it is not waited for.
+func (c *conn) goAwayGracefully(last uint32, why error) {
+	if c.isClient {
+		c.peerSawGoAway()
+	}
+	_ = c.writeFrames(func() error {
+		if err := c.fr.WriteGoAway(last, http2.ErrCodeNo, nil); err != nil {
+			return err
+		}
+		if !c.isClient {
+			if err := c.fr.WritePing(false, goAwayPing); err != nil {
+				return err
+			}
+		}
+		return c.flushLocked()
+	})
+	go c.closeWhenIdle(why)
+}
+
+// closeWhenIdle closes a draining connection with why once no stream and
+// no handler is left and the peer has seen our GOAWAY (peerSawGoAway, or
+// goAwayAckTimeout passed); the condition is broadcast when a stream
+// goes, a handler returns, the PING is answered or the connection ends.
+func (c *conn) closeWhenIdle(why error) {
+	t := time.AfterFunc(goAwayAckTimeout, func() { c.peerSawGoAway() })
+	defer t.Stop()
 	c.mu.Lock()
-	for c.err == nil && (len(c.streams) > 0 || c.handlers > 0) {
+	for c.err == nil && (len(c.streams) > 0 || c.handlers > 0 || !c.goAwaySeen) {
 		c.cond.Wait()
 	}
 	open := c.err == nil
 	c.mu.Unlock()
 	if open {
-		c.fail(ErrConnClosed)
+		c.fail(why)
 	}
+}
+
+// peerSawGoAway records that the peer read our GOAWAY (or that it is no
+// longer waited for).
+func (c *conn) peerSawGoAway() {
+	c.mu.Lock()
+	c.goAwaySeen = true
+	c.cond.Broadcast()
+	c.mu.Unlock()
 }
 
 // Shutdown sends GOAWAY (no new streams) and closes the connection once
@@ -105,15 +155,11 @@ func (c *conn) closeWhenIdle() {
 func (sc *ServerConn) Shutdown(grace time.Duration) {
 	c := sc.c
 	sc.GoAway()
-	deadline := time.Now().Add(grace)
-	for time.Now().Before(deadline) {
-		c.mu.Lock()
-		n, closed := len(c.streams), c.err != nil
-		c.mu.Unlock()
-		if n == 0 || closed {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-c.done:
+	case <-t.C:
 	}
 	c.fail(ErrConnClosed)
 }

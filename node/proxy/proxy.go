@@ -71,6 +71,12 @@ type Resolver interface {
 // on-demand lookup before it is refused.
 const DefaultLookupTimeout = 5 * time.Second
 
+// connectRetries is how many times an outbound connection's CONNECT is
+// tried again, each on another HBONE connection, when it fails before
+// the peer answered (a GOAWAY, a connection reset). Each try is bounded
+// by the dial and CONNECT timeouts.
+const connectRetries = 2
+
 // Proxy carries the traffic of the node's pods.
 type Proxy struct {
 	Table     Table
@@ -283,13 +289,15 @@ func (p *Proxy) outbound(c net.Conn, pod *inpod.Pod, src *workloadapi.Workload) 
 			break
 		}
 		p.countTimeout(err)
-		// A pooled connection the peer is closing (a drain, a restart)
-		// fails before the stream exists: try a fresh one, once. The
-		// failed one takes no new stream but keeps carrying the streams
-		// it has: a draining peer lets them finish. An answer from the
-		// peer (a status) is final.
+		// A connection the peer is closing (a drain, a restart) fails
+		// before the stream exists: try another. The failed one takes
+		// no new stream but keeps carrying the streams it has: a
+		// draining peer lets them finish. More than one retry: during a
+		// hand-over a fresh connection may still reach the old proxy's
+		// listener just before it closes, and be sent GOAWAY in turn.
+		// An answer from the peer (a status) is final.
 		var status *hbone.StatusError
-		if attempt == 0 && !errors.As(err, &status) {
+		if attempt < connectRetries && !errors.As(err, &status) {
 			cc.CloseWhenIdle()
 			continue
 		}
