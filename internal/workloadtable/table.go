@@ -58,6 +58,10 @@ type Table struct {
 	byNode    map[string]map[string]struct{}
 	// byService maps a service key to the UIDs of its workloads.
 	byService map[string]map[string]struct{}
+	// byHostname maps a lower-cased hostname to the keys of the services
+	// with it (one per namespace at most: the key is
+	// "<namespace>/<hostname>").
+	byHostname map[string]map[string]struct{}
 	// changed is closed, and replaced, by every Apply that held
 	// something to apply.
 	changed chan struct{}
@@ -66,14 +70,15 @@ type Table struct {
 // New returns an empty Table.
 func New() *Table {
 	return &Table{
-		workloads: map[string]*workloadapi.Workload{},
-		services:  map[string]*workloadapi.Service{},
-		policies:  map[string]*security.Authorization{},
-		byAddress: map[string]string{},
-		byVIP:     map[string][]string{},
-		byNode:    map[string]map[string]struct{}{},
-		byService: map[string]map[string]struct{}{},
-		changed:   make(chan struct{}),
+		workloads:  map[string]*workloadapi.Workload{},
+		services:   map[string]*workloadapi.Service{},
+		policies:   map[string]*security.Authorization{},
+		byAddress:  map[string]string{},
+		byVIP:      map[string][]string{},
+		byNode:     map[string]map[string]struct{}{},
+		byService:  map[string]map[string]struct{}{},
+		byHostname: map[string]map[string]struct{}{},
+		changed:    make(chan struct{}),
 	}
 }
 
@@ -273,6 +278,16 @@ func (t *Table) removeService(key string) {
 	for _, vip := range vipKeys(old) {
 		t.unclaim(vip, key)
 	}
+	t.unindexHostname(old.GetHostname(), key)
+}
+
+// unindexHostname drops key from the services with host.
+func (t *Table) unindexHostname(host, key string) {
+	h := strings.ToLower(host)
+	delete(t.byHostname[h], key)
+	if len(t.byHostname[h]) == 0 {
+		delete(t.byHostname, h)
+	}
 }
 
 // Workload returns a workload by UID.
@@ -287,6 +302,23 @@ func (t *Table) Service(key string) *workloadapi.Service {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	return t.services[key]
+}
+
+// ByHostname returns the services with hostname host (compared without
+// regard to case, as DNS names are), sorted by key: the same hostname
+// may be a service in several namespaces (a ServiceEntry host, say).
+func (t *Table) ByHostname(host string) []*workloadapi.Service {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	keys := t.byHostname[strings.ToLower(host)]
+	if len(keys) == 0 {
+		return nil
+	}
+	out := make([]*workloadapi.Service, 0, len(keys))
+	for _, k := range slices.Sorted(maps.Keys(keys)) {
+		out = append(out, t.services[k])
+	}
+	return out
 }
 
 // Policy returns an authorization policy by "<namespace>/<name>".

@@ -141,3 +141,41 @@ func TestChangedIsClosedByAnApply(t *testing.T) {
 		t.Error("Changed returned the closed channel again")
 	}
 }
+
+// TestByHostname: services are found by hostname, whatever its case, in
+// every namespace that has one, and leave the index when removed or
+// renamed.
+func TestByHostname(t *testing.T) {
+	t.Parallel()
+	const at = workloadapi.AddressTypeURL
+	svc := func(ns, host string) *workloadapi.Address {
+		return &workloadapi.Address{Type: &workloadapi.Address_Service{Service: &workloadapi.Service{Namespace: ns, Hostname: host}}}
+	}
+	keys := func(ss []*workloadapi.Service) []string {
+		var out []string
+		for _, s := range ss {
+			out = append(out, s.GetNamespace()+"/"+s.GetHostname())
+		}
+		return out
+	}
+	tbl := New()
+	tbl.Apply(at, []*discoveryv3.Resource{
+		resource(t, at, svc("b", "api.example.com")),
+		resource(t, at, svc("a", "api.example.com")),
+		resource(t, at, svc("a", "echo.a.svc.cluster.local")),
+	}, nil)
+	if diff := cmp.Diff([]string{"a/api.example.com", "b/api.example.com"}, keys(tbl.ByHostname("API.Example.com"))); diff != "" {
+		t.Errorf("ByHostname (-want +got):\n%s", diff)
+	}
+	tbl.Apply(at, nil, []string{"b/api.example.com"})
+	if diff := cmp.Diff([]string{"a/api.example.com"}, keys(tbl.ByHostname("api.example.com"))); diff != "" {
+		t.Errorf("after a removal (-want +got):\n%s", diff)
+	}
+	tbl.Apply(at, nil, []string{"a/api.example.com", "a/echo.a.svc.cluster.local"})
+	if got := tbl.ByHostname("api.example.com"); got != nil {
+		t.Errorf("removed services still found: %v", keys(got))
+	}
+	if len(tbl.byHostname) != 0 {
+		t.Errorf("index keeps %d hostnames after every service left", len(tbl.byHostname))
+	}
+}

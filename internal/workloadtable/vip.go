@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/canopy-mesh/canopy/workloadapi"
 )
@@ -35,8 +36,14 @@ func (t *Table) putService(key string, svc *workloadapi.Service) {
 	var before []string
 	if old := t.services[key]; old != nil {
 		before = vipKeys(old)
+		t.unindexHostname(old.GetHostname(), key)
 	}
 	t.services[key] = svc
+	h := strings.ToLower(svc.GetHostname())
+	if t.byHostname[h] == nil {
+		t.byHostname[h] = map[string]struct{}{}
+	}
+	t.byHostname[h][key] = struct{}{}
 	after := vipKeys(svc)
 	for _, v := range before {
 		if !slices.Contains(after, v) {
