@@ -1,6 +1,7 @@
 // Package inpod opens the node proxy's sockets inside a pod's network
 // namespace (docs/wire-contract.md §3.4, §5.1): 15001 for redirected outbound
-// traffic, 15006 for inbound plaintext, 15008 for HBONE, every socket marked
+// traffic, 15006 for inbound plaintext, 15008 for HBONE, and, when asked,
+// 15053 for DNS on the pod's loopback (UDP and TCP); every socket marked
 // 0x539 so the pod's redirection rules let the proxy's own traffic pass. The
 // namespace comes from the CNI agent over ZDS, never from a guess.
 package inpod
@@ -26,6 +27,7 @@ const (
 	OutboundPort = 15001
 	InboundPort  = 15006
 	HBONEPort    = 15008
+	DNSPort      = 15053
 	Mark         = 0x539
 )
 
@@ -37,6 +39,10 @@ var ErrClosed = errors.New("pod closed")
 type Pod struct {
 	// Outbound, Inbound and HBONE listen on 15001, 15006 and 15008.
 	Outbound, Inbound, HBONE net.Listener
+	// DNSUDP and DNSTCP are 15053 on 127.0.0.1 and, where the pod's
+	// loopback has IPv6, on [::1]; empty unless Options.DNS.
+	DNSUDP []net.PacketConn
+	DNSTCP []net.Listener
 
 	// mu guards the namespace handle: a dial holds it shared for as long
 	// as it is inside, so that Close never frees the descriptor number
@@ -71,8 +77,17 @@ func mark(_, _ string, c syscall.RawConn) error {
 	return serr
 }
 
+// Options are what Open opens besides the three TCP listeners.
+type Options struct {
+	// DNS opens 15053 (UDP and TCP) on the pod's loopback.
+	DNS bool
+}
+
 // Open listens inside the namespace; it takes ownership of ns.
-func Open(ns *os.File) (*Pod, error) {
+func Open(ns *os.File) (*Pod, error) { return OpenWith(ns, Options{}) }
+
+// OpenWith is Open with options; it takes ownership of ns.
+func OpenWith(ns *os.File, opts Options) (*Pod, error) {
 	p := &Pod{netns: ns}
 	err := p.in(func() error {
 		for _, l := range []struct {
@@ -84,6 +99,9 @@ func Open(ns *os.File) (*Pod, error) {
 				return fmt.Errorf("listen on %d: %w", l.port, err)
 			}
 		}
+		if opts.DNS {
+			return p.listenDNS()
+		}
 		return nil
 	})
 	if err != nil {
@@ -91,6 +109,36 @@ func Open(ns *os.File) (*Pod, error) {
 		return nil, fmt.Errorf("in pod netns: %w", err)
 	}
 	return p, nil
+}
+
+// listenDNS opens 15053 on the loopback addresses the pod's redirection
+// sends DNS to (a local REDIRECT lands on 127.0.0.1 or ::1). [::1] is
+// skipped where the namespace has no IPv6 loopback (IPv6 disabled, or a
+// kernel without it): its pods send no IPv6 DNS to capture. Called inside
+// the namespace.
+func (p *Pod) listenDNS() error {
+	for _, a := range []struct {
+		ip         string
+		udp, tcp   string
+		optionalV6 bool
+	}{{"127.0.0.1", "udp4", "tcp4", false}, {"::1", "udp6", "tcp6", true}} {
+		addr := net.JoinHostPort(a.ip, fmt.Sprint(DNSPort))
+		lc := listenConfig(false)
+		pc, err := lc.ListenPacket(context.Background(), a.udp, addr)
+		if a.optionalV6 && (errors.Is(err, unix.EADDRNOTAVAIL) || errors.Is(err, unix.EAFNOSUPPORT)) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("listen on udp %s: %w", addr, err)
+		}
+		p.DNSUDP = append(p.DNSUDP, pc)
+		l, err := lc.Listen(context.Background(), a.tcp, addr)
+		if err != nil {
+			return fmt.Errorf("listen on tcp %s: %w", addr, err)
+		}
+		p.DNSTCP = append(p.DNSTCP, l)
+	}
+	return nil
 }
 
 // listen opens a wildcard listener on port for both families: one AF_INET6
@@ -175,18 +223,27 @@ func setTransparent(fd int, network string) error {
 	return unix.SetsockoptInt(fd, unix.SOL_IP, unix.IP_TRANSPARENT, 1)
 }
 
-// CloseListeners stops taking connections: the listeners close, and the
-// connections the kernel had queued for them go to the pod's other
-// listeners on the same ports (another proxy's) where the namespace
-// migrates them (MigratesRequests), and are reset otherwise. Dials still
+// CloseListeners stops taking connections and DNS queries: the listeners
+// and DNS sockets close, and the connections the kernel had queued for
+// them go to the pod's other listeners on the same ports (another
+// proxy's) where the namespace migrates them (MigratesRequests), and are
+// reset otherwise. Dials still
 // work, for the connections already accepted. It is safe to repeat.
 func (p *Pod) CloseListeners() error {
 	var errs []error
-	for _, l := range []net.Listener{p.Outbound, p.Inbound, p.HBONE} {
+	for _, l := range append([]net.Listener{p.Outbound, p.Inbound, p.HBONE}, p.DNSTCP...) {
 		if l != nil {
 			if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
 				errs = append(errs, err)
 			}
+		}
+	}
+	// A UDP socket closing loses what was queued on it; the pod's
+	// resolver asks again, and the other proxy's socket in the same
+	// SO_REUSEPORT group takes the next datagrams.
+	for _, pc := range p.DNSUDP {
+		if err := pc.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)

@@ -306,3 +306,81 @@ func TestDialAfterClose(t *testing.T) {
 		t.Errorf("MigratesRequests after Close = %v, want ErrClosed", err)
 	}
 }
+
+// TestDNSSocketsTakeCapturedQueries: with DNS capture in the pod, a query
+// the app sends to any resolver (UDP or TCP port 53) lands on the
+// proxy's 15053 on the pod's loopback, and the proxy's own marked query
+// leaves for the resolver it names.
+func TestDNSSocketsTakeCapturedQueries(t *testing.T) {
+	pair := nettest.NewPair(t, netip.MustParsePrefix("10.221.0.0/24"))
+	if err := (redirect.Nftables{}).Enroll(pair.A, redirect.DefaultPodConfig()); err != nil {
+		t.Fatal(err)
+	}
+	ns, err := os.Open(pair.A)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := OpenWith(ns, Options{DNS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pod.Close()
+	if len(pod.DNSUDP) == 0 || len(pod.DNSTCP) != len(pod.DNSUDP) {
+		t.Fatalf("DNS sockets: %d UDP, %d TCP", len(pod.DNSUDP), len(pod.DNSTCP))
+	}
+	if got := pod.DNSUDP[0].LocalAddr().String(); got != "127.0.0.1:15053" {
+		t.Errorf("first UDP socket on %s, want 127.0.0.1:15053", got)
+	}
+	resolver := pair.AddrB.String() + ":53"
+
+	t.Run("UDP from the app", func(t *testing.T) {
+		c := nettest.In(t, pair.A, func() (net.Conn, error) { return net.Dial("udp4", resolver) })
+		defer c.Close()
+		if _, err := c.Write([]byte("query")); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 64)
+		_ = pod.DNSUDP[0].SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, from, err := pod.DNSUDP[0].ReadFrom(buf)
+		if err != nil || string(buf[:n]) != "query" {
+			t.Fatalf("read %q, %v", buf[:n], err)
+		}
+		// The answer goes back through the same redirection: the app
+		// sees it from the resolver it asked.
+		if _, err := pod.DNSUDP[0].WriteTo([]byte("answer"), from); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, err = c.Read(buf)
+		if err != nil || string(buf[:n]) != "answer" {
+			t.Fatalf("the app read %q, %v", buf[:n], err)
+		}
+	})
+	t.Run("TCP from the app", func(t *testing.T) {
+		go nettest.In(t, pair.A, func() (net.Conn, error) { return net.DialTimeout("tcp4", resolver, 3*time.Second) })
+		accept(t, pod.DNSTCP[0])
+	})
+	t.Run("the proxy's own query passes", func(t *testing.T) {
+		upstream := nettest.In(t, pair.B, func() (net.PacketConn, error) { return net.ListenPacket("udp4", resolver) })
+		defer upstream.Close()
+		c, err := pod.Dial(context.Background(), "udp4", resolver)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := c.Write([]byte("forwarded")); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 64)
+		_ = upstream.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if n, _, err := upstream.ReadFrom(buf); err != nil || string(buf[:n]) != "forwarded" {
+			t.Fatalf("the resolver read %q, %v: the marked query was captured", buf[:n], err)
+		}
+	})
+	if err := pod.CloseListeners(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := pod.DNSUDP[0].ReadFrom(make([]byte, 1)); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("UDP socket after CloseListeners: %v", err)
+	}
+}
