@@ -1,0 +1,23 @@
+// Package dns is the node proxy's DNS server (docs/wire-contract.md §6): one
+// per served pod, inside the pod's network namespace on 127.0.0.1:15053 and
+// [::1]:15053, UDP and TCP, where the pod's redirection sends its DNS.
+//
+// It answers A and AAAA for the mesh's names itself (package authority:
+// Kubernetes Services, ServiceEntry hosts and their allocated addresses, as
+// the pod's namespace sees them), authoritative, with a 30 s TTL; a mesh
+// name without an address of the asked family is answered empty, never
+// NXDOMAIN. Every other query is relayed to the pod's own resolvers (package
+// upstream) and their answer sent back as it came, only truncated to what
+// the client can take: 512 bytes without EDNS, its advertised size with it,
+// with TC set so that it asks again over TCP.
+//
+// # Hostile pods
+//
+// A pod's queries are its own, and bounded: at most Limits.MaxInFlight
+// queries of one pod are handled at once (a UDP query past it is dropped, as
+// a loaded resolver does, and asked again by the client; a TCP one is
+// answered SERVFAIL), at most Limits.MaxTCPConns TCP connections per pod,
+// each with read, write and idle deadlines and at most
+// Limits.MaxTCPQueries queries. Malformed messages are dropped or answered
+// FORMERR by the DNS library before they reach the handler.
+package dns
