@@ -30,9 +30,20 @@ type Certs interface {
 	Remove(id workloadapi.Identity)
 }
 
-// Server serves one pod's sockets; *proxy.Proxy implements it.
+// Server serves one pod's sockets; *proxy.Proxy implements it, and
+// *dns.Server for the DNS sockets.
 type Server interface {
 	ServePod(pod *inpod.Pod, self *workloadapi.Workload)
+}
+
+// Servers serve a pod together, each its own sockets.
+type Servers []Server
+
+// ServePod implements Server.
+func (ss Servers) ServePod(pod *inpod.Pod, self *workloadapi.Workload) {
+	for _, s := range ss {
+		s.ServePod(pod, self)
+	}
 }
 
 // Pod is one served pod, for the admin port.
@@ -49,7 +60,10 @@ type Set struct {
 	Workloads Workloads
 	Certs     Certs
 	Server    Server
-	Log       *slog.Logger
+	// Sockets are what is opened in each pod besides the proxy's three
+	// listeners (the DNS sockets).
+	Sockets inpod.Options
+	Log     *slog.Logger
 	// ClusterID and TrustDomain name a pod whose workload has not arrived
 	// over xDS yet (see provisional).
 	ClusterID, TrustDomain string
@@ -122,7 +136,7 @@ func (s *Set) Add(uid string, info *zdspb.WorkloadInfo, netns *os.File) error {
 	if s.keep(uid, info, netns) {
 		return nil
 	}
-	pod, err := inpod.Open(netns)
+	pod, err := inpod.OpenWith(netns, s.Sockets)
 	if err != nil {
 		s.mu.Lock()
 		if s.refused == nil {
