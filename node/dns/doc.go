@@ -1,4 +1,4 @@
-// Package dns is the node proxy's DNS server (docs/wire-contract.md §6): one
+// Package dns is the node proxy's DNS server (docs/wire-contract.md §4.6): one
 // per served pod, inside the pod's network namespace on 127.0.0.1:15053 and
 // [::1]:15053, UDP and TCP, where the pod's redirection sends its DNS.
 //

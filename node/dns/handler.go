@@ -120,7 +120,7 @@ func (p *podServer) forward(req *mdns.Msg, network string) (*mdns.Msg, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), p.s.lim.ForwardTimeout)
 	defer cancel()
-	resp, err := fwd.Exchange(ctx, req, network)
+	resp, err := fwd.Forward(ctx, req, network)
 	if err == nil && resp == nil {
 		err = errors.New("no answer")
 	}

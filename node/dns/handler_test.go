@@ -21,7 +21,7 @@ func FuzzHandle(f *testing.F) {
 	}
 	s, err := New(Config{
 		Table:     workloadtable.New(),
-		Upstreams: func(*inpod.Pod) (Forwarder, error) { return nil, errors.New("none") },
+		Upstreams: func(*inpod.Pod) (Forwarder, bool, error) { return nil, false, errors.New("none") },
 	})
 	if err != nil {
 		f.Fatal(err)

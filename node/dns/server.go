@@ -29,13 +29,19 @@ type Table interface {
 // Forwarder relays a query to a pod's resolvers over network ("udp" or
 // "tcp") and returns their answer as it came, with the query's ID.
 type Forwarder interface {
-	Exchange(ctx context.Context, req *mdns.Msg, network string) (*mdns.Msg, error)
+	Forward(ctx context.Context, req *mdns.Msg, network string) (*mdns.Msg, error)
 }
 
 // Upstreams makes a pod's Forwarder: its resolvers, reached from inside
 // its namespace. It is asked when the pod's first query to forward
-// arrives, and again after it failed.
-type Upstreams func(pod *inpod.Pod) (Forwarder, error)
+// arrives, again after it failed, and again after retryUpstreams when
+// it said its answer is not final (a stand-in for resolvers it could
+// not read yet).
+type Upstreams func(pod *inpod.Pod) (fwd Forwarder, final bool, err error)
+
+// retryUpstreams is how long a Forwarder that Upstreams did not call
+// final is used before Upstreams is asked again.
+const retryUpstreams = 30 * time.Second
 
 // Limits bound what one pod may hold of the server.
 type Limits struct {
@@ -176,6 +182,8 @@ type podServer struct {
 
 	mu  sync.Mutex
 	fwd Forwarder
+	// fwdUntil, when set, is when fwd is to be made again.
+	fwdUntil time.Time
 }
 
 // run serves one socket until it closes.
@@ -199,14 +207,17 @@ func (p *podServer) current() *workloadapi.Workload {
 func (p *podServer) forwarder() (Forwarder, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.fwd != nil {
+	if p.fwd != nil && (p.fwdUntil.IsZero() || time.Now().Before(p.fwdUntil)) {
 		return p.fwd, nil
 	}
-	f, err := p.s.cfg.Upstreams(p.pod)
+	f, final, err := p.s.cfg.Upstreams(p.pod)
 	if err != nil {
 		return nil, fmt.Errorf("pod's resolvers: %w", err)
 	}
-	p.fwd = f
+	p.fwd, p.fwdUntil = f, time.Time{}
+	if !final {
+		p.fwdUntil = time.Now().Add(retryUpstreams)
+	}
 	return f, nil
 }
 

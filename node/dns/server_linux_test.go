@@ -51,7 +51,7 @@ func serve(t *testing.T, subnet string, tbl *workloadtable.Table, lim Limits, up
 	t.Cleanup(func() { pod.Close() })
 	reg := prometheus.NewRegistry()
 	if up == nil {
-		up = func(*inpod.Pod) (Forwarder, error) { return nil, fmt.Errorf("no resolvers in this test") }
+		up = func(*inpod.Pod) (Forwarder, bool, error) { return nil, false, fmt.Errorf("no resolvers in this test") }
 	}
 	s, err := New(Config{Table: tbl, Upstreams: up, Limits: lim, Registerer: reg})
 	if err != nil {

@@ -292,6 +292,21 @@ func (p *Pod) Holds(f *os.File) (bool, error) {
 	return own.Dev == other.Dev && own.Ino == other.Ino, nil
 }
 
+// NamespaceID is the device and inode of the pod's network namespace:
+// what names it among the node's processes (/proc/<pid>/ns/net).
+func (p *Pod) NamespaceID() (dev, ino uint64, err error) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.netns == nil {
+		return 0, 0, ErrClosed
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(p.netns.Fd()), &st); err != nil {
+		return 0, 0, fmt.Errorf("stat the pod's network namespace: %w", err)
+	}
+	return st.Dev, st.Ino, nil
+}
+
 // Close closes the listeners and the namespace handle; dials after it
 // fail with ErrClosed. It is safe to repeat.
 func (p *Pod) Close() error {

@@ -1,5 +1,5 @@
 // Package authority decides what the node proxy's DNS server answers
-// itself (docs/wire-contract.md §6): the mesh's names, Kubernetes Services
+// itself (docs/wire-contract.md §4.6): the mesh's names, Kubernetes Services
 // and ServiceEntry hosts, from the workload xDS table, as a client in a
 // given namespace sees them. Everything else is not the mesh's and goes
 // to the pod's own resolvers. It is pure: the table is read through an
