@@ -136,12 +136,12 @@ func NewForwarder(cfg ForwarderConfig, log *slog.Logger) (*Forwarder, error) {
 // with req's ID, and without an OPT record if req had none (RFC 6891
 // forbids one there). Fitting it to the client's size is the caller's job.
 //
-// Nameservers are asked in order, DefaultAttempts rounds unless configured,
-// each try bounded by the timeout; an error, a timeout or an answer to a
-// different question moves on to the next. When all fail the error wraps
-// ErrUpstream and the last cause. More than MaxInFlight calls at once fail
-// with ErrBusy without trying. req is packed, not kept; the caller must not
-// change it during the call.
+// Nameservers are asked in order, for Attempts rounds, each try bounded by
+// Timeout; an error, a timeout or an answer to a different question moves
+// on to the next. When all fail the error wraps ErrUpstream and the last
+// cause; when ctx ends first, ctx's error. More than MaxInFlight calls at
+// once fail with ErrBusy without trying. req is packed, not kept; the
+// caller must not change it during the call.
 func (f *Forwarder) Forward(ctx context.Context, req *dns.Msg, proto string) (*dns.Msg, error) {
 	if proto != UDP && proto != TCP {
 		return nil, fmt.Errorf("forward query over %q: want %q or %q", proto, UDP, TCP)

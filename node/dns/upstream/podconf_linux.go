@@ -45,6 +45,10 @@ func PodConfig(procRoot string, netns *os.File) (Config, error) {
 // whatever symlinks the pod made, the file read is one of the pod's. An
 // error wraps ErrNoProcess when no process is in the namespace, and
 // otherwise the last process's cause.
+//
+// Another user's process can be inspected only with ptrace read access to
+// it (CAP_SYS_PTRACE); the processes that cannot are passed over, and their
+// number is in the error when no process was found.
 func PodConfigByID(procRoot string, id NetNSID) (Config, error) {
 	if procRoot == "" {
 		procRoot = defaultProcRoot
@@ -71,15 +75,22 @@ func PodConfigByID(procRoot string, id NetNSID) (Config, error) {
 	slices.Sort(pids)
 
 	procFD := int(proc.Fd())
-	tried := 0
-	var last error
+	tried, denied := 0, 0
+	var last, deniedErr error
 	for _, pid := range pids {
 		if tried == maxCandidates {
 			break
 		}
 		name := strconv.Itoa(pid)
 		var st unix.Stat_t
-		if err := unix.Fstatat(procFD, name+"/ns/net", &st, 0); err != nil || !id.names(&st) {
+		if err := unix.Fstatat(procFD, name+"/ns/net", &st, 0); err != nil {
+			if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
+				denied++
+				deniedErr = err
+			}
+			continue
+		}
+		if !id.names(&st) {
 			continue
 		}
 		tried++
@@ -88,6 +99,11 @@ func PodConfigByID(procRoot string, id NetNSID) (Config, error) {
 			return c, nil
 		}
 		last = fmt.Errorf("process %d: %w", pid, err)
+	}
+	if tried == 0 && denied > 0 {
+		// Most likely the reader lacks CAP_SYS_PTRACE: say so rather
+		// than only that the namespace looks empty.
+		return Config{}, fmt.Errorf("read resolv.conf of netns %v under %s: %w (the namespaces of %d processes were not readable: %w)", id, procRoot, ErrNoProcess, denied, deniedErr)
 	}
 	if tried == 0 {
 		return Config{}, fmt.Errorf("read resolv.conf of netns %v under %s: %w", id, procRoot, ErrNoProcess)
