@@ -35,11 +35,14 @@ import (
 	"github.com/canopy-mesh/canopy/internal/xdsclient"
 	"github.com/canopy-mesh/canopy/node/admin"
 	"github.com/canopy-mesh/canopy/node/caclient"
+	"github.com/canopy-mesh/canopy/node/configdump"
+	"github.com/canopy-mesh/canopy/node/dns"
 	"github.com/canopy-mesh/canopy/node/identity"
 	"github.com/canopy-mesh/canopy/node/pods"
 	"github.com/canopy-mesh/canopy/node/proxy"
 	"github.com/canopy-mesh/canopy/node/trustbundle"
 	"github.com/canopy-mesh/canopy/node/zdsclient"
+	"github.com/canopy-mesh/canopy/workloadapi"
 )
 
 type config struct {
@@ -51,13 +54,18 @@ type config struct {
 	instanceIP                  netip.Addr
 	onDemand                    bool
 	lookupTimeout               time.Duration
-	limits                      proxy.Limits
-	rootReload                  time.Duration
-	adminAddr, metricsAddr      string
-	readyAddr                   string
-	certTTL, drain              time.Duration
-	logLevel                    slog.Level
-	roots                       []*x509.Certificate
+	// dnsProxy serves DNS in every pod (15053); clusterDomain names its
+	// Kubernetes names, resolvConf the stand-in resolvers.
+	dnsProxy                  bool
+	clusterDomain, resolvConf string
+	dnsLimits                 dns.Limits
+	limits                    proxy.Limits
+	rootReload                time.Duration
+	adminAddr, metricsAddr    string
+	readyAddr                 string
+	certTTL, drain            time.Duration
+	logLevel                  slog.Level
+	roots                     []*x509.Certificate
 }
 
 func env(names ...string) string {
@@ -94,6 +102,13 @@ func parseFlags(args []string) (config, error) {
 	ip := fs.String("instance-ip", env("INSTANCE_IP"), "this proxy's pod IP ($INSTANCE_IP)")
 	fs.BoolVar(&c.onDemand, "on-demand", env("XDS_ON_DEMAND") == "true", "subscribe to addresses on demand ($XDS_ON_DEMAND)")
 	fs.DurationVar(&c.lookupTimeout, "on-demand-timeout", proxy.DefaultLookupTimeout, "with --on-demand, how long a connection waits for its destination to be looked up before it is refused")
+	// On unless the proxy metadata says otherwise, as Istio's node proxy.
+	fs.BoolVar(&c.dnsProxy, "dns-proxy", !strings.EqualFold(env("ISTIO_META_DNS_CAPTURE", "DNS_CAPTURE"), "false"), "serve DNS in every pod on 15053: mesh names answered, the rest relayed to the pod's resolvers ($ISTIO_META_DNS_CAPTURE); not with --on-demand")
+	fs.StringVar(&c.clusterDomain, "cluster-domain", or(env("CLUSTER_DOMAIN"), "cluster.local"), "the Kubernetes cluster domain, for the DNS proxy's names ($CLUSTER_DOMAIN)")
+	fs.StringVar(&c.resolvConf, "dns-fallback-resolv-conf", "/etc/resolv.conf", "resolvers for a pod whose own resolv.conf cannot be read (no process of it in sight)")
+	c.dnsLimits = dns.DefaultLimits()
+	fs.IntVar(&c.dnsLimits.MaxInFlight, "dns-max-in-flight", c.dnsLimits.MaxInFlight, "DNS queries of one pod handled at once; past it UDP queries are dropped")
+	fs.IntVar(&c.dnsLimits.MaxTCPConns, "dns-max-tcp-connections", c.dnsLimits.MaxTCPConns, "DNS TCP connections one pod may hold open")
 	def := proxy.DefaultLimits()
 	c.limits = def // fields without a flag keep their defaults
 	fs.IntVar(&c.limits.MaxConnections, "max-connections", def.MaxConnections, "accepted connections held open at once, node-wide; more are closed at once")
@@ -153,6 +168,21 @@ func parseFlags(args []string) (config, error) {
 		if d.v <= 0 {
 			return c, fmt.Errorf("%s must be positive, got %s", d.flag, d.v)
 		}
+	}
+	if c.dnsLimits.MaxInFlight <= 0 || c.dnsLimits.MaxTCPConns <= 0 {
+		return c, errors.New("--dns-max-in-flight and --dns-max-tcp-connections must be positive")
+	}
+	if c.onDemand && c.dnsProxy {
+		// Answers come from the whole table; an on-demand table holds
+		// only what connections asked for, so most mesh names would go
+		// to the cluster resolver, which does not know ServiceEntry
+		// hosts. Istio's node proxy refuses the pair too.
+		explicit := false
+		fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "dns-proxy" })
+		if explicit {
+			return c, errors.New("--dns-proxy needs the whole table: not with --on-demand")
+		}
+		c.dnsProxy = false
 	}
 	if c.limits.MaxConnections <= 0 || c.limits.MaxConnectionsPerPod <= 0 || c.limits.HBONE.MaxStreams <= 0 {
 		return c, errors.New("--max-connections, --max-connections-per-pod and --hbone-max-streams must be positive")
@@ -235,6 +265,17 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	defer px.Close()
 	set := &pods.Set{Node: cfg.nodeName, Workloads: table, Certs: certs, Server: px, Log: log, ClusterID: cfg.clusterID, TrustDomain: cfg.trustDomain}
+	var dnsView func(string, []*workloadapi.Service) (configdump.DNSView, bool)
+	if cfg.dnsProxy {
+		resolvers := dns.Resolvers{Fallback: cfg.resolvConf, Log: log}
+		ds, err := dns.New(dns.Config{Table: table, Upstreams: resolvers.Upstreams(), ClusterDomain: cfg.clusterDomain, Limits: cfg.dnsLimits, Registerer: registry, Log: log})
+		if err != nil {
+			return err
+		}
+		set.Server = pods.Servers{px, ds}
+		set.Sockets.DNS = true
+		dnsView = ds.View
+	}
 	defer set.Close()
 	// stopping ends on SIGTERM (or SIGINT, or POST /quitquitquit): the
 	// proxy takes no new pod and drains. The components that carry
@@ -275,7 +316,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		}
 		return zdsclient.Client{Path: cfg.zdsSocket, Handler: set, Log: log}.Run(zdsCtx)
 	})
-	sources := admin.Sources{Table: table, Certs: certs.Current, Roots: certs.TrustedRoots, Pods: set.Pods, Version: version.Get(), Quit: quit,
+	sources := admin.Sources{Table: table, Certs: certs.Current, Roots: certs.TrustedRoots, Pods: set.Pods, Version: version.Get(), Quit: quit, DNS: dnsView,
 		Config: map[string]any{"xdsAddress": cfg.xdsAddr, "caAddress": cfg.caAddr, "clusterId": cfg.clusterID, "nodeName": cfg.nodeName}}
 	httpserve.Run(gctx, g, "admin", "tcp", cfg.adminAddr, admin.Handler(sources), log)
 	httpserve.Run(gctx, g, "metrics", "tcp", cfg.metricsAddr, promhttp.HandlerFor(registry, promhttp.HandlerOpts{}), log)

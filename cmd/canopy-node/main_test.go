@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/canopy-mesh/canopy/ca/pki"
+	"github.com/canopy-mesh/canopy/node/dns"
 	"github.com/canopy-mesh/canopy/node/proxy"
 )
 
@@ -33,6 +34,18 @@ func TestParseFlags(t *testing.T) {
 	if c.caAddr != c.xdsAddr || c.serverName != "canopy-controller.istio-system.svc" || len(c.roots) != 1 || c.limits != proxy.DefaultLimits() {
 		t.Errorf("defaults: %+v", c)
 	}
+	if !c.dnsProxy || c.clusterDomain != "cluster.local" || c.dnsLimits != dns.DefaultLimits() {
+		t.Errorf("DNS defaults: proxy %v, domain %q, limits %+v", c.dnsProxy, c.clusterDomain, c.dnsLimits)
+	}
+	// On demand, the table is too partial to answer from: DNS is off
+	// unless asked for, which is an error.
+	if c, err := parseFlags(append(append([]string{}, base...), "--on-demand")); err != nil || c.dnsProxy {
+		t.Errorf("--on-demand: DNS proxy %v, %v; want off", c.dnsProxy, err)
+	}
+	t.Setenv("ISTIO_META_DNS_CAPTURE", "False")
+	if c, err := parseFlags(base); err != nil || c.dnsProxy {
+		t.Errorf("ISTIO_META_DNS_CAPTURE=False: DNS proxy %v, %v; want off", c.dnsProxy, err)
+	}
 	for _, tt := range []struct {
 		extra []string
 		want  string
@@ -49,6 +62,8 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--on-demand-timeout=-1s"}, "--on-demand-timeout must be positive"},
 		{[]string{"--max-connections-per-pod=0"}, "--max-connections-per-pod"},
 		{[]string{"--hbone-idle-timeout=0s"}, "--hbone-idle-timeout must be positive"},
+		{[]string{"--dns-max-in-flight=0"}, "--dns-max-in-flight"},
+		{[]string{"--on-demand", "--dns-proxy"}, "not with --on-demand"},
 	} {
 		if _, err := parseFlags(append(append([]string{}, base...), tt.extra...)); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("parseFlags(%v) = %v, want an error containing %q", tt.extra, err, tt.want)

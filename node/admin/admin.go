@@ -1,6 +1,6 @@
 // Package admin serves the node proxy's admin port
-// (docs/wire-contract.md §5.1, §8.2): /config_dump (node/configdump),
-// readiness, /quitquitquit and pprof.
+// (docs/wire-contract.md §5.1, §8.2): /config_dump (node/configdump), a
+// pod's DNS (/debug/dns), readiness, /quitquitquit and pprof.
 package admin
 
 import (
@@ -9,12 +9,14 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/canopy-mesh/canopy/internal/workloadtable"
 	"github.com/canopy-mesh/canopy/node/configdump"
 	"github.com/canopy-mesh/canopy/node/identity"
 	"github.com/canopy-mesh/canopy/node/pods"
+	"github.com/canopy-mesh/canopy/workloadapi"
 )
 
 // Sources are what the admin port shows.
@@ -28,6 +30,9 @@ type Sources struct {
 	Config  map[string]any
 	// Quit asks the proxy to drain and exit.
 	Quit func()
+	// DNS is a served pod's DNS ("<namespace>/<name>"); nil when the
+	// proxy serves no DNS.
+	DNS func(pod string, services []*workloadapi.Service) (configdump.DNSView, bool)
 }
 
 // Dump builds /config_dump.
@@ -63,7 +68,7 @@ func (s Sources) Dump() configdump.Dump {
 }
 
 // Handler serves the admin port (localhost only): /config_dump, /version,
-// POST /quitquitquit, /debug/pprof/.
+// /debug/dns?pod=<namespace>/<name>, POST /quitquitquit, /debug/pprof/.
 func Handler(s Sources) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(s.Version + "\n")) })
@@ -72,6 +77,22 @@ func Handler(s Sources) http.Handler {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(s.Dump())
+	})
+	mux.HandleFunc("GET /debug/dns", func(w http.ResponseWriter, r *http.Request) {
+		pod := r.URL.Query().Get("pod")
+		if s.DNS == nil {
+			http.Error(w, "this node proxy serves no DNS (--dns-proxy=false)", http.StatusNotFound)
+			return
+		}
+		v, ok := s.DNS(pod, s.Table.Snapshot().Services)
+		if !ok {
+			http.Error(w, "no pod "+strconv.Quote(pod)+" served here; ?pod=<namespace>/<name>", http.StatusNotFound)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(v)
 	})
 	mux.HandleFunc("POST /quitquitquit", func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusOK)

@@ -13,11 +13,13 @@
 //
 // # Hostile pods
 //
-// A pod's queries are its own, and bounded: at most Limits.MaxInFlight
-// queries of one pod are handled at once (a UDP query past it is dropped, as
-// a loaded resolver does, and asked again by the client; a TCP one is
-// answered SERVFAIL), at most Limits.MaxTCPConns TCP connections per pod,
-// each with read, write and idle deadlines and at most
-// Limits.MaxTCPQueries queries. Malformed messages are dropped or answered
-// FORMERR by the DNS library before they reach the handler.
+// A pod's queries are its own, and bounded: at most Limits.MaxInFlight of
+// one pod's forwarded queries wait for its resolvers at once (a UDP query
+// past it is dropped, as a loaded resolver does, and asked again by the
+// client; a TCP one is answered SERVFAIL); mesh names, answered at once,
+// take no slot, so a pod with slow resolvers still gets them. A pod holds
+// at most Limits.MaxTCPConns TCP connections, each with read, write and
+// idle deadlines and at most Limits.MaxTCPQueries queries. Malformed
+// messages are dropped, or answered FORMERR or NOTIMP, by the DNS library
+// or the handler.
 package dns

@@ -20,27 +20,19 @@ const TTL = 30
 // handler answers the queries arriving over network ("udp", "tcp").
 func (p *podServer) handler(network string) mdns.HandlerFunc {
 	return func(w mdns.ResponseWriter, req *mdns.Msg) {
-		select {
-		case p.inFlight <- struct{}{}:
-		default:
-			p.s.metrics.dropped.WithLabelValues(reasonInFlight).Inc()
-			if network == "tcp" {
-				// A TCP client waits for an answer: tell it now.
-				_ = w.WriteMsg(reply(req, mdns.RcodeServerFailure))
-			}
+		resp := p.answer(req, network)
+		if resp == nil {
 			return
 		}
-		defer func() { <-p.inFlight }()
-		resp := p.answer(req, network)
 		truncate(resp, req, network)
 		_ = w.WriteMsg(resp)
 	}
 }
 
-// answer is the answer to req: the mesh's own, else the pod's resolvers'.
-// The DNS library turns away most of what is not one query before it
-// gets here, not all: a NOTIFY passes, and a header may count a
-// question the message does not hold.
+// answer is the answer to req: the mesh's own, else the pod's resolvers';
+// nil when the query is dropped. The DNS library turns away most of what
+// is not one query before it gets here, not all: a NOTIFY passes, and a
+// header may count a question the message does not hold.
 func (p *podServer) answer(req *mdns.Msg, network string) *mdns.Msg {
 	switch {
 	case req.Opcode != mdns.OpcodeQuery:
@@ -53,6 +45,20 @@ func (p *podServer) answer(req *mdns.Msg, network string) *mdns.Msg {
 	p.s.metrics.requests.With(labels).Inc()
 	if resp, ok := p.authoritative(req, self); ok {
 		return resp
+	}
+	// Only forwarded queries wait, so only they take a slot: a pod
+	// whose resolvers are slow, or that floods them, still gets its
+	// mesh names at once.
+	select {
+	case p.inFlight <- struct{}{}:
+		defer func() { <-p.inFlight }()
+	default:
+		p.s.metrics.dropped.WithLabelValues(reasonInFlight).Inc()
+		if network == "tcp" {
+			// A TCP client waits for an answer: tell it now.
+			return reply(req, mdns.RcodeServerFailure)
+		}
+		return nil
 	}
 	p.s.metrics.upstreamRequests.With(labels).Inc()
 	start := time.Now()

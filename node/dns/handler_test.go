@@ -21,7 +21,7 @@ func FuzzHandle(f *testing.F) {
 	}
 	s, err := New(Config{
 		Table:     workloadtable.New(),
-		Upstreams: func(*inpod.Pod) (Forwarder, bool, error) { return nil, false, errors.New("none") },
+		Upstreams: func(*inpod.Pod) (Upstream, error) { return Upstream{}, errors.New("none") },
 	})
 	if err != nil {
 		f.Fatal(err)
@@ -43,6 +43,9 @@ func FuzzHandle(f *testing.F) {
 			network = "tcp"
 		}
 		resp := p.answer(req, network)
+		if resp == nil {
+			t.Fatal("a query dropped with nothing in flight")
+		}
 		truncate(resp, req, network)
 		if resp.Id != req.Id {
 			t.Fatalf("answer ID %d for query %d", resp.Id, req.Id)

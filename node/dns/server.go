@@ -32,12 +32,23 @@ type Forwarder interface {
 	Forward(ctx context.Context, req *mdns.Msg, network string) (*mdns.Msg, error)
 }
 
-// Upstreams makes a pod's Forwarder: its resolvers, reached from inside
+// Upstream is a pod's way to its resolvers.
+type Upstream struct {
+	Forwarder Forwarder
+	// Nameservers and From (where they were read) are for views.
+	Nameservers []string
+	From        string
+	// Final is false for a stand-in (resolvers that are not the pod's
+	// own, which could not be read yet): Upstreams is asked again after
+	// retryUpstreams.
+	Final bool
+}
+
+// Upstreams makes a pod's Upstream: its resolvers, reached from inside
 // its namespace. It is asked when the pod's first query to forward
-// arrives, again after it failed, and again after retryUpstreams when
-// it said its answer is not final (a stand-in for resolvers it could
-// not read yet).
-type Upstreams func(pod *inpod.Pod) (fwd Forwarder, final bool, err error)
+// arrives, again after it failed, and again later when its answer was
+// not final.
+type Upstreams func(pod *inpod.Pod) (Upstream, error)
 
 // retryUpstreams is how long a Forwarder that Upstreams did not call
 // final is used before Upstreams is asked again.
@@ -45,7 +56,8 @@ const retryUpstreams = 30 * time.Second
 
 // Limits bound what one pod may hold of the server.
 type Limits struct {
-	// MaxInFlight is how many of a pod's queries are handled at once.
+	// MaxInFlight is how many of a pod's forwarded queries may wait for
+	// its resolvers at once.
 	MaxInFlight int
 	// MaxTCPConns is how many TCP connections a pod may hold open.
 	MaxTCPConns int
@@ -122,6 +134,10 @@ type Server struct {
 	lim     Limits
 	log     *slog.Logger
 	metrics *metrics
+
+	mu sync.Mutex
+	// pods are the pods served, by "<namespace>/<name>", for views.
+	pods map[string]*podServer
 }
 
 // New returns a Server.
@@ -154,6 +170,22 @@ func (s *Server) ServePod(pod *inpod.Pod, self *workloadapi.Workload) {
 		return
 	}
 	p := &podServer{s: s, pod: pod, self: self, inFlight: make(chan struct{}, s.lim.MaxInFlight)}
+	key := self.GetNamespace() + "/" + self.GetName()
+	s.mu.Lock()
+	if s.pods == nil {
+		s.pods = map[string]*podServer{}
+	}
+	s.pods[key] = p
+	s.mu.Unlock()
+	p.serving.Add(len(pod.DNSUDP) + len(pod.DNSTCP))
+	go func() {
+		p.serving.Wait()
+		s.mu.Lock()
+		if s.pods[key] == p {
+			delete(s.pods, key)
+		}
+		s.mu.Unlock()
+	}()
 	for _, pc := range pod.DNSUDP {
 		srv := &mdns.Server{PacketConn: pc, Handler: p.handler("udp"), UDPSize: mdns.MaxMsgSize}
 		go p.run(srv, pc.LocalAddr())
@@ -179,15 +211,18 @@ type podServer struct {
 	self *workloadapi.Workload
 	// inFlight holds a slot per query being handled.
 	inFlight chan struct{}
+	// serving counts the sockets still served.
+	serving sync.WaitGroup
 
-	mu  sync.Mutex
-	fwd Forwarder
-	// fwdUntil, when set, is when fwd is to be made again.
-	fwdUntil time.Time
+	mu sync.Mutex
+	up Upstream
+	// upUntil, when set, is when up is to be made again.
+	upUntil time.Time
 }
 
 // run serves one socket until it closes.
 func (p *podServer) run(srv *mdns.Server, addr net.Addr) {
+	defer p.serving.Done()
 	err := srv.ActivateAndServe()
 	if err != nil && !errors.Is(err, net.ErrClosed) {
 		p.s.log.Warn("DNS socket stopped", "pod", p.self.GetNamespace()+"/"+p.self.GetName(), "addr", addr.String(), "err", err)
@@ -207,18 +242,21 @@ func (p *podServer) current() *workloadapi.Workload {
 func (p *podServer) forwarder() (Forwarder, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.fwd != nil && (p.fwdUntil.IsZero() || time.Now().Before(p.fwdUntil)) {
-		return p.fwd, nil
+	if p.up.Forwarder != nil && (p.upUntil.IsZero() || time.Now().Before(p.upUntil)) {
+		return p.up.Forwarder, nil
 	}
-	f, final, err := p.s.cfg.Upstreams(p.pod)
+	up, err := p.s.cfg.Upstreams(p.pod)
 	if err != nil {
 		return nil, fmt.Errorf("pod's resolvers: %w", err)
 	}
-	p.fwd, p.fwdUntil = f, time.Time{}
-	if !final {
-		p.fwdUntil = time.Now().Add(retryUpstreams)
+	if up.Forwarder == nil {
+		return nil, errors.New("pod's resolvers: no forwarder")
 	}
-	return f, nil
+	p.up, p.upUntil = up, time.Time{}
+	if !up.Final {
+		p.upUntil = time.Now().Add(retryUpstreams)
+	}
+	return up.Forwarder, nil
 }
 
 // limitListener accepts at most cap(slots) connections at once: past it a

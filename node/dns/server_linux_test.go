@@ -5,12 +5,15 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/google/go-cmp/cmp"
 	mdns "github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -21,6 +24,7 @@ import (
 	"github.com/canopy-mesh/canopy/internal/testing/eventually"
 	"github.com/canopy-mesh/canopy/internal/testing/nettest"
 	"github.com/canopy-mesh/canopy/internal/workloadtable"
+	"github.com/canopy-mesh/canopy/node/configdump"
 	"github.com/canopy-mesh/canopy/node/inpod"
 	"github.com/canopy-mesh/canopy/workloadapi"
 )
@@ -32,6 +36,7 @@ type served struct {
 	resolver string // B:53, which the pod's queries are sent to
 	reg      *prometheus.Registry
 	pod      *inpod.Pod
+	server   *Server
 }
 
 func serve(t *testing.T, subnet string, tbl *workloadtable.Table, lim Limits, up Upstreams) served {
@@ -51,14 +56,14 @@ func serve(t *testing.T, subnet string, tbl *workloadtable.Table, lim Limits, up
 	t.Cleanup(func() { pod.Close() })
 	reg := prometheus.NewRegistry()
 	if up == nil {
-		up = func(*inpod.Pod) (Forwarder, bool, error) { return nil, false, fmt.Errorf("no resolvers in this test") }
+		up = func(*inpod.Pod) (Upstream, error) { return Upstream{}, fmt.Errorf("no resolvers in this test") }
 	}
 	s, err := New(Config{Table: tbl, Upstreams: up, Limits: lim, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.ServePod(pod, &workloadapi.Workload{Uid: "pod-1", Namespace: "demo", Name: "client", CanonicalName: "client"})
-	return served{pair: pair, resolver: pair.AddrB.String() + ":53", reg: reg, pod: pod}
+	return served{pair: pair, resolver: pair.AddrB.String() + ":53", reg: reg, pod: pod, server: s}
 }
 
 // ask sends q from inside the pod to its resolver, as its libc would.
@@ -247,5 +252,154 @@ func TestTCPConnectionsPerPodAreBounded(t *testing.T) {
 	}
 	if n := runtime.NumGoroutine(); n > base+3*max+10 {
 		t.Errorf("%d goroutines with %d connections held (%d before): not bounded by the limit", n, len(held), base)
+	}
+}
+
+// resolverIn starts a DNS server in the namespace at ns on addr (UDP
+// and TCP) answering with answer, and returns how many queries it took.
+func resolverIn(t *testing.T, ns, addr string, answer func(w mdns.ResponseWriter, r *mdns.Msg)) *atomic.Int32 {
+	t.Helper()
+	var n atomic.Int32
+	h := mdns.HandlerFunc(func(w mdns.ResponseWriter, r *mdns.Msg) { n.Add(1); answer(w, r) })
+	pc := nettest.In(t, ns, func() (net.PacketConn, error) { return net.ListenPacket("udp4", addr) })
+	l := nettest.In(t, ns, func() (net.Listener, error) { return net.Listen("tcp4", addr) })
+	for _, srv := range []*mdns.Server{{PacketConn: pc, Handler: h}, {Listener: l, Handler: h}} {
+		go func() { _ = srv.ActivateAndServe() }()
+		t.Cleanup(func() { _ = srv.Shutdown() })
+	}
+	return &n
+}
+
+// podResolvers are the pod's resolvers as the node proxy finds them: no
+// process of the pod in sight here, so the stand-in file, naming B.
+func podResolvers(t *testing.T, s served) Upstreams {
+	t.Helper()
+	conf := filepath.Join(t.TempDir(), "resolv.conf")
+	if err := os.WriteFile(conf, []byte("nameserver "+s.pair.AddrB.String()+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return Resolvers{ProcRoot: t.TempDir(), Fallback: conf}.Upstreams()
+}
+
+// TestOtherNamesGoToThePodsResolvers: what is not the mesh's (another
+// type for a mesh name, a name outside the mesh) is relayed to the pod's
+// resolver from inside its namespace, and its answer comes back as it
+// came; a resolver that does not answer is SERVFAIL.
+func TestOtherNamesGoToThePodsResolvers(t *testing.T) {
+	tbl := table(t, service("demo", "echo.demo.svc.cluster.local", "10.96.0.10"))
+	var up Upstreams
+	s := serve(t, "10.225.0.0/24", tbl, Limits{ForwardTimeout: time.Second}, func(p *inpod.Pod) (Upstream, error) { return up(p) })
+	up = podResolvers(t, s)
+	asked := resolverIn(t, s.pair.B, s.resolver, func(w mdns.ResponseWriter, r *mdns.Msg) {
+		m := new(mdns.Msg)
+		m.SetReply(r)
+		switch r.Question[0].Qtype {
+		case mdns.TypeSRV:
+			m.Answer = append(m.Answer, &mdns.SRV{Hdr: mdns.RR_Header{Name: r.Question[0].Name, Rrtype: mdns.TypeSRV, Class: mdns.ClassINET, Ttl: 77}, Priority: 1, Weight: 2, Port: 8080, Target: "echo.demo.svc.cluster.local."})
+		default:
+			m.Rcode = mdns.RcodeNameError
+		}
+		_ = w.WriteMsg(m)
+	})
+	for _, network := range []string{"udp", "tcp"} {
+		c := &mdns.Client{Net: network, Timeout: 5 * time.Second}
+		srv := s.ask(t, c, query("_http._tcp.echo.demo.svc.cluster.local.", mdns.TypeSRV))
+		if len(srv.Answer) != 1 || srv.Answer[0].Header().Ttl != 77 || srv.Authoritative {
+			t.Errorf("%s: SRV for a mesh name = %v; want the resolver's answer as it came", network, srv.Answer)
+		}
+		nx := s.ask(t, c, query("nothing.example.org.", mdns.TypeA))
+		if nx.Rcode != mdns.RcodeNameError {
+			t.Errorf("%s: a name outside the mesh: %s, want the resolver's NXDOMAIN", network, mdns.RcodeToString[nx.Rcode])
+		}
+	}
+	if asked.Load() != 4 {
+		t.Errorf("the resolver was asked %d times, want 4", asked.Load())
+	}
+	if got := testutil.ToFloat64(counterFrom(s.reg, "istio_dns_upstream_requests_total", nil)); got != 4 {
+		t.Errorf("istio_dns_upstream_requests_total = %v, want 4", got)
+	}
+
+	// The resolver goes away: SERVFAIL, counted.
+	up = podResolvers(t, served{pair: nettest.Pair{AddrB: netip.MustParseAddr("10.225.0.99")}})
+	s2 := serve(t, "10.226.0.0/24", tbl, Limits{ForwardTimeout: 500 * time.Millisecond}, up)
+	r := s2.ask(t, &mdns.Client{Net: "udp", Timeout: 5 * time.Second}, query("nothing.example.org.", mdns.TypeA))
+	if r.Rcode != mdns.RcodeServerFailure {
+		t.Errorf("no resolver answering: %s, want SERVFAIL", mdns.RcodeToString[r.Rcode])
+	}
+	if got := testutil.ToFloat64(counterFrom(s2.reg, "istio_dns_upstream_failures_total", nil)); got != 1 {
+		t.Errorf("istio_dns_upstream_failures_total = %v, want 1", got)
+	}
+}
+
+// TestQueriesInFlightPerPodAreBounded: a pod flooding its resolver with
+// queries that wait (a resolver that never answers) holds at most
+// MaxInFlight of them; the UDP ones past it are dropped and counted, a
+// TCP one past it is answered SERVFAIL at once, and mesh names are
+// answered all the while.
+func TestQueriesInFlightPerPodAreBounded(t *testing.T) {
+	tbl := table(t, service("demo", "echo.demo.svc.cluster.local", "10.96.0.10"))
+	const max = 4
+	var up Upstreams
+	s := serve(t, "10.227.0.0/24", tbl, Limits{MaxInFlight: max, ForwardTimeout: 2 * time.Second}, func(p *inpod.Pod) (Upstream, error) { return up(p) })
+	up = podResolvers(t, s)
+	release := make(chan struct{})
+	resolverIn(t, s.pair.B, s.resolver, func(w mdns.ResponseWriter, r *mdns.Msg) { <-release })
+	defer close(release)
+	base := runtime.NumGoroutine()
+
+	c := nettest.In(t, s.pair.A, func() (net.Conn, error) { return net.Dial("udp4", s.resolver) })
+	defer c.Close()
+	for i := range 100 {
+		q := query(fmt.Sprintf("n%d.example.org.", i), mdns.TypeA)
+		b, _ := q.Pack()
+		_, _ = c.Write(b)
+	}
+	eventually.True(t, "queries past the limit dropped", func() bool {
+		return testutil.ToFloat64(counterFrom(s.reg, "canopy_node_dns_dropped_total", map[string]string{"reason": reasonInFlight})) >= 100-max
+	})
+	if n := runtime.NumGoroutine(); n > base+4*max+20 {
+		t.Errorf("%d goroutines with %d queries waiting (%d before)", n, max, base)
+	}
+	r := s.ask(t, &mdns.Client{Net: "tcp", Timeout: 5 * time.Second}, query("more.example.org.", mdns.TypeA))
+	if r.Rcode != mdns.RcodeServerFailure {
+		t.Errorf("a TCP query past the limit: %s, want SERVFAIL", mdns.RcodeToString[r.Rcode])
+	}
+	if r := s.ask(t, &mdns.Client{Net: "udp", Timeout: 5 * time.Second}, query("echo.demo.svc.cluster.local.", mdns.TypeA)); len(r.Answer) != 1 {
+		t.Errorf("a mesh name during the flood: %v", r)
+	}
+}
+
+// TestView: a served pod's DNS view lists the mesh names it sees with
+// what it is answered, and the resolvers its other queries went to.
+func TestView(t *testing.T) {
+	private := service("other", "private.other.svc.cluster.local", "10.96.0.30")
+	private.GetService().Visibility = workloadapi.Service_NAMESPACE
+	tbl := table(t, service("demo", "echo.demo.svc.cluster.local", "10.96.0.10"), service("demo", "api.example.com", "240.240.0.1", "2001:2::1"), private)
+	var up Upstreams
+	s := serve(t, "10.228.0.0/24", tbl, Limits{}, func(p *inpod.Pod) (Upstream, error) { return up(p) })
+	up = podResolvers(t, s)
+	srv := s.server
+	if _, ok := srv.View("demo/nobody", tbl.Snapshot().Services); ok {
+		t.Error("a view of a pod not served")
+	}
+	resolverIn(t, s.pair.B, s.resolver, func(w mdns.ResponseWriter, r *mdns.Msg) { m := new(mdns.Msg); _ = w.WriteMsg(m.SetRcode(r, mdns.RcodeNameError)) })
+	s.ask(t, &mdns.Client{Net: "udp", Timeout: 5 * time.Second}, query("nothing.example.org.", mdns.TypeA))
+	v, ok := srv.View("demo/client", tbl.Snapshot().Services)
+	if !ok {
+		t.Fatal("no view of the served pod")
+	}
+	want := configdump.DNSView{
+		Pod: "demo/client", ClusterDomain: "cluster.local",
+		Resolvers: []string{s.pair.AddrB.String() + ":53"}, ResolversFrom: v.ResolversFrom,
+		Names: []configdump.DNSName{
+			{Name: "api.example.com", Service: "demo/api.example.com", Addresses: []string{"240.240.0.1", "2001:2::1"}},
+			{Name: "echo.demo.svc.cluster.local", Service: "demo/echo.demo.svc.cluster.local", Addresses: []string{"10.96.0.10"}},
+		},
+	}
+	if diff := cmp.Diff(want, v); diff != "" {
+		t.Errorf("view (-want +got):\n%s", diff)
+	}
+	if v.ResolversFrom == "" || v.ResolversFrom == "pod" {
+		t.Errorf("resolvers from %q, want the stand-in file", v.ResolversFrom)
 	}
 }
