@@ -382,7 +382,10 @@ func TestView(t *testing.T) {
 	if _, ok := srv.View("demo/nobody", tbl.Snapshot().Services); ok {
 		t.Error("a view of a pod not served")
 	}
-	resolverIn(t, s.pair.B, s.resolver, func(w mdns.ResponseWriter, r *mdns.Msg) { m := new(mdns.Msg); _ = w.WriteMsg(m.SetRcode(r, mdns.RcodeNameError)) })
+	resolverIn(t, s.pair.B, s.resolver, func(w mdns.ResponseWriter, r *mdns.Msg) {
+		m := new(mdns.Msg)
+		_ = w.WriteMsg(m.SetRcode(r, mdns.RcodeNameError))
+	})
 	s.ask(t, &mdns.Client{Net: "udp", Timeout: 5 * time.Second}, query("nothing.example.org.", mdns.TypeA))
 	v, ok := srv.View("demo/client", tbl.Snapshot().Services)
 	if !ok {
