@@ -318,3 +318,62 @@ func TestAgentRestartKeepsDNSCapture(t *testing.T) {
 		t.Errorf("the restarted agent rewrote the served pod's rules: table %q became %q", before, after)
 	}
 }
+
+// TestDNSCaptureAnnotation: a pod's ambient.istio.io/dns-capture
+// annotation, changed while the pod runs, is applied on the next pass to
+// the state the pod should have now: "false" keeps capture off whether a
+// node proxy serves the pod or not, and taking "false" away from a
+// pending pod still leaves its DNS uncaptured until a node proxy takes
+// it. The agent once captured the DNS of a pending pod whose annotation
+// no longer said "false".
+func TestDNSCaptureAnnotation(t *testing.T) {
+	testenv.Need(t, env)
+	nettest.NeedRoot(t)
+	nodeName := fmt.Sprintf("dns-annotation-%d", time.Now().UnixNano()%100000)
+	p := nettest.NewPair(t, netip.MustParsePrefix("10.217.27.0/24"))
+	ns := env.Namespace(t, "dns-annotation", map[string]string{enroll.LabelDataplaneMode: enroll.ModeAmbient})
+	zdsPath := filepath.Join(t.TempDir(), "ztunnel.sock")
+	n := startNode(t, nodeName, zdsPath, p.B, t.TempDir())
+	pod := createPodAnnotated(t, ns, "app", nodeName, p.AddrA, map[string]string{enroll.AnnotationDNSCapture: "false"})
+	if err := add(t, n, pod, p.A, p.AddrA); err != nil {
+		t.Fatal(err)
+	}
+	// annotate sets the annotation ("" removes it) and returns once a
+	// pass has applied it: settings that change are rewritten, and
+	// counted as a repair.
+	annotate := func(t *testing.T, value string) {
+		t.Helper()
+		v := any(value)
+		if value == "" {
+			v = nil
+		}
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{enroll.AnnotationDNSCapture: v}}})
+		repairs := counter(t, n.reg, "canopy_cni_verifications_total", "repaired")
+		if _, err := env.Client.CoreV1().Pods(ns).Patch(t.Context(), pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually.Within(t, settle, "a pass applied the annotation", func() bool {
+			return counter(t, n.reg, "canopy_cni_verifications_total", "repaired") > repairs
+		})
+	}
+	var got []string
+	got = append(got, dnsCapture(p.A)) // pending, "false"
+	annotate(t, "")
+	got = append(got, dnsCapture(p.A)) // pending, no annotation
+	annotate(t, "false")
+	proxy := &nodeProxy{}
+	startProxy(t, proxy, zdsPath)
+	eventually.Within(t, settle, "node proxy took the pod", func() bool { return proxy.saw("add " + string(pod.UID)) })
+	eventually.Within(t, settle, "pod annotated enabled", func() bool {
+		return getPod(t, ns, pod.Name).Annotations[enroll.AnnotationRedirection] == enroll.RedirectionEnabled
+	})
+	got = append(got, dnsCapture(p.A)) // served, "false"
+	annotate(t, "")
+	got = append(got, dnsCapture(p.A)) // served, no annotation
+	annotate(t, "false")
+	got = append(got, dnsCapture(p.A)) // served, "false"
+	want := []string{withoutDNS, withoutDNS, withoutDNS, withDNS, withoutDNS}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("pod's rules: pending with \"false\", pending without it, served with \"false\", served without it, served with \"false\" (-want +got):\n%s", diff)
+	}
+}
