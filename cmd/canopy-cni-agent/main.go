@@ -85,8 +85,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.podNS, "pod-namespace", os.Getenv("POD_NAMESPACE"), "this agent's namespace (default $POD_NAMESPACE)")
 	fs.StringVar(&c.enroll.SystemNamespace, "system-namespace", "istio-system", "namespace of the node proxy pods (never enrolled)")
 	excluded := fs.String("excluded-namespaces", "kube-system", "comma-separated namespaces never enrolled")
-	// Off by default until the node proxy answers DNS on 15053.
-	fs.BoolVar(&c.enroll.DNSCapture, "dns-capture", false, "redirect pods' DNS to the node proxy (15053) unless a pod's annotation says otherwise")
+	fs.BoolVar(&c.enroll.DNSCapture, "dns-capture", true, "redirect ambient pods' DNS (UDP and TCP 53) to the node proxy's 15053 once a node proxy has acknowledged the pod, unless the pod's ambient.istio.io/dns-capture annotation says otherwise; until then a pod's DNS goes to its resolvers")
 	fs.BoolVar(&c.enroll.SidecarCapture, "sidecar-capture", true, "install the traffic capture of sidecar-injected pods (injected for a CNI plugin: istio-validation, no istio-init) within their CNI ADD; off, pods with a sidecar are left alone")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	showVersion := fs.Bool("version", false, "print the version and exit")

@@ -155,9 +155,15 @@ type member struct {
 	// checked through it, whatever happens to the path it came from.
 	netns *os.File
 	ips   []netip.Addr
-	cfg   redirect.PodConfig
+	// cfg is the redirection the pod asks for; the netns holds
+	// m.rules(), which differs from it until a node proxy serves the pod.
+	cfg redirect.PodConfig
 	// state is the redirection annotation's value.
 	state string
+	// served: a node proxy acknowledged the pod (this agent's ZDS, or an
+	// earlier agent's for an adopted pod annotated enabled), so its
+	// listeners in the pod, DNS included, are open.
+	served bool
 	// verified is the last time the rules were seen in place; published
 	// is the last time that was written to the pod.
 	verified, published time.Time
@@ -168,6 +174,32 @@ func (m *member) path() string { return fmt.Sprintf("/proc/self/fd/%d", m.netns.
 // sidecar reports whether the member is a sidecar pod, whose own proxy
 // takes its traffic.
 func (m *member) sidecar() bool { return m.cfg.Sidecar != nil }
+
+// rules is the redirection the member's netns holds now (phased).
+func (m *member) rules() redirect.PodConfig { return phased(m.cfg, m.served) }
+
+// phased is the redirection an ambient pod gets while served says
+// whether a node proxy has acknowledged it: DNS capture only once one
+// has. Outbound and inbound TCP are captured from the start (traffic
+// fails closed until a proxy takes the pod), but a pod's DNS must keep
+// going to its resolvers until something answers on 15053, or the pod
+// could not even resolve the names it waits for.
+//
+// Once on, capture stays while the pod is enrolled, through the node
+// proxy's absences too: node proxies keep their pods across restarts and
+// a successor takes them from the ZDS snapshot, as TCP capture assumes.
+// Turning DNS capture off when the proxy goes and on when one comes back
+// would rewrite every pod's rules at each proxy restart for a few
+// seconds of DNS going around the mesh.
+//
+// A sidecar pod's DNS capture is its own Envoy's (ISTIO_META_DNS_CAPTURE)
+// and is never phased.
+func phased(cfg redirect.PodConfig, served bool) redirect.PodConfig {
+	if cfg.Sidecar == nil && !served {
+		cfg.DNSCapture = false
+	}
+	return cfg
+}
 
 // New returns an Agent.
 func New(cfg Config, kube kubernetes.Interface, backend redirect.Backend, host HostRules, proxy Proxy, log *slog.Logger) (*Agent, error) {

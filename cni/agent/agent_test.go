@@ -53,6 +53,9 @@ type nodeProxy struct {
 	// refuse, if set, names pods whose AddWorkload is refused (an Ack
 	// with an error).
 	refuse string
+	// hold, if set, is called with the pod's UID before an AddWorkload
+	// is acknowledged, and the ack waits for it to return.
+	hold func(uid string)
 
 	mu  sync.Mutex
 	got []string
@@ -99,6 +102,8 @@ func (p *nodeProxy) run(ctx context.Context, path string) {
 				}
 				if p.refuse != "" && r.Add.GetWorkloadInfo().GetName() == p.refuse {
 					entry, ackErr = "refused "+r.Add.GetUid(), "no workload for this pod"
+				} else if p.hold != nil {
+					p.hold(r.Add.GetUid())
 				}
 			case *zdspb.WorkloadRequest_Keep:
 				entry = "keep " + r.Keep.GetUid()
@@ -355,10 +360,17 @@ func TestAgentKeepsPodsEnrolled(t *testing.T) {
 	n := startNode(t, nodeName, zdsPath, running.B, stateDir)
 
 	t.Run("a running pod is found and enrolled at start", func(t *testing.T) {
-		if err := (redirect.Nftables{}).Verify(running.A, redirect.DefaultPodConfig()); err != nil {
+		// Its DNS capture waits for the node proxy, which connects once
+		// the agent has synced (TestDNSCaptureWhileNoProxy).
+		cfg := redirect.DefaultPodConfig()
+		cfg.DNSCapture = false
+		if err := (redirect.Nftables{}).Verify(running.A, cfg); err != nil && (redirect.Nftables{}).Verify(running.A, redirect.DefaultPodConfig()) != nil {
 			t.Fatalf("rules not in place: %v", err)
 		}
 		eventually.Within(t, settle, "node proxy got the pod", func() bool { return proxy.saw("add " + string(pod.UID)) })
+		eventually.Within(t, settle, "DNS captured", func() bool {
+			return (redirect.Nftables{}).Verify(running.A, redirect.DefaultPodConfig()) == nil
+		})
 		eventually.Within(t, settle, "pod annotated and verified", func() bool {
 			p := getPod(t, ns, "running")
 			c := condition(p)

@@ -174,7 +174,9 @@ func (a *Agent) cmdCheck(ctx context.Context, req pluginevent.Request) (pluginev
 		return pluginevent.Response{}, fmt.Errorf("%s pod %s/%s is not enrolled", decisionMode(d), pod.Namespace, pod.Name)
 	}
 	defer unlock()
-	if err := a.backend.Verify(m.path(), d.Pod); err != nil {
+	// Checked against what the pod should have now: a pod no node proxy
+	// serves yet has no DNS capture, and is not broken for it.
+	if err := a.backend.Verify(m.path(), phased(d.Pod, m.served)); err != nil {
 		return pluginevent.Response{}, err
 	}
 	return pluginevent.Response{Enrolled: true}, nil

@@ -38,10 +38,17 @@ func (a *Agent) enrollPod(ctx context.Context, pod *corev1.Pod, f *os.File, sour
 	// inZDS: the ZDS server may hold the pod, from an earlier enrollment
 	// or from this one. probed: its IPs are in the host probe set.
 	inZDS, probed := false, false
+	// served: a node proxy serves the pod already. An adopted pod
+	// annotated enabled was taken by a node proxy from an earlier agent,
+	// and node proxies keep their pods while the agent is away: its DNS
+	// capture stays, with no moment without it. A pod this agent held
+	// before (a replaced netns, a repeated ADD) waits for a new ack: the
+	// proxy served its old namespace, not this one.
+	served := adopted && pod.Annotations[enroll.AnnotationRedirection] == enroll.RedirectionEnabled
 	if old := a.dropMember(pod.UID); old != nil {
 		old.netns.Close()
 		_ = a.removeProbes(old.ips)
-		inZDS = true
+		inZDS, served = true, false
 	}
 	fail := func(err error) error {
 		f.Close()
@@ -55,12 +62,14 @@ func (a *Agent) enrollPod(ctx context.Context, pod *corev1.Pod, f *os.File, sour
 		}
 		return a.failed(ctx, pod, modeAmbient, err)
 	}
-	m := &member{namespace: pod.Namespace, name: pod.Name, uid: pod.UID, netns: f, ips: ips, cfg: cfg}
-	// An adopted pod whose rules are as they should be keeps them
-	// untouched: rewriting them is a needless moment of kernel churn in a
-	// pod that carries traffic.
-	if !adopted || a.backend.Verify(m.path(), cfg) != nil {
-		if err := a.backend.Enroll(m.path(), cfg); err != nil {
+	m := &member{namespace: pod.Namespace, name: pod.Name, uid: pod.UID, netns: f, ips: ips, cfg: cfg, served: served}
+	// The rules go in before the node proxy hears of the pod, without DNS
+	// capture unless a proxy serves it already (phased): its DNS goes to
+	// its resolvers until a proxy acknowledges it. An adopted pod whose
+	// rules are as they should be keeps them untouched: rewriting them is
+	// a needless moment of kernel churn in a pod that carries traffic.
+	if !adopted || a.backend.Verify(m.path(), m.rules()) != nil {
+		if err := a.backend.Enroll(m.path(), m.rules()); err != nil {
 			return fail(err)
 		}
 	}
@@ -70,11 +79,20 @@ func (a *Agent) enrollPod(ctx context.Context, pod *corev1.Pod, f *os.File, sour
 	probed = true
 	state, reason := enroll.RedirectionEnabled, ReasonVerified
 	inZDS = true
-	if err := a.proxy.Add(zds.Pod{UID: string(pod.UID), Info: workloadInfo(pod), Netns: dup(f)}); err != nil {
-		if !errors.Is(err, zds.ErrNoProxy) {
-			// Rules stay: traffic fails closed inside the pod.
-			return fail(fmt.Errorf("node proxy: %w", err))
+	err := a.proxy.Add(zds.Pod{UID: string(pod.UID), Info: workloadInfo(pod), Netns: dup(f)})
+	switch {
+	case err == nil:
+		// The ack says the proxy's listeners in the pod are open, 15053
+		// included: its DNS may go there now.
+		if err := a.proxyServes(m); err != nil {
+			return fail(err)
 		}
+	case !errors.Is(err, zds.ErrNoProxy):
+		// Rules stay: traffic fails closed inside the pod.
+		return fail(fmt.Errorf("node proxy: %w", err))
+	default:
+		// No proxy yet: the pod waits, DNS uncaptured, until a snapshot
+		// delivers it (Delivered).
 		state, reason = enroll.RedirectionPending, ReasonPending
 		if adopted && pod.Annotations[enroll.AnnotationRedirection] == enroll.RedirectionEnabled {
 			// A node proxy took the pod from an earlier agent, and node

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"time"
 
@@ -208,14 +209,18 @@ func (a *Agent) verify(ctx context.Context, pod *corev1.Pod, m *member, ips []ne
 		return
 	}
 	outcome, reason := "verified", ReasonVerified
-	err := a.backend.Verify(m.path(), cfg)
+	// The kernel is held to what the pod should have now: without DNS
+	// capture until a node proxy serves it (phased), so a pass never
+	// turns on what the ack has not, nor takes away what it has.
+	want := phased(cfg, m.served)
+	err := a.backend.Verify(m.path(), want)
 	var drift *redirect.DriftError
 	switch {
 	case err == nil && m.cfg.Equal(cfg):
 	case err == nil || errors.As(err, &drift):
 		// Drifted behind the agent's back, or the pod's settings changed.
 		a.log.Warn("pod's redirection differs from its rules; repairing", "pod", key, "drift", err)
-		if rerr := a.backend.Enroll(m.path(), cfg); rerr != nil {
+		if rerr := a.backend.Enroll(m.path(), want); rerr != nil {
 			a.metrics.verifications.WithLabelValues("failed", mode).Inc()
 			_ = a.publish(ctx, pod, "", false, ReasonFailed, rerr.Error(), a.cfg.Now())
 			return
@@ -291,20 +296,39 @@ func (a *Agent) verifyHost() {
 }
 
 // Delivered marks a pod the node proxy took (in a ZDS snapshot, after it
-// waited as pending): the next pass publishes it enabled. The ZDS server
-// calls it with its own lock held, possibly inside enrollPod, so it only
-// hands the news to a goroutine.
+// waited as pending): its DNS capture goes on now, and the next pass
+// publishes it enabled. The ZDS server calls it with its own lock held,
+// possibly inside enrollPod, so it only hands the news to a goroutine.
 func (a *Agent) Delivered(uid string) {
 	go func() {
 		unlock := a.locks.lock(types.UID(uid))
 		m := a.memberOf(types.UID(uid))
-		changed := m != nil && m.state != enroll.RedirectionEnabled
+		changed := m != nil && (m.state != enroll.RedirectionEnabled || !m.served)
 		if changed {
 			m.state = enroll.RedirectionEnabled
+			if err := a.proxyServes(m); err != nil {
+				// m.served is set: the next pass holds the netns to
+				// m.rules() and repairs it.
+				a.log.Warn("cannot put the pod's rules in place for its node proxy", "pod", m.namespace+"/"+m.name, "err", err)
+			}
 		}
 		unlock()
 		if changed {
 			a.poke()
 		}
 	}()
+}
+
+// proxyServes records that a node proxy serves m and puts in place the DNS
+// capture that waited for it. Callers hold the pod's lock.
+func (a *Agent) proxyServes(m *member) error {
+	before := m.rules()
+	m.served = true
+	if m.rules().Equal(before) {
+		return nil
+	}
+	if err := a.backend.Enroll(m.path(), m.rules()); err != nil {
+		return fmt.Errorf("turn on dns capture: %w", err)
+	}
+	return nil
 }
