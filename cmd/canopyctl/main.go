@@ -89,7 +89,7 @@ func newRootCommand(reader readerFunc) *cobra.Command {
 	pf.StringVar(&g.context, "context", "", "kubeconfig context (default the current one)")
 	pf.StringVarP(&g.namespace, "istio-namespace", "i", "istio-system", "namespace Canopy runs in")
 	root.AddCommand(workloadsCommand(g), servicesCommand(g), policiesCommand(g), certificatesCommand(g),
-		proxyStatusCommand(g), configDumpCommand(g), trafficCommand(g),
+		proxyStatusCommand(g), configDumpCommand(g), trafficCommand(g), dnsCommand(g),
 		installCommand(g), upgradeCommand(g), uninstallCommand(g), versionCommand(g))
 	return root
 }
@@ -236,6 +236,23 @@ func configDumpCommand(g *globals) *cobra.Command {
 	f.StringVar(&opts.Pod, "pod", "", "the component's pod (default: a ready one)")
 	f.StringVar(&opts.Node, "node", "", "for node: the node proxy on this node")
 	f.StringVar(&opts.ProxyID, "proxy-id", "", "for controller: what it sent this proxy (<pod>.<namespace>)")
+	return cmd
+}
+
+func dnsCommand(g *globals) *cobra.Command {
+	var opts ctl.DNSOptions
+	var output string
+	formats := ctl.DNSFormats()
+	cmd := &cobra.Command{
+		Use:   "dns <namespace>/<pod>",
+		Short: "Show a pod's DNS as its node proxy answers it: mesh names, addresses, resolvers",
+		Args:  cobra.ExactArgs(1),
+	}
+	cmd.RunE = run(g, &output, formats, func(ctx context.Context, cl ctl.PodReader, o ctl.Output, out, _ io.Writer, args []string) error {
+		opts.Namespace, opts.Pod, opts.Output = g.namespace, args[0], o
+		return ctl.DNS(ctx, cl, opts, out)
+	})
+	outputFlag(cmd, &output, formats)
 	return cmd
 }
 

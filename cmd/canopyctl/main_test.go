@@ -72,12 +72,15 @@ func newFakeCluster() *fakeCluster {
 			pod("canopy-node-b", cluster.NodeProxyApp, "node-2", true),
 			pod("canopy-node-c", cluster.NodeProxyApp, "node-3", false),
 			pod("canopy-controller-0", cluster.ControllerApp, "node-1", true),
+			{ObjectMeta: metav1.ObjectMeta{Name: "client-1", Namespace: "demo"}, Spec: corev1.PodSpec{NodeName: "node-2"}},
+			{ObjectMeta: metav1.ObjectMeta{Name: "pending", Namespace: "demo"}},
 		},
 		files: map[string]string{
-			"canopy-node-a:15000/config_dump": "config-dump-node.json",
-			"canopy-node-b:15000/config_dump": "config-dump-node.json",
-			"canopy-node-a:15020/metrics":     "metrics-node-1.prom",
-			"canopy-node-b:15020/metrics":     "metrics-node-2.prom",
+			"canopy-node-a:15000/config_dump":                   "config-dump-node.json",
+			"canopy-node-b:15000/config_dump":                   "config-dump-node.json",
+			"canopy-node-a:15020/metrics":                       "metrics-node-1.prom",
+			"canopy-node-b:15020/metrics":                       "metrics-node-2.prom",
+			"canopy-node-b:15000/debug/dns?pod=demo%2Fclient-1": "dns-client.json",
 		},
 	}
 }
@@ -168,6 +171,11 @@ func TestCommands(t *testing.T) {
 		{"config-dump-controller-node", noConnect, []string{"config-dump", "controller", "--node", "node-1"}},
 		{"config-dump-unknown-node", fake, []string{"config-dump", "node", "--node", "no-such-node"}},
 		{"config-dump-unknown-pod", fake, []string{"config-dump", "node", "--pod", "canopy-node-x"}},
+		// A pod's DNS, from the node proxy on its node.
+		{"dns", fake, []string{"dns", "demo/client-1"}},
+		{"dns-json", fake, []string{"dns", "demo/client-1", "-o", "json"}},
+		{"dns-not-a-pod", fake, []string{"dns", "client-1"}},
+		{"dns-unscheduled", fake, []string{"dns", "demo/pending"}},
 		// Denials.
 		{"traffic", fake, []string{"traffic"}},
 		{"traffic-denied", fake, []string{"traffic", "--denied"}},
