@@ -63,6 +63,7 @@ func TestMesh(t *testing.T) {
 		{"FreshNodesStartNoPodOutsideTheMesh", testFreshNodes},
 		{"InstallUnderChartIdentities", testChartIdentities},
 		{"DemoScenario", testDemoScenario},
+		{"DNSThroughTheNodeProxy", testDNS},
 		{"IstioctlShowsWhatCanopyctlShows", testIstioctl},
 		{"ProxylessGRPCThroughIstiosAgent", testProxylessGRPC},
 		{"UpgradeUnderLoad", testUpgradeUnderLoad},

@@ -10,7 +10,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -175,6 +177,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /healthz/ok", func(w http.ResponseWriter, _ *http.Request) { s.unready.Store(false) })
 	mux.HandleFunc("GET /fetch", s.fetch)
 	mux.HandleFunc("GET /dial", s.dial)
+	mux.HandleFunc("GET /resolve", s.resolve)
 	mux.HandleFunc("GET /load/start", s.loadStart)
 	mux.HandleFunc("GET /load/stop", s.loadStop)
 	mux.HandleFunc("GET /load/result", s.loadResult)
@@ -221,6 +224,26 @@ func (s *Server) fetch(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
 	w.WriteHeader(resp.StatusCode)
 	_, _ = io.Copy(w, resp.Body)
+}
+
+// resolve looks a name up as the app's resolver does (the pod's
+// resolv.conf, its search list and ndots) and answers its addresses, one
+// per line, sorted.
+func (s *Server) resolve(w http.ResponseWriter, r *http.Request) {
+	name := r.URL.Query().Get("name")
+	if name == "" {
+		http.Error(w, "missing name parameter", http.StatusBadRequest)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	addrs, err := net.DefaultResolver.LookupHost(ctx, name)
+	if err != nil {
+		http.Error(w, fmt.Sprintf("resolve %s: %v", name, err), http.StatusBadGateway)
+		return
+	}
+	slices.Sort(addrs)
+	fmt.Fprintln(w, strings.Join(addrs, "\n"))
 }
 
 func (s *Server) dial(w http.ResponseWriter, r *http.Request) {
