@@ -42,7 +42,8 @@ spec:
 // CoreDNS's) goes on to the pod's own resolver.
 func testDNS(t *testing.T, m *mesh) {
 	m.applyYAML(t, serviceEntry)
-	t.Cleanup(func() { m.deleteYAML(t, "networking.istio.io/v1", "ServiceEntry", "demo", "echo-external") })
+	// Deferred, not a Cleanup: the test's context is over by then.
+	defer m.deleteYAML(t, "networking.istio.io/v1", "ServiceEntry", "demo", "echo-external")
 	client := m.pods(t, "demo", "app=client")[0]
 	resolve := func(ctx context.Context, name string) (string, error) {
 		b, err := m.c.Get(ctx, &client, 8080, "/resolve?name="+url.QueryEscape(name))
