@@ -279,19 +279,26 @@ func watchProbes(t *testing.T, nodeNetns string, ips []netip.Addr) func() string
 
 func createPod(t *testing.T, ns, name, node string, ip netip.Addr, labels map[string]string) *corev1.Pod {
 	t.Helper()
-	ctx := t.Context()
-	if _, err := env.Client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+	return createRunning(t, ns, ip, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
 		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "app", Image: "canopy/echo"}}},
-	}, metav1.CreateOptions{}); err != nil {
+	})
+}
+
+// createRunning creates pod in ns and gives it the status of a running
+// pod at ip, as the kubelet would.
+func createRunning(t *testing.T, ns string, ip netip.Addr, pod *corev1.Pod) *corev1.Pod {
+	t.Helper()
+	ctx := t.Context()
+	if _, err := env.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	st, _ := json.Marshal(map[string]any{"status": corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip.String(), PodIPs: []corev1.PodIP{{IP: ip.String()}}}})
-	pod, err := env.Client.CoreV1().Pods(ns).Patch(ctx, name, types.MergePatchType, st, metav1.PatchOptions{}, "status")
+	running, err := env.Client.CoreV1().Pods(ns).Patch(ctx, pod.Name, types.MergePatchType, st, metav1.PatchOptions{}, "status")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return pod
+	return running
 }
 
 func getPod(t *testing.T, ns, name string) *corev1.Pod {

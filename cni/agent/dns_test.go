@@ -49,19 +49,10 @@ func dnsCapture(path string) string {
 // that no view of the pod lacks them.
 func createPodAnnotated(t *testing.T, ns, name, node string, ip netip.Addr, annotations map[string]string) *corev1.Pod {
 	t.Helper()
-	ctx := t.Context()
-	if _, err := env.Client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+	return createRunning(t, ns, ip, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: annotations},
 		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "app", Image: "canopy/echo"}}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	st, _ := json.Marshal(map[string]any{"status": corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip.String(), PodIPs: []corev1.PodIP{{IP: ip.String()}}}})
-	pod, err := env.Client.CoreV1().Pods(ns).Patch(ctx, name, types.MergePatchType, st, metav1.PatchOptions{}, "status")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pod
+	})
 }
 
 // add runs the plugin's ADD of pod, whose namespace is at path.

@@ -37,8 +37,7 @@ func createSidecarPod(t *testing.T, ns, name, node string, ip netip.Addr, annota
 	for k, v := range annotations {
 		a[k] = v
 	}
-	ctx := t.Context()
-	if _, err := env.Client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+	return createRunning(t, ns, ip, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: a},
 		Spec: corev1.PodSpec{
 			NodeName:       node,
@@ -51,15 +50,7 @@ func createSidecarPod(t *testing.T, ns, name, node string, ip netip.Addr, annota
 				},
 			},
 		},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	st, _ := json.Marshal(map[string]any{"status": corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip.String(), PodIPs: []corev1.PodIP{{IP: ip.String()}}}})
-	pod, err := env.Client.CoreV1().Pods(ns).Patch(ctx, name, types.MergePatchType, st, metav1.PatchOptions{}, "status")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pod
+	})
 }
 
 // modeCounter is a counter or gauge of the agent by its labels' values.

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"time"
 
 	"github.com/canopy-mesh/canopy/node/dns/upstream"
 	"github.com/canopy-mesh/canopy/node/inpod"
@@ -20,8 +19,6 @@ type Resolvers struct {
 	// host's PID namespace): the node proxy's own, /etc/resolv.conf
 	// unless told.
 	Fallback string
-	// Observe, when set, sees every exchange with a resolver.
-	Observe func(network string, took time.Duration, err error)
 	Log     *slog.Logger
 }
 
@@ -52,14 +49,13 @@ func (r Resolvers) Upstreams() Upstreams {
 				return Upstream{}, fmt.Errorf("pod's resolv.conf: %w; fallback %s: %w", err, fallback, ferr)
 			}
 		}
-		fwd, err := upstream.NewForwarder(upstream.ForwarderConfig{
-			Nameservers: conf.Upstreams(), Dial: pod.Dial, Observe: r.Observe,
-		}, log)
+		nameservers := conf.Upstreams()
+		fwd, err := upstream.NewForwarder(upstream.ForwarderConfig{Nameservers: nameservers, Dial: pod.Dial}, log)
 		if err != nil {
 			return Upstream{}, err
 		}
 		up := Upstream{Forwarder: fwd, From: from, Final: final}
-		for _, a := range conf.Upstreams() {
+		for _, a := range nameservers {
 			up.Nameservers = append(up.Nameservers, a.String())
 		}
 		return up, nil
