@@ -19,7 +19,7 @@ type Resolvers struct {
 	// host's PID namespace): the node proxy's own, /etc/resolv.conf
 	// unless told.
 	Fallback string
-	Log     *slog.Logger
+	Log      *slog.Logger
 }
 
 // Upstreams returns Upstreams that relay a pod's queries to the
