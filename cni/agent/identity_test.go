@@ -85,7 +85,14 @@ func checkChosen(t *testing.T, proxy *nodeProxy, uid types.UID, right, wrong str
 	if got, want := proxy.netnsOf(uid), inodeOf(t, right); got != want {
 		t.Errorf("node proxy got namespace %d for pod %s, want %d (the impostor's is %d)", got, uid, want, inodeOf(t, wrong))
 	}
-	if err := (redirect.Nftables{}).Verify(right, redirect.DefaultPodConfig()); err != nil {
+	// DNS capture is added once the node proxy has acknowledged the pod,
+	// a moment after the proxy saw it.
+	err := (redirect.Nftables{}).Verify(right, redirect.DefaultPodConfig())
+	for deadline := time.Now().Add(settle); err != nil && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		err = (redirect.Nftables{}).Verify(right, redirect.DefaultPodConfig())
+	}
+	if err != nil {
 		t.Errorf("the pod's rules: %v", err)
 	}
 	if err := (redirect.Nftables{}).Verify(wrong, redirect.DefaultPodConfig()); err == nil {

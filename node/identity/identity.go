@@ -94,6 +94,11 @@ type entry struct {
 	retry   time.Duration
 }
 
+// usable: the entry holds a certificate that has not expired at now.
+func (e *entry) usable(now time.Time) bool {
+	return e.cert != nil && e.cert.NotAfter().After(now)
+}
+
 // New returns a Manager.
 func New(cfg Config, signer Signer, log *slog.Logger) (*Manager, error) {
 	if cfg.TTL <= 0 {
@@ -356,6 +361,14 @@ func (m *Manager) issue(ctx context.Context, id workloadapi.Identity) (*Cert, er
 	return c, nil
 }
 
+// Has reports whether id has a usable certificate now.
+func (m *Manager) Has(id workloadapi.Identity) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e := m.entries[id]
+	return e != nil && e.usable(m.cfg.Now())
+}
+
 // Missing is the number of identities asked for (Add) that have no
 // usable certificate now: not issued yet, refused, or expired without a
 // renewal. A node proxy is ready to take over its pods' traffic only when
@@ -365,7 +378,7 @@ func (m *Manager) Missing() int {
 	defer m.mu.Unlock()
 	n := 0
 	for _, e := range m.entries {
-		if e.cert == nil || !e.cert.NotAfter().After(m.cfg.Now()) {
+		if !e.usable(m.cfg.Now()) {
 			n++
 		}
 	}

@@ -160,8 +160,8 @@ func TestWrongIdentityIsRefused(t *testing.T) {
 	}
 }
 
-// TestMissing: an identity counts as missing until its certificate is
-// issued, through a CA outage and the retries after it.
+// TestMissing: an identity counts as missing (and Has says no) until its
+// certificate is issued, through a CA outage and the retries after it.
 func TestMissing(t *testing.T) {
 	m, signer, clk, _ := setup(t)
 	if got := m.Missing(); got != 0 {
@@ -174,8 +174,8 @@ func TestMissing(t *testing.T) {
 	if _, err := m.Get(t.Context(), web); err == nil {
 		t.Fatal("a certificate while the CA refuses")
 	}
-	if got := m.Missing(); got != 1 {
-		t.Errorf("Missing() after a refusal = %d, want 1", got)
+	if got := m.Missing(); got != 1 || m.Has(web) {
+		t.Errorf("after a refusal: Missing() = %d, want 1; Has = %v", got, m.Has(web))
 	}
 	signer.mu.Lock()
 	signer.fail = false
@@ -187,6 +187,9 @@ func TestMissing(t *testing.T) {
 		m.poke()
 		return m.Missing() == 0
 	})
+	if !m.Has(web) {
+		t.Error("the certificate is issued: Has says no")
+	}
 	m.Remove(web)
 	if got := m.Missing(); got != 0 {
 		t.Errorf("Missing() after Remove = %d", got)

@@ -88,7 +88,21 @@ func Open(ns *os.File) (*Pod, error) { return OpenWith(ns, Options{}) }
 
 // OpenWith is Open with options; it takes ownership of ns.
 func OpenWith(ns *os.File, opts Options) (*Pod, error) {
-	p := &Pod{netns: ns}
+	p := Attach(ns)
+	if err := p.Listen(opts); err != nil {
+		p.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// Attach holds the namespace without opening a socket in it (Listen
+// opens them); it takes ownership of ns.
+func Attach(ns *os.File) *Pod { return &Pod{netns: ns} }
+
+// Listen opens the proxy's listeners in the namespace. On an error the
+// caller closes the Pod, which closes what was opened.
+func (p *Pod) Listen(opts Options) error {
 	err := p.in(func() error {
 		for _, l := range []struct {
 			dst  *net.Listener
@@ -105,10 +119,55 @@ func OpenWith(ns *os.File, opts Options) (*Pod, error) {
 		return nil
 	})
 	if err != nil {
-		p.Close()
-		return nil, fmt.Errorf("in pod netns: %w", err)
+		return fmt.Errorf("in pod netns: %w", err)
 	}
-	return p, nil
+	return nil
+}
+
+// AnotherProxyListens reports whether a listener other than this Pod's
+// holds the outbound port in the namespace: during an upgrade, the old
+// node proxy still serving the pod. Ask before Listen (after it, the
+// Pod's own listener would answer).
+//
+// It binds a probe socket to the port with SO_REUSEADDR and without
+// SO_REUSEPORT: Linux refuses that bind (EADDRINUSE) while a socket
+// listens on the port, and allows it beside the connections a closed
+// listener left open, which are no longer serving new ones.
+func (p *Pod) AnotherProxyListens() (bool, error) {
+	var held bool
+	err := p.in(func() error {
+		family, addr := unix.AF_INET6, unix.Sockaddr(&unix.SockaddrInet6{Port: OutboundPort})
+		fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if errors.Is(err, unix.EAFNOSUPPORT) {
+			family, addr = unix.AF_INET, &unix.SockaddrInet4{Port: OutboundPort}
+			fd, err = unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		}
+		if err != nil {
+			return fmt.Errorf("probe socket: %w", err)
+		}
+		defer unix.Close(fd)
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+			return fmt.Errorf("probe socket: %w", err)
+		}
+		if family == unix.AF_INET6 {
+			// A dual socket overlaps every listener of the port,
+			// whichever family it took.
+			if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 0); err != nil {
+				return fmt.Errorf("probe socket: %w", err)
+			}
+		}
+		switch err := unix.Bind(fd, addr); {
+		case errors.Is(err, unix.EADDRINUSE):
+			held = true
+		case err != nil:
+			return fmt.Errorf("probe bind on %d: %w", OutboundPort, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("in pod netns: %w", err)
+	}
+	return held, nil
 }
 
 // listenDNS opens 15053 on the loopback addresses the pod's redirection

@@ -384,3 +384,51 @@ func TestDNSSocketsTakeCapturedQueries(t *testing.T) {
 		t.Errorf("UDP socket after CloseListeners: %v", err)
 	}
 }
+
+// TestAnotherProxyListens: a new node proxy handed a pod asks whether the
+// old one still listens in it. Its listener answers yes; the connections
+// it accepted, once its listeners closed, do not.
+func TestAnotherProxyListens(t *testing.T) {
+	pair := nettest.NewPair(t, netip.MustParsePrefix("10.232.0.0/24"))
+	ns, err := os.Open(pair.A)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := Attach(ns)
+	defer next.Close()
+	probe := func() bool {
+		t.Helper()
+		held, err := next.AnotherProxyListens()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return held
+	}
+	if probe() {
+		t.Fatal("an empty namespace: another proxy listens")
+	}
+	old := openPod(t, pair.A)
+	if !probe() {
+		t.Fatal("the old proxy's listeners are open: nobody listens")
+	}
+	// A connection the old proxy accepted outlives its listeners.
+	client := nettest.In(t, pair.B, func() (net.Conn, error) {
+		return net.DialTimeout("tcp4", pair.AddrA.String()+":15001", 3*time.Second)
+	})
+	defer client.Close()
+	accept(t, old.Outbound)
+	if err := old.CloseListeners(); err != nil {
+		t.Fatal(err)
+	}
+	if probe() {
+		t.Fatal("the old proxy closed its listeners (one connection left open): another proxy listens")
+	}
+	if err := next.Listen(Options{}); err != nil {
+		t.Fatal(err)
+	}
+	c := nettest.In(t, pair.B, func() (net.Conn, error) {
+		return net.DialTimeout("tcp4", pair.AddrA.String()+":15001", 3*time.Second)
+	})
+	defer c.Close()
+	accept(t, next.Outbound)
+}

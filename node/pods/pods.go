@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/canopy-mesh/canopy/node/inpod"
 	"github.com/canopy-mesh/canopy/workloadapi"
@@ -28,6 +29,8 @@ type Workloads interface {
 type Certs interface {
 	Add(id workloadapi.Identity)
 	Remove(id workloadapi.Identity)
+	// Has reports whether id has a usable certificate now.
+	Has(id workloadapi.Identity) bool
 }
 
 // Server serves one pod's sockets; *proxy.Proxy implements it, and
@@ -51,8 +54,20 @@ type Pod struct {
 	UID   string
 	Info  *zdspb.WorkloadInfo
 	Self  *workloadapi.Workload
-	State string // "Up"
+	State string // StateUp or StateWaiting
 }
+
+// Pod states.
+const (
+	StateUp = "Up"
+	// StateWaiting: another node proxy (the one this one replaces)
+	// serves the pod, and this one has no certificate for it yet.
+	StateWaiting = "WaitingForCertificate"
+)
+
+// waitPoll is how often a waiting pod checks its certificate and the
+// other proxy.
+const waitPoll = 100 * time.Millisecond
 
 // Set is the served pods; it implements zdsclient.Handler.
 type Set struct {
@@ -81,6 +96,8 @@ type served struct {
 	Pod
 	pod *inpod.Pod
 	id  workloadapi.Identity
+	// gone closes when the pod stops being served (stop).
+	gone chan struct{}
 }
 
 // provisional stands in for a pod's workload until xDS delivers it. A pod
@@ -127,6 +144,15 @@ func (s *Set) self(info *zdspb.WorkloadInfo) *workloadapi.Workload {
 }
 
 // Add implements zdsclient.Handler.
+//
+// A pod that another node proxy still serves (this one is its upgrade) is
+// taken over only once this proxy holds the pod's certificate: until then
+// its listeners stay closed, so every connection goes on to the old proxy,
+// which can carry it. The Add is acknowledged at once; the pod waits
+// (StateWaiting) and keeps the proxy not Ready, so the old proxy is not
+// told to go. A pod nobody else serves is served at once, certificate or
+// not: a closed listener would refuse its traffic anyway, and traffic that
+// needs no certificate (to destinations outside the mesh) flows.
 func (s *Set) Add(uid string, info *zdspb.WorkloadInfo, netns *os.File) error {
 	self := s.self(info)
 	if self == nil {
@@ -136,30 +162,46 @@ func (s *Set) Add(uid string, info *zdspb.WorkloadInfo, netns *os.File) error {
 	if s.keep(uid, info, netns) {
 		return nil
 	}
-	pod, err := inpod.OpenWith(netns, s.Sockets)
-	if err != nil {
-		s.mu.Lock()
-		if s.refused == nil {
-			s.refused = map[string]bool{}
-		}
-		s.refused[uid] = true
-		if s.snapshot != nil {
-			// Seen: a pod served before under this UID keeps its
-			// listeners rather than being dropped by the snapshot.
-			s.snapshot[uid] = true
-		}
-		s.mu.Unlock()
-		return err
-	}
+	pod := inpod.Attach(netns)
 	id := workloadapi.WorkloadIdentity(self)
 	s.Certs.Add(id)
+	p := &served{Pod: Pod{UID: uid, Info: info, Self: self, State: StateUp}, pod: pod, id: id, gone: make(chan struct{})}
+	wait := false
+	if !s.Certs.Has(id) {
+		held, err := pod.AnotherProxyListens()
+		if err != nil {
+			s.Log.Warn("cannot tell whether another node proxy serves the pod; serving it", "uid", uid, "err", err)
+		}
+		wait = held
+	}
+	if wait {
+		p.State = StateWaiting
+		s.put(uid, p)
+		s.Log.Info("another node proxy serves the pod; taking it over once its certificate is here",
+			"uid", uid, "pod", info.GetNamespace()+"/"+info.GetName(), "identity", id.String())
+		go s.await(p)
+		return nil
+	}
+	if err := pod.Listen(s.Sockets); err != nil {
+		s.refuse(uid, p)
+		return err
+	}
+	s.put(uid, p)
+	s.Server.ServePod(pod, self)
+	s.Log.Debug("serving pod", "uid", uid, "pod", info.GetNamespace()+"/"+info.GetName(), "identity", id.String())
+	return nil
+}
+
+// put records p as the pod served under uid, replacing (and stopping) an
+// earlier one.
+func (s *Set) put(uid string, p *served) {
 	s.mu.Lock()
 	if s.served == nil {
 		s.served = map[string]*served{}
 	}
 	delete(s.refused, uid)
 	old := s.served[uid]
-	s.served[uid] = &served{Pod: Pod{UID: uid, Info: info, Self: self, State: "Up"}, pod: pod, id: id}
+	s.served[uid] = p
 	if s.snapshot != nil {
 		s.snapshot[uid] = true
 	}
@@ -167,9 +209,75 @@ func (s *Set) Add(uid string, info *zdspb.WorkloadInfo, netns *os.File) error {
 	if old != nil {
 		s.stop(old)
 	}
-	s.Server.ServePod(pod, self)
-	s.Log.Debug("serving pod", "uid", uid, "pod", info.GetNamespace()+"/"+info.GetName(), "identity", id.String())
-	return nil
+}
+
+// refuse records that uid could not be served and releases p.
+func (s *Set) refuse(uid string, p *served) {
+	_ = p.pod.Close()
+	s.Certs.Remove(p.id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.refused == nil {
+		s.refused = map[string]bool{}
+	}
+	s.refused[uid] = true
+	if s.snapshot != nil {
+		// Seen: a pod served before under this UID keeps its listeners
+		// rather than being dropped by the snapshot.
+		s.snapshot[uid] = true
+	}
+}
+
+// mayTakeOver reports whether a waiting pod may be served: its
+// certificate is here, or no other proxy listens in it (or that cannot be
+// told, as in Add).
+func (s *Set) mayTakeOver(p *served) bool {
+	if s.Certs.Has(p.id) {
+		return true
+	}
+	held, err := p.pod.AnotherProxyListens()
+	return err != nil || !held
+}
+
+// await serves a waiting pod once its certificate is here, or once the
+// other proxy no longer listens in it (it went: the pod is served with
+// what this proxy has). It ends early if the pod stops being served.
+func (s *Set) await(p *served) {
+	tick := time.NewTicker(waitPoll)
+	defer tick.Stop()
+	for !s.mayTakeOver(p) {
+		select {
+		case <-p.gone:
+			return
+		case <-tick.C:
+		}
+	}
+	if err := p.pod.Listen(s.Sockets); err != nil {
+		s.Log.Warn("cannot serve a pod taken over from another node proxy", "uid", p.UID, "err", err)
+		s.mu.Lock()
+		current := s.served[p.UID] == p
+		if current {
+			delete(s.served, p.UID)
+		}
+		s.mu.Unlock()
+		if current {
+			close(p.gone)
+			s.refuse(p.UID, p)
+		}
+		return
+	}
+	s.mu.Lock()
+	current := s.served[p.UID] == p
+	if current {
+		p.State = StateUp
+	}
+	s.mu.Unlock()
+	if !current {
+		_ = p.pod.Close() // stopped meanwhile; stop closed it too
+		return
+	}
+	s.Server.ServePod(p.pod, p.Self)
+	s.Log.Info("took the pod over from the other node proxy", "uid", p.UID, "identity", p.id.String())
 }
 
 // keep takes an Add of a pod already served in the same network namespace
@@ -203,6 +311,7 @@ func (s *Set) keep(uid string, info *zdspb.WorkloadInfo, netns *os.File) bool {
 // stop closes a pod's listeners (its open connections finish on their
 // own sockets) and releases its identity.
 func (s *Set) stop(p *served) {
+	close(p.gone)
 	_ = p.pod.Close()
 	s.Certs.Remove(p.id)
 }
@@ -250,14 +359,22 @@ func (s *Set) Begin() {
 }
 
 // Ready reports whether the set serves every pod the agent holds, as far
-// as it knows: a snapshot has ended, and no pod it was handed is left
-// refused. A refused pod comes again only in a later snapshot (a new
+// as it knows: a snapshot has ended, no pod it was handed is left
+// refused, and none waits for its certificate. A refused pod comes again only in a later snapshot (a new
 // connection) or goes with its Del, so until then the proxy is not ready;
 // during an upgrade that keeps the old proxy, which serves it, in place.
 func (s *Set) Ready() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.synced && len(s.refused) == 0
+	if !s.synced || len(s.refused) > 0 {
+		return false
+	}
+	for _, p := range s.served {
+		if p.State != StateUp {
+			return false
+		}
+	}
+	return true
 }
 
 // Del implements zdsclient.Handler.

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/canopy-mesh/canopy/internal/testing/eventually"
 	"github.com/canopy-mesh/canopy/internal/testing/nettest"
 	"github.com/canopy-mesh/canopy/node/inpod"
 	"github.com/canopy-mesh/canopy/workloadapi"
@@ -32,15 +33,34 @@ func (w workloads) NodeWorkloads(node string) []*workloadapi.Workload {
 type certs struct {
 	mu  sync.Mutex
 	ids map[workloadapi.Identity]int
+	// missing identities have no certificate; every other one has.
+	missing map[workloadapi.Identity]bool
 }
 
 func (c *certs) Add(id workloadapi.Identity)    { c.mu.Lock(); c.ids[id]++; c.mu.Unlock() }
 func (c *certs) Remove(id workloadapi.Identity) { c.mu.Lock(); c.ids[id]--; c.mu.Unlock() }
+func (c *certs) Has(id workloadapi.Identity) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.missing[id]
+}
+func (c *certs) issue(id workloadapi.Identity) { c.mu.Lock(); delete(c.missing, id); c.mu.Unlock() }
+func (c *certs) refs(id workloadapi.Identity) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ids[id]
+}
 
 type server struct {
 	mu          sync.Mutex
 	names, uids []string
 	pods        []*inpod.Pod
+}
+
+func (s *server) served() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.pods)
 }
 
 func (s *server) ServePod(pod *inpod.Pod, self *workloadapi.Workload) {
@@ -269,4 +289,113 @@ func TestReadyAfterTheSnapshot(t *testing.T) {
 	if pods := set.Pods(); len(pods) != 1 || pods[0].UID != "uid-web" {
 		t.Errorf("served after the second snapshot: %+v", pods)
 	}
+}
+
+// TestTakeOverWaitsForTheCertificate: during an upgrade the old node proxy
+// still listens in the pod. The new one, without the pod's certificate
+// (the CA is unreachable), leaves its listeners closed, so every
+// connection goes on to the old proxy, which can carry it, and is not
+// Ready; it takes the pod over once the certificate is here, or once the
+// old proxy stops listening. A pod nobody else serves is served at once.
+func TestTakeOverWaitsForTheCertificate(t *testing.T) {
+	web := workloadapi.Identity{TrustDomain: "cluster.local", Namespace: "apps", ServiceAccount: "web"}
+	info := &zdspb.WorkloadInfo{Name: "web-1", Namespace: "apps", ServiceAccount: "web"}
+	newSet := func(t *testing.T, subnet string) (*Set, *certs, *server, *nettest.Pair) {
+		pair := nettest.NewPair(t, netip.MustParsePrefix(subnet))
+		c := &certs{ids: map[workloadapi.Identity]int{}, missing: map[workloadapi.Identity]bool{web: true}}
+		srv := &server{}
+		set := &Set{Node: "n1", Workloads: workloads{}, Certs: c, Server: srv, Log: slog.New(slog.DiscardHandler), ClusterID: "Kubernetes"}
+		t.Cleanup(func() { set.Close() })
+		return set, c, srv, &pair
+	}
+	add := func(t *testing.T, set *Set, path string) {
+		t.Helper()
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		set.Begin()
+		if err := set.Add("uid-web", info, f); err != nil {
+			t.Fatal(err)
+		}
+		if err := set.Snapshot(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	oldProxy := func(t *testing.T, path string) *inpod.Pod {
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		old, err := inpod.Open(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { old.Close() })
+		return old
+	}
+	state := func(set *Set) string {
+		if pods := set.Pods(); len(pods) == 1 {
+			return pods[0].State
+		}
+		return "not served"
+	}
+	// waiting checks the new proxy holds off: not serving, not Ready, and
+	// a connection lands on the old proxy.
+	waiting := func(t *testing.T, set *Set, srv *server, pair *nettest.Pair, old *inpod.Pod) {
+		t.Helper()
+		time.Sleep(3 * waitPoll)
+		if srv.served() != 0 || state(set) != StateWaiting || set.Ready() {
+			t.Fatalf("without the certificate: served %d times, state %q, Ready %v; want 0, %q, false", srv.served(), state(set), set.Ready(), StateWaiting)
+		}
+		for range 8 { // SO_REUSEPORT would spread these over both
+			c := nettest.In(t, pair.B, func() (net.Conn, error) {
+				return net.DialTimeout("tcp4", pair.AddrA.String()+":15001", 3*time.Second)
+			})
+			defer c.Close()
+			if err := acceptErr(t, old.Outbound); err != nil {
+				t.Fatalf("the old proxy did not get a connection: %v", err)
+			}
+		}
+	}
+
+	t.Run("the certificate arrives", func(t *testing.T) {
+		set, c, srv, pair := newSet(t, "10.235.0.0/24")
+		old := oldProxy(t, pair.A)
+		add(t, set, pair.A)
+		waiting(t, set, srv, pair, old)
+		c.issue(web)
+		eventually.True(t, "the pod is taken over", func() bool { return srv.served() == 1 })
+		if state(set) != StateUp || !set.Ready() {
+			t.Errorf("taken over: state %q, Ready %v", state(set), set.Ready())
+		}
+	})
+	t.Run("the old proxy stops listening", func(t *testing.T) {
+		set, _, srv, pair := newSet(t, "10.235.1.0/24")
+		old := oldProxy(t, pair.A)
+		add(t, set, pair.A)
+		waiting(t, set, srv, pair, old)
+		_ = old.CloseListeners()
+		eventually.True(t, "the pod is taken over without its certificate", func() bool { return srv.served() == 1 })
+	})
+	t.Run("nobody else serves the pod", func(t *testing.T) {
+		set, _, srv, pair := newSet(t, "10.235.2.0/24")
+		add(t, set, pair.A)
+		if srv.served() != 1 || state(set) != StateUp {
+			t.Errorf("served %d times, state %q; want at once", srv.served(), state(set))
+		}
+	})
+	t.Run("the pod goes while waiting", func(t *testing.T) {
+		set, c, srv, pair := newSet(t, "10.235.3.0/24")
+		oldProxy(t, pair.A)
+		add(t, set, pair.A)
+		if err := set.Del("uid-web"); err != nil {
+			t.Fatal(err)
+		}
+		c.issue(web)
+		time.Sleep(3 * waitPoll)
+		if srv.served() != 0 || c.refs(web) != 0 || len(set.Pods()) != 0 {
+			t.Errorf("after Del: served %d times, %d certificate refs, %d pods; want none", srv.served(), c.refs(web), len(set.Pods()))
+		}
+	})
 }
