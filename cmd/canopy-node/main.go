@@ -267,7 +267,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	set := &pods.Set{Node: cfg.nodeName, Workloads: table, Certs: certs, Server: px, Log: log, ClusterID: cfg.clusterID, TrustDomain: cfg.trustDomain}
 	var dnsView func(string, []*workloadapi.Service) (configdump.DNSView, bool)
 	if cfg.dnsProxy {
-		resolvers := dns.Resolvers{Fallback: cfg.resolvConf, Log: log}
+		resolvers := dns.Resolvers{Fallback: cfg.resolvConf, MaxInFlight: cfg.dnsLimits.MaxInFlight, Log: log}
 		ds, err := dns.New(dns.Config{Table: table, Upstreams: resolvers.Upstreams(), ClusterDomain: cfg.clusterDomain, Limits: cfg.dnsLimits, Registerer: registry, Log: log})
 		if err != nil {
 			return err

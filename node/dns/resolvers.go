@@ -19,7 +19,11 @@ type Resolvers struct {
 	// host's PID namespace): the node proxy's own, /etc/resolv.conf
 	// unless told.
 	Fallback string
-	Log      *slog.Logger
+	// MaxInFlight bounds a pod's forwarded queries at once: the Server's
+	// Limits.MaxInFlight, so that its bound, not the forwarder's, is the
+	// one a pod meets (upstream.DefaultMaxInFlight when zero).
+	MaxInFlight int
+	Log         *slog.Logger
 }
 
 // Upstreams returns Upstreams that relay a pod's queries to the
@@ -50,7 +54,7 @@ func (r Resolvers) Upstreams() Upstreams {
 			}
 		}
 		nameservers := conf.Upstreams()
-		fwd, err := upstream.NewForwarder(upstream.ForwarderConfig{Nameservers: nameservers, Dial: pod.Dial}, log)
+		fwd, err := upstream.NewForwarder(upstream.ForwarderConfig{Nameservers: nameservers, Dial: pod.Dial, MaxInFlight: r.MaxInFlight}, log)
 		if err != nil {
 			return Upstream{}, err
 		}

@@ -406,3 +406,43 @@ func TestView(t *testing.T) {
 		t.Errorf("resolvers from %q, want the stand-in file", v.ResolversFrom)
 	}
 }
+
+// TestAnswerUnderWayOutlivesTheDrain: a draining proxy closes its DNS
+// sockets while a forwarded query waits for the pod's resolver. The answer
+// still reaches the client (the socket is detached, not closed, until
+// inpod.DNSLinger), and queries after it are refused at once.
+func TestAnswerUnderWayOutlivesTheDrain(t *testing.T) {
+	tbl := table(t)
+	var up Upstreams
+	s := serve(t, "10.229.0.0/24", tbl, Limits{ForwardTimeout: 3 * time.Second}, func(p *inpod.Pod) (Upstream, error) { return up(p) })
+	up = podResolvers(t, s)
+	arrived := make(chan struct{}, 1)
+	resolverIn(t, s.pair.B, s.resolver, func(w mdns.ResponseWriter, r *mdns.Msg) {
+		arrived <- struct{}{}
+		time.Sleep(300 * time.Millisecond)
+		m := new(mdns.Msg)
+		m.SetReply(r)
+		m.Rcode = mdns.RcodeNameError
+		_ = w.WriteMsg(m)
+	})
+	done := make(chan *mdns.Msg, 1)
+	go func() {
+		done <- s.ask(t, &mdns.Client{Net: "udp", Timeout: 5 * time.Second}, query("slow.example.org.", mdns.TypeA))
+	}()
+	select {
+	case <-arrived:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the query never reached the resolver")
+	}
+	if err := s.pod.CloseListeners(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		if r.Rcode != mdns.RcodeNameError {
+			t.Errorf("the answer under way: %s, want the resolver's NXDOMAIN", mdns.RcodeToString[r.Rcode])
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the answer under way was lost")
+	}
+}

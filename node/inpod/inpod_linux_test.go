@@ -3,10 +3,12 @@ package inpod
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -380,9 +382,102 @@ func TestDNSSocketsTakeCapturedQueries(t *testing.T) {
 	if err := pod.CloseListeners(); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := pod.DNSUDP[0].ReadFrom(make([]byte, 1)); !errors.Is(err, net.ErrClosed) {
-		t.Errorf("UDP socket after CloseListeners: %v", err)
+	// Detached, with no other proxy's socket beside it: a new query is
+	// refused at once rather than left to time out.
+	c := nettest.In(t, pair.A, func() (net.Conn, error) { return net.Dial("udp4", resolver) })
+	defer c.Close()
+	if _, err := c.Write([]byte("late")); err != nil {
+		t.Fatal(err)
 	}
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Read(make([]byte, 64)); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("a query after CloseListeners: %v, want connection refused", err)
+	}
+	if err := pod.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := pod.DNSUDP[0].ReadFrom(make([]byte, 1)); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("UDP socket after Close: %v", err)
+	}
+}
+
+// TestDNSHandOverLosesNoQuery: during an upgrade the old proxy closes its
+// DNS sockets while queries wait in them, and more keep coming. Every
+// query is answered: those queued on the old socket by the old proxy
+// (closing it would drop them, each a client's 5 s timeout), the later
+// ones by the new proxy.
+func TestDNSHandOverLosesNoQuery(t *testing.T) {
+	pair := nettest.NewPair(t, netip.MustParsePrefix("10.233.0.0/24"))
+	if err := (redirect.Nftables{}).Enroll(pair.A, redirect.DefaultPodConfig()); err != nil {
+		t.Fatal(err)
+	}
+	openDNS := func() *Pod {
+		ns, err := os.Open(pair.A)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := OpenWith(ns, Options{DNS: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		return p
+	}
+	old, next := openDNS(), openDNS()
+	resolver := pair.AddrB.String() + ":53"
+	// Each query from a socket of its own (a resolver's new source port),
+	// so the kernel spreads them over both proxies' sockets. Nobody reads
+	// yet: they queue.
+	const n = 48
+	ask := func(what string) []net.Conn {
+		var cs []net.Conn
+		for i := range n {
+			c := nettest.In(t, pair.A, func() (net.Conn, error) { return net.Dial("udp4", resolver) })
+			t.Cleanup(func() { c.Close() })
+			if _, err := fmt.Fprintf(c, "%s-%d", what, i); err != nil {
+				t.Fatal(err)
+			}
+			cs = append(cs, c)
+		}
+		return cs
+	}
+	before := ask("before")
+	if err := old.CloseListeners(); err != nil {
+		t.Fatal(err)
+	}
+	after := ask("after")
+	answer := func(pc net.PacketConn, who string) {
+		buf := make([]byte, 64)
+		for {
+			m, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo([]byte(who+":"+string(buf[:m])), from)
+		}
+	}
+	go answer(old.DNSUDP[0], "old")
+	go answer(next.DNSUDP[0], "new")
+	var fromOld int
+	for i, c := range append(before, after...) {
+		buf := make([]byte, 64)
+		_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		m, err := c.Read(buf)
+		if err != nil {
+			t.Fatalf("query %d got no answer: %v", i, err)
+		}
+		got := string(buf[:m])
+		if strings.HasPrefix(got, "old:") {
+			fromOld++
+			if strings.Contains(got, "after") {
+				t.Errorf("a query sent after the old proxy detached reached it: %q", got)
+			}
+		}
+	}
+	if fromOld == 0 {
+		t.Errorf("no query was queued on the old socket: the test proves nothing")
+	}
+	t.Logf("%d of %d queries queued on the old proxy's socket, all answered", fromOld, n)
 }
 
 // TestAnotherProxyListens: a new node proxy handed a pod asks whether the
