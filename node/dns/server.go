@@ -187,7 +187,7 @@ func (s *Server) ServePod(pod *inpod.Pod, self *workloadapi.Workload) {
 		s.mu.Unlock()
 	}()
 	for _, pc := range pod.DNSUDP {
-		srv := &mdns.Server{PacketConn: pc, Handler: p.handler("udp"), UDPSize: mdns.MaxMsgSize}
+		srv := &mdns.Server{PacketConn: pc, Handler: p.handler("udp"), UDPSize: maxUDPQuery}
 		go p.run(srv, pc.LocalAddr())
 	}
 	tcpConns := make(chan struct{}, s.lim.MaxTCPConns)
@@ -203,6 +203,14 @@ func (s *Server) ServePod(pod *inpod.Pod, self *workloadapi.Workload) {
 		go p.run(srv, l.Addr())
 	}
 }
+
+// maxUDPQuery is the read buffer of a UDP query: far above any real query
+// (a question and an EDNS record with a cookie are under 300 bytes); a
+// longer one arrives cut and does not parse. The server keeps one
+// buffer per socket and one per query being handled: at the 64 KiB a
+// datagram could be, a pod's two sockets alone held 128 KiB
+// (bench/dns, BenchmarkMemoryPerPod).
+const maxUDPQuery = 4096
 
 // podServer is one pod's DNS.
 type podServer struct {

@@ -51,6 +51,10 @@ type Pod struct {
 	// dial in that pod).
 	mu    sync.RWMutex
 	netns *os.File // nil once closed
+
+	// udpMu guards the UDP sockets made ahead for DialUDP, by family.
+	udpMu                sync.Mutex
+	spareUDP4, spareUDP6 []int
 }
 
 // path names the namespace through the held handle, valid as long as the
@@ -240,8 +244,14 @@ func listenConfig(dual bool) *net.ListenConfig {
 	}}
 }
 
-// Dial connects from inside the pod's namespace with the proxy's mark.
+// Dial connects from inside the pod's namespace with the proxy's mark. A
+// UDP dial to an IP address takes a socket made ahead (DialUDP).
 func (p *Pod) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	if network == "udp" || network == "udp4" || network == "udp6" {
+		if ap, err := netip.ParseAddrPort(addr); err == nil {
+			return p.DialUDP(ap)
+		}
+	}
 	d := net.Dialer{Control: mark}
 	var c net.Conn
 	err := p.in(func() (err error) {
@@ -272,6 +282,85 @@ func (p *Pod) DialFrom(ctx context.Context, src netip.Addr, network, addr string
 		return err
 	})
 	return c, err
+}
+
+// udpBatch is how many UDP sockets one entry into the namespace makes.
+const udpBatch = 8
+
+// DialUDP connects a marked UDP socket of the pod's namespace to addr: a
+// new socket, so a new random source port, for every dial, as a resolver
+// would. The sockets are made ahead, udpBatch at a time: a socket belongs
+// to the namespace it was made in whichever thread connects it later, and
+// entering the namespace costs more than the DNS query the socket is for
+// (about 300 µs of thread hand-over against a 100 µs query, measured by
+// bench/dns).
+func (p *Pod) DialUDP(addr netip.AddrPort) (net.Conn, error) {
+	addr = netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port())
+	fd, err := p.spareUDP(addr.Addr().Is4())
+	if err != nil {
+		return nil, err
+	}
+	var sa unix.Sockaddr
+	if addr.Addr().Is4() {
+		sa = &unix.SockaddrInet4{Addr: addr.Addr().As4(), Port: int(addr.Port())}
+	} else {
+		sa = &unix.SockaddrInet6{Addr: addr.Addr().As16(), Port: int(addr.Port())}
+	}
+	if err := unix.Connect(fd, sa); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("connect to %s: %w", addr, err)
+	}
+	f := os.NewFile(uintptr(fd), "udp:"+addr.String())
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		return nil, fmt.Errorf("udp socket to %s: %w", addr, err)
+	}
+	return c, nil
+}
+
+// spareUDP takes a made-ahead socket of the family, making a batch when
+// none is left.
+func (p *Pod) spareUDP(v4 bool) (int, error) {
+	p.udpMu.Lock()
+	defer p.udpMu.Unlock()
+	spare := &p.spareUDP6
+	family := unix.AF_INET6
+	if v4 {
+		spare, family = &p.spareUDP4, unix.AF_INET
+	}
+	if len(*spare) == 0 {
+		err := p.in(func() error {
+			for range udpBatch {
+				fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+				if err != nil {
+					return fmt.Errorf("udp socket: %w", err)
+				}
+				if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_MARK, Mark); err != nil {
+					unix.Close(fd)
+					return fmt.Errorf("mark udp socket: %w", err)
+				}
+				*spare = append(*spare, fd)
+			}
+			return nil
+		})
+		if len(*spare) == 0 {
+			return -1, err
+		}
+	}
+	fd := (*spare)[len(*spare)-1]
+	*spare = (*spare)[:len(*spare)-1]
+	return fd, nil
+}
+
+// closeSpares closes the sockets made ahead.
+func (p *Pod) closeSpares() {
+	p.udpMu.Lock()
+	defer p.udpMu.Unlock()
+	for _, fd := range append(p.spareUDP4, p.spareUDP6...) {
+		unix.Close(fd)
+	}
+	p.spareUDP4, p.spareUDP6 = nil, nil
 }
 
 // setTransparent lets a socket bind a foreign address, with the option of
@@ -441,6 +530,7 @@ func (p *Pod) Close() error {
 	for _, pc := range p.DNSUDP {
 		errs = append(errs, closeConn(pc))
 	}
+	p.closeSpares()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.netns != nil {

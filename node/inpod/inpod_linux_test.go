@@ -527,3 +527,42 @@ func TestAnotherProxyListens(t *testing.T) {
 	defer c.Close()
 	accept(t, next.Outbound)
 }
+
+// TestDialUDPFromThePod: UDP dials leave from the pod's namespace (its
+// address, the proxy's mark) on a new source port each, though their
+// sockets were made ahead in batches; a closed pod dials no more.
+func TestDialUDPFromThePod(t *testing.T) {
+	pair := nettest.NewPair(t, netip.MustParsePrefix("10.236.0.0/24"))
+	pod := openPod(t, pair.A)
+	resolver := pair.AddrB.String() + ":53"
+	upstream := nettest.In(t, pair.B, func() (net.PacketConn, error) { return net.ListenPacket("udp4", resolver) })
+	defer upstream.Close()
+	ports := map[string]bool{}
+	for i := range 3 * udpBatch {
+		c, err := pod.Dial(context.Background(), "udp", resolver)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := fmt.Fprintf(c, "q%d", i); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 16)
+		_ = upstream.SetReadDeadline(time.Now().Add(3 * time.Second))
+		_, from, err := upstream.ReadFrom(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := from.(*net.UDPAddr).IP.String(); got != pair.AddrA.String() {
+			t.Errorf("query %d from %s, want the pod's %s", i, got, pair.AddrA)
+		}
+		ports[from.String()] = true
+		c.Close()
+	}
+	if len(ports) != 3*udpBatch {
+		t.Errorf("%d dials left from %d source ports, want one each", 3*udpBatch, len(ports))
+	}
+	pod.Close()
+	if _, err := pod.Dial(context.Background(), "udp", resolver); !errors.Is(err, ErrClosed) {
+		t.Errorf("a dial after Close: %v, want ErrClosed", err)
+	}
+}
