@@ -37,18 +37,33 @@ func Create(name string) (string, error) {
 	}
 	f.Close()
 
-	// Unshare on a thread of its own, pin the new namespace, and let the
-	// thread die with the goroutine (it stays locked), so no goroutine ever
-	// runs in a namespace it did not ask for.
+	// Unshare on a locked thread, pin the new namespace, and go back to
+	// the thread's own namespace before unlocking it. Letting the thread
+	// die with the goroutine instead is not enough: on the main thread Go
+	// keeps it, parked, and /proc/self (the main thread's view) would
+	// then show the new namespace to the whole process. A thread that
+	// cannot go back stays locked, so it dies with the goroutine.
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
+		own, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("open the thread's network namespace: %w", err)
+			return
+		}
+		defer own.Close()
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
 			errc <- fmt.Errorf("unshare network namespace: %w", err)
 			return
 		}
 		self := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
-		if err := unix.Mount(self, path, "none", unix.MS_BIND, ""); err != nil {
+		err = unix.Mount(self, path, "none", unix.MS_BIND, "")
+		if serr := unix.Setns(int(own.Fd()), unix.CLONE_NEWNET); serr == nil {
+			runtime.UnlockOSThread()
+		}
+		if err != nil {
 			errc <- fmt.Errorf("pin network namespace at %s: %w", path, err)
 			return
 		}
