@@ -226,8 +226,12 @@ func listen(port int) (net.Listener, error) {
 // does: a restarting proxy's new sockets can bind while the old ones drain
 // (wire contract §3.4). A dual socket takes both families: Go has set
 // IPV6_V6ONLY on a "tcp6" socket before Control runs, and this clears it.
+// The listeners are plain TCP, never MPTCP (Go's default for listeners):
+// a redirection that hands connections to a listener socket itself (an
+// eBPF socket map, bpf_sk_assign) takes TCP sockets only, and nothing
+// arriving redirected from inside the pod speaks MPTCP.
 func listenConfig(dual bool) *net.ListenConfig {
-	return &net.ListenConfig{Control: func(network, address string, c syscall.RawConn) error {
+	lc := &net.ListenConfig{Control: func(network, address string, c syscall.RawConn) error {
 		if err := mark(network, address, c); err != nil {
 			return err
 		}
@@ -242,6 +246,8 @@ func listenConfig(dual bool) *net.ListenConfig {
 		}
 		return serr
 	}}
+	lc.SetMultipathTCP(false)
+	return lc
 }
 
 // Dial connects from inside the pod's namespace with the proxy's mark. A

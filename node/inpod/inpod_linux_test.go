@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/canopy-mesh/canopy/cni/redirect"
 	"github.com/canopy-mesh/canopy/internal/origdst"
 	"github.com/canopy-mesh/canopy/internal/testing/ci"
@@ -564,5 +566,26 @@ func TestDialUDPFromThePod(t *testing.T) {
 	pod.Close()
 	if _, err := pod.Dial(context.Background(), "udp", resolver); !errors.Is(err, ErrClosed) {
 		t.Errorf("a dial after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestListenersArePlainTCP: the in-pod listeners are TCP sockets, not
+// MPTCP ones (Go's default for listeners), which a socket map refuses.
+func TestListenersArePlainTCP(t *testing.T) {
+	pair := nettest.NewPair(t, netip.MustParsePrefix("10.237.0.0/24"))
+	pod := openPod(t, pair.A)
+	for _, l := range []net.Listener{pod.Outbound, pod.Inbound, pod.HBONE} {
+		raw, err := l.(*net.TCPListener).SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var proto int
+		var serr error
+		if err := raw.Control(func(fd uintptr) { proto, serr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PROTOCOL) }); err != nil || serr != nil {
+			t.Fatal(err, serr)
+		}
+		if proto != unix.IPPROTO_TCP {
+			t.Errorf("listener %s: protocol %d, want TCP (%d)", l.Addr(), proto, unix.IPPROTO_TCP)
+		}
 	}
 }
