@@ -146,3 +146,12 @@ func CollectionSpec() *ebpf.CollectionSpec {
 		ByteOrder: binary.NativeEndian,
 	}
 }
+
+// PutConfig stores c in the cfg map, where both programs read it from the
+// next packet or lookup on.
+func PutConfig(cfg *ebpf.Map, c Config) error {
+	if err := cfg.Update(uint32(0), c, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("store pod config: %w", err)
+	}
+	return nil
+}
