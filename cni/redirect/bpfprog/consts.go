@@ -61,3 +61,12 @@ func net16(v uint16) int32 {
 func net32(b [4]byte) int32 {
 	return int32(binary.NativeEndian.Uint32(b[:]))
 }
+
+// byteOrder is the host's byte order as a value the asm package accepts
+// (it knows binary.LittleEndian and binary.BigEndian only).
+func byteOrder() binary.ByteOrder {
+	if binary.NativeEndian.Uint16([]byte{1, 0}) == 1 {
+		return binary.LittleEndian
+	}
+	return binary.BigEndian
+}

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 
 	"github.com/canopy-mesh/canopy/internal/testing/nettest"
 )
@@ -29,7 +30,7 @@ func loadCollection(t *testing.T) *ebpf.Collection {
 func TestLoad(t *testing.T) {
 	coll := loadCollection(t)
 	for name, spec := range CollectionSpec().Programs {
-		t.Logf("%s: %d instructions", name, len(spec.Instructions))
+		t.Logf("%s: %d instructions, %d slots", name, len(spec.Instructions), spec.Instructions.Size()/asm.InstructionSize)
 		if coll.Programs[name] == nil {
 			t.Errorf("program %s not loaded", name)
 		}

@@ -1,7 +1,6 @@
 package bpfprog
 
 import (
-	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"unsafe"
@@ -143,7 +142,7 @@ func CollectionSpec() *ebpf.CollectionSpec {
 			ProgSkLookup: SkLookupSpec(),
 			ProgInbound:  InboundSpec(),
 		},
-		ByteOrder: binary.NativeEndian,
+		ByteOrder: byteOrder(),
 	}
 }
 

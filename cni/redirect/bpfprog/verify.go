@@ -1,7 +1,6 @@
 package bpfprog
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -21,7 +20,7 @@ import (
 // first.
 func IsOurs(spec *ebpf.ProgramSpec, info *ebpf.ProgramInfo) (bool, error) {
 	c := spec.Copy()
-	if err := c.Instructions.Marshal(io.Discard, binary.NativeEndian); err != nil {
+	if err := c.Instructions.Marshal(io.Discard, byteOrder()); err != nil {
 		return false, fmt.Errorf("resolve program %s: %w", spec.Name, err)
 	}
 	err := c.Compatible(info)
