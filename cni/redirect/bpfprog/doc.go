@@ -1,6 +1,6 @@
 // Package bpfprog holds the eBPF programs and maps of the CNI agent's eBPF
 // redirection backend, and nothing else: loading them per pod, attaching,
-// pinning and verifying belong to the backend that will use this package.
+// pinning and verifying are not part of it.
 //
 // The design keeps every hook inside the pod's network namespace, so it
 // does not collide with the primary CNI's programs in the node namespace:
@@ -23,7 +23,7 @@
 // read only UAPI context structs and packet bytes at fixed offsets, so they
 // need no BTF.
 //
-// The proxy, which owns the listeners, puts them in the socks SOCKMAP at
-// the Slot* keys; an empty slot makes the programs drop (fail closed)
+// The sockets in the socks SOCKMAP, at the Slot* keys, are the node
+// proxy's listeners; an empty slot makes the programs drop (fail closed)
 // rather than let the traffic bypass the proxy.
 package bpfprog
