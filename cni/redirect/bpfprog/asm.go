@@ -45,3 +45,23 @@ func assignSlot(symbol, fail string) asm.Instructions {
 		asm.JNE.Imm(asm.R8, 0, fail),
 	}
 }
+
+// jumpIfNotPodIPv6 compares the 16 bytes at addr+off with the pod's IPv6
+// in the Config that cfg points to, a word at a time, and jumps to differ
+// at the first word that differs; it falls through when they are equal.
+// The first instruction carries symbol. It clobbers R2 and R3.
+func jumpIfNotPodIPv6(symbol string, addr asm.Register, off int16, cfg asm.Register, differ string) asm.Instructions {
+	var insns asm.Instructions
+	for i := int16(0); i < 4; i++ {
+		ins := asm.LoadMem(asm.R2, addr, off+4*i, asm.Word)
+		if i == 0 {
+			ins = ins.WithSymbol(symbol)
+		}
+		insns = append(insns,
+			ins,
+			asm.LoadMem(asm.R3, cfg, cfgOffPodIPv6+4*i, asm.Word),
+			asm.JNE.Reg32(asm.R2, asm.R3, differ),
+		)
+	}
+	return insns
+}

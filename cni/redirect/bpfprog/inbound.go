@@ -152,17 +152,7 @@ func InboundSpec() *ebpf.ProgramSpec {
 		asm.Ja.Label("established"),
 	)
 	// IPv6: to the pod, not from the probe source.
-	for i := int16(0); i < 4; i++ {
-		ins := asm.LoadMem(asm.R2, asm.RFP, stackV6Dst+4*i, asm.Word)
-		if i == 0 {
-			ins = ins.WithSymbol("match6")
-		}
-		insns = append(insns,
-			ins,
-			asm.LoadMem(asm.R3, asm.R0, cfgOffPodIPv6+4*i, asm.Word),
-			asm.JNE.Reg32(asm.R2, asm.R3, "next"),
-		)
-	}
+	insns = append(insns, jumpIfNotPodIPv6("match6", asm.RFP, stackV6Dst, asm.R0, "next")...)
 	for i := int16(0); i < 4; i++ {
 		insns = append(insns,
 			asm.LoadMem(asm.R2, asm.RFP, stackTuple+4*i, asm.Word),

@@ -59,17 +59,7 @@ func SkLookupSpec() *ebpf.ProgramSpec {
 		asm.JEq.Imm32(asm.R3, net32([4]byte{0, 0, 0, 1}), "pass"),
 	)
 	// IPv6: the pod's own address passes.
-	for i := int16(0); i < 4; i++ {
-		ins := asm.LoadMem(asm.R2, asm.R6, skcLocalIP6+4*i, asm.Word)
-		if i == 0 {
-			ins = ins.WithSymbol("v6_pod")
-		}
-		insns = append(insns,
-			ins,
-			asm.LoadMem(asm.R3, asm.R7, cfgOffPodIPv6+4*i, asm.Word),
-			asm.JNE.Reg32(asm.R2, asm.R3, "slot"),
-		)
-	}
+	insns = append(insns, jumpIfNotPodIPv6("v6_pod", asm.R6, skcLocalIP6, asm.R7, "slot")...)
 	insns = append(insns,
 		asm.Ja.Label("pass"),
 
