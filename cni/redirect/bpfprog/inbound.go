@@ -177,7 +177,7 @@ func InboundSpec() *ebpf.ProgramSpec {
 		asm.FnSkRelease.Call(),
 		asm.JNE.Imm(asm.R7, tcpListen, "next"),
 
-		asm.Mov.Imm(asm.R9, SlotInbound).WithSymbol("capture"),
+		asm.Mov.Imm(asm.R9, int32(SlotInbound)).WithSymbol("capture"),
 	)
 	insns = append(insns, assignSlot("assign", "drop")...)
 	insns = append(insns,

@@ -6,6 +6,8 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/canopy-mesh/canopy/internal/sockmap"
 )
 
 // Names of the maps in the CollectionSpec, which the programs' instructions
@@ -16,14 +18,15 @@ const (
 )
 
 // Slots of the socks SOCKMAP: which of the proxy's sockets each kind of
-// captured traffic goes to.
+// captured traffic goes to. The node proxy registers its sockets by the
+// same numbers (internal/sockmap), which is where they are defined.
 const (
-	SlotOutbound = 0 // TCP listener on 15001
-	SlotInbound  = 1 // TCP listener on 15006
-	SlotDNSTCP   = 2 // TCP listener on 15053
-	SlotDNSUDP   = 3 // UDP socket on 15053
+	SlotOutbound = int(sockmap.Outbound) // TCP listener on 15001
+	SlotInbound  = int(sockmap.Inbound)  // TCP listener on 15006
+	SlotDNSTCP   = int(sockmap.DNSTCP)   // TCP listener on 15053
+	SlotDNSUDP   = int(sockmap.DNSUDP)   // UDP socket on 15053
 
-	numSlots = 4
+	numSlots = sockmap.Slots
 )
 
 // FlagDNSCapture in Config.Flags makes sk_lookup capture DNS (port 53).

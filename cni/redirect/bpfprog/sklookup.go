@@ -78,15 +78,15 @@ func SkLookupSpec() *ebpf.ProgramSpec {
 		asm.LoadMem(asm.R3, asm.R6, skcProtocol, asm.Word),
 		asm.JEq.Imm(asm.R3, ipprotoUDP, "udp"),
 
-		asm.Mov.Imm(asm.R9, SlotOutbound),
+		asm.Mov.Imm(asm.R9, int32(SlotOutbound)),
 		asm.JNE.Imm(asm.R2, dnsPort, "assign"),
 		asm.JEq.Imm(asm.R8, 0, "assign"),
-		asm.Mov.Imm(asm.R9, SlotDNSTCP),
+		asm.Mov.Imm(asm.R9, int32(SlotDNSTCP)),
 		asm.Ja.Label("assign"),
 
 		asm.JNE.Imm(asm.R2, dnsPort, "pass").WithSymbol("udp"),
 		asm.JEq.Imm(asm.R8, 0, "pass"),
-		asm.Mov.Imm(asm.R9, SlotDNSUDP),
+		asm.Mov.Imm(asm.R9, int32(SlotDNSUDP)),
 	)
 	insns = append(insns, assignSlot("assign", "drop")...)
 	insns = append(insns,
