@@ -27,6 +27,7 @@ import (
 
 	"github.com/canopy-mesh/canopy/internal/cgroup"
 	"github.com/canopy-mesh/canopy/internal/netns"
+	"github.com/canopy-mesh/canopy/internal/sockmap"
 	"github.com/canopy-mesh/canopy/internal/testing/testenv"
 	"github.com/canopy-mesh/canopy/localcluster/kubelet"
 )
@@ -121,6 +122,12 @@ func (u *upper) run(ctx context.Context) error {
 		return err
 	}
 	if err := createBridge(st.Bridge, hostAddr); err != nil {
+		return err
+	}
+	// The CNI agent's eBPF backend pins each pod's programs and maps on the
+	// node's BPF filesystem, which a node's init system mounts at boot and
+	// this machine may lack. It stays mounted after down, as on a node.
+	if err := sockmap.MountBPFFS("/sys/fs/bpf"); err != nil {
 		return err
 	}
 

@@ -289,7 +289,7 @@ func TestBadValuesRejected(t *testing.T) {
 		set  string
 		want string
 	}{
-		{"unknown backend", "cniAgent.backend=ebpf", "/cniAgent/backend"},
+		{"unknown backend", "cniAgent.backend=bpf", "/cniAgent/backend"},
 		{"bad duration", "controller.pushQuiet=fast", "/controller/pushQuiet"},
 		{"misspelt key", "node.certTtl=1h", "certTtl"},
 		{"zero replicas", "controller.replicas=0", "/controller/replicas"},
@@ -422,6 +422,49 @@ func TestSidecarCapture(t *testing.T) {
 		}
 		if !slices.Contains(args, any(tt.want)) {
 			t.Errorf("--set %v: canopy-cni-agent args %v, want %s", tt.set, args, tt.want)
+		}
+	}
+}
+
+// TestEBPFBackend: with the eBPF backend both DaemonSets mount the node's
+// BPF filesystem, the agent's with bidirectional propagation (a BPF
+// filesystem it mounts must outlive it), the proxy's from the host; with
+// the others, neither does.
+func TestEBPFBackend(t *testing.T) {
+	for _, tt := range []struct {
+		backend string
+		want    map[string]string // DaemonSet: propagation of its /sys/fs/bpf mount
+	}{
+		{"nftables", map[string]string{}},
+		{"iptables", map[string]string{}},
+		{"ebpf", map[string]string{"canopy-cni-agent": "Bidirectional", "ztunnel": "HostToContainer"}},
+	} {
+		r := render(t, chart.Options{Namespace: "mesh", Set: []string{"cniAgent.backend=" + tt.backend}})
+		got := map[string]string{}
+		for _, name := range []string{"canopy-cni-agent", "ztunnel"} {
+			ds := object(t, r, "DaemonSet", name)
+			cs, _, _ := unstructured.NestedSlice(ds, "spec", "template", "spec", "containers")
+			mounts, _, _ := unstructured.NestedSlice(cs[0].(map[string]any), "volumeMounts")
+			vols, _, _ := unstructured.NestedSlice(ds, "spec", "template", "spec", "volumes")
+			for _, m := range mounts {
+				m := m.(map[string]any)
+				if m["mountPath"] != "/sys/fs/bpf" {
+					continue
+				}
+				got[name], _ = m["mountPropagation"].(string)
+				found := false
+				for _, v := range vols {
+					v := v.(map[string]any)
+					path, _, _ := unstructured.NestedString(v, "hostPath", "path")
+					found = found || (v["name"] == m["name"] && path == "/sys/fs/bpf")
+				}
+				if !found {
+					t.Errorf("%s %s: the /sys/fs/bpf mount is not the host's /sys/fs/bpf", tt.backend, name)
+				}
+			}
+		}
+		if diff := cmp.Diff(tt.want, got); diff != "" {
+			t.Errorf("backend %s: /sys/fs/bpf mounts (-want +got):\n%s", tt.backend, diff)
 		}
 	}
 }

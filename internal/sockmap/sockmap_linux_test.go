@@ -95,3 +95,30 @@ func TestSlotNames(t *testing.T) {
 		}
 	}
 }
+
+func TestMountBPFFS(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	dir := t.TempDir()
+	if ok, err := IsBPFFS(dir); err != nil || ok {
+		t.Fatalf("IsBPFFS of a temporary directory = %v, %v", ok, err)
+	}
+	if err := MountBPFFS(dir); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(dir, unix.MNT_DETACH)
+	if ok, err := IsBPFFS(dir); err != nil || !ok {
+		t.Fatalf("IsBPFFS after MountBPFFS = %v, %v", ok, err)
+	}
+	// A second call finds the filesystem and mounts nothing over it.
+	if err := MountBPFFS(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Unmount(dir, 0); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := IsBPFFS(dir); err != nil || ok {
+		t.Fatalf("one unmount left a BPF filesystem: %v, %v", ok, err)
+	}
+}
