@@ -1,0 +1,200 @@
+package inpod
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/canopy-mesh/canopy/internal/netns"
+	"github.com/canopy-mesh/canopy/internal/origdst"
+	"github.com/canopy-mesh/canopy/internal/sockmap"
+	"github.com/canopy-mesh/canopy/internal/testing/bpfsteer"
+	"github.com/canopy-mesh/canopy/internal/testing/nettest"
+)
+
+// openSteered opens a proxy's sockets, DNS included, in the netns at path,
+// looking for socket maps under root.
+func openSteered(t *testing.T, path, root string) *Pod {
+	t.Helper()
+	ns, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := OpenWith(ns, Options{DNS: true, BPFRoot: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pod.Close() })
+	return pod
+}
+
+// slots are the cookies in each slot of m, 0 for an empty one.
+func slots(t *testing.T, m *ebpf.Map) map[sockmap.Slot]uint64 {
+	t.Helper()
+	got := map[sockmap.Slot]uint64{}
+	for s := range sockmap.Slot(sockmap.Slots) {
+		c, ok, err := sockmap.Cookie(m, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			got[s] = c
+		}
+	}
+	return got
+}
+
+// cookies are the cookies of the sockets a pod registers, by slot.
+func cookies(t *testing.T, p *Pod) map[sockmap.Slot]uint64 {
+	t.Helper()
+	out := map[sockmap.Slot]uint64{}
+	for s, c := range map[sockmap.Slot]any{
+		sockmap.Outbound: p.Outbound, sockmap.Inbound: p.Inbound,
+		sockmap.DNSTCP: p.DNSTCP[len(p.DNSTCP)-1], sockmap.DNSUDP: p.DNSUDP[len(p.DNSUDP)-1],
+	} {
+		cookie, err := sockmap.SocketCookie(c.(syscall.Conn))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[s] = cookie
+	}
+	return out
+}
+
+// TestListenFillsTheSocketMap: a proxy's Listen puts its sockets in the
+// slots of the pod's map; a second proxy's (an upgrade) takes every slot
+// over; a closed socket leaves its slot.
+func TestListenFillsTheSocketMap(t *testing.T) {
+	nettest.NeedRoot(t)
+	root := bpfsteer.FS(t)
+	pair := nettest.NewDualStackPair(t, netip.MustParsePrefix("10.252.0.0/24"), netip.MustParsePrefix("fd00:252::/64"))
+	m := bpfsteer.PinMap(t, root, pair.A)
+
+	old := openSteered(t, pair.A, root)
+	if !old.SocketMap {
+		t.Fatal("SocketMap is false with a map pinned for the pod")
+	}
+	if diff := cmp.Diff(cookies(t, old), slots(t, m)); diff != "" {
+		t.Errorf("slots after the first proxy's Listen (-its sockets +map):\n%s", diff)
+	}
+	next := openSteered(t, pair.A, root)
+	if diff := cmp.Diff(cookies(t, next), slots(t, m)); diff != "" {
+		t.Errorf("slots after the second proxy's Listen (-its sockets +map):\n%s", diff)
+	}
+	// The old proxy's sockets closing leave the new one's in place.
+	want := cookies(t, next)
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, slots(t, m)); diff != "" {
+		t.Errorf("slots after the old proxy closed (-want +got):\n%s", diff)
+	}
+	if err := next.CloseListeners(); err != nil {
+		t.Fatal(err)
+	}
+	// The TCP listeners leave at once; the detached DNS UDP socket when it
+	// closes, DNSLinger later (Close here).
+	if diff := cmp.Diff(map[sockmap.Slot]uint64{sockmap.DNSUDP: want[sockmap.DNSUDP]}, slots(t, m)); diff != "" {
+		t.Errorf("slots after CloseListeners (-want +got):\n%s", diff)
+	}
+	if err := next.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := slots(t, m); len(got) != 0 {
+		t.Errorf("slots after Close: %v, want none", got)
+	}
+}
+
+// TestListenWithoutASocketMap: a pod without a pinned map (redirected by
+// netfilter), or a proxy told of no BPF root, registers nothing.
+func TestListenWithoutASocketMap(t *testing.T) {
+	nettest.NeedRoot(t)
+	root := bpfsteer.FS(t)
+	pair := nettest.NewPair(t, netip.MustParsePrefix("10.252.1.0/24"))
+	for _, r := range []string{root, ""} {
+		if pod := openSteered(t, pair.A, r); pod.SocketMap {
+			t.Errorf("root %q: SocketMap is true without a map", r)
+		}
+	}
+}
+
+// TestListenFailsOnABadSocketMap: a map the proxy cannot fill fails the
+// pod's Listen, so that the pod is not served by sockets its traffic
+// never reaches.
+func TestListenFailsOnABadSocketMap(t *testing.T) {
+	nettest.NeedRoot(t)
+	root := bpfsteer.FS(t)
+	pair := nettest.NewPair(t, netip.MustParsePrefix("10.252.2.0/24"))
+	// Two slots: an agent that knows no DNS slots.
+	bpfsteer.PinSpec(t, root, pair.A, &ebpf.MapSpec{Type: ebpf.SockMap, KeySize: 4, ValueSize: 8, MaxEntries: 2})
+	ns, err := os.Open(pair.A)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := OpenWith(ns, Options{DNS: true, BPFRoot: root})
+	if err == nil {
+		pod.Close()
+		t.Fatal("Listen succeeded with a socket map that has no DNS slots")
+	}
+	if !strings.Contains(err.Error(), "dns-tcp") {
+		t.Errorf("error %q does not name the slot", err)
+	}
+}
+
+// TestSteeredConnectionsReachTheListeners: with the pod's traffic steered
+// through its socket map, the app's connection to a remote address lands
+// on 15001 with that address as its local one (no NAT: SO_ORIGINAL_DST
+// has nothing), and TCP DNS to any resolver completes its handshake on
+// the DNS listener, for either family: both need IP_TRANSPARENT, and the
+// sockets for both families.
+func TestSteeredConnectionsReachTheListeners(t *testing.T) {
+	nettest.NeedRoot(t)
+	root := bpfsteer.FS(t)
+	pair := nettest.NewDualStackPair(t, netip.MustParsePrefix("10.252.3.0/24"), netip.MustParsePrefix("fd00:252:3::/64"))
+	bpfsteer.Steer(t, root, pair.A, pair.AddrA, pair.AddrA6)
+	pod := openSteered(t, pair.A, root)
+	resolver4, resolver6 := netip.MustParseAddr("10.252.96.10"), netip.MustParseAddr("fd00:252:96::10")
+
+	for _, tc := range []struct {
+		name string
+		to   netip.AddrPort
+		l    net.Listener
+	}{
+		{"outbound IPv4 lands on 15001", netip.AddrPortFrom(pair.AddrB, 80), pod.Outbound},
+		{"outbound IPv6 lands on 15001", netip.AddrPortFrom(pair.AddrB6, 80), pod.Outbound},
+		{"outbound to an address nobody has lands on 15001", netip.AddrPortFrom(netip.MustParseAddr("10.252.200.1"), 443), pod.Outbound},
+		{"IPv4 DNS over TCP lands on 15053", netip.AddrPortFrom(resolver4, 53), pod.DNSTCP[len(pod.DNSTCP)-1]},
+		{"IPv6 DNS over TCP lands on 15053", netip.AddrPortFrom(resolver6, 53), pod.DNSTCP[len(pod.DNSTCP)-1]},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dialed := make(chan error, 1)
+			go func() {
+				dialed <- netns.Do(pair.A, func() error {
+					c, err := net.DialTimeout("tcp", tc.to.String(), 3*time.Second)
+					if err == nil {
+						c.Close()
+					}
+					return err
+				})
+			}()
+			c := accept(t, tc.l)
+			if err := <-dialed; err != nil {
+				t.Fatalf("the app's connection: %v", err)
+			}
+			if got := c.LocalAddr().(*net.TCPAddr).AddrPort(); netip.AddrPortFrom(got.Addr().Unmap(), got.Port()) != tc.to {
+				t.Errorf("local address %v, want the app's destination %v", got, tc.to)
+			}
+			if _, err := origdst.Of(c); !errors.Is(err, syscall.ENOENT) {
+				t.Errorf("SO_ORIGINAL_DST: %v, want ENOENT (nothing NATed)", err)
+			}
+		})
+	}
+}
