@@ -38,6 +38,16 @@ const (
 	Mark         = 0x539
 )
 
+// IsPort reports whether port is one the proxy listens on in every pod
+// (15001, 15006, 15008, 15053).
+func IsPort(port uint16) bool {
+	switch port {
+	case OutboundPort, InboundPort, HBONEPort, DNSPort:
+		return true
+	}
+	return false
+}
+
 // ErrClosed is a dial from a Pod already closed.
 var ErrClosed = errors.New("pod closed")
 
@@ -475,6 +485,46 @@ func (p *Pod) DialFrom(ctx context.Context, src netip.Addr, network, addr string
 		return err
 	})
 	return c, err
+}
+
+// Owns reports whether addr is an address of the pod's namespace (its own
+// or loopback): whether the kernel lets a socket there bind it without
+// IP_TRANSPARENT. It enters the namespace: ask it on rare paths only.
+func (p *Pod) Owns(addr netip.Addr) (bool, error) {
+	addr = addr.Unmap()
+	if addr.IsLoopback() {
+		return true, nil
+	}
+	var family int
+	var sa unix.Sockaddr
+	switch {
+	case addr.Is4():
+		family, sa = unix.AF_INET, &unix.SockaddrInet4{Addr: addr.As4()}
+	case addr.Is6():
+		family, sa = unix.AF_INET6, &unix.SockaddrInet6{Addr: addr.As16()}
+	default:
+		return false, fmt.Errorf("owns %v: not an address", addr)
+	}
+	var owns bool
+	err := p.in(func() error {
+		fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("probe socket: %w", err)
+		}
+		defer unix.Close(fd)
+		switch err := unix.Bind(fd, sa); {
+		case err == nil:
+			owns = true
+		case errors.Is(err, unix.EADDRNOTAVAIL):
+		default:
+			return fmt.Errorf("probe bind to %s: %w", addr, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("in pod netns: %w", err)
+	}
+	return owns, nil
 }
 
 // udpBatch is how many UDP sockets one entry into the namespace makes.
