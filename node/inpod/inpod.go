@@ -730,11 +730,17 @@ func detach(pc net.PacketConn) error {
 		return err
 	}
 	var sa unix.Sockaddr
-	if ip4 := own.IP.To4(); ip4 != nil {
+	switch ip4 := own.IP.To4(); {
+	case ip4 != nil:
 		sa4 := &unix.SockaddrInet4{Port: own.Port}
 		copy(sa4.Addr[:], ip4)
 		sa = sa4
-	} else {
+	case own.IP.IsUnspecified():
+		// The socket for both families (listenDNS) is bound to no
+		// address: 127.0.0.1, v4-mapped, is one of its own, and there
+		// whether or not the pod has IPv6.
+		sa = &unix.SockaddrInet6{Port: own.Port, Addr: netip.AddrFrom4([4]byte{127, 0, 0, 1}).As16()}
+	default:
 		sa6 := &unix.SockaddrInet6{Port: own.Port}
 		copy(sa6.Addr[:], own.IP.To16())
 		sa = sa6

@@ -2,6 +2,7 @@ package inpod
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"github.com/canopy-mesh/canopy/internal/origdst"
 	"github.com/canopy-mesh/canopy/internal/sockmap"
 	"github.com/canopy-mesh/canopy/internal/testing/bpfsteer"
+	"github.com/canopy-mesh/canopy/internal/testing/ci"
 	"github.com/canopy-mesh/canopy/internal/testing/nettest"
 )
 
@@ -196,5 +198,106 @@ func TestSteeredConnectionsReachTheListeners(t *testing.T) {
 				t.Errorf("SO_ORIGINAL_DST: %v, want ENOENT (nothing NATed)", err)
 			}
 		})
+	}
+}
+
+// TestSteeredHandOverLosesNothing is an upgrade of a pod redirected by
+// eBPF: the new proxy's Listen takes the slots over while the old proxy
+// still serves, queries and connections queue on both (the slot's socket
+// shares its SO_REUSEPORT group with the old one's), and the old proxy
+// closes its listeners. Every query is answered, those that came later by
+// the new proxy only, and every queued connection is served (with
+// tcp_migrate_req, as the agent sets it).
+func TestSteeredHandOverLosesNothing(t *testing.T) {
+	nettest.NeedRoot(t)
+	if _, err := os.Stat(migrateSysctl); err != nil {
+		ci.Unavailable(t, "the kernel has no net.ipv4.tcp_migrate_req (Linux 5.14)")
+	}
+	root := bpfsteer.FS(t)
+	pair := nettest.NewPair(t, netip.MustParsePrefix("10.252.4.0/24"))
+	bpfsteer.Steer(t, root, pair.A, pair.AddrA)
+	nettest.In(t, pair.A, func() (struct{}, error) { return struct{}{}, os.WriteFile(migrateSysctl, []byte("1"), 0o644) })
+	old := openSteered(t, pair.A, root)
+	next := openSteered(t, pair.A, root)
+	resolver := "10.252.96.10:53"
+
+	// Nobody reads or accepts yet: it all queues. Each query from a
+	// socket of its own (a resolver's new source port), unconnected: the
+	// test's answers come from the proxy's socket, not from the server.
+	const n = 32
+	type client struct {
+		pc   net.PacketConn
+		what string
+	}
+	ask := func(what string) []client {
+		var cs []client
+		for i := range n {
+			pc := nettest.In(t, pair.A, func() (net.PacketConn, error) { return net.ListenPacket("udp4", pair.AddrA.String()+":0") })
+			t.Cleanup(func() { pc.Close() })
+			msg := fmt.Sprintf("%s-%d", what, i)
+			if _, err := pc.WriteTo([]byte(msg), net.UDPAddrFromAddrPort(netip.MustParseAddrPort(resolver))); err != nil {
+				t.Fatal(err)
+			}
+			cs = append(cs, client{pc, msg})
+		}
+		return cs
+	}
+	var conns []net.Conn
+	for range n {
+		c := nettest.In(t, pair.A, func() (net.Conn, error) { return net.DialTimeout("tcp4", pair.AddrB.String()+":80", 3*time.Second) })
+		t.Cleanup(func() { c.Close() })
+		conns = append(conns, c)
+	}
+	before := ask("before")
+	if err := old.CloseListeners(); err != nil {
+		t.Fatal(err)
+	}
+	after := ask("after")
+
+	answer := func(pc net.PacketConn, who string) {
+		buf := make([]byte, 64)
+		for {
+			m, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo([]byte(who+":"+string(buf[:m])), from)
+		}
+	}
+	go answer(old.DNSUDP[len(old.DNSUDP)-1], "old")
+	go answer(next.DNSUDP[len(next.DNSUDP)-1], "new")
+	go func() {
+		for {
+			c, err := next.Outbound.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("x"))
+			c.Close()
+		}
+	}()
+
+	var fromOld int
+	for _, c := range append(before, after...) {
+		buf := make([]byte, 64)
+		_ = c.pc.SetReadDeadline(time.Now().Add(3 * time.Second))
+		m, _, err := c.pc.ReadFrom(buf)
+		if err != nil {
+			t.Fatalf("query %s got no answer: %v", c.what, err)
+		}
+		got := string(buf[:m])
+		if strings.HasPrefix(got, "old:") {
+			fromOld++
+			if strings.Contains(got, "after") {
+				t.Errorf("a query sent after the old proxy detached reached it: %q", got)
+			}
+		}
+	}
+	t.Logf("%d of %d queries queued on the old proxy's socket, all answered", fromOld, n)
+	for i, c := range conns {
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Read(make([]byte, 1)); err != nil {
+			t.Errorf("queued connection %d: %v", i, err)
+		}
 	}
 }
