@@ -20,8 +20,8 @@ import (
 // rewrites the answer's source as for a REDIRECTed query.
 //
 // The DNS library serves it as any net.PacketConn: ReadFrom returns the
-// client and the destination together (*steeredQuery), which the library hands
-// back to WriteTo with the answer.
+// client and the destination together (*steeredQuery), which the library
+// hands back to WriteTo with the answer.
 type steeredConn struct {
 	*net.UDPConn
 	// own is the socket's address: a query sent to it is answered from it.
