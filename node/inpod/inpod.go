@@ -205,8 +205,8 @@ func (p *Pod) socketMap(root string) (*ebpf.Map, error) {
 // 15001 and the DNS TCP listener take connections to addresses the pod
 // does not own (the app's remote destination, its resolver):
 // IP_TRANSPARENT lets their SYN-ACK leave from there, which the kernel
-// refuses otherwise. 15006 takes connections to the pod's own address and
-// needs nothing. The DNS UDP socket reports each query's destination
+// refuses otherwise for IPv4 (IPv6 needs no flag). 15006 takes
+// connections to the pod's own address and needs nothing. The DNS UDP socket reports each query's destination
 // (IP_RECVORIGDSTADDR), which its answer must come from.
 func (p *Pod) register(m *ebpf.Map) error {
 	type slotSocket struct {
@@ -341,10 +341,12 @@ func (p *Pod) AnotherProxyListens() (bool, error) {
 // whatever their family, which none of those can take: an IPv4 socket
 // takes no IPv6, and the kernel makes an IPv6 socket bound to ::1 IPv6
 // only. So a steered pod gets one more of each, last: IPv6 with
-// IPV6_V6ONLY off on [::]:15053, bound to lo (SO_BINDTODEVICE) so that
-// of what the kernel delivers by itself it takes only what the pod sends
-// itself: the pod's network cannot reach it. Where the kernel has no
-// IPv6, 127.0.0.1's sockets are the last, and the pod has no IPv6 DNS.
+// IPV6_V6ONLY off on [::]:15053, bound to the loopback device
+// (SO_BINDTODEVICE). Of what the kernel delivers by itself, that takes
+// only datagrams and connections to a loopback address, which the
+// 127.0.0.1 and ::1 sockets take first: neither the pod's network nor
+// the pod at its own address reaches it. Where the kernel has no IPv6,
+// 127.0.0.1's sockets are the last, and the pod has no IPv6 DNS.
 func (p *Pod) listenDNS(steered bool) error {
 	type bind struct {
 		ip           string
