@@ -13,6 +13,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/google/go-cmp/cmp"
+	"golang.org/x/sys/unix"
 
 	"github.com/canopy-mesh/canopy/internal/netns"
 	"github.com/canopy-mesh/canopy/internal/origdst"
@@ -299,5 +300,51 @@ func TestSteeredHandOverLosesNothing(t *testing.T) {
 		if _, err := c.Read(make([]byte, 1)); err != nil {
 			t.Errorf("queued connection %d: %v", i, err)
 		}
+	}
+}
+
+// TestTransparentOnlyWhereNeeded: IP_TRANSPARENT is on the sockets that
+// accept connections to addresses the pod does not own (a steered pod's
+// 15001 and DNS TCP listener), and on no other.
+func TestTransparentOnlyWhereNeeded(t *testing.T) {
+	nettest.NeedRoot(t)
+	root := bpfsteer.FS(t)
+	pair := nettest.NewDualStackPair(t, netip.MustParsePrefix("10.252.5.0/24"), netip.MustParsePrefix("fd00:252:5::/64"))
+	bpfsteer.PinMap(t, root, pair.A)
+	transparent := func(l net.Listener) bool {
+		t.Helper()
+		raw, err := l.(syscall.Conn).SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v int
+		var serr error
+		if err := raw.Control(func(fd uintptr) {
+			if l.Addr().(*net.TCPAddr).IP.To4() != nil {
+				v, serr = unix.GetsockoptInt(int(fd), unix.SOL_IP, unix.IP_TRANSPARENT)
+			} else {
+				v, serr = unix.GetsockoptInt(int(fd), unix.SOL_IPV6, unix.IPV6_TRANSPARENT)
+			}
+		}); err != nil || serr != nil {
+			t.Fatal(err, serr)
+		}
+		return v == 1
+	}
+	listeners := func(p *Pod) map[string]bool {
+		out := map[string]bool{"15001": transparent(p.Outbound), "15006": transparent(p.Inbound), "15008": transparent(p.HBONE)}
+		for _, l := range p.DNSTCP {
+			out["dns "+l.Addr().String()] = transparent(l)
+		}
+		return out
+	}
+	steered := openSteered(t, pair.A, root)
+	if diff := cmp.Diff(map[string]bool{"15001": true, "15006": false, "15008": false,
+		"dns 127.0.0.1:15053": false, "dns [::1]:15053": false, "dns [::]:15053": true}, listeners(steered)); diff != "" {
+		t.Errorf("IP_TRANSPARENT of a steered pod's listeners (-want +got):\n%s", diff)
+	}
+	plain := openSteered(t, pair.B, root)
+	if diff := cmp.Diff(map[string]bool{"15001": false, "15006": false, "15008": false,
+		"dns 127.0.0.1:15053": false, "dns [::1]:15053": false}, listeners(plain)); diff != "" {
+		t.Errorf("IP_TRANSPARENT of a netfilter pod's listeners (-want +got):\n%s", diff)
 	}
 }
