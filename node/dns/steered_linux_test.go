@@ -200,3 +200,52 @@ func TestSteeredDNSSocketIsThePodsOwn(t *testing.T) {
 		}
 	}
 }
+
+// TestSteeredAnswersFromTwoProxies: during an upgrade two proxies serve a
+// steered pod and both answer queries to the same server, each from a
+// socket bound to it (SO_REUSEADDR lets both bind it).
+func TestSteeredAnswersFromTwoProxies(t *testing.T) {
+	nettest.NeedRoot(t)
+	pair := nettest.NewPair(t, netip.MustParsePrefix("10.254.5.0/24"))
+	tbl := table(t, service("demo", "echo.demo.svc.cluster.local", "10.96.0.10"))
+	root := bpfsteer.FS(t)
+	bpfsteer.Steer(t, root, pair.A, pair.AddrA)
+	var servers []*Server
+	for range 2 {
+		ns, err := os.Open(pair.A)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pod, err := inpod.OpenWith(ns, inpod.Options{DNS: true, BPFRoot: root})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pod.Close() })
+		reg := prometheus.NewRegistry()
+		s, err := New(Config{Table: tbl, Registerer: reg, Upstreams: func(*inpod.Pod) (Upstream, error) { return Upstream{}, errors.New("none") }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.ServePod(pod, &workloadapi.Workload{Uid: "pod-1", Namespace: "demo", Name: "client"})
+		servers = append(servers, s)
+	}
+	server := netip.MustParseAddrPort("10.254.96.10:53")
+	for i := range 32 {
+		// A new client socket, so a new source port, each time: the
+		// kernel spreads them over both proxies' sockets.
+		if r, err := exchange(t, pair.A, "udp", server, query("echo.demo.svc.cluster.local.", mdns.TypeA)); err != nil || len(r.Answer) != 1 {
+			t.Fatalf("query %d: %v, %v", i, r, err)
+		}
+	}
+	for i, s := range servers {
+		s.mu.Lock()
+		ps := s.pods["demo/client"]
+		s.mu.Unlock()
+		ps.replies.mu.Lock()
+		n := len(ps.replies.socks)
+		ps.replies.mu.Unlock()
+		if n != 1 {
+			t.Errorf("proxy %d answered from %d sockets, want 1 (each proxy answered some)", i, n)
+		}
+	}
+}
