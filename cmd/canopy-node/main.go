@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -30,6 +31,7 @@ import (
 
 	"github.com/canopy-mesh/canopy/internal/cmdmain"
 	"github.com/canopy-mesh/canopy/internal/httpserve"
+	"github.com/canopy-mesh/canopy/internal/sockmap"
 	"github.com/canopy-mesh/canopy/internal/version"
 	"github.com/canopy-mesh/canopy/internal/workloadtable"
 	"github.com/canopy-mesh/canopy/internal/xdsclient"
@@ -38,6 +40,7 @@ import (
 	"github.com/canopy-mesh/canopy/node/configdump"
 	"github.com/canopy-mesh/canopy/node/dns"
 	"github.com/canopy-mesh/canopy/node/identity"
+	"github.com/canopy-mesh/canopy/node/inpod"
 	"github.com/canopy-mesh/canopy/node/pods"
 	"github.com/canopy-mesh/canopy/node/proxy"
 	"github.com/canopy-mesh/canopy/node/trustbundle"
@@ -59,13 +62,16 @@ type config struct {
 	dnsProxy                  bool
 	clusterDomain, resolvConf string
 	dnsLimits                 dns.Limits
-	limits                    proxy.Limits
-	rootReload                time.Duration
-	adminAddr, metricsAddr    string
-	readyAddr                 string
-	certTTL, drain            time.Duration
-	logLevel                  slog.Level
-	roots                     []*x509.Certificate
+	// bpfRoot is where the CNI agent pins the socket maps of pods it
+	// redirects with eBPF; empty: none is looked for.
+	bpfRoot                string
+	limits                 proxy.Limits
+	rootReload             time.Duration
+	adminAddr, metricsAddr string
+	readyAddr              string
+	certTTL, drain         time.Duration
+	logLevel               slog.Level
+	roots                  []*x509.Certificate
 }
 
 func env(names ...string) string {
@@ -109,6 +115,7 @@ func parseFlags(args []string) (config, error) {
 	c.dnsLimits = dns.DefaultLimits()
 	fs.IntVar(&c.dnsLimits.MaxInFlight, "dns-max-in-flight", c.dnsLimits.MaxInFlight, "DNS queries of one pod handled at once; past it UDP queries are dropped")
 	fs.IntVar(&c.dnsLimits.MaxTCPConns, "dns-max-tcp-connections", c.dnsLimits.MaxTCPConns, "DNS TCP connections one pod may hold open")
+	fs.StringVar(&c.bpfRoot, "bpf-root", sockmap.DefaultRoot, "where the CNI agent pins the socket maps of the pods it redirects with eBPF (a BPF filesystem mounted from the node); the proxy puts its listeners in a pod's map when there is one; empty: every pod is taken as redirected by netfilter")
 	def := proxy.DefaultLimits()
 	c.limits = def // fields without a flag keep their defaults
 	fs.IntVar(&c.limits.MaxConnections, "max-connections", def.MaxConnections, "accepted connections held open at once, node-wide; more are closed at once")
@@ -183,6 +190,9 @@ func parseFlags(args []string) (config, error) {
 			return c, errors.New("--dns-proxy needs the whole table: not with --on-demand")
 		}
 		c.dnsProxy = false
+	}
+	if c.bpfRoot != "" && !filepath.IsAbs(c.bpfRoot) {
+		return c, fmt.Errorf("--bpf-root %q must be an absolute path (or empty)", c.bpfRoot)
 	}
 	if c.limits.MaxConnections <= 0 || c.limits.MaxConnectionsPerPod <= 0 || c.limits.HBONE.MaxStreams <= 0 {
 		return c, errors.New("--max-connections, --max-connections-per-pod and --hbone-max-streams must be positive")
@@ -264,7 +274,19 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		px.OnDemand, px.LookupTimeout = xc, cfg.lookupTimeout
 	}
 	defer px.Close()
-	set := &pods.Set{Node: cfg.nodeName, Workloads: table, Certs: certs, Server: px, Log: log, ClusterID: cfg.clusterID, TrustDomain: cfg.trustDomain}
+	set := &pods.Set{Node: cfg.nodeName, Workloads: table, Certs: certs, Server: px, Log: log, ClusterID: cfg.clusterID, TrustDomain: cfg.trustDomain,
+		Sockets: inpod.Options{BPFRoot: cfg.bpfRoot}}
+	if cfg.bpfRoot != "" {
+		// Not an error: an agent that redirects with netfilter pins
+		// nothing, and each pod's map is looked for when it is served.
+		// But a pod the agent redirects with eBPF while the proxy cannot
+		// see its pins (no BPF filesystem mounted from the node) is
+		// served by listeners its traffic never reaches: say where the
+		// proxy looks.
+		if _, err := os.Stat(cfg.bpfRoot); err != nil {
+			log.Info("BPF root not there (yet): pods are taken as redirected by netfilter until their socket map is", "bpf_root", cfg.bpfRoot, "err", err)
+		}
+	}
 	var dnsView func(string, []*workloadapi.Service) (configdump.DNSView, bool)
 	if cfg.dnsProxy {
 		resolvers := dns.Resolvers{Fallback: cfg.resolvConf, MaxInFlight: cfg.dnsLimits.MaxInFlight, Log: log}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/canopy-mesh/canopy/ca/pki"
+	"github.com/canopy-mesh/canopy/internal/sockmap"
 	"github.com/canopy-mesh/canopy/node/dns"
 	"github.com/canopy-mesh/canopy/node/proxy"
 )
@@ -37,6 +38,12 @@ func TestParseFlags(t *testing.T) {
 	if !c.dnsProxy || c.clusterDomain != "cluster.local" || c.dnsLimits != dns.DefaultLimits() {
 		t.Errorf("DNS defaults: proxy %v, domain %q, limits %+v", c.dnsProxy, c.clusterDomain, c.dnsLimits)
 	}
+	if c.bpfRoot != sockmap.DefaultRoot {
+		t.Errorf("--bpf-root defaults to %q, want %q", c.bpfRoot, sockmap.DefaultRoot)
+	}
+	if c, err := parseFlags(append(append([]string{}, base...), "--bpf-root=")); err != nil || c.bpfRoot != "" {
+		t.Errorf("--bpf-root= : %q, %v; want empty (no socket maps)", c.bpfRoot, err)
+	}
 	// On demand, the table is too partial to answer from: DNS is off
 	// unless asked for, which is an error.
 	if c, err := parseFlags(append(append([]string{}, base...), "--on-demand")); err != nil || c.dnsProxy {
@@ -64,6 +71,7 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--hbone-idle-timeout=0s"}, "--hbone-idle-timeout must be positive"},
 		{[]string{"--dns-max-in-flight=0"}, "--dns-max-in-flight"},
 		{[]string{"--on-demand", "--dns-proxy"}, "not with --on-demand"},
+		{[]string{"--bpf-root=sys/fs/bpf"}, "--bpf-root"},
 	} {
 		if _, err := parseFlags(append(append([]string{}, base...), tt.extra...)); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("parseFlags(%v) = %v, want an error containing %q", tt.extra, err, tt.want)

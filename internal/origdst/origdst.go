@@ -1,16 +1,64 @@
-// Package origdst reads where a connection redirected by netfilter
-// (REDIRECT to the node proxy's listeners) was originally going, for IPv4
-// and IPv6 connections alike.
+// Package origdst reads where a connection captured for the node proxy was
+// originally going, for IPv4 and IPv6 connections alike: the conntrack
+// entry of one redirected by netfilter (REDIRECT to the proxy's
+// listeners), or the local address of one handed to the listener unNATed
+// (the CNI agent's eBPF redirection, a TPROXY).
 package origdst
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 
 	"golang.org/x/sys/unix"
 )
+
+// ErrOwnListener is a connection made to one of the proxy's own listeners
+// rather than redirected to it: it has no destination but the proxy.
+var ErrOwnListener = errors.New("connection to the proxy's own listener, not redirected to it")
+
+// Destination returns where a captured connection was going: its
+// original destination where netfilter NATed it (Of), else its local
+// address, as a connection the redirection handed over unNATed keeps the
+// destination the client asked for. own reports whether a local address
+// is one of the proxy's own listeners (its ports on the pod's addresses
+// or loopback): a connection whose local address is one was not
+// redirected but made to the listener itself, and is refused with
+// ErrOwnListener, as the proxy would otherwise connect to itself.
+func Destination(c net.Conn, own func(netip.AddrPort) bool) (netip.AddrPort, error) {
+	orig, err := Of(c)
+	var local netip.AddrPort
+	if tc, ok := c.LocalAddr().(*net.TCPAddr); ok {
+		local = tc.AddrPort()
+	}
+	return Decide(orig, err, local, own)
+}
+
+// Decide is Destination's choice, from what Of returned (orig, err) and
+// the connection's local address.
+//
+// Only "no entry" falls back to the local address: ENOENT, conntrack has
+// no entry for the connection (nothing NATed it; the eBPF redirection
+// involves no conntrack), or ENOPROTOOPT, the kernel has no conntrack at
+// all (nothing can have NATed it). Any other error is the connection's.
+func Decide(orig netip.AddrPort, err error, local netip.AddrPort, own func(netip.AddrPort) bool) (netip.AddrPort, error) {
+	if err == nil {
+		return orig, nil
+	}
+	if !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOPROTOOPT) {
+		return netip.AddrPort{}, err
+	}
+	if !local.IsValid() {
+		return netip.AddrPort{}, fmt.Errorf("no original destination (%w) and no local address", err)
+	}
+	local = netip.AddrPortFrom(local.Addr().Unmap(), local.Port())
+	if own(local) {
+		return netip.AddrPort{}, fmt.Errorf("%w: %s", ErrOwnListener, local)
+	}
+	return local, nil
+}
 
 // ip6tSOOriginalDst is IP6T_SO_ORIGINAL_DST (linux/netfilter_ipv6/ip6_tables.h),
 // which x/sys/unix does not name: the IPv6 twin of SO_ORIGINAL_DST, asked at
@@ -22,9 +70,9 @@ const ip6tSOOriginalDst = 80
 // proxy's listeners are dual-stack, so an IPv4 connection arrives with
 // v4-mapped addresses and still has only an IPv4 conntrack entry.
 //
-// Only REDIRECT (a NAT) leaves an original destination behind; a socket
-// that took a connection through TPROXY would find it in its local address
-// instead, and the in-pod rules use REDIRECT for both families.
+// Only REDIRECT (a NAT) leaves an original destination behind; a
+// connection handed over unNATed has none (ENOENT) and its destination in
+// its local address: see Destination.
 func Of(c net.Conn) (netip.AddrPort, error) {
 	tc, ok := c.(*net.TCPConn)
 	if !ok {

@@ -1,6 +1,9 @@
 // Package dns is the node proxy's DNS server (docs/wire-contract.md §4.6): one
 // per served pod, inside the pod's network namespace on 127.0.0.1:15053 and
-// [::1]:15053, UDP and TCP, where the pod's redirection sends its DNS.
+// [::1]:15053, UDP and TCP, where the pod's redirection sends its DNS (and,
+// for a pod the CNI agent redirects with eBPF, on the sockets in its socket
+// map, which get the queries unNATed: each UDP answer is sent from the
+// server address the query was sent to; see steeredConn).
 //
 // It answers A and AAAA for the mesh's names itself (package authority:
 // Kubernetes Services, ServiceEntry hosts and their allocated addresses, as

@@ -171,6 +171,9 @@ func (s *Server) ServePod(pod *inpod.Pod, self *workloadapi.Workload) {
 	}
 	p := &podServer{s: s, pod: pod, self: self, inFlight: make(chan struct{}, s.lim.MaxInFlight)}
 	key := self.GetNamespace() + "/" + self.GetName()
+	if pod.SocketMap {
+		p.replies = &replySockets{open: pod.ListenTransparentUDP, log: s.log.With("pod", key)}
+	}
 	s.mu.Lock()
 	if s.pods == nil {
 		s.pods = map[string]*podServer{}
@@ -180,6 +183,9 @@ func (s *Server) ServePod(pod *inpod.Pod, self *workloadapi.Workload) {
 	p.serving.Add(len(pod.DNSUDP) + len(pod.DNSTCP))
 	go func() {
 		p.serving.Wait()
+		if p.replies != nil {
+			p.replies.close()
+		}
 		s.mu.Lock()
 		if s.pods[key] == p {
 			delete(s.pods, key)
@@ -187,6 +193,11 @@ func (s *Server) ServePod(pod *inpod.Pod, self *workloadapi.Workload) {
 		s.mu.Unlock()
 	}()
 	for _, pc := range pod.DNSUDP {
+		if uc, ok := pc.(*net.UDPConn); ok && p.replies != nil {
+			// Queries come unNATed: each is answered from where it was
+			// sent (steeredConn).
+			pc = newSteeredConn(uc, p.replies)
+		}
 		srv := &mdns.Server{PacketConn: pc, Handler: p.handler("udp"), UDPSize: maxUDPQuery}
 		go p.run(srv, pc.LocalAddr())
 	}
@@ -221,6 +232,9 @@ type podServer struct {
 	inFlight chan struct{}
 	// serving counts the sockets still served.
 	serving sync.WaitGroup
+	// replies answer the queries of a pod redirected by eBPF; nil for
+	// one redirected by netfilter.
+	replies *replySockets
 
 	mu sync.Mutex
 	up Upstream

@@ -4,6 +4,10 @@
 // 15053 for DNS on the pod's loopback (UDP and TCP); every socket marked
 // 0x539 so the pod's redirection rules let the proxy's own traffic pass. The
 // namespace comes from the CNI agent over ZDS, never from a guess.
+//
+// A pod redirected by the agent's eBPF programs rather than by netfilter
+// has a socket map pinned for it (internal/sockmap): Listen puts the
+// sockets in it, and the programs hand the pod's traffic to them unNATed.
 package inpod
 
 import (
@@ -18,9 +22,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/canopy-mesh/canopy/internal/netns"
+	"github.com/canopy-mesh/canopy/internal/sockmap"
 )
 
 // Ports and mark (wire contract §4.1).
@@ -31,6 +37,16 @@ const (
 	DNSPort      = 15053
 	Mark         = 0x539
 )
+
+// IsPort reports whether port is one the proxy listens on in every pod
+// (15001, 15006, 15008, 15053).
+func IsPort(port uint16) bool {
+	switch port {
+	case OutboundPort, InboundPort, HBONEPort, DNSPort:
+		return true
+	}
+	return false
+}
 
 // ErrClosed is a dial from a Pod already closed.
 var ErrClosed = errors.New("pod closed")
@@ -44,6 +60,13 @@ type Pod struct {
 	// loopback has IPv6, on [::1]; empty unless Options.DNS.
 	DNSUDP []net.PacketConn
 	DNSTCP []net.Listener
+
+	// SocketMap is set by Listen when the pod has a socket map: its
+	// traffic reaches these sockets through the CNI agent's eBPF
+	// programs, unNATed, so a connection's local address and a DNS
+	// query's destination are where the app sent them, not the socket's
+	// own address.
+	SocketMap bool
 
 	// mu guards the namespace handle: a dial holds it shared for as long
 	// as it is inside, so that Close never frees the descriptor number
@@ -82,10 +105,15 @@ func mark(_, _ string, c syscall.RawConn) error {
 	return serr
 }
 
-// Options are what Open opens besides the three TCP listeners.
+// Options are what Open opens besides the three TCP listeners, and where
+// it looks for the pod's socket map.
 type Options struct {
 	// DNS opens 15053 (UDP and TCP) on the pod's loopback.
 	DNS bool
+	// BPFRoot is where the CNI agent pins each eBPF-redirected pod's
+	// socket map (sockmap.DefaultRoot on a node); empty looks for none,
+	// as for a pod redirected by netfilter.
+	BPFRoot string
 }
 
 // Open listens inside the namespace; it takes ownership of ns.
@@ -105,10 +133,21 @@ func OpenWith(ns *os.File, opts Options) (*Pod, error) {
 // opens them); it takes ownership of ns.
 func Attach(ns *os.File) *Pod { return &Pod{netns: ns} }
 
-// Listen opens the proxy's listeners in the namespace. On an error the
-// caller closes the Pod, which closes what was opened.
+// Listen opens the proxy's listeners in the namespace and, if the pod has
+// a socket map under opts.BPFRoot, puts them in it (see register). On an
+// error the caller closes the Pod, which closes what was opened: a pod
+// whose map cannot be opened or filled is not served at all, rather than
+// served by sockets its traffic never reaches.
 func (p *Pod) Listen(opts Options) error {
-	err := p.in(func() error {
+	m, err := p.socketMap(opts.BPFRoot)
+	if err != nil {
+		return err
+	}
+	steered := m != nil
+	if steered {
+		defer m.Close() // the map keeps the sockets, not this handle
+	}
+	err = p.in(func() error {
 		for _, l := range []struct {
 			dst  *net.Listener
 			port int
@@ -119,12 +158,129 @@ func (p *Pod) Listen(opts Options) error {
 			}
 		}
 		if opts.DNS {
-			return p.listenDNS()
+			return p.listenDNS(steered)
 		}
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("in pod netns: %w", err)
+	}
+	if !steered {
+		return nil
+	}
+	if err := p.register(m); err != nil {
+		return fmt.Errorf("eBPF redirection: %w", err)
+	}
+	p.SocketMap = true
+	return nil
+}
+
+// socketMap opens the pod's socket map, or returns nil when root is empty
+// or the agent pinned none for the pod.
+func (p *Pod) socketMap(root string) (*ebpf.Map, error) {
+	if root == "" {
+		return nil, nil
+	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.netns == nil {
+		return nil, ErrClosed
+	}
+	m, err := sockmap.Open(root, p.netns)
+	if err != nil {
+		return nil, fmt.Errorf("eBPF redirection: %w", err)
+	}
+	return m, nil
+}
+
+// register readies the sockets the agent's programs hand traffic to and
+// puts each in its slot of m, replacing what the slot held. During an
+// upgrade that is the old proxy's socket: from then on the programs hand
+// new traffic to this proxy's (the kernel may still pick the old one of
+// the SO_REUSEPORT group), and the old one leaves the map by itself when
+// it closes. Every socket is open before the first slot is written, so
+// a pod that cannot be listened in leaves the old proxy's registration
+// as it was.
+//
+// 15001 and the DNS TCP listener take connections to addresses the pod
+// does not own (the app's remote destination, its resolver):
+// IP_TRANSPARENT lets their SYN-ACK leave from there, which the kernel
+// refuses otherwise for IPv4 (IPv6 needs no flag). 15006 takes
+// connections to the pod's own address and needs nothing. The DNS UDP socket reports each query's destination
+// (IP_RECVORIGDSTADDR), which its answer must come from.
+func (p *Pod) register(m *ebpf.Map) error {
+	type slotSocket struct {
+		slot sockmap.Slot
+		c    syscall.Conn
+		prep func(fd int) error
+	}
+	slots := []slotSocket{
+		{sockmap.Outbound, p.Outbound.(syscall.Conn), transparent},
+		{sockmap.Inbound, p.Inbound.(syscall.Conn), nil},
+	}
+	if len(p.DNSTCP) > 0 {
+		// The last DNS sockets are those for both families (listenDNS).
+		slots = append(slots,
+			slotSocket{sockmap.DNSTCP, p.DNSTCP[len(p.DNSTCP)-1].(syscall.Conn), transparent},
+			slotSocket{sockmap.DNSUDP, p.DNSUDP[len(p.DNSUDP)-1].(syscall.Conn), recvOrigDst})
+	}
+	for _, s := range slots {
+		if s.prep == nil {
+			continue
+		}
+		raw, err := s.c.SyscallConn()
+		if err != nil {
+			return fmt.Errorf("%s socket: %w", s.slot, err)
+		}
+		var serr error
+		if err := raw.Control(func(fd uintptr) { serr = s.prep(int(fd)) }); err != nil {
+			return fmt.Errorf("%s socket: %w", s.slot, err)
+		}
+		if serr != nil {
+			return fmt.Errorf("%s socket: %w", s.slot, serr)
+		}
+	}
+	for _, s := range slots {
+		if err := sockmap.Register(m, s.slot, s.c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// transparent sets IP_TRANSPARENT, or IPV6_TRANSPARENT on an IPv6
+// socket (the same flag, which then covers its IPv4 traffic too).
+func transparent(fd int) error {
+	domain, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
+	if err != nil {
+		return fmt.Errorf("SO_DOMAIN: %w", err)
+	}
+	if domain == unix.AF_INET6 {
+		err = unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_TRANSPARENT, 1)
+	} else {
+		err = unix.SetsockoptInt(fd, unix.SOL_IP, unix.IP_TRANSPARENT, 1)
+	}
+	if err != nil {
+		return fmt.Errorf("IP_TRANSPARENT: %w", err)
+	}
+	return nil
+}
+
+// recvOrigDst asks for each datagram's destination address and port: an
+// IPv6 socket taking both families reports its IPv4 datagrams' at the
+// IPv4 level (IP_ORIGDSTADDR) and its IPv6 ones' at the IPv6 level.
+func recvOrigDst(fd int) error {
+	domain, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
+	if err != nil {
+		return fmt.Errorf("SO_DOMAIN: %w", err)
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_IP, unix.IP_RECVORIGDSTADDR, 1); err != nil {
+		return fmt.Errorf("IP_RECVORIGDSTADDR: %w", err)
+	}
+	if domain == unix.AF_INET6 {
+		if err := unix.SetsockoptInt(fd, unix.SOL_IPV6, unix.IPV6_RECVORIGDSTADDR, 1); err != nil {
+			return fmt.Errorf("IPV6_RECVORIGDSTADDR: %w", err)
+		}
 	}
 	return nil
 }
@@ -180,14 +336,34 @@ func (p *Pod) AnotherProxyListens() (bool, error) {
 // skipped where the namespace has no IPv6 loopback (IPv6 disabled, or a
 // kernel without it): its pods send no IPv6 DNS to capture. Called inside
 // the namespace.
-func (p *Pod) listenDNS() error {
-	for _, a := range []struct {
-		ip         string
-		udp, tcp   string
-		optionalV6 bool
-	}{{"127.0.0.1", "udp4", "tcp4", false}, {"::1", "udp6", "tcp6", true}} {
+//
+// A steered pod's queries are handed to one socket of each protocol
+// whatever their family, which none of those can take: an IPv4 socket
+// takes no IPv6, and the kernel makes an IPv6 socket bound to ::1 IPv6
+// only. So a steered pod gets one more of each, last: IPv6 with
+// IPV6_V6ONLY off on [::]:15053, bound to the loopback device
+// (SO_BINDTODEVICE). Of what the kernel delivers by itself, that takes
+// only datagrams and connections to a loopback address, which the
+// 127.0.0.1 and ::1 sockets take first: neither the pod's network nor
+// the pod at its own address reaches it. Where the kernel has no IPv6,
+// 127.0.0.1's sockets are the last, and the pod has no IPv6 DNS.
+func (p *Pod) listenDNS(steered bool) error {
+	type bind struct {
+		ip           string
+		udp, tcp     string
+		optionalV6   bool
+		dualLoopback bool
+	}
+	binds := []bind{{"127.0.0.1", "udp4", "tcp4", false, false}, {"::1", "udp6", "tcp6", true, false}}
+	if steered {
+		binds = append(binds, bind{"::", "udp6", "tcp6", true, true})
+	}
+	for _, a := range binds {
 		addr := net.JoinHostPort(a.ip, fmt.Sprint(DNSPort))
-		lc := listenConfig(false)
+		lc := listenConfig(a.dualLoopback)
+		if a.dualLoopback {
+			lc = onLoopback(lc)
+		}
 		pc, err := lc.ListenPacket(context.Background(), a.udp, addr)
 		if a.optionalV6 && (errors.Is(err, unix.EADDRNOTAVAIL) || errors.Is(err, unix.EAFNOSUPPORT)) {
 			continue
@@ -203,6 +379,29 @@ func (p *Pod) listenDNS() error {
 		p.DNSTCP = append(p.DNSTCP, l)
 	}
 	return nil
+}
+
+// onLoopback binds lc's sockets to the loopback device, on top of its
+// other settings.
+func onLoopback(lc *net.ListenConfig) *net.ListenConfig {
+	ctl := lc.Control
+	out := *lc
+	out.Control = func(network, address string, c syscall.RawConn) error {
+		if err := ctl(network, address, c); err != nil {
+			return err
+		}
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptString(int(fd), unix.SOL_SOCKET, unix.SO_BINDTODEVICE, "lo")
+		}); err != nil {
+			return err
+		}
+		if serr != nil {
+			return fmt.Errorf("SO_BINDTODEVICE lo: %w", serr)
+		}
+		return nil
+	}
+	return &out
 }
 
 // listen opens a wildcard listener on port for both families: one AF_INET6
@@ -290,6 +489,46 @@ func (p *Pod) DialFrom(ctx context.Context, src netip.Addr, network, addr string
 	return c, err
 }
 
+// Owns reports whether addr is an address of the pod's namespace (its own
+// or loopback): whether the kernel lets a socket there bind it without
+// IP_TRANSPARENT. It enters the namespace: ask it on rare paths only.
+func (p *Pod) Owns(addr netip.Addr) (bool, error) {
+	addr = addr.Unmap()
+	if addr.IsLoopback() {
+		return true, nil
+	}
+	var family int
+	var sa unix.Sockaddr
+	switch {
+	case addr.Is4():
+		family, sa = unix.AF_INET, &unix.SockaddrInet4{Addr: addr.As4()}
+	case addr.Is6():
+		family, sa = unix.AF_INET6, &unix.SockaddrInet6{Addr: addr.As16()}
+	default:
+		return false, fmt.Errorf("owns %v: not an address", addr)
+	}
+	var owns bool
+	err := p.in(func() error {
+		fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("probe socket: %w", err)
+		}
+		defer unix.Close(fd)
+		switch err := unix.Bind(fd, sa); {
+		case err == nil:
+			owns = true
+		case errors.Is(err, unix.EADDRNOTAVAIL):
+		default:
+			return fmt.Errorf("probe bind to %s: %w", addr, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("in pod netns: %w", err)
+	}
+	return owns, nil
+}
+
 // udpBatch is how many UDP sockets one entry into the namespace makes.
 const udpBatch = 8
 
@@ -323,6 +562,47 @@ func (p *Pod) DialUDP(addr netip.AddrPort) (net.Conn, error) {
 		return nil, fmt.Errorf("udp socket to %s: %w", addr, err)
 	}
 	return c, nil
+}
+
+// ListenTransparentUDP opens a UDP socket in the pod's namespace bound to
+// from, an address the pod need not own (IP_TRANSPARENT or
+// IPV6_TRANSPARENT), with the proxy's mark: what answers a DNS query the
+// eBPF redirection handed over unNATed, from the server and port the
+// client asked, which is all its resolver accepts an answer from.
+// SO_REUSEADDR lets several share the address (two proxies during an
+// upgrade). The socket must stay unconnected: a connected one would win
+// the kernel's lookup over the redirection and take the client's next
+// query to the same server.
+func (p *Pod) ListenTransparentUDP(from netip.AddrPort) (*net.UDPConn, error) {
+	from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+	network := "udp4"
+	if from.Addr().Is6() {
+		network = "udp6"
+	}
+	lc := net.ListenConfig{Control: func(network, address string, c syscall.RawConn) error {
+		if err := mark(network, address, c); err != nil {
+			return err
+		}
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+			if serr == nil {
+				serr = transparent(int(fd))
+			}
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	var pc net.PacketConn
+	err := p.in(func() (err error) {
+		pc, err = lc.ListenPacket(context.Background(), network, from.String())
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("UDP socket from %s: %w", from, err)
+	}
+	return pc.(*net.UDPConn), nil
 }
 
 // spareUDP takes a made-ahead socket of the family, making a batch when
@@ -452,11 +732,17 @@ func detach(pc net.PacketConn) error {
 		return err
 	}
 	var sa unix.Sockaddr
-	if ip4 := own.IP.To4(); ip4 != nil {
+	switch ip4 := own.IP.To4(); {
+	case ip4 != nil:
 		sa4 := &unix.SockaddrInet4{Port: own.Port}
 		copy(sa4.Addr[:], ip4)
 		sa = sa4
-	} else {
+	case own.IP.IsUnspecified():
+		// The socket for both families (listenDNS) is bound to no
+		// address: 127.0.0.1, v4-mapped, is one of its own, and there
+		// whether or not the pod has IPv6.
+		sa = &unix.SockaddrInet6{Port: own.Port, Addr: netip.AddrFrom4([4]byte{127, 0, 0, 1}).As16()}
+	default:
 		sa6 := &unix.SockaddrInet6{Port: own.Port}
 		copy(sa6.Addr[:], own.IP.To16())
 		sa = sa6

@@ -219,7 +219,11 @@ func (p *Proxy) refuse(c net.Conn, reason string) {
 func (p *Proxy) outbound(c net.Conn, pod *inpod.Pod, src *workloadapi.Workload) {
 	defer c.Close()
 	src = p.current(src)
-	dst, err := origdst.Of(c)
+	dst, err := origdst.Destination(c, ownListener(pod))
+	if errors.Is(err, origdst.ErrOwnListener) {
+		p.refuseSelfCall(c.RemoteAddr(), c.LocalAddr().String(), err)
+		return
+	}
 	if err != nil {
 		p.Log.Warn("outbound without an original destination", "err", err)
 		return
@@ -332,6 +336,24 @@ func (p *Proxy) resolve(ctx context.Context, src *workloadapi.Workload, ip netip
 		return fmt.Errorf("on-demand lookup of %s: %w", ip, err)
 	}
 	return nil
+}
+
+// ownListener reports whether a connection's local address is one of the
+// proxy's own listeners in pod: an in-pod port on loopback or on an
+// address of the pod. Only a connection that came unNATed is asked about
+// (origdst.Destination), and only on those ports, so the namespace is
+// seldom entered; the pod's own addresses are asked of its namespace, as
+// its workload may not hold them yet (a pod is served from before it has
+// an address). An address that cannot be told is taken as the pod's:
+// refusing a connection beats looping on it.
+func ownListener(pod *inpod.Pod) func(netip.AddrPort) bool {
+	return func(a netip.AddrPort) bool {
+		if !inpod.IsPort(a.Port()) {
+			return false
+		}
+		owns, err := pod.Owns(a.Addr())
+		return owns || err != nil
+	}
 }
 
 // hasAddr reports whether ip is one of w's addresses (a dual-stack pod
@@ -532,8 +554,11 @@ func parseAuthority(s string) (netip.AddrPort, error) {
 // carries it to the app.
 func (p *Proxy) inboundPlain(c net.Conn, pod *inpod.Pod, self *workloadapi.Workload) {
 	self = p.current(self)
-	dst, err := origdst.Of(c)
+	dst, err := origdst.Destination(c, ownListener(pod))
 	if err != nil {
+		if errors.Is(err, origdst.ErrOwnListener) {
+			p.refuseSelfCall(c.RemoteAddr(), c.LocalAddr().String(), err)
+		}
 		c.Close()
 		return
 	}
