@@ -466,6 +466,13 @@ func TestEBPFBackend(t *testing.T) {
 		if diff := cmp.Diff(tt.want, got); diff != "" {
 			t.Errorf("backend %s: /sys/fs/bpf mounts (-want +got):\n%s", tt.backend, diff)
 		}
+		// The proxy answers an eBPF pod's DNS from port 53 of the server
+		// the app asked.
+		cs, _, _ := unstructured.NestedSlice(object(t, r, "DaemonSet", "ztunnel"), "spec", "template", "spec", "containers")
+		caps, _, _ := unstructured.NestedStringSlice(cs[0].(map[string]any), "securityContext", "capabilities", "add")
+		if got, want := slices.Contains(caps, "NET_BIND_SERVICE"), tt.backend == "ebpf"; got != want {
+			t.Errorf("backend %s: node proxy capabilities %v, NET_BIND_SERVICE wanted: %v", tt.backend, caps, want)
+		}
 	}
 }
 
