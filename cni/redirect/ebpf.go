@@ -28,7 +28,7 @@ import (
 //     connections local deliveries so that sk_lookup sees them;
 //   - a tcx ingress program on every interface but lo assigns new inbound
 //     TCP connections (but HBONE's 15008 and kubelet probes) to the
-//     proxy's 15006 listener; none with inbound capture off.
+//     proxy's 15006 listener.
 //
 // The proxy's sockets are in the socks SOCKMAP the node proxy fills
 // (internal/sockmap); an empty slot drops the traffic that belongs to it.
@@ -46,11 +46,27 @@ import (
 // traffic without a registered proxy socket times out instead of being
 // refused.
 //
-// Ebpf does not implement Istio's sidecar capture: a sidecar pod
-// (PodConfig.Sidecar) is handed to the Nftables backend, after any eBPF
-// state of the pod is removed. RerouteInterfaces are refused
-// (ErrEbpfUnsupported). A pod with more than one global address of a
-// family is refused too: the programs know one address per family.
+// Two kinds of pods are handed to the Nftables backend, after any eBPF
+// state of the pod is removed (Verify then checks the nftables rules and
+// that no eBPF state is left):
+//
+//   - sidecar pods (PodConfig.Sidecar): Ebpf does not implement Istio's
+//     sidecar capture;
+//   - pods without inbound capture (ambient.istio.io/bypass-inbound-capture):
+//     the capture routing sends every TCP packet the pod originates to
+//     local delivery, the app's replies included, which is what brings the
+//     replies of the proxy's connections that spoof the client's address
+//     back to the proxy. Inbound capture makes the proxy (or the probe rule)
+//     the only peer of outside connections; without it the app's replies
+//     to an outside client would be delivered locally and the connection
+//     never completes. Telling the two kinds of replies apart needs
+//     connection state, which the nftables rules keep (connmark) and the
+//     programs do not. The node proxy sees no pinned map for such a pod
+//     (internal/sockmap) and treats it as netfilter-redirected.
+//
+// RerouteInterfaces are refused (ErrEbpfUnsupported). A pod with more than
+// one global address of a family is refused too: the programs know one
+// address per family.
 //
 // Root must be on a BPF filesystem (ErrNotBPFFS otherwise); the agent
 // mounts one with EnsureBPFFS.
@@ -118,10 +134,16 @@ func (p *ebpfPod) Close() {
 	p.ns.Close()
 }
 
+// delegated reports whether the pod is handed to the Nftables backend
+// (see Ebpf).
+func delegated(cfg PodConfig) bool {
+	return cfg.Sidecar != nil || !cfg.InboundCapture
+}
+
 // refuseUnsupported fails for the settings of cfg the backend cannot
 // apply. The agent reports the error on the pod.
 func refuseUnsupported(cfg PodConfig) error {
-	if len(cfg.RerouteInterfaces) > 0 {
+	if cfg.Sidecar == nil && len(cfg.RerouteInterfaces) > 0 {
 		return fmt.Errorf("pod annotation istio.io/reroute-virtual-interfaces (%v): %w; use the nftables or iptables backend for such pods",
 			cfg.RerouteInterfaces, ErrEbpfUnsupported)
 	}
@@ -137,14 +159,14 @@ func (e Ebpf) Enroll(netnsPath string, cfg PodConfig) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	if cfg.Sidecar != nil {
+	if err := refuseUnsupported(cfg); err != nil {
+		return err
+	}
+	if delegated(cfg) {
 		if err := e.removeEbpf(netnsPath); err != nil {
 			return err
 		}
 		return Nftables{}.Enroll(netnsPath, cfg)
-	}
-	if err := refuseUnsupported(cfg); err != nil {
-		return err
 	}
 	if err := checkBPFFS(e.root()); err != nil {
 		return err
@@ -182,7 +204,7 @@ func (e Ebpf) Enroll(netnsPath string, cfg PodConfig) error {
 	if err := p.ensureSkLookup(progs); err != nil {
 		return err
 	}
-	if err := p.ensureTCX(progs, cfg.InboundCapture); err != nil {
+	if err := p.ensureTCX(progs); err != nil {
 		return err
 	}
 	if err := ensureEbpfRouting(p.path, p.h, fams, cfg.DNSCapture); err != nil {
@@ -231,11 +253,11 @@ func (e Ebpf) removeEbpf(netnsPath string) error {
 // other backends is left. Empty socket slots are not drift: the proxy
 // fills them, and Unregistered lists them.
 func (e Ebpf) Verify(netnsPath string, cfg PodConfig) error {
-	if cfg.Sidecar != nil {
-		return e.verifySidecar(netnsPath, cfg)
-	}
 	if err := refuseUnsupported(cfg); err != nil {
 		return err
+	}
+	if delegated(cfg) {
+		return e.verifyDelegated(netnsPath, cfg)
 	}
 	if err := checkBPFFS(e.root()); err != nil {
 		return err
@@ -284,7 +306,7 @@ func (e Ebpf) Verify(netnsPath string, cfg PodConfig) error {
 		return err
 	}
 	problems = append(problems, progProblems...)
-	if progProblems, err = p.tcxProblems(mapIDs, cfg.InboundCapture); err != nil {
+	if progProblems, err = p.tcxProblems(mapIDs, true); err != nil {
 		return err
 	}
 	problems = append(problems, progProblems...)
@@ -309,9 +331,9 @@ func (e Ebpf) Verify(netnsPath string, cfg PodConfig) error {
 	return nil
 }
 
-// verifySidecar is Verify of a sidecar pod: the nftables backend's
+// verifyDelegated is Verify of a pod handed to the Nftables backend: its
 // capture, and nothing of the eBPF backend's.
-func (e Ebpf) verifySidecar(netnsPath string, cfg PodConfig) error {
+func (e Ebpf) verifyDelegated(netnsPath string, cfg PodConfig) error {
 	var problems []string
 	err := Nftables{}.Verify(netnsPath, cfg)
 	var drift *DriftError
@@ -327,7 +349,7 @@ func (e Ebpf) verifySidecar(netnsPath string, cfg PodConfig) error {
 	}
 	defer p.Close()
 	if _, err := os.Stat(p.dir); err == nil {
-		problems = append(problems, fmt.Sprintf("eBPF pins left at %s for a sidecar pod", p.dir))
+		problems = append(problems, fmt.Sprintf("eBPF pins left at %s for a pod the nftables backend captures", p.dir))
 	}
 	progs, err := p.skLookupProblems(nil, false)
 	if err != nil {

@@ -315,19 +315,17 @@ func pinnedTCXFiles(dir string) ([]string, error) {
 }
 
 // ensureTCX attaches the inbound program to every interface of the pod but
-// lo (none without inbound capture), pinned per interface, and removes
-// the links of interfaces gone. Interface indexes resolve in the calling
-// thread's namespace, so attaching happens on a thread inside the pod's.
-func (p *ebpfPod) ensureTCX(progs *ebpfProgs, inbound bool) error {
+// lo, pinned per interface, and removes the links of interfaces gone.
+// Interface indexes resolve in the calling thread's namespace, so
+// attaching happens on a thread inside the pod's.
+func (p *ebpfPod) ensureTCX(progs *ebpfProgs) error {
 	ifaces, err := podInterfaces(p.h)
 	if err != nil {
 		return err
 	}
 	want := map[string]int{}
-	if inbound {
-		for _, l := range ifaces {
-			want[tcxLinkFile(l.Attrs().Name)] = l.Attrs().Index
-		}
+	for _, l := range ifaces {
+		want[tcxLinkFile(l.Attrs().Name)] = l.Attrs().Index
 	}
 	files, err := pinnedTCXFiles(p.dir)
 	if err != nil {
@@ -344,9 +342,6 @@ func (p *ebpfPod) ensureTCX(progs *ebpfProgs, inbound bool) error {
 	return netns.Do(p.path, func() error {
 		for _, l := range ifaces {
 			file := tcxLinkFile(l.Attrs().Name)
-			if _, ok := want[file]; !ok {
-				continue
-			}
 			if err := ensureOneTCX(filepath.Join(p.dir, file), l.Attrs().Name, l.Attrs().Index, progs); err != nil {
 				return err
 			}
@@ -559,9 +554,9 @@ func (p *ebpfPod) skLookupProblems(mapIDs []ebpf.MapID, want bool) ([]string, er
 
 // tcxProblems describes how the tcx ingress programs of the pod's
 // interfaces differ from one of Canopy's per interface but lo, through
-// its pinned link, using the maps mapIDs (inbound), or from none of
-// Canopy's (!inbound).
-func (p *ebpfPod) tcxProblems(mapIDs []ebpf.MapID, inbound bool) ([]string, error) {
+// its pinned link, using the maps mapIDs (want), or from none of
+// Canopy's (!want).
+func (p *ebpfPod) tcxProblems(mapIDs []ebpf.MapID, want bool) ([]string, error) {
 	ifaces, err := podInterfaces(p.h)
 	if err != nil {
 		return nil, err
@@ -587,8 +582,8 @@ func (p *ebpfPod) tcxProblems(mapIDs []ebpf.MapID, inbound bool) ([]string, erro
 				switch {
 				case !s.ours:
 					problems = append(problems, fmt.Sprintf("interface %s: tcx ingress %s is not Canopy's", name, s))
-				case !inbound:
-					problems = append(problems, fmt.Sprintf("interface %s: Canopy's inbound %s is attached although inbound capture is off", name, s))
+				case !want:
+					problems = append(problems, fmt.Sprintf("interface %s: Canopy's inbound %s is attached to a pod the nftables backend captures", name, s))
 				case !s.usesMaps:
 					ours++
 					problems = append(problems, fmt.Sprintf("interface %s: inbound %s does not use the pod's pinned maps", name, s))
@@ -596,7 +591,7 @@ func (p *ebpfPod) tcxProblems(mapIDs []ebpf.MapID, inbound bool) ([]string, erro
 					ours++
 				}
 			}
-			if !inbound {
+			if !want {
 				continue
 			}
 			switch {
@@ -631,7 +626,7 @@ func (p *ebpfPod) tcxProblems(mapIDs []ebpf.MapID, inbound bool) ([]string, erro
 		return nil, err
 	}
 	for _, f := range files {
-		problems = append(problems, fmt.Sprintf("unexpected pinned link %s (no such interface, or inbound capture off)", filepath.Join(p.dir, f)))
+		problems = append(problems, fmt.Sprintf("unexpected pinned link %s (no such interface)", filepath.Join(p.dir, f)))
 	}
 	return problems, nil
 }

@@ -1,10 +1,14 @@
 package redirect
 
 import (
+	"errors"
 	"io"
+	"io/fs"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -155,4 +159,49 @@ func TestEbpfRedirectsTraffic(t *testing.T) {
 		}
 		nothingArrives(t, map[string]listener{"outside": outside, "app": app, "15001": proxy.outbound, "15006": proxy.inbound})
 	})
+}
+
+// TestEbpfUnenrollLeavesNothing: no program, rule, route or pin is left,
+// twice over, and the pod's traffic then goes direct.
+func TestEbpfUnenrollLeavesNothing(t *testing.T) {
+	root := bpffsRoot(t)
+	p := newEbpfDualPair(t)
+	b := Ebpf{Root: root}
+	if err := b.Enroll(p.pod, DefaultPodConfig()); err != nil {
+		t.Fatal(err)
+	}
+	proxy := startFakeProxy(t, root, p.pod)
+	outside := listen(t, p.out, at(p.out4, 9000))
+	outSide := map[string]listener{"15001": proxy.outbound, "outside": outside}
+	if name, _ := landsOn(t, dialFrom(t, p.pod, netip.Addr{}, 0, at(p.out4, 9000)), outSide); name != "15001" {
+		t.Fatalf("before Unenroll, landed on %s", name)
+	}
+	dir := podDir(t, root, p.pod)
+	for range 2 {
+		if err := b.Unenroll(p.pod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if sk, tcx := attachedPrograms(t, p.pod); sk != 0 || tcx != 0 {
+		t.Errorf("after Unenroll: %d sk_lookup and %d tcx programs attached, want none", sk, tcx)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("pin directory %s after Unenroll: %v, want it gone", dir, err)
+	}
+	for _, fam := range [][]string{{"rule"}, {"-6", "rule"}} {
+		if rules := ipIn(t, p.pod, fam...); strings.Contains(rules, "3200") || strings.Contains(rules, "lookup 133") {
+			t.Errorf("ip %v after Unenroll:\n%s", fam, rules)
+		}
+	}
+	for _, fam := range [][]string{{"route", "show", "table", "133"}, {"-6", "route", "show", "table", "133"}} {
+		if routes := ipIn(t, p.pod, fam...); strings.TrimSpace(routes) != "" {
+			t.Errorf("ip %v after Unenroll:\n%s", fam, routes)
+		}
+	}
+	if name, _ := landsOn(t, dialFrom(t, p.pod, netip.Addr{}, 0, at(p.out4, 9000)), outSide); name != "outside" {
+		t.Fatalf("after Unenroll, landed on %s", name)
+	}
+	if _, err := b.Unregistered(p.pod); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Unregistered of an un-enrolled pod = %v, want fs.ErrNotExist", err)
+	}
 }
