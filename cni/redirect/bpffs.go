@@ -17,20 +17,22 @@ var ErrNotBPFFS = errors.New("not on a BPF filesystem")
 
 // EnsureBPFFS mounts a BPF filesystem at dir (typically /sys/fs/bpf,
 // created if missing) unless dir already is on one, which includes any
-// directory inside a mounted BPF filesystem. The agent calls it once at
+// directory inside a mounted BPF filesystem (a missing one is then
+// created there). The agent calls it once at
 // start; the eBPF backend only checks (Ebpf.Enroll fails with ErrNotBPFFS
 // otherwise), because mounting is a decision about the node, not about a
 // pod.
 func EnsureBPFFS(dir string) error {
-	ok, err := onBPFFS(dir)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+	err := checkBPFFS(dir)
+	if err != nil && !errors.Is(err, ErrNotBPFFS) {
 		return err
 	}
-	if ok {
-		return nil
+	if mkErr := os.MkdirAll(dir, 0o700); mkErr != nil {
+		return fmt.Errorf("create %s: %w", dir, mkErr)
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("create BPF filesystem mount point: %w", err)
+	if err == nil {
+		// Already on one (a directory created above in it, if missing).
+		return nil
 	}
 	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
 		return fmt.Errorf("mount a BPF filesystem at %s: %w", dir, err)
