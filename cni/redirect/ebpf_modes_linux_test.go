@@ -1,12 +1,15 @@
 package redirect
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -367,5 +370,40 @@ func TestEbpfRemoveStaleDirsKeepsLivePods(t *testing.T) {
 	}
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("directory of the deleted namespace: %v", err)
+	}
+}
+
+// TestEbpfNamespaceWithoutAddresses is the agent's self-test: a fresh
+// namespace with only lo, reached through /proc/self/fd, enrolls,
+// verifies and un-enrolls.
+func TestEbpfNamespaceWithoutAddresses(t *testing.T) {
+	root := bpffsRoot(t)
+	var id [4]byte
+	_, _ = rand.Read(id[:])
+	path, err := netns.Create("cnp-ebpf-selftest-" + hex.EncodeToString(id[:]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { netns.DeletePath(path) })
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	fdPath := "/proc/self/fd/" + strconv.Itoa(int(f.Fd()))
+	b := Ebpf{Root: root}
+	for _, cfg := range []PodConfig{DefaultPodConfig(), {Sidecar: DefaultSidecarConfig()}} {
+		if err := b.Enroll(fdPath, cfg); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Verify(fdPath, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Unenroll(fdPath); err != nil {
+		t.Fatal(err)
+	}
+	if sk, tcx := attachedPrograms(t, path); sk != 0 || tcx != 0 {
+		t.Errorf("%d sk_lookup and %d tcx programs attached after Unenroll", sk, tcx)
 	}
 }
