@@ -1,6 +1,7 @@
 package redirect
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -467,18 +468,8 @@ func podInterfaces(h *netlink.Handle) ([]netlink.Link, error) {
 		return nil, fmt.Errorf("list interfaces: %w", err)
 	}
 	links = slices.DeleteFunc(links, func(l netlink.Link) bool { return l.Attrs().Flags&net.FlagLoopback != 0 })
-	slices.SortFunc(links, func(a, b netlink.Link) int { return cmpString(a.Attrs().Name, b.Attrs().Name) })
+	slices.SortFunc(links, func(a, b netlink.Link) int { return cmp.Compare(a.Attrs().Name, b.Attrs().Name) })
 	return links, nil
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // configProblems describes how the cfg map's value differs from want.

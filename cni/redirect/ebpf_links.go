@@ -112,10 +112,6 @@ func (g *ebpfProgs) get(name string) (*ebpf.Program, error) {
 			MapReplacements: map[string]*ebpf.Map{bpfprog.MapSocks: g.maps.socks, bpfprog.MapCfg: g.maps.cfg},
 		})
 		if err != nil {
-			var verr *ebpf.VerifierError
-			if errors.As(err, &verr) {
-				return nil, fmt.Errorf("load eBPF programs: %+v", verr)
-			}
 			return nil, fmt.Errorf("load eBPF programs: %w", err)
 		}
 		g.coll = coll

@@ -562,9 +562,10 @@ func (s *ebpfRoutingState) problems() []string {
 }
 
 // ensureEbpfRouting makes the eBPF routing of the netns at path what fams
-// and dnsCapture want: it adds what is missing first and removes what is
-// extra afterwards, so a repair never opens a moment in which the proxy's
-// marked traffic falls into the capture table. The local route is
+// and dnsCapture want. It adds what is missing first, in priority order,
+// and removes what is extra afterwards, in reverse order, so that neither
+// a first enrollment, a repair nor a removal opens a moment in which the
+// proxy's marked traffic falls into the capture table. The local route is
 // replaced in place when only its source changed (the pod's address did).
 func ensureEbpfRouting(path string, h *netlink.Handle, fams []ebpfFamily, dnsCapture bool) error {
 	s, err := readEbpfRouting(path, h, fams, dnsCapture)
@@ -584,6 +585,9 @@ func ensureEbpfRouting(path string, h *netlink.Handle, fams []ebpfFamily, dnsCap
 				errs = append(errs, fmt.Errorf("add %s: %w", r, err))
 			}
 		}
+		// Highest priority number first: the capture rules go before the
+		// rules that keep the proxy's traffic out of them.
+		slices.Reverse(delRules)
 		for _, r := range delRules {
 			if err := h.RuleDel(r.netlinkRule()); err != nil && !errors.Is(err, unix.ENOENT) {
 				errs = append(errs, fmt.Errorf("delete %s: %w", r, err))
