@@ -407,3 +407,42 @@ func TestEbpfNamespaceWithoutAddresses(t *testing.T) {
 		t.Errorf("%d sk_lookup and %d tcx programs attached after Unenroll", sk, tcx)
 	}
 }
+
+// TestEbpfInterfacesComeAndGo: an interface added after Enroll lacks the
+// inbound program, one removed leaves a pin behind; Verify reports both,
+// Enroll attaches and removes.
+func TestEbpfInterfacesComeAndGo(t *testing.T) {
+	root := bpffsRoot(t)
+	p := newEbpfPair(t)
+	b := Ebpf{Root: root}
+	cfg := DefaultPodConfig()
+	// Veth pairs: the kernel here may lack the dummy driver. Both ends
+	// are the pod's interfaces.
+	ipIn(t, p.pod, "link", "add", "cnpgone0", "type", "veth", "peer", "name", "cnpgone1")
+	if err := b.Enroll(p.pod, cfg); err != nil {
+		t.Fatal(err)
+	}
+	dir := podDir(t, root, p.pod)
+	if _, err := os.Stat(filepath.Join(dir, tcxLinkFile("cnpgone0"))); err != nil {
+		t.Fatalf("no pin for an interface present at Enroll: %v", err)
+	}
+	ipIn(t, p.pod, "link", "del", "cnpgone0")
+	ipIn(t, p.pod, "link", "add", "cnpnew0", "type", "veth", "peer", "name", "cnpnew1")
+	driftHas(t, b.Verify(p.pod, cfg),
+		"unexpected pinned link "+filepath.Join(dir, tcxLinkFile("cnpgone0")),
+		"unexpected pinned link "+filepath.Join(dir, tcxLinkFile("cnpgone1")),
+		"interface cnpnew0: no inbound program attached",
+		"pinned link "+filepath.Join(dir, tcxLinkFile("cnpnew0"))+" missing")
+	if err := b.Enroll(p.pod, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Verify(p.pod, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, tcxLinkFile("cnpgone0"))); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("pin of the removed interface: %v, want it gone", err)
+	}
+	if _, tcx := attachedPrograms(t, p.pod); tcx != 3 {
+		t.Errorf("%d tcx programs attached, want 3 (the pod's veth and both ends of cnpnew0)", tcx)
+	}
+}
