@@ -407,10 +407,13 @@ func (e Ebpf) Unregistered(netnsPath string) ([]sockmap.Slot, error) {
 	return empty, nil
 }
 
-// podAddrs are a pod's global addresses, one per family at most; an
-// invalid netip.Addr is none.
+// podAddrs are a pod's global addresses, one per family at most (an
+// invalid netip.Addr is none), and the interfaces with IPv6 addresses.
 type podAddrs struct {
 	v4, v6 netip.Addr
+	// v6Links are the interfaces but lo with any IPv6 address, link-local
+	// included: the pod can send IPv6 over them.
+	v6Links []netlink.Link
 }
 
 // discoverPodAddrs finds the pod's global (scope universe) addresses on
@@ -423,25 +426,33 @@ func discoverPodAddrs(h *netlink.Handle) (podAddrs, error) {
 	if err != nil {
 		return podAddrs{}, err
 	}
+	var out podAddrs
 	var v4, v6 []netip.Addr
 	for _, l := range links {
 		addrs, err := h.AddrList(l, netlink.FAMILY_ALL)
 		if err != nil {
 			return podAddrs{}, fmt.Errorf("list addresses of %s: %w", l.Attrs().Name, err)
 		}
+		hasV6 := false
 		for _, a := range addrs {
 			ip, ok := netip.AddrFromSlice(a.IP)
-			if !ok || a.Scope != unix.RT_SCOPE_UNIVERSE {
+			if !ok {
 				continue
 			}
-			if ip = ip.Unmap(); ip.Is4() {
+			ip = ip.Unmap()
+			hasV6 = hasV6 || ip.Is6()
+			switch {
+			case a.Scope != unix.RT_SCOPE_UNIVERSE:
+			case ip.Is4():
 				v4 = append(v4, ip)
-			} else {
+			default:
 				v6 = append(v6, ip)
 			}
 		}
+		if hasV6 {
+			out.v6Links = append(out.v6Links, l)
+		}
 	}
-	var out podAddrs
 	for _, f := range []struct {
 		name string
 		all  []netip.Addr

@@ -274,6 +274,17 @@ func TestEbpfRedirectsIPv6(t *testing.T) {
 			t.Errorf("local address = %v, want %v", got, ll)
 		}
 	})
+	t.Run("outbound TCP to a link-local address lands on 15001", func(t *testing.T) {
+		dev := outsideInterface(t, p.pod)
+		to := netip.AddrPortFrom(linkLocal(t, p.out).WithZone(dev), 9000).String()
+		name, c := landsOn(t, func() (net.Conn, error) { return dialQuick(p.pod, netip.Addr{}, 0, to) }, outSide)
+		if name != "15001" {
+			t.Fatalf("landed on %s", name)
+		}
+		if got := addrOf(c.LocalAddr()).String(); got != to {
+			t.Errorf("local address = %v, want %v", got, to)
+		}
+	})
 	t.Run("IPv6 HBONE reaches the 15008 listener", func(t *testing.T) {
 		if name, _ := landsOn(t, dialFrom(t, p.out, netip.Addr{}, 0, at(p.pod6, HBONEPort)), podSide); name != "15008" {
 			t.Fatalf("landed on %s", name)
@@ -332,7 +343,7 @@ func linkLocal(t *testing.T, ns string) netip.Addr {
 				return netip.Addr{}, err
 			}
 			for _, a := range addrs {
-				if ip, ok := netip.AddrFromSlice(a.(*net.IPNet).IP); ok && ip.Is6() && ip.IsLinkLocalUnicast() {
+				if ip, ok := netip.AddrFromSlice(a.(*net.IPNet).IP); ok && ip.Unmap().Is6() && ip.IsLinkLocalUnicast() {
 					return ip, nil
 				}
 			}

@@ -243,6 +243,15 @@ func TestEbpfRefuses(t *testing.T) {
 			t.Errorf("%d sk_lookup and %d tcx programs attached to a refused pod", sk, tcx)
 		}
 	})
+	t.Run("IPv6 without ::1", func(t *testing.T) {
+		root := bpffsRoot(t)
+		p := newEbpfDualPair(t)
+		nettest.SetIPv6(t, p.pod, false, "lo")
+		err := Ebpf{Root: root}.Enroll(p.pod, DefaultPodConfig())
+		if !errors.Is(err, ErrIPv6Uncaptured) {
+			t.Fatalf("Enroll = %v, want ErrIPv6Uncaptured", err)
+		}
+	})
 	t.Run("not a BPF filesystem", func(t *testing.T) {
 		needEbpf(t)
 		p := newEbpfPair(t)
@@ -444,5 +453,69 @@ func TestEbpfInterfacesComeAndGo(t *testing.T) {
 	}
 	if _, tcx := attachedPrograms(t, p.pod); tcx != 3 {
 		t.Errorf("%d tcx programs attached, want 3 (the pod's veth and both ends of cnpnew0)", tcx)
+	}
+}
+
+// TestEbpfCapturesLinkLocal: in a pod whose only IPv6 addresses are
+// link-local (an IPv4 cluster with IPv6 on in pods), the app's TCP to a
+// neighbour's link-local address still goes to the proxy, as the
+// nftables backend sends it; global IPv6 destinations get no capture
+// route (nothing could leave with a pod source anyway).
+func TestEbpfCapturesLinkLocal(t *testing.T) {
+	root := bpffsRoot(t)
+	p := newEbpfPair(t)
+	for _, ns := range []string{p.pod, p.out} {
+		enableIPv6NoDAD(t, ns, outsideInterface(t, ns))
+	}
+	b := Ebpf{Root: root}
+	cfg := DefaultPodConfig()
+	if err := b.Enroll(p.pod, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Verify(p.pod, cfg); err != nil {
+		t.Fatal(err)
+	}
+	dev := outsideInterface(t, p.pod)
+	routes := strings.TrimSpace(ipIn(t, p.pod, "-6", "route", "show", "table", "133"))
+	if !strings.HasPrefix(routes, "local fe80::/10 dev "+dev+" ") || strings.Count(routes, "\n") != 0 {
+		t.Errorf("ip -6 route show table 133:\n%s\nwant only the link-local route through %s", routes, dev)
+	}
+	proxy := startFakeProxy(t, root, p.pod)
+	outside := appListen(t, p.out, 9000)
+	peer := linkLocal(t, p.out)
+	to := netip.AddrPortFrom(peer.WithZone(dev), 9000).String()
+	name, c := landsOn(t, func() (net.Conn, error) { return dialQuick(p.pod, netip.Addr{}, 0, to) }, map[string]listener{"15001": proxy.outbound, "outside": outside})
+	if name != "15001" {
+		t.Fatalf("landed on %s", name)
+	}
+	if got := addrOf(c.LocalAddr()); got.Addr().WithZone("") != peer || got.Addr().Zone() != dev || got.Port() != 9000 {
+		t.Errorf("local address = %v, want %v: the proxy learns the interface too", got, to)
+	}
+	if name, _ := landsOn(t, func() (net.Conn, error) { return dialQuick(p.pod, netip.Addr{}, ProxyMark, to) }, map[string]listener{"15001": proxy.outbound, "outside": outside}); name != "outside" {
+		t.Errorf("the proxy's marked connection landed on %s", name)
+	}
+}
+
+// enableIPv6NoDAD switches IPv6 on in ns with duplicate address detection
+// off from the start, so the link-local addresses are usable at once.
+func enableIPv6NoDAD(t *testing.T, ns string, links ...string) {
+	t.Helper()
+	confs := append([]string{"all", "default", "lo"}, links...)
+	in(t, ns, func() (struct{}, error) {
+		for _, setting := range []struct{ name, value string }{{"accept_dad", "0"}, {"disable_ipv6", "0"}} {
+			for _, c := range confs {
+				if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+c+"/"+setting.name, []byte(setting.value), 0o644); err != nil {
+					return struct{}{}, err
+				}
+			}
+		}
+		return struct{}{}, nil
+	})
+	deadline := time.Now().Add(5 * time.Second)
+	for strings.TrimSpace(ipIn(t, ns, "-6", "addr", "show", "tentative")) != "" {
+		if time.Now().After(deadline) {
+			t.Fatalf("IPv6 addresses still tentative in %s", ns)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

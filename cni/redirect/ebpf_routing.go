@@ -27,6 +27,7 @@ import (
 //	pref 32003  iif lo ipproto tcp lookup 133
 //	pref 32004  iif lo ipproto udp dport 53 lookup 133   (DNS capture only)
 //	table 133:  local 0.0.0.0/0 dev lo src <pod IPv4>    (::/0 and the pod IPv6 for IPv6)
+//	            local fe80::/10 dev <interface> metric <ifindex>   (IPv6, per interface)
 //
 // "iif lo" matches every locally generated packet (output lookups take lo
 // as their input interface) and packets looped back over lo, never
@@ -344,34 +345,44 @@ func parseFibRule(m []byte) (fibRule, error) {
 	return r, nil
 }
 
-// ebpfFamily is what the eBPF routing of one family needs: the pod's
-// address, the source of everything the capture table delivers.
+// ebpfFamily is what the eBPF routing of one family needs.
 type ebpfFamily struct {
-	af    int
-	all   netip.Prefix
+	af  int
+	all netip.Prefix
+	// pod is the pod's global address, the source of everything the
+	// capture table delivers; IPv6 may have none (link-local only).
 	pod   netip.Addr
 	probe netip.Addr
+	// linkLocal are the interfaces whose link-local destinations are
+	// captured too (IPv6).
+	linkLocal []netlink.Link
 }
 
 // ebpfFamilies are the families the eBPF backend routes in a pod: IPv4
-// where the pod has a global IPv4 address; IPv6 where it has a global
-// IPv6 address and lo has ::1 (without it, IPv6 cannot be delivered
-// locally; see routeFamilies). A family without a pod address gets no
-// capture routing: nothing of it can be sent with the pod's source, and
-// a local route needs that source (spec §5.1).
+// where the pod has a global IPv4 address; IPv6 where it has any IPv6
+// address on an interface but lo, link-local included (it can reach the
+// node and its neighbours with those). A family without a pod address
+// gets no capture of global destinations: nothing of it can leave with
+// the pod's source, and the local route needs that source (without it
+// the kernel picks the destination or ::1).
+//
+// IPv6 needs ::1 on lo to be delivered locally at all (routeFamilies); a
+// pod with IPv6 addresses whose lo has none is refused with
+// ErrIPv6Uncaptured rather than left with IPv6 around the proxy.
 func ebpfFamilies(h *netlink.Handle, addrs podAddrs, cfg PodConfig) ([]ebpfFamily, error) {
 	var out []ebpfFamily
 	if addrs.v4.IsValid() {
 		out = append(out, ebpfFamily{af: unix.AF_INET, all: netip.MustParsePrefix("0.0.0.0/0"), pod: addrs.v4, probe: cfg.ProbeSNAT})
 	}
-	if addrs.v6.IsValid() {
+	if addrs.v6.IsValid() || len(addrs.v6Links) > 0 {
 		fams, err := routeFamilies(h)
 		if err != nil {
 			return nil, err
 		}
-		if slices.Contains(fams, routeV6) {
-			out = append(out, ebpfFamily{af: unix.AF_INET6, all: netip.MustParsePrefix("::/0"), pod: addrs.v6, probe: cfg.ProbeSNATv6})
+		if !slices.Contains(fams, routeV6) {
+			return nil, fmt.Errorf("%w: lo has no ::1, so IPv6 cannot be delivered to the node proxy", ErrIPv6Uncaptured)
 		}
+		out = append(out, ebpfFamily{af: unix.AF_INET6, all: netip.MustParsePrefix("::/0"), pod: addrs.v6, probe: cfg.ProbeSNATv6, linkLocal: addrs.v6Links})
 	}
 	return out, nil
 }
@@ -397,13 +408,41 @@ func (f ebpfFamily) wantRules(dnsCapture bool) []fibRule {
 	return rules
 }
 
-// wantRoute is the local route of family f in EbpfRouteTable.
-func (f ebpfFamily) wantRoute(lo int) *netlink.Route {
-	return &netlink.Route{
-		LinkIndex: lo, Dst: prefixNet(f.all), Src: f.pod.AsSlice(),
-		Table: EbpfRouteTable, Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST,
+// wantRoutes are the routes of family f in EbpfRouteTable, their metrics
+// as the kernel reports them.
+//
+//   - local <all> dev lo src <pod>: every global destination, with the pod's
+//     address as source, when the pod has one.
+//   - local fe80::/10 dev <interface> metric <ifindex>, per interface with
+//     IPv6: a connection to a link-local address is bound to its interface
+//     (the address's zone), and the kernel then only takes a route through
+//     that interface, never the one through lo. A local route through it
+//     still delivers locally. The metrics tell the routes apart: IPv6
+//     routes of one prefix and metric replace each other.
+func (f ebpfFamily) wantRoutes(lo int) []netlink.Route {
+	var out []netlink.Route
+	if f.pod.IsValid() {
+		r := netlink.Route{
+			LinkIndex: lo, Dst: prefixNet(f.all), Src: f.pod.AsSlice(),
+			Table: EbpfRouteTable, Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST,
+		}
+		if f.af == unix.AF_INET6 {
+			r.Priority = ip6DefaultMetric
+		}
+		out = append(out, r)
 	}
+	for _, l := range f.linkLocal {
+		out = append(out, netlink.Route{
+			LinkIndex: l.Attrs().Index, Dst: prefixNet(netip.MustParsePrefix("fe80::/10")), Priority: l.Attrs().Index,
+			Table: EbpfRouteTable, Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST,
+		})
+	}
+	return out
 }
+
+// ip6DefaultMetric is the metric the kernel gives an IPv6 route added
+// without one.
+const ip6DefaultMetric = 1024
 
 // routeText describes a route of EbpfRouteTable the way `ip route` would.
 func routeText(af int, r netlink.Route, linkName func(int) string) string {
@@ -440,6 +479,9 @@ func routeText(af int, r netlink.Route, linkName func(int) string) string {
 	}
 	if r.Src != nil {
 		fmt.Fprintf(&b, " src %s", r.Src)
+	}
+	if r.Priority != 0 {
+		fmt.Fprintf(&b, " metric %d", r.Priority)
 	}
 	return b.String()
 }
@@ -484,7 +526,7 @@ func readEbpfRouting(path string, h *netlink.Handle, fams []ebpfFamily, dnsCaptu
 	}
 	for _, f := range fams {
 		s.wantRules[f.af] = f.wantRules(dnsCapture)
-		s.wantRoutes[f.af] = []netlink.Route{*f.wantRoute(lo.Attrs().Index)}
+		s.wantRoutes[f.af] = f.wantRoutes(lo.Attrs().Index)
 	}
 	for _, af := range allFamilies {
 		rules, err := listEbpfRules(path, af)
@@ -594,10 +636,11 @@ func ensureEbpfRouting(path string, h *netlink.Handle, fams []ebpfFamily, dnsCap
 			}
 		}
 		replaced := func(r netlink.Route) bool {
-			// RouteReplace of the wanted route took the place of one with
-			// the same destination.
+			// RouteReplace of a wanted route took the place of the one
+			// with the same destination, interface and metric (its source
+			// was another).
 			return slices.ContainsFunc(addRoutes, func(w netlink.Route) bool {
-				return r.Type == w.Type && routeDst(af, r) == routeDst(af, w)
+				return r.Type == w.Type && routeDst(af, r) == routeDst(af, w) && r.LinkIndex == w.LinkIndex && r.Priority == w.Priority
 			})
 		}
 		for _, r := range delRoutes {
