@@ -70,7 +70,7 @@ import (
 // address per family.
 //
 // Root must be on a BPF filesystem (ErrNotBPFFS otherwise); the agent
-// mounts one with EnsureBPFFS.
+// mounts one with sockmap.MountBPFFS.
 type Ebpf struct {
 	// Root is the directory of the pods' pins; empty is
 	// sockmap.DefaultRoot. The node proxy must look in the same place.
@@ -237,7 +237,7 @@ func (e Ebpf) removeEbpf(netnsPath string) error {
 		return err
 	}
 	// Pins cannot exist elsewhere than on a BPF filesystem.
-	if ok, err := onBPFFS(p.dir); err != nil || !ok {
+	if ok, err := sockmap.IsBPFFS(p.dir); err != nil || !ok {
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}

@@ -15,8 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/canopy-mesh/canopy/internal/netns"
 	"github.com/canopy-mesh/canopy/internal/sockmap"
 	"github.com/canopy-mesh/canopy/internal/testing/nettest"
@@ -297,34 +295,25 @@ func TestEbpfPodAddressChange(t *testing.T) {
 	}
 }
 
-func TestEnsureBPFFS(t *testing.T) {
-	nettest.NeedRoot(t)
-	dir := filepath.Join(t.TempDir(), "bpf")
-	if err := EnsureBPFFS(dir); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
-	if ok, err := onBPFFS(dir); err != nil || !ok {
-		t.Fatalf("after EnsureBPFFS, onBPFFS = %v, %v", ok, err)
-	}
-	mounts := func() int {
-		b, err := os.ReadFile("/proc/self/mountinfo")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return strings.Count(string(b), " "+dir)
-	}
-	before := mounts()
-	for _, d := range []string{dir, filepath.Join(dir, "canopy")} {
-		if err := EnsureBPFFS(d); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if got := mounts(); got != before {
-		t.Errorf("%d mounts at or under %s, want %d: a BPF filesystem is not mounted twice", got, dir, before)
-	}
-	if err := checkBPFFS(filepath.Join(dir, "canopy", "missing")); err != nil {
-		t.Errorf("checkBPFFS below the mount: %v", err)
+// TestCheckBPFFS: a pin root is accepted on a BPF filesystem, below it
+// when it does not exist yet, and refused elsewhere.
+func TestCheckBPFFS(t *testing.T) {
+	root := bpffsRoot(t)
+	for _, tc := range []struct {
+		name string
+		dir  string
+		want error
+	}{
+		{"the mount's directory", filepath.Dir(root), nil},
+		{"missing, below the mount", filepath.Join(root, "a", "b"), nil},
+		{"elsewhere", t.TempDir(), ErrNotBPFFS},
+		{"missing, elsewhere", filepath.Join(t.TempDir(), "canopy"), ErrNotBPFFS},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := checkBPFFS(tc.dir); !errors.Is(err, tc.want) {
+				t.Errorf("checkBPFFS(%s) = %v, want %v", tc.dir, err, tc.want)
+			}
+		})
 	}
 }
 
