@@ -411,8 +411,8 @@ func (e Ebpf) Unregistered(netnsPath string) ([]sockmap.Slot, error) {
 // invalid netip.Addr is none), and the interfaces with IPv6 addresses.
 type podAddrs struct {
 	v4, v6 netip.Addr
-	// v6Links are the interfaces but lo with any IPv6 address, link-local
-	// included: the pod can send IPv6 over them.
+	// v6Links are the interfaces but lo that are up and have any IPv6
+	// address, link-local included: the pod can send IPv6 over them.
 	v6Links []netlink.Link
 }
 
@@ -449,7 +449,9 @@ func discoverPodAddrs(h *netlink.Handle) (podAddrs, error) {
 				v6 = append(v6, ip)
 			}
 		}
-		if hasV6 {
+		// The kernel takes no IPv6 route through an interface that is
+		// down; it carries nothing either. Verify notices it coming up.
+		if hasV6 && l.Attrs().Flags&net.FlagUp != 0 {
 			out.v6Links = append(out.v6Links, l)
 		}
 	}

@@ -437,8 +437,9 @@ func removePinDir(dir string) error {
 
 // RemoveStaleDirs removes the pin directories under Root whose network
 // namespace inode is not in live (the namespaces of the pods the agent
-// knows), detaching their links, and returns their inodes. It is for pods
-// that went away while no agent ran, whose Unenroll never came.
+// knows, those it is enrolling included), detaching their links, and
+// returns their inodes. It is for pods that went away while no agent ran,
+// whose Unenroll never came.
 //
 // A directory whose sk_lookup link is still attached to a living
 // namespace is kept whatever live says: removing it would detach the
