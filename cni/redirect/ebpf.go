@@ -47,9 +47,9 @@ import (
 // traffic without a registered proxy socket times out instead of being
 // refused.
 //
-// Two kinds of pods are handed to the Nftables backend, after any eBPF
-// state of the pod is removed (Verify then checks the nftables rules and
-// that no eBPF state is left):
+// Two kinds of pods are handed to the Nftables backend; once its rules are
+// in, any eBPF state of the pod is removed (Verify then checks the
+// nftables rules and that no eBPF state is left):
 //
 //   - sidecar pods (PodConfig.Sidecar): Ebpf does not implement Istio's
 //     sidecar capture;
@@ -164,10 +164,12 @@ func (e Ebpf) Enroll(netnsPath string, cfg PodConfig) error {
 		return err
 	}
 	if delegated(cfg) {
-		if err := e.removeEbpf(netnsPath); err != nil {
+		// Its rules first: a pod changing over is captured twice for a
+		// moment, never not at all.
+		if err := (Nftables{}).Enroll(netnsPath, cfg); err != nil {
 			return err
 		}
-		return Nftables{}.Enroll(netnsPath, cfg)
+		return e.removeEbpf(netnsPath)
 	}
 	if err := checkBPFFS(e.root()); err != nil {
 		return err
@@ -220,8 +222,8 @@ func (e Ebpf) Enroll(netnsPath string, cfg PodConfig) error {
 // Unenroll implements Backend: the eBPF routing goes first (so no
 // outbound connection is delivered locally without sk_lookup to steer
 // it), then the links, detached, and the pin directory; the nftables
-// rules of a sidecar pod the backend handed to Nftables go as well.
-// Nothing there is fine.
+// rules of a pod the backend handed to Nftables go as well. Nothing there
+// is fine.
 func (e Ebpf) Unenroll(netnsPath string) error {
 	return errors.Join(e.removeEbpf(netnsPath), Nftables{}.Unenroll(netnsPath))
 }
@@ -246,7 +248,7 @@ func (e Ebpf) removeEbpf(netnsPath string) error {
 	return removePinDir(p.dir)
 }
 
-// Verify implements Backend (spec §8): the programs attached to the
+// Verify implements Backend: the programs attached to the
 // namespace and to each interface are exactly Canopy's, through the
 // pinned links, using the pinned maps; cfg holds what Enroll would write
 // now (the pod's addresses are read again); the routing and

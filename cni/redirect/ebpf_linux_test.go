@@ -134,7 +134,7 @@ func TestEbpfRedirectsTraffic(t *testing.T) {
 	})
 	t.Run("an app's connection to its own address is not captured", func(t *testing.T) {
 		if name, _ := landsOn(t, dialFrom(t, p.pod, netip.Addr{}, 0, at(p.pod4, 8080)), podSide); name != "app" {
-			t.Fatalf("landed on %s (spec §5.6: app to own pod IP goes direct)", name)
+			t.Fatalf("landed on %s (an app's connection to its own pod IP goes direct with eBPF)", name)
 		}
 	})
 
