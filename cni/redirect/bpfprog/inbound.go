@@ -47,10 +47,16 @@ const (
 // sends new inbound TCP connections to the proxy's 15006 listener, the way
 // TPROXY would, and leaves every other packet to the next program:
 //
-//   - It acts only on a TCP SYN without ACK, addressed to the pod's IP, to
-//     a port other than HBONE's 15008, and not from the kubelet probe
-//     source. Later segments need nothing: the tuple is unchanged, so they
-//     find the accepted socket through the kernel's own lookup.
+//   - It acts only on a TCP SYN without ACK, addressed to the pod's IP or
+//     to an IPv6 link-local address (fe80::/10), to a port other than
+//     HBONE's 15008, and not from the kubelet probe source. Later segments
+//     need nothing: the tuple is unchanged, so they find the accepted
+//     socket through the kernel's own lookup.
+//   - Link-local destinations are the pod's own addresses too, reachable
+//     by its neighbours on the link. Left to the kernel, a SYN to one
+//     would reach sk_lookup, which takes every local address but the pod
+//     IPs for an outbound destination and would steer it to the outbound
+//     listener.
 //   - A SYN that belongs to an existing connection (a retransmission, a
 //     reused time-wait tuple) goes on to that socket.
 //   - Otherwise the SYN is assigned to SlotInbound; an empty slot drops it
@@ -151,11 +157,21 @@ func InboundSpec() *ebpf.ProgramSpec {
 		asm.JEq.Reg32(asm.R2, asm.R3, "next"),
 		asm.Ja.Label("established"),
 	)
-	// IPv6: to the pod, not from the probe source.
-	insns = append(insns, jumpIfNotPodIPv6("match6", asm.RFP, stackV6Dst, asm.R0, "next")...)
+	// IPv6: to the pod or to a link-local address, not from the probe
+	// source.
+	insns = append(insns,
+		asm.LoadMem(asm.R2, asm.RFP, stackV6Dst, asm.Word).WithSymbol("match6"),
+		asm.And.Imm32(asm.R2, net32([4]byte{0xff, 0xc0, 0, 0})),
+		asm.JEq.Imm32(asm.R2, net32([4]byte{0xfe, 0x80, 0, 0}), "probe6"),
+	)
+	insns = append(insns, jumpIfNotPodIPv6("pod6", asm.RFP, stackV6Dst, asm.R0, "next")...)
 	for i := int16(0); i < 4; i++ {
+		ins := asm.LoadMem(asm.R2, asm.RFP, stackTuple+4*i, asm.Word)
+		if i == 0 {
+			ins = ins.WithSymbol("probe6")
+		}
 		insns = append(insns,
-			asm.LoadMem(asm.R2, asm.RFP, stackTuple+4*i, asm.Word),
+			ins,
 			asm.LoadMem(asm.R3, asm.R0, cfgOffProbeIPv6+4*i, asm.Word),
 			asm.JNE.Reg32(asm.R2, asm.R3, "established"),
 		)
