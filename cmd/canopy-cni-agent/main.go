@@ -30,11 +30,13 @@ import (
 	"github.com/canopy-mesh/canopy/cni/install"
 	"github.com/canopy-mesh/canopy/cni/pluginevent"
 	"github.com/canopy-mesh/canopy/cni/redirect"
+	"github.com/canopy-mesh/canopy/cni/redirect/bpfprog"
 	"github.com/canopy-mesh/canopy/cni/removal"
 	"github.com/canopy-mesh/canopy/cni/taint"
 	"github.com/canopy-mesh/canopy/cni/zds"
 	"github.com/canopy-mesh/canopy/internal/cmdmain"
 	"github.com/canopy-mesh/canopy/internal/kubeconfig"
+	"github.com/canopy-mesh/canopy/internal/sockmap"
 	"github.com/canopy-mesh/canopy/internal/version"
 )
 
@@ -46,6 +48,7 @@ type config struct {
 	pluginSocket    string
 	zdsSocket       string
 	backend         string
+	bpfRoot         string
 	probeUID        int64
 	probeSNAT       netip.Addr
 	reconcile       time.Duration
@@ -71,7 +74,8 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.pluginBinary, "plugin-binary", filepath.Join(filepath.Dir(exe), "canopy-cni"), "the canopy-cni binary to install")
 	fs.StringVar(&c.pluginSocket, "plugin-socket", "/var/run/canopy/cni.sock", "where the plugin reaches the agent")
 	fs.StringVar(&c.zdsSocket, "zds-socket", "/var/run/ztunnel/ztunnel.sock", "where the node proxy connects (ZDS)")
-	fs.StringVar(&c.backend, "backend", "nftables", "redirection backend: nftables (over netlink) or iptables (iptables-restore)")
+	fs.StringVar(&c.backend, "backend", "nftables", "redirection backend: nftables (over netlink), iptables (iptables-restore) or ebpf (sk_lookup and tcx programs in each pod; needs Canopy's node proxy)")
+	fs.StringVar(&c.bpfRoot, "bpf-root", sockmap.DefaultRoot, "with --backend=ebpf, the directory on the node's BPF filesystem where each pod's programs and maps are pinned (a BPF filesystem is mounted on its parent when there is none); the node proxy must look in the same place")
 	fs.Int64Var(&c.probeUID, "probe-uid", 0, "user ID of the kubelet: the node's TCP connections to enrolled pods from this user are SNATed as probes")
 	snat := fs.String("probe-snat", redirect.DefaultProbeSNAT.String(), "address kubelet probes are SNATed to")
 	fs.DurationVar(&c.reconcile, "reconcile-period", 30*time.Second, "how often every pod's rules are verified in its netns")
@@ -105,8 +109,15 @@ func parseFlags(args []string) (config, error) {
 	if errs := validation.IsQualifiedName(c.startupTaint); c.startupTaint != "" && len(errs) > 0 {
 		return c, fmt.Errorf("--startup-taint %q: %s", c.startupTaint, strings.Join(errs, "; "))
 	}
-	if c.backend != "nftables" && c.backend != "iptables" {
-		return c, fmt.Errorf("--backend %q: want nftables or iptables", c.backend)
+	switch c.backend {
+	case "nftables", "iptables":
+	case "ebpf":
+		if !filepath.IsAbs(c.bpfRoot) || filepath.Clean(c.bpfRoot) == "/" {
+			return c, fmt.Errorf("--bpf-root %q: want an absolute directory below a BPF filesystem's mount point", c.bpfRoot)
+		}
+		c.bpfRoot = filepath.Clean(c.bpfRoot)
+	default:
+		return c, fmt.Errorf("--backend %q: want nftables, iptables or ebpf", c.backend)
 	}
 	var err error
 	if c.probeSNAT, err = netip.ParseAddr(*snat); err != nil || !c.probeSNAT.Is4() {
@@ -139,9 +150,9 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	var backend redirect.Backend = redirect.Nftables{}
-	if cfg.backend == "iptables" {
-		backend = redirect.Iptables{}
+	backend, err := newBackend(cfg)
+	if err != nil {
+		return err
 	}
 	uid := probeUID(cfg)
 	// The in-pod rules accept IPv6 probes from the default address only.
@@ -182,6 +193,29 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}, log)
 }
 
+// newBackend makes the configured redirection backend. The eBPF one is
+// checked against the kernel first, so that an agent on a kernel without
+// what it needs fails at start, naming it, rather than at each pod; and
+// its pins need the node's BPF filesystem.
+func newBackend(cfg config) (redirect.Backend, error) {
+	switch cfg.backend {
+	case "iptables":
+		return redirect.Iptables{}, nil
+	case "ebpf":
+		if err := bpfprog.Probe(); err != nil {
+			return nil, err
+		}
+		if err := sockmap.MountBPFFS(filepath.Dir(cfg.bpfRoot)); err != nil {
+			return nil, err
+		}
+		if err := os.MkdirAll(cfg.bpfRoot, 0o700); err != nil {
+			return nil, fmt.Errorf("create --bpf-root: %w", err)
+		}
+		return redirect.Ebpf{Root: cfg.bpfRoot}, nil
+	}
+	return redirect.Nftables{}, nil
+}
+
 // probeUID is the user ID whose connections to enrolled pods are SNATed as
 // kubelet probes. It comes from configuration only: anything read from the
 // node's processes (a process name, say) a pod can fake.
@@ -193,4 +227,5 @@ var (
 	_ agent.RemovalWatch    = (*removal.Watcher)(nil)
 	_ agent.ProxyServer     = (*zds.Server)(nil)
 	_ agent.StartupTaint    = taint.Remover{}
+	_ agent.SocketBackend   = redirect.Ebpf{}
 )

@@ -17,12 +17,17 @@ func TestParseFlags(t *testing.T) {
 	if d, err := parseFlags([]string{"--node-name=n1", "--startup-taint=", "--namespace-record=", "--sidecar-capture=false"}); err != nil || d.startupTaint != "" || d.namespaceRecord != "" || d.enroll.SidecarCapture {
 		t.Errorf("parseFlags with the taint and the record off = %+v, %v", d, err)
 	}
+	if e, err := parseFlags([]string{"--node-name=n1", "--backend=ebpf", "--bpf-root=/sys/fs/bpf/canopy/"}); err != nil || e.backend != "ebpf" || e.bpfRoot != "/sys/fs/bpf/canopy" {
+		t.Errorf("parseFlags with the ebpf backend = %+v, %v", e, err)
+	}
 	for _, tt := range []struct {
 		args []string
 		want string
 	}{
 		{[]string{"--node-name="}, "--node-name"},
-		{[]string{"--node-name=n", "--backend=ebpf"}, "want nftables or iptables"},
+		{[]string{"--node-name=n", "--backend=bpf"}, "want nftables, iptables or ebpf"},
+		{[]string{"--node-name=n", "--backend=ebpf", "--bpf-root=canopy"}, "--bpf-root"},
+		{[]string{"--node-name=n", "--backend=ebpf", "--bpf-root=/"}, "--bpf-root"},
 		{[]string{"--node-name=n", "--probe-snat=fd00::1"}, "IPv4"},
 		{[]string{"--node-name=n", "--reconcile-period=0s"}, "positive"},
 		{[]string{"--node-name=n", "--probe-uid=-5"}, "user ID"},

@@ -41,6 +41,7 @@ import (
 	"github.com/canopy-mesh/canopy/cni/enroll"
 	"github.com/canopy-mesh/canopy/cni/redirect"
 	"github.com/canopy-mesh/canopy/cni/zds"
+	"github.com/canopy-mesh/canopy/internal/sockmap"
 )
 
 // Proxy is the node proxy as the agent reaches it; *zds.Server
@@ -167,6 +168,9 @@ type member struct {
 	// verified is the last time the rules were seen in place; published
 	// is the last time that was written to the pod.
 	verified, published time.Time
+	// unregistered are the slots of the pod's socket map its node proxy
+	// has not filled (a SocketBackend only).
+	unregistered []sockmap.Slot
 }
 
 func (m *member) path() string { return fmt.Sprintf("/proc/self/fd/%d", m.netns.Fd()) }

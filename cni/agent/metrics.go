@@ -34,6 +34,7 @@ type metrics struct {
 	verifications *prometheus.CounterVec
 	enrolled      *prometheus.GaugeVec
 	unenrollable  prometheus.Gauge
+	unregistered  prometheus.Gauge
 	hostRepairs   prometheus.Counter
 }
 
@@ -53,11 +54,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		unenrollable: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "canopy_cni_unenrollable_pods", Help: "Pods the agent should enroll and cannot (see their mesh.canopy.dev/Enrolled condition).",
 		}),
+		unregistered: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "canopy_cni_unregistered_pods", Help: "Served ambient pods whose socket map lacks some of the node proxy's sockets, whose traffic to them is dropped (ebpf backend only; the agent logs which).",
+		}),
 		hostRepairs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "canopy_cni_host_rules_repairs_total", Help: "Times the host probe rules were found drifted and rewritten.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.enrollments, m.verifications, m.enrolled, m.unenrollable, m.hostRepairs} {
+	for _, c := range []prometheus.Collector{m.enrollments, m.verifications, m.enrolled, m.unenrollable, m.unregistered, m.hostRepairs} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -67,6 +67,7 @@ func (a *Agent) reconcile(ctx context.Context) {
 		}
 	}
 	a.metrics.unenrollable.Set(float64(unenrollable))
+	a.collectPins()
 	a.verifyHost()
 	a.forgetGone(exists, start)
 }
@@ -233,6 +234,7 @@ func (a *Agent) verify(ctx context.Context, pod *corev1.Pod, m *member, ips []ne
 		return
 	}
 	a.metrics.verifications.WithLabelValues(outcome, mode).Inc()
+	a.checkSockets(m)
 	now := a.cfg.Now()
 	m.verified = now
 	state := m.state

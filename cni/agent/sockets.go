@@ -1,0 +1,84 @@
+package agent
+
+import (
+	"slices"
+
+	"github.com/canopy-mesh/canopy/internal/sockmap"
+)
+
+// SocketBackend is a backend that steers a pod's traffic to the node
+// proxy's sockets in the pod's socket map rather than to ports
+// (redirect.Ebpf). The proxy fills the map itself; the agent can only say
+// when it has not.
+type SocketBackend interface {
+	// Unregistered lists the pod's empty slots; an error for a pod the
+	// backend redirects another way (one it delegated to nftables).
+	Unregistered(netnsPath string) ([]sockmap.Slot, error)
+	// RemoveStaleDirs removes the pins of pods whose namespaces are gone
+	// and not in live.
+	RemoveStaleDirs(live []uint64) ([]uint64, error)
+}
+
+// checkSockets records which of a served ambient pod's slots its node
+// proxy has not filled, and logs when that changes. An empty slot drops
+// the traffic that belongs to it (fail closed), so a pod listed here is
+// cut off from the mesh in that direction: a node proxy that does not
+// fill socket maps (not Canopy's), or one that cannot see the node's BPF
+// filesystem. DNS slots count only while the pod's DNS is captured.
+// Callers hold the pod's lock.
+func (a *Agent) checkSockets(m *member) {
+	sb, ok := a.backend.(SocketBackend)
+	if !ok || m.sidecar() {
+		return
+	}
+	var missing []sockmap.Slot
+	if m.served {
+		slots, err := sb.Unregistered(m.path())
+		if err != nil {
+			slots = nil // not redirected through a socket map
+		}
+		dns := m.rules().DNSCapture
+		for _, s := range slots {
+			if dns || (s != sockmap.DNSTCP && s != sockmap.DNSUDP) {
+				missing = append(missing, s)
+			}
+		}
+	}
+	if slices.Equal(missing, m.unregistered) {
+		return
+	}
+	key := m.namespace + "/" + m.name
+	if len(missing) > 0 {
+		a.log.Warn("the node proxy has not put its sockets in the pod's socket map: the pod's traffic to them is dropped", "pod", key, "slots", missing)
+	} else {
+		a.log.Info("the node proxy's sockets are in the pod's socket map", "pod", key)
+	}
+	m.unregistered = missing
+}
+
+// collectPins removes the pins of pods that went away while no agent ran
+// (their Unenroll never came).
+func (a *Agent) collectPins() {
+	sb, ok := a.backend.(SocketBackend)
+	if !ok {
+		return
+	}
+	var live []uint64
+	unregistered := 0
+	for _, m := range a.members() {
+		if ino, err := sockmap.Inode(m.netns); err == nil {
+			live = append(live, ino)
+		}
+		if len(m.unregistered) > 0 {
+			unregistered++
+		}
+	}
+	a.metrics.unregistered.Set(float64(unregistered))
+	removed, err := sb.RemoveStaleDirs(live)
+	if err != nil {
+		a.log.Warn("cannot remove the pins of pods that are gone", "err", err)
+	}
+	if len(removed) > 0 {
+		a.log.Info("removed the pins of pods that are gone", "netns_inodes", removed)
+	}
+}
