@@ -67,16 +67,7 @@ func needEbpf(t *testing.T) {
 func bpffsRoot(t *testing.T) string {
 	t.Helper()
 	needEbpf(t)
-	dir := t.TempDir()
-	if err := unix.Mount("bpf", dir, "bpf", 0, ""); err != nil {
-		t.Fatalf("mount bpffs: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			t.Errorf("unmount bpffs: %v", err)
-		}
-	})
-	return filepath.Join(dir, "canopy")
+	return filepath.Join(nettest.BPFFS(t), "canopy")
 }
 
 // fakeProxy stands in for the node proxy's in-pod sockets: plain TCP (a

@@ -7,26 +7,13 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/canopy-mesh/canopy/internal/testing/nettest"
 	"golang.org/x/sys/unix"
 )
 
-// bpffs mounts a private BPF filesystem for the test, as the agent pins
-// under the node's.
-func bpffs(t *testing.T) string {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
-	dir := t.TempDir()
-	if err := unix.Mount("bpf", dir, "bpf", 0, ""); err != nil {
-		t.Skipf("mount bpffs: %v", err)
-	}
-	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
-	return dir
-}
-
 func TestOpenRegisterCookie(t *testing.T) {
-	root := bpffs(t)
+	root := nettest.BPFFS(t)
 	self, err := os.Open("/proc/self/ns/net")
 	if err != nil {
 		t.Fatal(err)

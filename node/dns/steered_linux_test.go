@@ -26,7 +26,7 @@ import (
 // DNS sockets found through the pod's socket map.
 func serveSteered(t *testing.T, pair nettest.Pair, tbl *workloadtable.Table, up Upstreams) (*inpod.Pod, *Server) {
 	t.Helper()
-	root := bpfsteer.FS(t)
+	root := nettest.BPFFS(t)
 	self := []netip.Addr{pair.AddrA}
 	if pair.AddrA6.IsValid() {
 		self = append(self, pair.AddrA6)
@@ -208,7 +208,7 @@ func TestSteeredAnswersFromTwoProxies(t *testing.T) {
 	nettest.NeedRoot(t)
 	pair := nettest.NewPair(t, netip.MustParsePrefix("10.254.5.0/24"))
 	tbl := table(t, service("demo", "echo.demo.svc.cluster.local", "10.96.0.10"))
-	root := bpfsteer.FS(t)
+	root := nettest.BPFFS(t)
 	bpfsteer.Steer(t, root, pair.A, pair.AddrA)
 	var servers []*Server
 	for range 2 {

@@ -77,7 +77,7 @@ func cookies(t *testing.T, p *Pod) map[sockmap.Slot]uint64 {
 // over; a closed socket leaves its slot.
 func TestListenFillsTheSocketMap(t *testing.T) {
 	nettest.NeedRoot(t)
-	root := bpfsteer.FS(t)
+	root := nettest.BPFFS(t)
 	pair := nettest.NewDualStackPair(t, netip.MustParsePrefix("10.252.0.0/24"), netip.MustParsePrefix("fd00:252::/64"))
 	m := bpfsteer.PinMap(t, root, pair.A)
 
@@ -120,7 +120,7 @@ func TestListenFillsTheSocketMap(t *testing.T) {
 // netfilter), or a proxy told of no BPF root, registers nothing.
 func TestListenWithoutASocketMap(t *testing.T) {
 	nettest.NeedRoot(t)
-	root := bpfsteer.FS(t)
+	root := nettest.BPFFS(t)
 	pair := nettest.NewPair(t, netip.MustParsePrefix("10.252.1.0/24"))
 	for _, r := range []string{root, ""} {
 		if pod := openSteered(t, pair.A, r); pod.SocketMap {
@@ -134,7 +134,7 @@ func TestListenWithoutASocketMap(t *testing.T) {
 // never reaches.
 func TestListenFailsOnABadSocketMap(t *testing.T) {
 	nettest.NeedRoot(t)
-	root := bpfsteer.FS(t)
+	root := nettest.BPFFS(t)
 	pair := nettest.NewPair(t, netip.MustParsePrefix("10.252.2.0/24"))
 	// Two slots: an agent that knows no DNS slots.
 	bpfsteer.PinSpec(t, root, pair.A, &ebpf.MapSpec{Type: ebpf.SockMap, KeySize: 4, ValueSize: 8, MaxEntries: 2})
@@ -160,7 +160,7 @@ func TestListenFailsOnABadSocketMap(t *testing.T) {
 // sockets for both families.
 func TestSteeredConnectionsReachTheListeners(t *testing.T) {
 	nettest.NeedRoot(t)
-	root := bpfsteer.FS(t)
+	root := nettest.BPFFS(t)
 	pair := nettest.NewDualStackPair(t, netip.MustParsePrefix("10.252.3.0/24"), netip.MustParsePrefix("fd00:252:3::/64"))
 	bpfsteer.Steer(t, root, pair.A, pair.AddrA, pair.AddrA6)
 	pod := openSteered(t, pair.A, root)
@@ -214,7 +214,7 @@ func TestSteeredHandOverLosesNothing(t *testing.T) {
 	if _, err := os.Stat(migrateSysctl); err != nil {
 		ci.Unavailable(t, "the kernel has no net.ipv4.tcp_migrate_req (Linux 5.14)")
 	}
-	root := bpfsteer.FS(t)
+	root := nettest.BPFFS(t)
 	pair := nettest.NewPair(t, netip.MustParsePrefix("10.252.4.0/24"))
 	bpfsteer.Steer(t, root, pair.A, pair.AddrA)
 	nettest.In(t, pair.A, func() (struct{}, error) { return struct{}{}, os.WriteFile(migrateSysctl, []byte("1"), 0o644) })
@@ -308,7 +308,7 @@ func TestSteeredHandOverLosesNothing(t *testing.T) {
 // 15001 and DNS TCP listener), and on no other.
 func TestTransparentOnlyWhereNeeded(t *testing.T) {
 	nettest.NeedRoot(t)
-	root := bpfsteer.FS(t)
+	root := nettest.BPFFS(t)
 	pair := nettest.NewDualStackPair(t, netip.MustParsePrefix("10.252.5.0/24"), netip.MustParsePrefix("fd00:252:5::/64"))
 	bpfsteer.PinMap(t, root, pair.A)
 	transparent := func(l net.Listener) bool {

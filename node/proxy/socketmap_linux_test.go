@@ -28,7 +28,7 @@ import (
 // the proxy itself rather than carried back to the proxy in a loop.
 func TestSteeredPod(t *testing.T) {
 	nettest.NeedRoot(t)
-	root := bpfsteer.FS(t)
+	root := nettest.BPFFS(t)
 	pair := nettest.NewPair(t, netip.MustParsePrefix("10.254.0.0/24"))
 	bpfsteer.Steer(t, root, pair.A, pair.AddrA)
 

@@ -37,18 +37,6 @@ import (
 	"github.com/canopy-mesh/canopy/internal/testing/ci"
 )
 
-// FS mounts a private BPF filesystem for the test, as the agent pins under
-// the node's, and returns the root to pin under.
-func FS(t testing.TB) string {
-	t.Helper()
-	dir := t.TempDir()
-	if err := unix.Mount("bpf", dir, "bpf", 0, ""); err != nil {
-		ci.Unavailable(t, "mount a BPF filesystem: %v", err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
-	return dir
-}
-
 // PinMap pins an empty socket map for the netns at path under root, where
 // sockmap.Open finds it, and returns it. The pin goes with the test's BPF
 // filesystem.

@@ -248,3 +248,22 @@ func Listen(t testing.TB, path, addr string) Listener {
 	t.Cleanup(func() { l.Close() })
 	return ch
 }
+
+// BPFFS mounts a private BPF filesystem for the test, where the CNI
+// agent's eBPF backend and the node proxy find each pod's pins as they do
+// under the node's, and returns its root. It is unmounted when the test
+// ends, which removes every pin made under it.
+func BPFFS(t testing.TB) string {
+	t.Helper()
+	NeedRoot(t)
+	dir := t.TempDir()
+	if err := unix.Mount("bpf", dir, "bpf", 0, ""); err != nil {
+		ci.Unavailable(t, "mount a BPF filesystem: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount the BPF filesystem: %v", err)
+		}
+	})
+	return dir
+}
