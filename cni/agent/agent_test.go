@@ -162,6 +162,12 @@ type node struct {
 // agent's configuration.
 func startNode(t *testing.T, name, zdsPath, nodeNetns, stateDir string, opts ...func(*agent.Config)) *node {
 	t.Helper()
+	return startNodeWith(t, redirect.Nftables{}, name, zdsPath, nodeNetns, stateDir, opts...)
+}
+
+// startNodeWith is startNode with another redirection backend.
+func startNodeWith(t *testing.T, backend redirect.Backend, name, zdsPath, nodeNetns, stateDir string, opts ...func(*agent.Config)) *node {
+	t.Helper()
 	log := slog.New(slog.DiscardHandler)
 	n := &node{reg: prometheus.NewRegistry(), record: filepath.Join(stateDir, "namespaces.json")}
 	server := zds.New(zdsPath, zds.Config{OnDelivered: func(uid string) {
@@ -178,7 +184,7 @@ func startNode(t *testing.T, name, zdsPath, nodeNetns, stateDir string, opts ...
 	for _, o := range opts {
 		o(&cfg)
 	}
-	a, err := agent.New(cfg, env.Client, redirect.Nftables{}, host, server, log)
+	a, err := agent.New(cfg, env.Client, backend, host, server, log)
 	if err != nil {
 		t.Fatal(err)
 	}
