@@ -27,6 +27,7 @@ import (
 
 	"github.com/canopy-mesh/canopy/cni/hostrules"
 	"github.com/canopy-mesh/canopy/cni/redirect"
+	"github.com/canopy-mesh/canopy/cni/redirect/bpfprog"
 	"github.com/canopy-mesh/canopy/cni/zds"
 	"github.com/canopy-mesh/canopy/internal/netns"
 	"github.com/canopy-mesh/canopy/internal/testing/nettest"
@@ -54,7 +55,10 @@ func setup(b *testing.B) *fixture {
 	_, _ = rand.Read(id)
 	prefix := "cnp-bench-" + hex.EncodeToString(id)
 	f := &fixture{}
-	mk := func(name string) string {
+	// Each namespace has lo and, like a pod's, an interface with an
+	// address (a dummy one: no traffic flows here), which the eBPF
+	// backend attaches its inbound program to.
+	mk := func(name string, addr netip.Addr) string {
 		path, err := netns.Create(name)
 		if err != nil {
 			b.Fatal(err)
@@ -67,15 +71,25 @@ func setup(b *testing.B) *fixture {
 		defer h.Close()
 		lo, _ := h.LinkByName("lo")
 		_ = h.LinkSetUp(lo)
+		eth := &netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}}
+		if err := h.LinkAdd(eth); err != nil {
+			b.Fatal(err)
+		}
+		if err := h.AddrAdd(eth, &netlink.Addr{IPNet: &net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
+			b.Fatal(err)
+		}
+		if err := h.LinkSetUp(eth); err != nil {
+			b.Fatal(err)
+		}
 		return path
 	}
 	for i := range pods {
-		f.pods = append(f.pods, mk(fmt.Sprintf("%s-%d", prefix, i)))
+		f.pods = append(f.pods, mk(fmt.Sprintf("%s-%d", prefix, i), podIP(i)))
 	}
 	for i := range newcomers {
-		f.newcomers = append(f.newcomers, mk(fmt.Sprintf("%s-new-%d", prefix, i)))
+		f.newcomers = append(f.newcomers, mk(fmt.Sprintf("%s-new-%d", prefix, i), netip.AddrFrom4([4]byte{10, 218, 0, byte(i)})))
 	}
-	f.host = hostrules.Rules{ProbeSNAT: redirect.DefaultProbeSNAT, ProbeSNATv6: redirect.DefaultProbeSNATv6, Netns: mk(prefix + "-node")}
+	f.host = hostrules.Rules{ProbeSNAT: redirect.DefaultProbeSNAT, ProbeSNATv6: redirect.DefaultProbeSNATv6, Netns: mk(prefix+"-node", netip.AddrFrom4([4]byte{10, 217, 0, 1}))}
 	if err := f.host.Sync(nil); err != nil {
 		b.Fatal(err)
 	}
@@ -125,9 +139,12 @@ func ackAll(ctx context.Context, sock string) {
 	}
 }
 
+// podIP is the address of the i-th pod.
+func podIP(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 219, byte(i >> 8), byte(i)}) }
+
 // enroll is the agent's path for one pod after the plugin's ADD.
 func (f *fixture) enroll(b *testing.B, backend redirect.Backend, i int, withRules bool) time.Duration {
-	ip := netip.AddrFrom4([4]byte{10, 219, byte(i >> 8), byte(i)})
+	ip := podIP(i)
 	nsf, err := os.Open(f.pods[i])
 	if err != nil {
 		b.Fatal(err)
@@ -159,9 +176,12 @@ func BenchmarkEnroll(b *testing.B) {
 	for _, tt := range []struct {
 		name    string
 		backend redirect.Backend
-	}{{"nftables", redirect.Nftables{}}, {"iptables", redirect.Iptables{}}, {"ZDSOnly", nil}} {
+	}{{"nftables", redirect.Nftables{}}, {"iptables", redirect.Iptables{}}, {"ebpf", nil}, {"ZDSOnly", nil}} {
 		b.Run(tt.name, func(b *testing.B) {
 			f := setup(b)
+			if tt.name == "ebpf" {
+				tt.backend = redirect.Ebpf{Root: bpffs(b)}
+			}
 			var took []time.Duration
 			for b.Loop() {
 				for i := range pods {
@@ -179,6 +199,16 @@ func BenchmarkEnroll(b *testing.B) {
 			report(b, took)
 		})
 	}
+}
+
+// bpffs mounts a BPF filesystem for the eBPF backend's pins, unmounted at
+// the benchmark's end.
+func bpffs(b *testing.B) string {
+	b.Helper()
+	if err := bpfprog.Probe(); err != nil {
+		b.Skip(err)
+	}
+	return nettest.BPFFS(b)
 }
 
 // BenchmarkPluginExec is the container runtime's cost of running the

@@ -8,7 +8,8 @@
 //     and served by one node proxy (node/proxy, in-pod listeners); the
 //     client's connection is captured to 15001, carried over HBONE with
 //     mutual TLS to the server pod's 15008, and delivered to the app from
-//     the client's address.
+//     the client's address. The ebpf path's listeners are in the pods'
+//     socket maps on a BPF filesystem the benchmark mounts.
 //
 // BenchmarkNewConnections is the cost of a connection (connect, one byte
 // each way, close) and BenchmarkThroughput one stream's bytes. Compare each
@@ -36,6 +37,7 @@ import (
 
 	"github.com/canopy-mesh/canopy/ca/pki"
 	"github.com/canopy-mesh/canopy/cni/redirect"
+	"github.com/canopy-mesh/canopy/cni/redirect/bpfprog"
 	"github.com/canopy-mesh/canopy/internal/netns"
 	"github.com/canopy-mesh/canopy/internal/testing/nettest"
 	"github.com/canopy-mesh/canopy/internal/workloadtable"
@@ -71,18 +73,29 @@ func (s signer) Sign(_ context.Context, csrPEM []byte, id workloadapi.Identity, 
 type path struct {
 	name string
 	// backend enrolls both namespaces; nil for direct.
-	backend func(b *testing.B) redirect.Backend
-	// opts are the in-pod options of the proxy's listeners.
-	opts func(b *testing.B) inpod.Options
+	backend redirect.Backend
+	// bpf: the backend pins on a BPF filesystem, which the setup mounts
+	// and hands to the backend and the proxy's listeners, as a node's.
+	bpf bool
 }
 
 func paths() []path {
-	none := func(*testing.B) inpod.Options { return inpod.Options{} }
 	return []path{
 		{name: "direct"},
-		{name: "nftables", backend: func(*testing.B) redirect.Backend { return redirect.Nftables{} }, opts: none},
-		{name: "iptables", backend: func(*testing.B) redirect.Backend { return redirect.Iptables{} }, opts: none},
+		{name: "nftables", backend: redirect.Nftables{}},
+		{name: "iptables", backend: redirect.Iptables{}},
+		{name: "ebpf", backend: redirect.Ebpf{}, bpf: true},
 	}
+}
+
+// bpffs mounts a BPF filesystem for the eBPF backend's pins, unmounted at
+// the benchmark's end.
+func bpffs(b *testing.B) string {
+	b.Helper()
+	if err := bpfprog.Probe(); err != nil {
+		b.Skip(err)
+	}
+	return nettest.BPFFS(b)
 }
 
 // setup builds the pair of namespaces for p, with the server app echoing
@@ -107,7 +120,12 @@ func setup(b *testing.B, p path, subnet string) (netip.Addr, string) {
 	if p.backend == nil {
 		return pair.AddrB, pair.A
 	}
-	backend := p.backend(b)
+	backend := p.backend
+	var opts inpod.Options
+	if p.bpf {
+		opts.BPFRoot = bpffs(b)
+		backend = redirect.Ebpf{Root: opts.BPFRoot}
+	}
 	cfg := redirect.DefaultPodConfig()
 	cfg.DNSCapture = false
 	for _, ns := range []string{pair.A, pair.B} {
@@ -150,7 +168,7 @@ func setup(b *testing.B, p path, subnet string) (netip.Addr, string) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		pod, err := inpod.OpenWith(f, p.opts(b))
+		pod, err := inpod.OpenWith(f, opts)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -225,18 +243,26 @@ func BenchmarkNewConnections(b *testing.B) {
 			server := netip.AddrPortFrom(addr, echoPort)
 			one := make([]byte, 1)
 			start := time.Now()
-			for b.Loop() {
-				c, err := dial(client, server)
-				if err != nil {
-					b.Fatal(err)
+			// The loop runs on a thread inside the client's namespace, so
+			// each socket is made there without a switch per connection.
+			err := netns.Do(client, func() error {
+				for b.Loop() {
+					c, err := net.DialTimeout("tcp", server.String(), 3*time.Second)
+					if err != nil {
+						return err
+					}
+					if _, err := c.Write(one); err != nil {
+						return err
+					}
+					if _, err := io.ReadFull(c, one); err != nil {
+						return err
+					}
+					c.Close()
 				}
-				if _, err := c.Write(one); err != nil {
-					b.Fatal(err)
-				}
-				if _, err := io.ReadFull(c, one); err != nil {
-					b.Fatal(err)
-				}
-				c.Close()
+				return nil
+			})
+			if err != nil {
+				b.Fatal(err)
 			}
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "conns/s")
 		})
