@@ -44,10 +44,16 @@ type mesh struct {
 	local *localcluster.Cluster
 	c     *cluster.Cluster
 	root  string // the module root, for deploy/examples
+	// values are the chart values files every install and upgrade uses.
+	values []string
+	// backend is the CNI agent's redirection backend.
+	backend string
 }
 
-// TestMesh runs the scenario in order on one cluster: each step builds on
-// the state the previous one left, as a user's session would.
+// TestMesh runs the scenario in order on one cluster per redirection
+// backend (CANOPY_E2E_BACKENDS, comma-separated; default nftables, the
+// chart's default, then ebpf): each step builds on the state the previous
+// one left, as a user's session would.
 func TestMesh(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end test: skipped in -short mode")
@@ -55,7 +61,19 @@ func TestMesh(t *testing.T) {
 	if os.Geteuid() != 0 {
 		ci.Unavailable(t, "the local cluster needs root")
 	}
-	m := up(t)
+	backends := []string{"nftables", "ebpf"}
+	if v := os.Getenv("CANOPY_E2E_BACKENDS"); v != "" {
+		backends = strings.Split(v, ",")
+	}
+	for _, backend := range backends {
+		if !t.Run(backend, func(t *testing.T) { testMesh(t, backend) }) {
+			return
+		}
+	}
+}
+
+func testMesh(t *testing.T, backend string) {
+	m := up(t, backend)
 	steps := []struct {
 		name string
 		run  func(*testing.T, *mesh)
@@ -63,6 +81,7 @@ func TestMesh(t *testing.T) {
 		{"FreshNodesStartNoPodOutsideTheMesh", testFreshNodes},
 		{"InstallUnderChartIdentities", testChartIdentities},
 		{"DemoScenario", testDemoScenario},
+		{"RedirectedByTheBackend", testBackend},
 		{"DNSThroughTheNodeProxy", testDNS},
 		{"IstioctlShowsWhatCanopyctlShows", testIstioctl},
 		{"ProxylessGRPCThroughIstiosAgent", testProxylessGRPC},
@@ -88,7 +107,7 @@ var startupTaint = corev1.Taint{Key: "cni.canopy.dev/not-ready", Effect: corev1.
 // register with the CNI agent's startup taint, applies the sample app
 // (whose pods wait for the nodes), then installs Canopy with canopyctl's
 // install.
-func up(t *testing.T) *mesh {
+func up(t *testing.T, backend string) *mesh {
 	t.Helper()
 	root, err := tools.ModuleRoot()
 	if err != nil {
@@ -159,7 +178,14 @@ func up(t *testing.T) *mesh {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &mesh{local: local, c: c, root: root}
+	m := &mesh{local: local, c: c, root: root, backend: backend, values: []string{filepath.Join(root, "deploy/examples/local-values.yaml")}}
+	if backend != "nftables" {
+		f := filepath.Join(t.TempDir(), "backend-values.yaml")
+		if err := os.WriteFile(f, []byte("cniAgent:\n  backend: "+backend+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		m.values = append(m.values, f)
+	}
 
 	// The app comes first, as on fresh nodes joining a cluster that runs
 	// it: its pods must wait for the nodes to be ready for the mesh.
@@ -186,7 +212,7 @@ func up(t *testing.T) *mesh {
 	err = ctl.Install(t.Context(), c, ctl.InstallOptions{
 		Namespace:   system,
 		Version:     "e2e",
-		ValuesFiles: []string{filepath.Join(root, "deploy/examples/local-values.yaml")},
+		ValuesFiles: m.values,
 		Wait:        3 * time.Minute,
 	}, &progress)
 	t.Logf("canopyctl install:\n%s", progress.String())
@@ -534,7 +560,7 @@ func testDeleteAtOnce(t *testing.T, m *mesh) {
 	var progress strings.Builder
 	err := ctl.Install(t.Context(), m.c, ctl.InstallOptions{
 		Namespace: system, Version: "e2e", SkipCRDs: true, Wait: 3 * time.Minute,
-		ValuesFiles: []string{filepath.Join(m.root, "deploy/examples/local-values.yaml")},
+		ValuesFiles: m.values,
 	}, &progress)
 	if err != nil {
 		t.Fatalf("reinstall: %v\n%s", err, progress.String())

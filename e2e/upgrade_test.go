@@ -52,7 +52,7 @@ func testUpgradeUnderLoad(t *testing.T, m *mesh) {
 	started := time.Now()
 	time.Sleep(5 * time.Second)
 
-	values := []string{m.root + "/deploy/examples/local-values.yaml"}
+	values := m.values
 	drainPeriod := nodeDrainPeriod(t, ctl.InstallOptions{Namespace: system, ValuesFiles: values})
 	// spans are when each upgrade ran, in seconds of the run.
 	var spans [][2]int
