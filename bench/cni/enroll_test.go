@@ -56,8 +56,9 @@ func setup(b *testing.B) *fixture {
 	prefix := "cnp-bench-" + hex.EncodeToString(id)
 	f := &fixture{}
 	// Each namespace has lo and, like a pod's, an interface with an
-	// address (a dummy one: no traffic flows here), which the eBPF
-	// backend attaches its inbound program to.
+	// address (one end of a veth pair whose other end stays in the
+	// namespace: no traffic flows here), which the eBPF backend attaches
+	// its inbound program to.
 	mk := func(name string, addr netip.Addr) string {
 		path, err := netns.Create(name)
 		if err != nil {
@@ -71,7 +72,7 @@ func setup(b *testing.B) *fixture {
 		defer h.Close()
 		lo, _ := h.LinkByName("lo")
 		_ = h.LinkSetUp(lo)
-		eth := &netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}}
+		eth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "peer0"}
 		if err := h.LinkAdd(eth); err != nil {
 			b.Fatal(err)
 		}
