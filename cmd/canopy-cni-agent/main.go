@@ -75,7 +75,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.pluginSocket, "plugin-socket", "/var/run/canopy/cni.sock", "where the plugin reaches the agent")
 	fs.StringVar(&c.zdsSocket, "zds-socket", "/var/run/ztunnel/ztunnel.sock", "where the node proxy connects (ZDS)")
 	fs.StringVar(&c.backend, "backend", "nftables", "redirection backend: nftables (over netlink), iptables (iptables-restore) or ebpf (sk_lookup and tcx programs in each pod; needs Canopy's node proxy)")
-	fs.StringVar(&c.bpfRoot, "bpf-root", sockmap.DefaultRoot, "with --backend=ebpf, the directory on the node's BPF filesystem where each pod's programs and maps are pinned (a BPF filesystem is mounted on its parent when there is none); the node proxy must look in the same place")
+	fs.StringVar(&c.bpfRoot, "bpf-root", sockmap.DefaultRoot, "the directory on the node's BPF filesystem where the ebpf backend pins each pod's programs and maps (a BPF filesystem is mounted on its parent when there is none), and where another backend looks for pods the ebpf backend left, to take them over; the node proxy must look in the same place")
 	fs.Int64Var(&c.probeUID, "probe-uid", 0, "user ID of the kubelet: the node's TCP connections to enrolled pods from this user are SNATed as probes")
 	snat := fs.String("probe-snat", redirect.DefaultProbeSNAT.String(), "address kubelet probes are SNATed to")
 	fs.DurationVar(&c.reconcile, "reconcile-period", 30*time.Second, "how often every pod's rules are verified in its netns")
@@ -110,8 +110,7 @@ func parseFlags(args []string) (config, error) {
 		return c, fmt.Errorf("--startup-taint %q: %s", c.startupTaint, strings.Join(errs, "; "))
 	}
 	switch c.backend {
-	case "nftables", "iptables":
-	case "ebpf":
+	case "nftables", "iptables", "ebpf":
 		if !filepath.IsAbs(c.bpfRoot) || filepath.Clean(c.bpfRoot) == "/" {
 			return c, fmt.Errorf("--bpf-root %q: want an absolute directory below a BPF filesystem's mount point", c.bpfRoot)
 		}
@@ -199,8 +198,18 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 // its pins need the node's BPF filesystem.
 func newBackend(cfg config) (redirect.Backend, error) {
 	switch cfg.backend {
-	case "iptables":
-		return redirect.Iptables{}, nil
+	case "nftables", "iptables":
+		var b redirect.Backend = redirect.Nftables{}
+		if cfg.backend == "iptables" {
+			b = redirect.Iptables{}
+		}
+		// Pods the eBPF backend enrolled before the node changed backend
+		// keep its programs until they are enrolled again, and then lose
+		// them: never captured twice for longer than that.
+		if entries, err := os.ReadDir(cfg.bpfRoot); err == nil && len(entries) > 0 {
+			return redirect.LeavingEbpf{Backend: b, Root: cfg.bpfRoot}, nil
+		}
+		return b, nil
 	case "ebpf":
 		if err := bpfprog.Probe(); err != nil {
 			return nil, err
@@ -213,7 +222,7 @@ func newBackend(cfg config) (redirect.Backend, error) {
 		}
 		return redirect.Ebpf{Root: cfg.bpfRoot}, nil
 	}
-	return redirect.Nftables{}, nil
+	return nil, fmt.Errorf("unknown backend %q", cfg.backend)
 }
 
 // probeUID is the user ID whose connections to enrolled pods are SNATed as

@@ -337,8 +337,14 @@ func (e Ebpf) Verify(netnsPath string, cfg PodConfig) error {
 // verifyDelegated is Verify of a pod handed to the Nftables backend: its
 // capture, and nothing of the eBPF backend's.
 func (e Ebpf) verifyDelegated(netnsPath string, cfg PodConfig) error {
+	return verifyWithout(Nftables{}, e, netnsPath, cfg)
+}
+
+// verifyWithout is b's Verify, with what is left of e's eBPF state in the
+// pod as drift too.
+func verifyWithout(b Backend, e Ebpf, netnsPath string, cfg PodConfig) error {
 	var problems []string
-	err := Nftables{}.Verify(netnsPath, cfg)
+	err := b.Verify(netnsPath, cfg)
 	var drift *DriftError
 	switch {
 	case errors.As(err, &drift):
@@ -346,33 +352,44 @@ func (e Ebpf) verifyDelegated(netnsPath string, cfg PodConfig) error {
 	case err != nil:
 		return err
 	}
-	p, err := e.openPod(netnsPath)
+	left, err := e.leftovers(netnsPath, b.Name())
 	if err != nil {
 		return err
 	}
-	defer p.Close()
-	if _, err := os.Stat(p.dir); err == nil {
-		problems = append(problems, fmt.Sprintf("eBPF pins left at %s for a pod the nftables backend captures", p.dir))
-	}
-	progs, err := p.skLookupProblems(nil, false)
-	if err != nil {
-		return err
-	}
-	problems = append(problems, progs...)
-	tcx, err := p.tcxProblems(nil, false)
-	if err != nil {
-		return err
-	}
-	problems = append(problems, tcx...)
-	routing, err := ebpfRoutingProblems(p.path, p.h, nil, false)
-	if err != nil {
-		return err
-	}
-	problems = append(problems, routing...)
+	problems = append(problems, left...)
 	if len(problems) > 0 {
 		return &DriftError{Problems: problems}
 	}
 	return nil
+}
+
+// leftovers lists the eBPF state in a pod that the backend named other
+// captures: pins, programs, routing.
+func (e Ebpf) leftovers(netnsPath, other string) ([]string, error) {
+	p, err := e.openPod(netnsPath)
+	if err != nil {
+		return nil, err
+	}
+	defer p.Close()
+	var problems []string
+	if _, err := os.Stat(p.dir); err == nil {
+		problems = append(problems, fmt.Sprintf("eBPF pins left at %s for a pod the %s backend captures", p.dir, other))
+	}
+	progs, err := p.skLookupProblems(nil, false)
+	if err != nil {
+		return nil, err
+	}
+	problems = append(problems, progs...)
+	tcx, err := p.tcxProblems(nil, false)
+	if err != nil {
+		return nil, err
+	}
+	problems = append(problems, tcx...)
+	routing, err := ebpfRoutingProblems(p.path, p.h, nil, false)
+	if err != nil {
+		return nil, err
+	}
+	return append(problems, routing...), nil
 }
 
 // Unregistered lists the socket slots of the pod's socks map that hold no

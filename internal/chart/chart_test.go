@@ -429,14 +429,15 @@ func TestSidecarCapture(t *testing.T) {
 // TestEBPFBackend: with the eBPF backend both DaemonSets mount the node's
 // BPF filesystem, the agent's with bidirectional propagation (a BPF
 // filesystem it mounts must outlive it), the proxy's from the host; with
-// the others, neither does.
+// the others only the agent does, to take over pods the eBPF backend
+// left.
 func TestEBPFBackend(t *testing.T) {
 	for _, tt := range []struct {
 		backend string
 		want    map[string]string // DaemonSet: propagation of its /sys/fs/bpf mount
 	}{
-		{"nftables", map[string]string{}},
-		{"iptables", map[string]string{}},
+		{"nftables", map[string]string{"canopy-cni-agent": "HostToContainer"}},
+		{"iptables", map[string]string{"canopy-cni-agent": "HostToContainer"}},
 		{"ebpf", map[string]string{"canopy-cni-agent": "Bidirectional", "ztunnel": "HostToContainer"}},
 	} {
 		r := render(t, chart.Options{Namespace: "mesh", Set: []string{"cniAgent.backend=" + tt.backend}})
