@@ -95,7 +95,7 @@ func TestInstallDryRun(t *testing.T) {
 		t.Error("--skip-crds printed CRDs")
 	}
 	out.Reset()
-	err := Install(t.Context(), nil, InstallOptions{Namespace: "mesh", DryRun: true, Set: []string{"cniAgent.backend=ebpf"}}, &out)
+	err := Install(t.Context(), nil, InstallOptions{Namespace: "mesh", DryRun: true, Set: []string{"cniAgent.backend=bpf"}}, &out)
 	if err == nil || out.Len() != 0 {
 		t.Errorf("bad values: err %v, %d bytes printed", err, out.Len())
 	}
