@@ -60,8 +60,10 @@ TOOLS_ENV = CANOPY_KUBE_BIN_DIR=$$(hack/tools.sh kube) \
 	CANOPY_COREDNS_BIN_DIR=$$(hack/tools.sh coredns) \
 	CANOPY_ISTIO_BIN_DIR=$$(hack/tools.sh istio)
 
+# The end-to-end suite runs its scenario once per redirection backend, longer
+# than go test's default timeout of 10 minutes for one package on 2 cores.
 test: deps modules lint ## every test level: unit, kube (real API server), root-level and e2e (local cluster)
-	@env $(TOOLS_ENV) $(GO) test -p $(GOTESTP) -count=1 $(GOTESTFLAGS) ./...
+	@env $(TOOLS_ENV) $(GO) test -p $(GOTESTP) -count=1 -timeout 40m $(GOTESTFLAGS) ./...
 
 demo: deps build ## a local cluster with the sample app (needs root); see canopy-local status
 	@OUT=$(OUT) hack/demo.sh
