@@ -1,5 +1,5 @@
 // Package hbone_test measures the HBONE data path against the baselines
-// the node proxy must beat, in one process on loopback:
+// the node proxy must beat, on loopback:
 //
 //   - direct: client to server TCP;
 //   - tls: a plain per-connection mutual-TLS tunnel pair (TCP -> TLS ->
@@ -7,8 +7,14 @@
 //   - hbone: TCP -> HBONE stream over one pooled mTLS HTTP/2 connection
 //     -> TCP, the node proxy's path.
 //
-// Run: go test ./bench/hbone -run '^$' -bench . -count 3
-// and compare MB/s within one run.
+// The tunnels' two ends run in the benchmark's process; the load
+// generator and the servers (a sink, an echo) each in a process of its
+// own (roles_test.go), so that the figures, the CPU profile
+// (-cpuprofile) and the memory per connection are the tunnels' alone.
+// Each benchmark reports every path of one run; compare hbone and tls
+// with direct within it:
+//
+//	go test ./bench/hbone -run '^$' -bench . -benchtime 1x
 package hbone_test
 
 import (
@@ -54,10 +60,11 @@ func sink(c net.Conn) {
 	fmt.Fprintf(c, "%d", n)
 }
 
-// path is a way from the client to the sink; dial opens one connection.
+// path is a way from the client to a server: the address the client
+// dials.
 type path struct {
 	name string
-	dial func() (net.Conn, error)
+	addr string
 }
 
 // paths builds the three ways to target.
@@ -117,10 +124,7 @@ func paths(b *testing.B, target string) []path {
 		}
 		_, _, _ = hbone.Splice(c, s)
 	})
-	dial := func(addr string) func() (net.Conn, error) {
-		return func() (net.Conn, error) { return net.Dial("tcp", addr) }
-	}
-	return []path{{"direct", dial(target)}, {"tls", dial(tlsClient)}, {"hbone", dial(hboneClient)}}
+	return []path{{"direct", target}, {"tls", tlsClient}, {"hbone", hboneClient}}
 }
 
 // pipe copies both ways with half-closes.
@@ -142,82 +146,57 @@ func pipe(a, b net.Conn) {
 	b.Close()
 }
 
-const chunk = 1 << 20
+// streamBytes is what each stream benchmark moves through a path in all.
+const streamBytes = 2 << 30
 
 // BenchmarkThroughput streams through each path with 1 and 8 parallel
-// connections; MB/s is the figure (b.SetBytes per 1 MiB write).
+// connections, each moving the same bytes: MB/s in all, each stream's rate
+// against the streams' mean (the lowest and the highest; 1 when fair), and
+// the CPU the tunnels spent per GB.
 func BenchmarkThroughput(b *testing.B) {
+	sinkAddr, _ := servers(b)
 	for _, streams := range []int{1, 8} {
-		for _, p := range paths(b, listen(b, sink)) {
+		for _, p := range paths(b, sinkAddr) {
 			b.Run(fmt.Sprintf("%s/streams=%d", p.name, streams), func(b *testing.B) {
-				conns := make([]net.Conn, streams)
-				for i := range conns {
-					c, err := p.dial()
-					if err != nil {
-						b.Fatal(err)
-					}
-					conns[i] = c
-				}
-				buf := make([]byte, chunk)
-				b.SetBytes(chunk)
+				var r result
 				cpu0 := cpuTime()
-				b.ResetTimer()
-				var wg sync.WaitGroup
-				per := b.N / streams
-				for i, c := range conns {
-					n := per
-					if i == 0 {
-						n += b.N % streams
-					}
-					wg.Go(func() {
-						for range n {
-							if _, err := c.Write(buf); err != nil {
-								b.Error(err)
-								return
-							}
-						}
-						_ = c.(*net.TCPConn).CloseWrite()
-						_, _ = io.ReadAll(c) // the sink's count: everything arrived
-						c.Close()
-					})
+				for b.Loop() {
+					r = load{Mode: "stream", Addr: p.addr, Streams: streams, Bytes: streamBytes}.run(b)
 				}
-				wg.Wait()
-				b.StopTimer()
-				// CPU of the whole process (load, proxies, sink) per GB moved;
-				// the path's own cost is this minus the direct path's.
-				b.ReportMetric((cpuTime()-cpu0).Seconds()/(float64(b.N)*chunk/1e9), "cpu-s/GB")
+				cpu := cpuTime() - cpu0
+				var total int64
+				for _, n := range r.StreamBytes {
+					total += n
+				}
+				b.ReportMetric(float64(total)/r.Seconds/1e6, "MB/s")
+				rates := make([]float64, streams)
+				var mean float64
+				for i := range rates {
+					rates[i] = float64(r.StreamBytes[i]) / r.StreamSeconds[i]
+					mean += rates[i] / float64(streams)
+				}
+				b.ReportMetric(slices.Min(rates)/mean, "min-rate/mean")
+				b.ReportMetric(slices.Max(rates)/mean, "max-rate/mean")
+				// The tunnels' CPU (this process holds nothing else) per GB.
+				b.ReportMetric(cpu.Seconds()/float64(b.N)/(float64(total)/1e9), "tunnel-cpu-s/GB")
 			})
 		}
 	}
 }
 
-// BenchmarkRequestResponse: small request/response on a warm connection;
-// ns/op is one round trip.
+// BenchmarkRequestResponse: small requests and responses on one warm
+// connection through each path, 20,000 round trips: p50 and p99.
 func BenchmarkRequestResponse(b *testing.B) {
-	echoSrv := listen(b, func(c net.Conn) { _, _ = io.Copy(c, c) })
+	_, echoAddr := servers(b)
 	for _, size := range []int{1, 1024} {
-		for _, p := range paths(b, echoSrv) {
+		for _, p := range paths(b, echoAddr) {
 			b.Run(fmt.Sprintf("%s/size=%d", p.name, size), func(b *testing.B) {
-				c, err := p.dial()
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer c.Close()
-				msg := make([]byte, size)
-				var took []time.Duration
+				var r result
 				for b.Loop() {
-					start := time.Now()
-					if _, err := c.Write(msg); err != nil {
-						b.Fatal(err)
-					}
-					if _, err := io.ReadFull(c, msg); err != nil {
-						b.Fatal(err)
-					}
-					took = append(took, time.Since(start))
+					r = load{Mode: "rr", Addr: p.addr, Size: size, N: 20000}.run(b)
 				}
-				slices.Sort(took)
-				b.ReportMetric(float64(took[len(took)/2].Microseconds()), "p50-µs")
-				b.ReportMetric(float64(took[len(took)*99/100].Microseconds()), "p99-µs")
+				b.ReportMetric(float64(r.P50.Microseconds()), "p50-µs")
+				b.ReportMetric(float64(r.P99.Microseconds()), "p99-µs")
 			})
 		}
 	}
@@ -229,56 +208,36 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// BenchmarkNewConnections: a new connection per operation (one byte each
-// way, then close) over a warm HBONE pool; ns/op is one connection.
+// BenchmarkNewConnections: 5,000 new connections one after another (one
+// byte each way, then close) through each path, over a warm HBONE pool.
 func BenchmarkNewConnections(b *testing.B) {
-	echoSrv := listen(b, func(c net.Conn) { _, _ = io.Copy(c, c); c.Close() })
-	for _, p := range paths(b, echoSrv) {
+	_, echoAddr := servers(b)
+	for _, p := range paths(b, echoAddr) {
 		b.Run(p.name, func(b *testing.B) {
-			one := []byte{1}
+			const n = 5000
+			var r result
 			for b.Loop() {
-				c, err := p.dial()
-				if err != nil {
-					b.Fatal(err)
-				}
-				if _, err := c.Write(one); err != nil {
-					b.Fatal(err)
-				}
-				if _, err := io.ReadFull(c, one); err != nil {
-					b.Fatal(err)
-				}
-				c.Close()
+				r = load{Mode: "connect", Addr: p.addr, N: n}.run(b)
 			}
+			b.ReportMetric(n/r.Seconds, "conns/s")
 		})
 	}
 }
 
-// BenchmarkIdleMemory: heap and stacks per idle proxied connection (both
-// proxies of the path, in this process), 1,000 connections.
+// BenchmarkIdleMemory: heap and stacks per idle connection held through
+// each path, 1,000 connections, in this process: the tunnels' two ends
+// alone (the client and the server are processes of their own).
 func BenchmarkIdleMemory(b *testing.B) {
-	const n = 1000
-	echoSrv := listen(b, func(c net.Conn) { _, _ = io.Copy(c, c); c.Close() })
-	for _, p := range paths(b, echoSrv) {
+	_, echoAddr := servers(b)
+	for _, p := range paths(b, echoAddr) {
 		b.Run(p.name, func(b *testing.B) {
+			const n = 1000
 			for b.Loop() {
 				before := inUse()
-				conns := make([]net.Conn, n)
-				one := []byte{1}
-				for i := range conns {
-					c, err := p.dial()
-					if err != nil {
-						b.Fatal(err)
-					}
-					// A round trip: the connection is established end to end.
-					_, _ = c.Write(one)
-					_, _ = io.ReadFull(c, one)
-					conns[i] = c
-				}
+				release := load{Mode: "hold", Addr: p.addr, N: n}.hold(b)
 				b.ReportMetric(float64(inUse()-before)/n, "bytes/conn")
-				for _, c := range conns {
-					c.Close()
-				}
-				// Let the proxies' goroutines end before the next path is
+				release()
+				// Let the tunnels' goroutines end before the next path is
 				// measured.
 				time.Sleep(2 * time.Second)
 			}
