@@ -151,6 +151,34 @@ func refuseUnsupported(cfg PodConfig) error {
 	return nil
 }
 
+// prepare opens the pod's namespace and works out what Enroll installs
+// there now (the cfg map's value, the routing of each family) from the
+// pod's addresses, which are read again each time. The caller closes the
+// pod.
+func (e Ebpf) prepare(netnsPath string, cfg PodConfig) (p *ebpfPod, want bpfprog.Config, fams []ebpfFamily, err error) {
+	if err := checkBPFFS(e.root()); err != nil {
+		return nil, want, nil, err
+	}
+	if p, err = e.openPod(netnsPath); err != nil {
+		return nil, want, nil, err
+	}
+	defer func() {
+		if err != nil {
+			p.Close()
+			p = nil
+		}
+	}()
+	addrs, err := discoverPodAddrs(p.h)
+	if err != nil {
+		return p, want, nil, fmt.Errorf("%s: %w", netnsPath, err)
+	}
+	if want, err = bpfprog.NewConfig(addrs.v4, addrs.v6, cfg.ProbeSNAT, cfg.ProbeSNATv6, cfg.DNSCapture); err != nil {
+		return p, want, nil, err
+	}
+	fams, err = ebpfFamilies(p.h, addrs, cfg)
+	return p, want, fams, err
+}
+
 // Enroll implements Backend. See Ebpf for what it installs; it first
 // fails, changing nothing, for settings it refuses and when Root is not on
 // a BPF filesystem. The netfilter capture of the nftables and iptables
@@ -171,26 +199,11 @@ func (e Ebpf) Enroll(netnsPath string, cfg PodConfig) error {
 		}
 		return e.removeEbpf(netnsPath)
 	}
-	if err := checkBPFFS(e.root()); err != nil {
-		return err
-	}
-	p, err := e.openPod(netnsPath)
+	p, want, fams, err := e.prepare(netnsPath, cfg)
 	if err != nil {
 		return err
 	}
 	defer p.Close()
-	addrs, err := discoverPodAddrs(p.h)
-	if err != nil {
-		return fmt.Errorf("%s: %w", netnsPath, err)
-	}
-	want, err := bpfprog.NewConfig(addrs.v4, addrs.v6, cfg.ProbeSNAT, cfg.ProbeSNATv6, cfg.DNSCapture)
-	if err != nil {
-		return err
-	}
-	fams, err := ebpfFamilies(p.h, addrs, cfg)
-	if err != nil {
-		return err
-	}
 	if err := os.MkdirAll(p.dir, 0o700); err != nil {
 		return fmt.Errorf("create pin directory: %w", err)
 	}
@@ -262,26 +275,11 @@ func (e Ebpf) Verify(netnsPath string, cfg PodConfig) error {
 	if delegated(cfg) {
 		return e.verifyDelegated(netnsPath, cfg)
 	}
-	if err := checkBPFFS(e.root()); err != nil {
-		return err
-	}
-	p, err := e.openPod(netnsPath)
+	p, want, fams, err := e.prepare(netnsPath, cfg)
 	if err != nil {
 		return err
 	}
 	defer p.Close()
-	addrs, err := discoverPodAddrs(p.h)
-	if err != nil {
-		return fmt.Errorf("%s: %w", netnsPath, err)
-	}
-	want, err := bpfprog.NewConfig(addrs.v4, addrs.v6, cfg.ProbeSNAT, cfg.ProbeSNATv6, cfg.DNSCapture)
-	if err != nil {
-		return err
-	}
-	fams, err := ebpfFamilies(p.h, addrs, cfg)
-	if err != nil {
-		return err
-	}
 
 	var problems []string
 	var mapIDs []ebpf.MapID
