@@ -233,7 +233,12 @@ func (cp *controlPlanes) connectDelta(b *testing.B, s *side, n int, watch watche
 		held, answers, grew := c.state()
 		if want == nil {
 			want = held
-			b.Logf("%s: %s holds %v after %v responses", s.name, c.name, shortTypes(held), shortTypes(answers))
+			// Which addresses are not the mesh's pods and Services says
+			// why the controllers' counts differ, if they do.
+			others := c.heldNames(addressType, func(name string) bool {
+				return !strings.Contains(name, "/svc-") && !strings.Contains(name, "/client-")
+			})
+			b.Logf("%s: %s holds %v after %v responses; addresses other than the mesh's pods and Services: %q", s.name, c.name, shortTypes(held), shortTypes(answers), others)
 		} else if held[addressType] != want[addressType] {
 			b.Fatalf("%s: %s holds %d addresses, %s %d", s.name, c.name, held[addressType], clients[0].name, want[addressType])
 		}

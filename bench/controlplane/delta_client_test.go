@@ -238,6 +238,21 @@ func (c *deltaClient) state() (held, answers map[string]int, grew time.Time) {
 	return held, maps.Clone(c.answers), c.grew
 }
 
+// heldNames returns the names of typ the client holds for which match
+// is true.
+func (c *deltaClient) heldNames(typ string, match func(string) bool) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for name := range c.held[typ] {
+		if match(name) {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // heldReady reports the watched pod's workload status: nil while not
 // held.
 func (c *deltaClient) heldReady() *bool {
