@@ -38,12 +38,13 @@
 // It reports memory at rest and per node proxy and the time to the whole
 // Address table for 1 and 50 node proxies, with the table's size as each
 // controller sends it (both sent 11,101 addresses: 10,100 pods, 1,000
-// Services and the API server's own), and a pod's readiness change until
-// 50 node proxies have it. A run on 2 cores, canopy against istiod:
-// 267 MB against 477 MB at rest (0.56); 5.7 MB against 5.1 MB per node
-// proxy with 50 (1.1); 3.4 s against 2.6 s until 50 hold the table (1.3;
-// 105 ms against 76 ms for one); a readiness change 129 ms against
-// 139 ms (0.92).
+// Services and default/kubernetes), and a pod's readiness change until
+// 50 node proxies have it. Three runs on 2 cores, canopy/istiod: RSS at
+// rest 0.53 to 0.56 (about 260 MB against 480 MB); per node proxy with
+// 50, 1.10 to 1.35 (about 6 MB against 4.7 MB); until 50 hold the
+// table, 1.17 to 1.52 (2.8 to 3.4 s against 2.0 to 2.6 s); a readiness
+// change, 0.92 to 0.95 (about 130 ms against 137 ms); docs/testing.md
+// has the figures.
 //
 // Differences of setup that the figures carry: clients reach Canopy over
 // TLS with a service-account token (reviewed once per token, then cached)
