@@ -178,8 +178,8 @@ func ztunnelNode(m mesh, k int) (*corev3.Node, error) {
 }
 
 // connectDelta connects n node proxies to s at once, each over a
-// connection of its own, waits until every one has ACKed an Address
-// response and s is at rest again, and checks that all hold the same
+// connection of its own, waits until every one has ACKed a response of
+// each type and s is at rest again, and checks that all hold the same
 // number of addresses. It returns the clients, the time from the first
 // dial until the last client's table last grew, and how many names of
 // each type every client holds.

@@ -47,7 +47,8 @@ type deltaClient struct {
 	conn   *grpc.ClientConn
 	cancel context.CancelFunc
 	watch  watchedPod
-	// answered is closed once a response of Address has been ACKed;
+	// answered is closed once a response of each type has been ACKed,
+	// the point at which ztunnel reports itself ready;
 	// ended is closed, with err set, when the stream ends.
 	answered chan struct{}
 	ended    chan struct{}
@@ -110,19 +111,18 @@ func (c *deltaClient) run(stream discoveryv3.AggregatedDiscoveryService_DeltaAgg
 		if err != nil {
 			return fmt.Errorf("stream of %s: %w", c.name, err)
 		}
-		first := c.apply(resp, time.Now())
+		both := c.apply(resp, time.Now())
 		if err := stream.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()}); err != nil {
 			return fmt.Errorf("ACK of %s: %w", c.name, err)
 		}
-		// Answered once the ACK is on its way, as ztunnel is ready.
-		if first {
+		if both {
 			close(c.answered)
 		}
 	}
 }
 
-// apply keeps a response that arrived at at; it reports whether it was
-// the first of Address.
+// apply keeps a response that arrived at at; it reports whether it is
+// the one after which each type has been answered once.
 func (c *deltaClient) apply(resp *discoveryv3.DeltaDiscoveryResponse, at time.Time) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -153,8 +153,9 @@ func (c *deltaClient) apply(resp *discoveryv3.DeltaDiscoveryResponse, at time.Ti
 			c.watchedName = r.GetName()
 		}
 	}
+	both := c.answers[addressType] > 0 && c.answers[authorizationType] > 0 && c.answers[typ] == 1
 	if typ != addressType {
-		return false
+		return both
 	}
 	if added {
 		c.grew = at
@@ -166,7 +167,7 @@ func (c *deltaClient) apply(resp *discoveryv3.DeltaDiscoveryResponse, at time.Ti
 		e.at <- at
 		return true
 	})
-	return c.answers[addressType] == 1
+	return both
 }
 
 // observe decodes an Address resource that may be the watched pod's
@@ -188,7 +189,7 @@ func (c *deltaClient) observe(b []byte) bool {
 	return true
 }
 
-// waitAnswered blocks until the client has ACKed a response of Address.
+// waitAnswered blocks until the client has ACKed a response of each type.
 func (c *deltaClient) waitAnswered(ctx context.Context) error {
 	select {
 	case <-c.answered:
@@ -196,7 +197,9 @@ func (c *deltaClient) waitAnswered(ctx context.Context) error {
 	case <-c.ended:
 		return c.failure()
 	case <-ctx.Done():
-		return fmt.Errorf("%s: no Address response: %w", c.name, ctx.Err())
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return fmt.Errorf("%s: not answered (responses %v): %w", c.name, c.answers, ctx.Err())
 	}
 }
 

@@ -39,12 +39,12 @@
 // Address table for 1 and 50 node proxies, with the table's size as each
 // controller sends it (both sent 11,101 addresses: 10,100 pods, 1,000
 // Services and default/kubernetes), and a pod's readiness change until
-// 50 node proxies have it. Three runs on 2 cores, canopy/istiod: RSS at
-// rest 0.53 to 0.56 (about 260 MB against 480 MB); per node proxy with
-// 50, 1.10 to 1.35 (about 6 MB against 4.7 MB); until 50 hold the
-// table, 1.17 to 1.52 (2.8 to 3.4 s against 2.0 to 2.6 s); a readiness
-// change, 0.92 to 0.95 (about 130 ms against 137 ms); docs/testing.md
-// has the figures.
+// 50 node proxies have it. Four runs on 2 cores, canopy/istiod: RSS at
+// rest 0.53 to 0.57 (about 260 MB against 470 MB); per node proxy with
+// 50, 1.10 to 1.35 (5.6 to 6.3 MB against 4.6 to 5.1 MB); until 50 hold
+// the table, 1.17 to 1.52 (2.6 to 3.4 s against 2.0 to 2.6 s); a
+// readiness change, 0.92 to 0.95 (about 130 ms against 135 ms);
+// docs/testing.md has the figures.
 //
 // Differences of setup that the figures carry: clients reach Canopy over
 // TLS with a service-account token (reviewed once per token, then cached)
