@@ -285,6 +285,12 @@ func (cp *controlPlanes) connect(b *testing.B, s *side, sc scenario) ([]*sotwCli
 func (cp *controlPlanes) disconnect(b *testing.B, s *side, clients []*sotwClient) {
 	b.Helper()
 	closeAll(clients)
+	cp.waitClosed(b, s)
+}
+
+// waitClosed waits until s has no stream open.
+func (cp *controlPlanes) waitClosed(b *testing.B, s *side) {
+	b.Helper()
 	ctx, cancel := context.WithTimeout(b.Context(), waitTimeout)
 	defer cancel()
 	for {
