@@ -298,14 +298,11 @@ func (s *Server) sendLoop(ctx context.Context, c *conn, stream grpc.BidiStreamin
 	}
 	for {
 		for {
-			resp, msg, oldest, err := s.buildResponse(ctx, c, stream)
-			if err != nil {
-				return err
-			}
+			resp, oldest := s.nextResponse(c)
 			if resp == nil {
 				break
 			}
-			if err := sendWithin(ctx, s, c.id, c.cancel, stream.SendMsg, any(msg)); err != nil {
+			if err := sendWithin(ctx, s, c.id, c.cancel, stream.Send, resp); err != nil {
 				return err
 			}
 			if short := shortType(resp.TypeUrl); !strings.HasPrefix(resp.TypeUrl, debugPrefix) {
@@ -322,26 +319,6 @@ func (s *Server) sendLoop(ctx context.Context, c *conn, stream grpc.BidiStreamin
 		case <-c.wake:
 		}
 	}
-}
-
-// buildResponse builds and encodes the next response the connection owes
-// (nil when none), within one of the server's build slots.
-func (s *Server) buildResponse(ctx context.Context, c *conn, stream grpc.ServerStream) (*discoveryv3.DeltaDiscoveryResponse, *grpc.PreparedMsg, time.Time, error) {
-	select {
-	case s.builds <- struct{}{}:
-	case <-ctx.Done():
-		return nil, nil, time.Time{}, nil
-	}
-	defer func() { <-s.builds }()
-	resp, oldest := s.nextResponse(c)
-	if resp == nil {
-		return nil, nil, time.Time{}, nil
-	}
-	msg := &grpc.PreparedMsg{}
-	if err := msg.Encode(stream, resp); err != nil {
-		return nil, nil, time.Time{}, fmt.Errorf("encode %s response: %w", shortType(resp.TypeUrl), err)
-	}
-	return resp, msg, oldest, nil
 }
 
 // nextResponse builds the next response the connection owes, or nil.

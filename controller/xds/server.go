@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,14 +49,6 @@ type Config struct {
 	// SendTimeout is how long a proxy may take to read a response before
 	// it is disconnected (default 30s).
 	SendTimeout time.Duration
-	// MaxConcurrentBuilds bounds the workload responses built and encoded
-	// at once over every stream (default GOMAXPROCS). A wildcard proxy's
-	// first response is the whole table (about 3 MB at 10,000 pods):
-	// when many proxies connect together, building all of theirs at once
-	// is the controller's memory peak, and no faster on the cores there
-	// are. Sending is outside the bound, so a proxy slow to read holds no
-	// slot.
-	MaxConcurrentBuilds int
 	// MaxStreams bounds the streams open at once (default 10,000) and
 	// MaxStreamsPerCaller those of one caller: the pod of a pod-bound
 	// token, else the service account (default 10). Negative: no bound.
@@ -105,9 +96,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxPending <= 0 {
 		c.MaxPending = 10000
-	}
-	if c.MaxConcurrentBuilds <= 0 {
-		c.MaxConcurrentBuilds = runtime.GOMAXPROCS(0)
 	}
 	if c.MaxSubscriptions <= 0 {
 		c.MaxSubscriptions = 100000
@@ -166,9 +154,6 @@ type Server struct {
 	connMu   sync.RWMutex
 	conns    map[*conn]struct{}
 	pushWake chan struct{}
-	// builds holds a slot per response being built and encoded
-	// (Config.MaxConcurrentBuilds).
-	builds chan struct{}
 
 	pendingMu    sync.Mutex
 	pendingAddrs map[string]struct{}
@@ -196,7 +181,6 @@ func New(cfg Config, source Source, auth Authenticator, log *slog.Logger) (*Serv
 		ready:        make(chan struct{}),
 		conns:        map[*conn]struct{}{},
 		pushWake:     make(chan struct{}, 1),
-		builds:       make(chan struct{}, cfg.withDefaults().MaxConcurrentBuilds),
 		pendingAddrs: map[string]struct{}{},
 		pendingAuthz: map[string]struct{}{},
 		envoyConns:   map[*envoyConn]struct{}{},
