@@ -34,7 +34,7 @@ const grpcRecvLimit = 16 << 20
 
 // grpcOptions are the options of both gRPC ports.
 func grpcOptions(cfg config) []grpc.ServerOption {
-	return []grpc.ServerOption{
+	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(grpcRecvLimit), grpc.MaxConcurrentStreams(cfg.grpcMaxStreams),
 		// Istio's agents and proxyless clients ping every 30 s, also between
 		// streams; gRPC's default (5 min) would end their connections as
@@ -44,6 +44,12 @@ func grpcOptions(cfg config) []grpc.ServerOption {
 		// finish), so proxies spread over replicas as they come and go.
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: 30 * time.Minute}),
 	}
+	if cfg.xds.SendBudget != nil {
+		// The budget learns from its codec when gRPC has written a
+		// response; every other message is encoded as by gRPC's own.
+		opts = append(opts, grpc.ForceServerCodecV2(cfg.xds.SendBudget.Codec()))
+	}
+	return opts
 }
 
 // caParts is the CA as the controller runs it: the gRPC service on the

@@ -178,6 +178,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.xds.MaxDelay, "push-max-delay", time.Second, "longest a change waits for a push")
 	fs.DurationVar(&c.xds.SendTimeout, "xds-send-timeout", 30*time.Second, "how long a proxy may take to read a response before it is disconnected")
 	fs.IntVar(&c.xds.MaxPending, "xds-max-pending", 10000, "changed names queued per proxy before it is compared against the whole table")
+	budgetMiB := fs.Int("xds-send-budget-mib", xds.DefaultSendBudget>>20, "MiB of workload xDS responses encoded and not yet written to proxies, over all of them; more wait (a whole table is a few MiB at 10,000 pods)")
 	fs.StringVar(&c.webhookAddr, "webhook-addr", ":15017", "address of the sidecar injection webhook (HTTPS, /inject); empty: none")
 	fs.IntVar(&c.webhookMaxRequests, "webhook-max-requests", 100, "webhook requests served at once; more wait up to a second, then are answered 503")
 	fs.StringVar(&c.inject.Hub, "proxy-hub", "", "hub of the injected proxy image, <hub>/proxyv2:<tag> (Istio's proxyv2); with --proxy-tag empty too, the webhook denies the pods it would inject, saying why")
@@ -272,6 +273,10 @@ func parseFlags(args []string) (config, error) {
 	if c.xds.Quiet <= 0 || c.xds.MaxDelay < c.xds.Quiet || c.xds.SendTimeout <= 0 || c.xds.MaxPending <= 0 {
 		return c, fmt.Errorf("--push-quiet and --xds-send-timeout must be positive, --push-max-delay at least --push-quiet, --xds-max-pending positive")
 	}
+	if *budgetMiB <= 0 {
+		return c, fmt.Errorf("--xds-send-budget-mib must be positive, not %d", *budgetMiB)
+	}
+	c.xds.SendBudget = xds.NewSendBudget(int64(*budgetMiB) << 20)
 	c.xds.SystemNamespace = c.caNamespace
 	for _, f := range []struct {
 		flag, v string

@@ -298,11 +298,16 @@ func (s *Server) sendLoop(ctx context.Context, c *conn, stream grpc.BidiStreamin
 	}
 	for {
 		for {
-			resp, oldest := s.nextResponse(c)
+			resp, oldest, err := s.buildResponse(ctx, c)
+			if err != nil {
+				return nil // the stream ended while waiting
+			}
 			if resp == nil {
 				break
 			}
-			if err := sendWithin(ctx, s, c.id, c.cancel, stream.Send, resp); err != nil {
+			err = sendWithin(ctx, s, c.id, c.cancel, stream.Send, resp)
+			s.cfg.SendBudget.sent(resp)
+			if err != nil {
 				return err
 			}
 			if short := shortType(resp.TypeUrl); !strings.HasPrefix(resp.TypeUrl, debugPrefix) {
@@ -319,6 +324,64 @@ func (s *Server) sendLoop(ctx context.Context, c *conn, stream grpc.BidiStreamin
 		case <-c.wake:
 		}
 	}
+}
+
+// buildResponse builds the next response the connection owes (nil when
+// none) with its share of the send budget. A response that will carry a
+// whole table takes its share before it is built, and at most GOMAXPROCS
+// are built at once: what waits holds no response yet. An error means ctx
+// ended.
+func (s *Server) buildResponse(ctx context.Context, c *conn) (*discoveryv3.DeltaDiscoveryResponse, time.Time, error) {
+	h, err := s.cfg.SendBudget.reserve(ctx, callerKey(c.caller), s.nextWeight(c))
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	if err := s.building.Acquire(ctx, 1); err != nil {
+		h.release()
+		return nil, time.Time{}, err
+	}
+	resp, oldest := s.nextResponse(c)
+	s.building.Release(1)
+	if resp == nil {
+		h.release()
+		return nil, oldest, nil
+	}
+	if err := h.settle(ctx, resp, s.cfg.SendTimeout, func() { s.tooSlow(ctx, c) }); err != nil {
+		h.release()
+		return nil, time.Time{}, err
+	}
+	return resp, oldest, nil
+}
+
+// nextWeight estimates the encoded size of the next response when it
+// will carry a type's whole table (a wildcard watch's first response or
+// its fallback after too many changes), else 0.
+func (s *Server) nextWeight(c *conn) int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.debug) > 0 {
+		return 0
+	}
+	for _, typ := range types {
+		if w := c.watches[typ]; w != nil && w.pending() {
+			if w.wildcard && w.full {
+				return s.table.WireSize(typ)
+			}
+			return 0
+		}
+	}
+	return 0
+}
+
+// tooSlow ends a stream whose proxy has not read a response within the
+// send timeout, counted once.
+func (s *Server) tooSlow(ctx context.Context, c *conn) {
+	if ctx.Err() != nil {
+		return
+	}
+	s.metrics.cutOff.Inc()
+	s.log.Warn("proxy too slow to read; disconnecting", "conn", c.id, "timeout", s.cfg.SendTimeout)
+	c.cancel(s.streamError("slow", codes.ResourceExhausted, "proxy did not read a response within %s", s.cfg.SendTimeout))
 }
 
 // nextResponse builds the next response the connection owes, or nil.

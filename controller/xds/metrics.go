@@ -36,7 +36,7 @@ type metrics struct {
 	cutOff        prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer, connected func() float64) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, connected, budgetUsed func() float64) (*metrics, error) {
 	m := &metrics{
 		pushes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "canopy_xds_pushes_total", Help: "xDS responses sent, by type.",
@@ -62,7 +62,10 @@ func newMetrics(reg prometheus.Registerer, connected func() float64) (*metrics, 
 	gauge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "canopy_xds_connected_proxies", Help: "Open xDS streams.",
 	}, connected)
-	for _, c := range []prometheus.Collector{m.pushes, m.resourcesSent, m.pushLatency, m.nacks, m.rejected, m.cutOff, gauge} {
+	used := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "canopy_xds_send_budget_used_bytes", Help: "Bytes of workload responses encoded and not yet written to proxies (bounded by --xds-send-budget-mib).",
+	}, budgetUsed)
+	for _, c := range []prometheus.Collector{m.pushes, m.resourcesSent, m.pushLatency, m.nacks, m.rejected, m.cutOff, gauge, used} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

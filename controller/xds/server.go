@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
@@ -49,6 +51,10 @@ type Config struct {
 	// SendTimeout is how long a proxy may take to read a response before
 	// it is disconnected (default 30s).
 	SendTimeout time.Duration
+	// SendBudget bounds the workload responses encoded and not yet written
+	// over all streams (default NewSendBudget(0)); its Codec must be the
+	// gRPC server's codec for the bound to cover the transport's queues.
+	SendBudget *SendBudget
 	// MaxStreams bounds the streams open at once (default 10,000) and
 	// MaxStreamsPerCaller those of one caller: the pod of a pod-bound
 	// token, else the service account (default 10). Negative: no bound.
@@ -103,6 +109,9 @@ func (c Config) withDefaults() Config {
 	if c.SendTimeout <= 0 {
 		c.SendTimeout = 30 * time.Second
 	}
+	if c.SendBudget == nil {
+		c.SendBudget = NewSendBudget(0)
+	}
 	if c.MaxStreams == 0 {
 		c.MaxStreams = DefaultMaxStreams
 	}
@@ -147,6 +156,9 @@ type Server struct {
 	table     *Table
 	log       *slog.Logger
 	metrics   *metrics
+	// building bounds the workload responses being built at once: a whole
+	// table's response is megabytes of garbage until it is encoded.
+	building *semaphore.Weighted
 
 	ready    chan struct{}
 	gen      atomic.Uint64
@@ -184,6 +196,7 @@ func New(cfg Config, source Source, auth Authenticator, log *slog.Logger) (*Serv
 		pendingAddrs: map[string]struct{}{},
 		pendingAuthz: map[string]struct{}{},
 		envoyConns:   map[*envoyConn]struct{}{},
+		building:     semaphore.NewWeighted(int64(runtime.GOMAXPROCS(0))),
 	}
 	if cfg.Mesh != nil {
 		s.mesh = &meshCache{src: cfg.Mesh, build: cfg.NewGenerator}
@@ -198,7 +211,7 @@ func New(cfg Config, source Source, auth Authenticator, log *slog.Logger) (*Serv
 		s.envoyMu.Lock()
 		defer s.envoyMu.Unlock()
 		return float64(n + len(s.envoyConns))
-	})
+	}, func() float64 { return float64(s.cfg.SendBudget.Used()) })
 	if err != nil {
 		return nil, fmt.Errorf("xds metrics: %w", err)
 	}

@@ -53,6 +53,8 @@ type mesh struct {
 	index *index.Index
 	// ns is the proxies' namespace, also the system namespace.
 	ns string
+	// budget is the server's send budget; its codec serves the mesh.
+	budget *xds.SendBudget
 }
 
 func startMesh(t *testing.T, cfg xds.Config) *mesh {
@@ -95,6 +97,10 @@ func newMeshWithAuth(t *testing.T, cfg xds.Config, source xds.Source, auth xds.A
 	var err error
 	m := &mesh{reg: prometheus.NewRegistry(), ns: env.Namespace(t, "proxies", nil)}
 	cfg.Registerer, cfg.SystemNamespace = m.reg, m.ns
+	if cfg.SendBudget == nil {
+		cfg.SendBudget = xds.NewSendBudget(0)
+	}
+	m.budget = cfg.SendBudget
 	if cfg.Quiet == 0 {
 		cfg.Quiet, cfg.MaxDelay = 10*time.Millisecond, 50*time.Millisecond
 	}
@@ -108,7 +114,9 @@ func newMeshWithAuth(t *testing.T, cfg xds.Config, source xds.Source, auth xds.A
 // the tables once synced is closed; with runs alongside (the informers).
 func (m *mesh) run(t *testing.T, synced <-chan struct{}, with ...func(context.Context)) {
 	t.Helper()
-	g := grpc.NewServer()
+	// As the controller serves: the budget learns from its codec when a
+	// response is written.
+	g := grpc.NewServer(grpc.ForceServerCodecV2(m.budget.Codec()))
 	m.server.Register(g)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -8,6 +8,8 @@ import (
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -30,6 +32,8 @@ type Resource struct {
 	// node is a workload's node; services the service keys it serves.
 	node     string
 	services []string
+	// wireSize is what the resource adds to a response, encoded.
+	wireSize int64
 }
 
 // NewResource marshals msg (deterministically, so equal content has equal
@@ -45,6 +49,8 @@ func NewResource(typeURL, name string, msg proto.Message) (*Resource, error) {
 		return nil, fmt.Errorf("marshal %s %q: %w", typeURL, name, err)
 	}
 	r := &Resource{TypeURL: typeURL, Name: name, Version: strconv.FormatUint(xxhash.Sum64(whole), 16), Body: body}
+	entry := proto.Size(&discoveryv3.Resource{Name: name, Version: r.Version, Resource: body})
+	r.wireSize = int64(protowire.SizeTag(2) + protowire.SizeBytes(entry)) // with its field tag and length
 	if a, ok := msg.(*workloadapi.Address); ok {
 		r.Aliases = workloadapi.Aliases(a)
 		if w := a.GetWorkload(); w != nil {
@@ -61,6 +67,9 @@ func NewResource(typeURL, name string, msg proto.Message) (*Resource, error) {
 type Table struct {
 	mu     sync.RWMutex
 	byType map[string]map[string]*Resource
+	// wireSize is, per type, the encoded size of all its resources: what
+	// a response with the whole table weighs.
+	wireSize map[string]int64
 	// byAlias, byNode and byService map to Address names.
 	byAlias   map[string]map[string]struct{}
 	byNode    map[string]map[string]struct{}
@@ -71,6 +80,7 @@ type Table struct {
 func NewTable() *Table {
 	return &Table{
 		byType:    map[string]map[string]*Resource{},
+		wireSize:  map[string]int64{},
 		byAlias:   map[string]map[string]struct{}{},
 		byNode:    map[string]map[string]struct{}{},
 		byService: map[string]map[string]struct{}{},
@@ -94,6 +104,7 @@ func (t *Table) Put(typeURL, name string, r *Resource) bool {
 		}
 		t.unlink(old)
 		delete(resources, name)
+		t.wireSize[typeURL] -= old.wireSize
 		return true
 	}
 	if old != nil && old.Version == r.Version {
@@ -101,10 +112,20 @@ func (t *Table) Put(typeURL, name string, r *Resource) bool {
 	}
 	if old != nil {
 		t.unlink(old)
+		t.wireSize[typeURL] -= old.wireSize
 	}
 	resources[name] = r
 	t.link(r)
+	t.wireSize[typeURL] += r.wireSize
 	return true
+}
+
+// WireSize returns the encoded size of every resource of a type: about
+// what a response carrying the whole table weighs.
+func (t *Table) WireSize(typeURL string) int64 {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.wireSize[typeURL]
 }
 
 func (t *Table) link(r *Resource) {
