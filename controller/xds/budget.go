@@ -235,28 +235,38 @@ func (c budgetCodec) Marshal(v any) (mem.BufferSlice, error) {
 	}
 	h := held.(*hold)
 	// settle sized msg, and nothing changes it before Send.
-	buf, err := proto.MarshalOptions{UseCachedSize: true}.Marshal(msg)
+	size := proto.Size(msg)
+	if mem.IsBelowBufferPoolingThreshold(size) {
+		// gRPC gives no word when it has written a buffer this small.
+		h.release()
+		return c.b.proto.Marshal(v)
+	}
+	// Encoded responses are megabytes: their buffers are reused, as gRPC's
+	// own codec does, rather than left to the garbage collector.
+	pool := mem.DefaultBufferPool()
+	buf := pool.Get(size)
+	out, err := proto.MarshalOptions{UseCachedSize: true}.MarshalAppend((*buf)[:0], msg)
 	if err != nil {
+		pool.Put(buf)
 		h.release()
 		return nil, fmt.Errorf("marshal %T: %w", msg, err)
 	}
-	if mem.IsBelowBufferPoolingThreshold(len(buf)) {
-		// gRPC gives no word when it has written a buffer this small.
-		h.release()
-		return mem.BufferSlice{mem.SliceBuffer(buf)}, nil
-	}
+	*buf = out
 	// The transport frees the buffer when it has written the last byte
 	// (or dropped the stream); that is when the share returns.
-	return mem.BufferSlice{mem.NewBuffer(&buf, releaser{h})}, nil
+	return mem.BufferSlice{mem.NewBuffer(buf, releaser{h: h, pool: pool})}, nil
 }
 
-// releaser is the "pool" of one budgeted buffer: giving the buffer back
-// returns the response's share of the budget.
-type releaser struct{ h *hold }
-
-func (r releaser) Get(n int) *[]byte {
-	b := make([]byte, n)
-	return &b
+// releaser is the pool of one budgeted buffer: giving the buffer back
+// returns the response's share of the budget, and the buffer to gRPC's pool.
+type releaser struct {
+	h    *hold
+	pool mem.BufferPool
 }
 
-func (r releaser) Put(*[]byte) { r.h.release() }
+func (r releaser) Get(n int) *[]byte { return r.pool.Get(n) }
+
+func (r releaser) Put(b *[]byte) {
+	r.pool.Put(b)
+	r.h.release()
+}

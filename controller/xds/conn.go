@@ -411,10 +411,11 @@ func (s *Server) nextResponse(c *conn) (*discoveryv3.DeltaDiscoveryResponse, tim
 			Nonce:             c.nextNonce(),
 		}
 		for i, r := range d.resources {
-			resp.Resources[i] = &discoveryv3.Resource{Name: r.Name, Version: r.Version, Resource: r.Body}
-			if !w.wildcard {
+			if w.wildcard {
+				resp.Resources[i] = r.Wire()
+			} else {
 				// Aliases are for on-demand answers (wire contract §1.9).
-				resp.Resources[i].Aliases = r.Aliases
+				resp.Resources[i] = &discoveryv3.Resource{Name: r.Name, Version: r.Version, Resource: r.Body, Aliases: r.Aliases}
 			}
 		}
 		st := c.states[typ]

@@ -204,7 +204,7 @@ func (s *Server) envoyRespondDelta(c *envoyConn, typ string, w *envoyWatch, alwa
 		if held := w.sent[r.Name]; w.initial && held != nil && held.Version == r.Version {
 			continue // held since before the reconnect
 		}
-		resp.Resources = append(resp.Resources, &discoveryv3.Resource{Name: r.Name, Version: r.Version, Resource: r.Body})
+		resp.Resources = append(resp.Resources, r.Wire())
 	}
 	removed := map[string]struct{}{}
 	for n := range w.sent {

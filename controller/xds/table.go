@@ -32,8 +32,22 @@ type Resource struct {
 	// node is a workload's node; services the service keys it serves.
 	node     string
 	services []string
+	// wire is the resource as a response carries it (without aliases),
+	// one message shared by every response: a whole table is then a
+	// slice of pointers, not thousands of new messages per proxy.
+	// Responses only read it.
+	wire *discoveryv3.Resource
 	// wireSize is what the resource adds to a response, encoded.
 	wireSize int64
+}
+
+// Wire returns the resource as a response carries it; shared, never to be
+// changed.
+func (r *Resource) Wire() *discoveryv3.Resource {
+	if r.wire == nil {
+		return &discoveryv3.Resource{Name: r.Name, Version: r.Version, Resource: r.Body}
+	}
+	return r.wire
 }
 
 // NewResource marshals msg (deterministically, so equal content has equal
@@ -49,7 +63,8 @@ func NewResource(typeURL, name string, msg proto.Message) (*Resource, error) {
 		return nil, fmt.Errorf("marshal %s %q: %w", typeURL, name, err)
 	}
 	r := &Resource{TypeURL: typeURL, Name: name, Version: strconv.FormatUint(xxhash.Sum64(whole), 16), Body: body}
-	entry := proto.Size(&discoveryv3.Resource{Name: name, Version: r.Version, Resource: body})
+	r.wire = &discoveryv3.Resource{Name: name, Version: r.Version, Resource: body}
+	entry := proto.Size(r.wire)
 	r.wireSize = int64(protowire.SizeTag(2) + protowire.SizeBytes(entry)) // with its field tag and length
 	if a, ok := msg.(*workloadapi.Address); ok {
 		r.Aliases = workloadapi.Aliases(a)

@@ -184,21 +184,10 @@ func (w *watch) next(t *Table, node string) delta {
 			}
 		}
 	}
-	if w.full {
-		for _, n := range t.Names(w.typeURL) {
-			candidates[n] = struct{}{}
-		}
-		for n := range w.sent {
-			candidates[n] = struct{}{}
-		}
-	} else {
-		for n := range w.dirty {
-			candidates[n] = struct{}{}
-		}
-	}
-	for name := range candidates {
+	// consider brings one name up to date; a name may come twice.
+	consider := func(name string) {
 		if answered[name] {
-			continue
+			return
 		}
 		cur, had := t.Get(w.typeURL, name), w.sent[name]
 		if cur == nil {
@@ -206,20 +195,43 @@ func (w *watch) next(t *Table, node string) delta {
 				delete(w.sent, name)
 				remove(name)
 			}
-			continue
+			return
 		}
 		if had == cur {
-			continue
+			return
 		}
 		if had != nil && had.Version == cur.Version {
 			// What a reconnecting proxy said it holds, unchanged.
 			w.sent[name] = cur
-			continue
+			return
 		}
 		if had != nil || w.wants(cur, node) {
 			d.resources = append(d.resources, cur)
 			w.sent[name] = cur
 		}
+	}
+	if w.full {
+		// Compared name by name, without a set of every name: a whole
+		// table is thousands, for every connecting proxy.
+		if len(w.sent) == 0 {
+			w.sent = make(map[string]*Resource, t.Len(w.typeURL))
+		}
+		for _, n := range t.Names(w.typeURL) {
+			consider(n)
+		}
+		// What the proxy holds and the table lost is removed. (consider
+		// only deletes from or overwrites w.sent here, which a range
+		// allows.)
+		for n := range w.sent {
+			consider(n)
+		}
+	} else {
+		for n := range w.dirty {
+			consider(n)
+		}
+	}
+	for n := range candidates {
+		consider(n)
 	}
 	clear(w.answer)
 	clear(w.dirty)
