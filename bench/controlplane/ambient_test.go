@@ -87,6 +87,7 @@ func ambientConnect(b *testing.B, cp *controlPlanes, n int) {
 			}
 			b.Logf("%s: %d node proxies hold %d addresses and %d authorizations after %s; RSS %.1f MB at rest, %.1f MB with them (peak so far %.1f MB); sent %s",
 				s.name, n, held[addressType], held[authorizationType], took.Round(time.Millisecond), mb(rest.RSS), mb(with.RSS), mb(with.Peak), deltaSent(clients))
+			heapProfile(b, s, fmt.Sprintf("ambient-%d-clients-round-%d", n, round))
 			closeDelta(clients)
 			cp.waitClosed(b, s)
 			if _, ok := first[s.name]; !ok {

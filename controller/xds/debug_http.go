@@ -2,6 +2,7 @@ package xds
 
 import (
 	"encoding/json"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -47,7 +48,7 @@ func (c *conn) dump() ConfigDump {
 	defer c.mu.Unlock()
 	d := ConfigDump{ProxyID: c.proxy.ProxyID, Connection: c.id, Types: map[string][]DumpedResource{}}
 	for typ, w := range c.watches {
-		d.Types[shortType(typ)] = dumpResources(w.sent)
+		d.Types[shortType(typ)] = dumpResources(maps.Collect(w.sent.all()))
 	}
 	return d
 }

@@ -39,9 +39,10 @@ func TestConfigDumpGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addresses.sent[w.Name], addresses.sent[s.Name] = w, s
-	addresses.sent["demo/removed"] = heldVersion("demo/removed", "stale")
-	authorizations.sent[p.Name] = p
+	addresses.sent.set(w.Name, w)
+	addresses.sent.set(s.Name, s)
+	addresses.sent.set("demo/removed", heldVersion("demo/removed", "stale"))
+	authorizations.sent.set(p.Name, p)
 	c := &conn{id: "1", proxy: Proxy{ProxyID: "ztunnel-a.istio-system"},
 		watches: map[string]*watch{workloadapi.AddressTypeURL: addresses, workloadapi.AuthorizationTypeURL: authorizations}}
 

@@ -87,7 +87,7 @@ func (c *conn) status() ProxyStatus {
 			continue
 		}
 		ts := st.typeStatus(typ)
-		ts.Wildcard, ts.Subscribed, ts.Resources = w.wildcard, len(w.subscribed), len(w.sent)
+		ts.Wildcard, ts.Subscribed, ts.Resources = w.wildcard, len(w.subscribed), w.sent.len()
 		ps.Types = append(ps.Types, ts)
 	}
 	return ps

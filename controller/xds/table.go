@@ -85,6 +85,9 @@ type Table struct {
 	// wireSize is, per type, the encoded size of all its resources: what
 	// a response with the whole table weighs.
 	wireSize map[string]int64
+	// frozen is, per type, a copy of its resources made since its last
+	// change (Frozen), shared by the connections that compare against it.
+	frozen map[string]map[string]*Resource
 	// byAlias, byNode and byService map to Address names.
 	byAlias   map[string]map[string]struct{}
 	byNode    map[string]map[string]struct{}
@@ -96,6 +99,7 @@ func NewTable() *Table {
 	return &Table{
 		byType:    map[string]map[string]*Resource{},
 		wireSize:  map[string]int64{},
+		frozen:    map[string]map[string]*Resource{},
 		byAlias:   map[string]map[string]struct{}{},
 		byNode:    map[string]map[string]struct{}{},
 		byService: map[string]map[string]struct{}{},
@@ -117,6 +121,7 @@ func (t *Table) Put(typeURL, name string, r *Resource) bool {
 		if old == nil {
 			return false
 		}
+		delete(t.frozen, typeURL)
 		t.unlink(old)
 		delete(resources, name)
 		t.wireSize[typeURL] -= old.wireSize
@@ -125,6 +130,7 @@ func (t *Table) Put(typeURL, name string, r *Resource) bool {
 	if old != nil && old.Version == r.Version {
 		return false
 	}
+	delete(t.frozen, typeURL)
 	if old != nil {
 		t.unlink(old)
 		t.wireSize[typeURL] -= old.wireSize
@@ -133,6 +139,29 @@ func (t *Table) Put(typeURL, name string, r *Resource) bool {
 	t.link(r)
 	t.wireSize[typeURL] += r.wireSize
 	return true
+}
+
+// Frozen returns the resources of a type as they are now, in a map that
+// never changes: one copy per change of the type, however many callers
+// ask. It is not to be written.
+func (t *Table) Frozen(typeURL string) map[string]*Resource {
+	t.mu.RLock()
+	f, ok := t.frozen[typeURL]
+	t.mu.RUnlock()
+	if ok {
+		return f
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if f, ok := t.frozen[typeURL]; ok {
+		return f
+	}
+	f = maps.Clone(t.byType[typeURL])
+	if f == nil {
+		f = map[string]*Resource{}
+	}
+	t.frozen[typeURL] = f
+	return f
 }
 
 // WireSize returns the encoded size of every resource of a type: about

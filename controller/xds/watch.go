@@ -24,7 +24,7 @@ type watch struct {
 	// subscribed are on-demand keys: names or aliases (wire contract §2.4).
 	subscribed map[string]struct{}
 	// sent is what the proxy holds: exactly the *Resource last sent.
-	sent map[string]*Resource
+	sent *held
 
 	// answer are keys subscribed since the last response; each is answered,
 	// with its resources even if unchanged, or as removed if unknown.
@@ -34,6 +34,9 @@ type watch struct {
 	dirty   map[string]struct{}
 	full    bool
 	initial bool
+	// compact: the next response compares the whole table, so that sent
+	// shares a snapshot again instead of keeping many differences.
+	compact bool
 	// oldest is when the earliest change waiting to be sent happened.
 	oldest time.Time
 }
@@ -42,7 +45,7 @@ func newWatch(typeURL string) *watch {
 	return &watch{
 		typeURL:    typeURL,
 		subscribed: map[string]struct{}{},
-		sent:       map[string]*Resource{},
+		sent:       newHeld(),
 		answer:     map[string]struct{}{},
 		dirty:      map[string]struct{}{},
 	}
@@ -72,7 +75,7 @@ func (w *watch) start(t *Table, s subscription, limit int) error {
 			w.answer[name] = struct{}{}
 			continue
 		}
-		w.sent[name] = heldVersion(name, version)
+		w.sent.set(name, heldVersion(name, version))
 		w.subscribed[name] = struct{}{}
 	}
 	w.full, w.initial = true, true
@@ -103,9 +106,9 @@ func (w *watch) update(t *Table, s subscription, limit int) error {
 		delete(w.subscribed, name)
 		delete(w.answer, name)
 		// The proxy drops what it unsubscribed; stop sending it.
-		delete(w.sent, name)
+		w.sent.del(name)
 		for _, n := range t.Resolve(w.typeURL, name) {
-			delete(w.sent, n)
+			w.sent.del(n)
 		}
 	}
 	return nil
@@ -150,9 +153,16 @@ type delta struct {
 
 func (d delta) empty() bool { return len(d.resources) == 0 && len(d.removed) == 0 }
 
+// compactAfter is how many differences from its snapshot a wildcard
+// watch keeps before its next response compares the whole table again.
+func compactAfter(snapshot int) int { return max(512, snapshot/16) }
+
 // next computes the response that brings the proxy up to date with t and
 // records it as sent. node is the proxy's node: on-demand proxies get its
 // workloads without asking (wire contract §2.4).
+//
+// A wildcard watch compared in full is compared against a frozen snapshot
+// of the table, which the proxy then holds exactly: sent shares it.
 func (w *watch) next(t *Table, node string) delta {
 	d := delta{initial: w.initial, oldest: w.oldest}
 	removed := map[string]bool{}
@@ -161,6 +171,16 @@ func (w *watch) next(t *Table, node string) delta {
 			removed[name] = true
 			d.removed = append(d.removed, name)
 		}
+	}
+	var snap map[string]*Resource
+	if w.wildcard && (w.full || w.compact) {
+		snap = t.Frozen(w.typeURL)
+	}
+	get := func(name string) *Resource {
+		if snap != nil {
+			return snap[name]
+		}
+		return t.Get(w.typeURL, name)
 	}
 	candidates := map[string]struct{}{}
 	answered := map[string]bool{}
@@ -173,10 +193,10 @@ func (w *watch) next(t *Table, node string) delta {
 			continue
 		}
 		for _, n := range names {
-			if cur := t.Get(w.typeURL, n); cur != nil && !answered[n] {
+			if cur := get(n); cur != nil && !answered[n] {
 				answered[n] = true
 				d.resources = append(d.resources, cur)
-				w.sent[n] = cur
+				w.sent.set(n, cur)
 				candidates[n] = struct{}{}
 				for _, wl := range t.ServiceWorkloads(n) {
 					candidates[wl] = struct{}{}
@@ -184,59 +204,79 @@ func (w *watch) next(t *Table, node string) delta {
 			}
 		}
 	}
-	// consider brings one name up to date; a name may come twice.
-	consider := func(name string) {
-		if answered[name] {
-			return
-		}
-		cur, had := t.Get(w.typeURL, name), w.sent[name]
-		if cur == nil {
-			if had != nil {
-				delete(w.sent, name)
-				remove(name)
-			}
-			return
-		}
-		if had == cur {
-			return
-		}
-		if had != nil && had.Version == cur.Version {
-			// What a reconnecting proxy said it holds, unchanged.
-			w.sent[name] = cur
-			return
-		}
-		if had != nil || w.wants(cur, node) {
-			d.resources = append(d.resources, cur)
-			w.sent[name] = cur
-		}
-	}
-	if w.full {
-		// Compared name by name, without a set of every name: a whole
-		// table is thousands, for every connecting proxy.
-		if len(w.sent) == 0 {
-			w.sent = make(map[string]*Resource, t.Len(w.typeURL))
-		}
+	switch {
+	case snap != nil:
+		w.compareSnapshot(snap, answered, &d, remove)
+	case w.full:
 		for _, n := range t.Names(w.typeURL) {
-			consider(n)
+			w.consider(t, n, node, answered, &d, remove)
 		}
-		// What the proxy holds and the table lost is removed. (consider
-		// only deletes from or overwrites w.sent here, which a range
-		// allows.)
-		for n := range w.sent {
-			consider(n)
+		// What the proxy holds and the table lost is removed.
+		for n := range w.sent.all() {
+			w.consider(t, n, node, answered, &d, remove)
 		}
-	} else {
+	default:
 		for n := range w.dirty {
-			consider(n)
+			w.consider(t, n, node, answered, &d, remove)
 		}
 	}
 	for n := range candidates {
-		consider(n)
+		w.consider(t, n, node, answered, &d, remove)
 	}
 	clear(w.answer)
 	clear(w.dirty)
-	w.full, w.initial, w.oldest = false, false, time.Time{}
+	w.full, w.initial, w.compact, w.oldest = false, false, false, time.Time{}
+	if w.wildcard && w.sent.differences() > compactAfter(len(w.sent.base)) {
+		w.compact = true
+	}
 	return d
+}
+
+// compareSnapshot sends what the proxy lacks of snap, removes what snap
+// lacks, and records that the proxy holds snap.
+func (w *watch) compareSnapshot(snap map[string]*Resource, answered map[string]bool, d *delta, remove func(string)) {
+	for name, cur := range snap {
+		if answered[name] {
+			continue
+		}
+		if had := w.sent.get(name); had == cur || (had != nil && had.Version == cur.Version) {
+			continue // unchanged, or what a reconnecting proxy said it holds
+		}
+		d.resources = append(d.resources, cur)
+	}
+	for name := range w.sent.all() {
+		if snap[name] == nil {
+			remove(name)
+		}
+	}
+	w.sent.rebase(snap)
+}
+
+// consider brings one name up to date with t; a name may come twice.
+func (w *watch) consider(t *Table, name, node string, answered map[string]bool, d *delta, remove func(string)) {
+	if answered[name] {
+		return
+	}
+	cur, had := t.Get(w.typeURL, name), w.sent.get(name)
+	if cur == nil {
+		if had != nil {
+			w.sent.del(name)
+			remove(name)
+		}
+		return
+	}
+	if had == cur {
+		return
+	}
+	if had != nil && had.Version == cur.Version {
+		// What a reconnecting proxy said it holds, unchanged.
+		w.sent.set(name, cur)
+		return
+	}
+	if had != nil || w.wants(cur, node) {
+		d.resources = append(d.resources, cur)
+		w.sent.set(name, cur)
+	}
 }
 
 // wants reports whether the proxy subscribed to r (wire contract §2.4): by
@@ -261,7 +301,7 @@ func (w *watch) wants(r *Resource, node string) bool {
 		if _, ok := w.subscribed[s]; ok {
 			return true
 		}
-		if w.sent[s] != nil {
+		if w.sent.get(s) != nil {
 			return true
 		}
 	}
