@@ -13,9 +13,11 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// DefaultSendBudget is the default of SendBudget's size: about ten whole
-// Address tables of a 10,000-pod mesh.
-const DefaultSendBudget = 32 << 20
+// DefaultSendBudget is the default of SendBudget's size: two to three whole
+// Address tables of a 10,000-pod mesh, which keeps two cores busy
+// encoding and writing (a larger budget sent 50 node proxies their tables
+// no sooner, with more memory).
+const DefaultSendBudget = 8 << 20
 
 // minBudgeted is the encoded size from which a response is charged to the
 // budget. Smaller ones (a push of a few changes) never wait behind a
@@ -30,11 +32,12 @@ const minBudgeted = 32 << 10
 // proxy has read it, and the controller's memory would grow with the
 // number of proxies connecting rather than with the mesh.
 //
-// A response takes its encoded size from the budget before it is built
-// when it will carry a whole table (estimated from the table), else once
-// built if it turned out large (one larger than the whole budget waits for
-// all of it, one caller's streams at most a quarter), and gives it back once
-// gRPC has written its last byte to the connection, or its stream ended.
+// A response that will carry a whole table takes its size (estimated from
+// the table) before it is built, any other once built if it turned out
+// large; one larger than the whole budget waits for all of it, and one
+// caller's streams take at most a quarter (or one response larger than
+// that). The share comes back once gRPC has written the response's last
+// byte to the connection, or its stream ended.
 // Knowing when that is takes the budget's codec on the gRPC server
 // (Codec): it encodes the responses the budget knows into a buffer whose
 // release by the transport returns the bytes. Without it, the bytes return
@@ -100,11 +103,12 @@ func (b *SendBudget) share(caller string) (*semaphore.Weighted, func()) {
 type hold struct {
 	b      *SendBudget
 	caller string
-	charge int64
-	// callerSem is the caller's part the charge was also taken from.
-	callerSem  *semaphore.Weighted
-	leaveShare func()
-	once       sync.Once
+	// charge is taken from the budget (at most all of it), callerCharge
+	// from the caller's part (the charge, at most all of the part).
+	charge, callerCharge int64
+	callerSem            *semaphore.Weighted
+	leaveShare           func()
+	once                 sync.Once
 	// deadline ends the stream if the response is not written in time.
 	deadline *time.Timer
 }
@@ -136,23 +140,25 @@ func (b *SendBudget) reserve(ctx context.Context, caller string, estimate int64)
 	return h, nil
 }
 
-// acquire takes n bytes (at most a caller's part), from the caller's part
-// first: a caller at its part waits there, not in the budget's queue.
+// acquire takes n bytes (at most the whole budget), from the caller's
+// part first (at most all of it): a caller at its part waits there, not in
+// the budget's queue.
 func (h *hold) acquire(ctx context.Context, n int64) error {
-	n = min(n, h.b.perCaller())
+	n = min(n, h.b.size)
+	part := min(n, h.b.perCaller())
 	h.callerSem, h.leaveShare = h.b.share(h.caller)
-	if err := h.callerSem.Acquire(ctx, n); err != nil {
+	if err := h.callerSem.Acquire(ctx, part); err != nil {
 		h.leaveShare()
 		h.leaveShare = nil
 		return fmt.Errorf("send budget: %w", err)
 	}
 	if err := h.b.sem.Acquire(ctx, n); err != nil {
-		h.callerSem.Release(n)
+		h.callerSem.Release(part)
 		h.leaveShare()
 		h.leaveShare = nil
 		return fmt.Errorf("send budget: %w", err)
 	}
-	h.charge = n
+	h.charge, h.callerCharge = n, part
 	h.b.used.Add(n)
 	return nil
 }
@@ -165,7 +171,10 @@ func (h *hold) give(n int64) {
 	h.charge -= n
 	h.b.used.Add(-n)
 	h.b.sem.Release(n)
-	h.callerSem.Release(n)
+	if part := min(h.charge, h.b.perCaller()); part < h.callerCharge {
+		h.callerSem.Release(h.callerCharge - part)
+		h.callerCharge = part
+	}
 }
 
 // settle readies a built response for Send: one that was not reserved

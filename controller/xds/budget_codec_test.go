@@ -105,3 +105,37 @@ func TestBudgetSettleGivesBackTheRest(t *testing.T) {
 		t.Errorf("%d callers' parts kept after their last response", len(b.callers))
 	}
 }
+
+// TestBudgetCallerPart: a response larger than a caller's part takes all of
+// the part and its whole size from the budget; the caller's next response
+// waits, another caller's does not.
+func TestBudgetCallerPart(t *testing.T) {
+	b := NewSendBudget(4 << 20) // a caller's part: 1 MiB
+	ctx := context.Background()
+	big, err := b.reserve(ctx, "a", 3<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Used() != 3<<20 {
+		t.Errorf("a 3 MiB response took %d bytes, want all 3 MiB", b.Used())
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := b.reserve(short, "a", 64<<10); err == nil {
+		t.Error("a second response of the same caller got budget past its part")
+	}
+	other, err := b.reserve(ctx, "b", 512<<10)
+	if err != nil {
+		t.Fatalf("another caller waited: %v", err)
+	}
+	other.release()
+	big.release()
+	if b.Used() != 0 || len(b.callers) != 0 {
+		t.Errorf("after release: %d used, %d callers kept", b.Used(), len(b.callers))
+	}
+	again, err := b.reserve(ctx, "a", 1<<20)
+	if err != nil {
+		t.Fatalf("the caller's part did not come back: %v", err)
+	}
+	again.release()
+}
