@@ -507,7 +507,18 @@ func (c *conn) onData(f *http2.DataFrame) error {
 			return err
 		}
 	}
-	switch s.deliver(f.Data(), f.StreamEnded()) {
+	d, wrote, inc := s.deliver(f.Data(), f.StreamEnded())
+	if inc > 0 {
+		if err := c.queueControl(ctrlFrame{kind: ctrlWindowUpdate, stream: f.StreamID, val: inc}); err != nil {
+			return err
+		}
+	}
+	if wrote > 0 {
+		if err := c.discard(int64(wrote)); err != nil {
+			return err
+		}
+	}
+	switch d {
 	case discarded:
 		return c.discard(int64(len(f.Data())))
 	case overrun:
@@ -620,7 +631,7 @@ func (c *conn) onHeaders(f *headerBlock) error {
 	c.mu.Unlock()
 	s.Request = req
 	if f.endStream {
-		_ = s.deliver(nil, true)
+		_, _, _ = s.deliver(nil, true)
 	}
 	go c.runHandler(s)
 	return nil
