@@ -108,6 +108,9 @@ func newConn(nc net.Conn, isClient bool, lim Limits) *conn {
 	c.cond = sync.NewCond(&c.mu)
 	c.fr = http2.NewFramer(c.bw, bufio.NewReaderSize(nc, 64<<10))
 	c.fr.SetMaxReadFrameSize(MaxFrame)
+	// One DATA frame value for all: onData is done with a frame before
+	// the next is read (its bytes are copied or written through).
+	c.fr.SetReuseFrames()
 	c.hr = newHeaderReader()
 	c.henc = hpack.NewEncoder(&c.hbuf)
 	if isClient {
@@ -133,8 +136,10 @@ func (c *conn) writeFrames(f func() error) error {
 	if err == nil {
 		err = f()
 	}
+	// Only on an error: errors.As's target escapes, an allocation per
+	// write otherwise.
 	var r refused
-	if errors.As(err, &r) {
+	if err != nil && errors.As(err, &r) {
 		err = nil
 	}
 	if c.writers.Add(-1) == 0 && err == nil {

@@ -93,18 +93,36 @@ func (s *Stream) attachSink(k *appSink) {
 }
 
 // kickSinkLocked reports whether a goroutine must start to write queued
-// bytes to the sink or end its direction, and marks the sink busy if so.
-// Callers hold rmu.
+// bytes to the sink, and marks the sink busy if so. With nothing queued,
+// it ends the sink's direction at the stream's end or error here: a
+// shutdown does not block, and a goroutine per stream end would cost
+// each new connection. Callers hold rmu.
 func (s *Stream) kickSinkLocked() bool {
 	k := s.sink
 	if k == nil || k.busy || k.finished {
 		return false
 	}
-	if s.rlen == 0 && !s.rEOF && s.rerr == nil && !s.rdl.expired {
+	if s.rlen == 0 {
+		if err, end := s.sinkEndLocked(); end {
+			s.finishSinkLocked(err)
+		}
 		return false
 	}
 	k.busy = true
 	return true
+}
+
+// sinkEndLocked reports whether the sink's direction ends once the
+// queue is written, and with what error (nil: the stream's end).
+// Callers hold rmu.
+func (s *Stream) sinkEndLocked() (error, bool) {
+	switch {
+	case s.rdl.expired:
+		return &timeoutError{op: "read", stream: s.id}, true
+	case s.rerr != nil:
+		return s.rerr, true
+	}
+	return nil, s.rEOF
 }
 
 // writeThroughLocked writes received bytes straight to the sink when
@@ -127,19 +145,12 @@ func (s *Stream) drainSink() {
 	for {
 		s.rmu.Lock()
 		if s.rlen == 0 || s.rdl.expired {
-			var err error
-			switch {
-			case s.rdl.expired:
-				err = &timeoutError{op: "read", stream: s.id}
-			case s.rerr != nil:
-				err = s.rerr
-			case !s.rEOF:
+			if err, end := s.sinkEndLocked(); end {
+				s.finishSinkLocked(err)
+			} else {
 				// Written out: the read loop writes the next bytes.
 				k.busy = false
-				s.rmu.Unlock()
-				return
 			}
-			s.finishSinkLocked(err)
 			s.rmu.Unlock()
 			return
 		}
