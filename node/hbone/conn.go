@@ -136,11 +136,12 @@ func (c *conn) writeFrames(f func() error) error {
 	if err == nil {
 		err = f()
 	}
-	// Only on an error: errors.As's target escapes, an allocation per
-	// write otherwise.
 	var r refused
-	if err != nil && errors.As(err, &r) {
-		err = nil
+	if err != nil {
+		r = asRefused(err)
+		if r.error != nil {
+			err = nil
+		}
 	}
 	if c.writers.Add(-1) == 0 && err == nil {
 		err = c.flushLocked()
@@ -155,6 +156,17 @@ func (c *conn) writeFrames(f func() error) error {
 		return r.error
 	}
 	return err
+}
+
+// asRefused is err's refused, if any; apart from writeFrames since
+// errors.As's target escapes, an allocation per write otherwise (and
+// not inlined there, for the same reason).
+//
+//go:noinline
+func asRefused(err error) refused {
+	var r refused
+	errors.As(err, &r)
+	return r
 }
 
 // flushLocked pushes buffered frames to the socket; callers hold wmu.
