@@ -42,16 +42,18 @@ type appSink struct {
 	wbuf    []byte
 	wn      int
 	writeFn func(fd uintptr) bool
-	// waitReadable's peek buffer and function, made on first use.
-	peek   [1]byte
-	peekFn func(fd uintptr) bool
+	// readReady's function, made on first use, and its results.
+	readFn func(fd uintptr) bool
+	rbuf   *[]byte
+	rn     int
+	rerr   error
 }
 
 // errNoSink: the connection cannot be a sink here.
-var errNoSink = errors.New("hbone: no readiness wait on this platform")
+var errNoSink = errors.New("hbone: no bufferless wait on this platform")
 
 func newAppSink(c *net.TCPConn) (*appSink, error) {
-	if !canWaitReadable {
+	if !canReadReady {
 		return nil, errNoSink
 	}
 	rc, err := c.SyscallConn()

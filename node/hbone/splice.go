@@ -34,7 +34,7 @@ func Splice(c net.Conn, s *Stream) (sent, received int64, err error) {
 // while the app is slower than the peer) the stream to the connection.
 func spliceTCP(c *net.TCPConn, k *appSink, s *Stream) (sent, received int64, err error) {
 	s.attachSink(k)
-	sent, werr := s.readFromTCP(c, k)
+	sent, werr := s.readFromTCP(k)
 	werr = errors.Join(werr, s.CloseWrite())
 	<-k.done
 	received, rerr := k.written.Load(), k.err
@@ -43,41 +43,26 @@ func spliceTCP(c *net.TCPConn, k *appSink, s *Stream) (sent, received int64, err
 	return sent, received, errors.Join(werr, rerr)
 }
 
-// readFromTCP carries c's bytes to s until c's end: it waits for c to be
-// readable without a buffer and takes a pooled one only to read, for as
-// long as reads fill it.
-func (s *Stream) readFromTCP(c *net.TCPConn, k *appSink) (int64, error) {
+// readFromTCP carries c's bytes to s until c's end; it holds a pooled
+// buffer only while bytes are in it (readReady).
+func (s *Stream) readFromTCP(k *appSink) (int64, error) {
 	var total int64
 	for {
-		if err := k.waitReadable(); err != nil {
-			return total, err
-		}
-		buf := readBuffers.Get().(*[]byte)
-		n, err := s.readOnce(c, *buf)
-		total += n
-		readBuffers.Put(buf)
-		if err == io.EOF {
-			return total, nil
-		}
-		if err != nil {
-			return total, err
-		}
-	}
-}
-
-// readOnce reads c into buf and writes it to s, again while reads fill
-// buf (a bulk transfer).
-func (s *Stream) readOnce(c net.Conn, buf []byte) (int64, error) {
-	var total int64
-	for {
-		n, err := c.Read(buf)
+		buf, n, err := k.readReady()
 		if n > 0 {
-			if _, werr := s.Write(buf[:n]); werr != nil {
+			if _, werr := s.Write((*buf)[:n]); werr != nil {
+				readBuffers.Put(buf)
 				return total, werr
 			}
 			total += int64(n)
 		}
-		if err != nil || n < len(buf) {
+		if buf != nil {
+			readBuffers.Put(buf)
+		}
+		if err == io.EOF {
+			return total, nil
+		}
+		if err != nil {
 			return total, err
 		}
 	}
