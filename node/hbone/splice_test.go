@@ -8,6 +8,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/canopy-mesh/canopy/internal/testing/testcerts"
 )
 
 // echoApp is an app that echoes each connection's bytes, reading slowly
@@ -115,5 +117,93 @@ func TestSpliceEndsWhenTheStreamIsReset(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Splice did not return")
+	}
+}
+
+// sinkApp accepts connections and never reads them.
+func sinkApp(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []net.Conn
+	done := make(chan struct{})
+	t.Cleanup(func() {
+		l.Close()
+		<-done
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	go func() {
+		defer close(done)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	return l.Addr().String()
+}
+
+// TestAppThatDoesNotReadHoldsAWindow: a peer streaming to an app that
+// does not read makes the server end hold about the stream's window
+// (what the app's socket took aside), and the read loop, which writes
+// through to apps without waiting, goes on serving the connection's
+// other streams.
+func TestAppThatDoesNotReadHoldsAWindow(t *testing.T) {
+	stuck, echoAddr := sinkApp(t), echoApp(t, false)
+	scfg, ccfg := testcerts.MutualTLS(t, "hbone")
+	addr, _ := serveTLS(t, scfg, func(s *Stream) {
+		up, err := net.Dial("tcp", s.Request.Authority)
+		if err != nil {
+			_ = s.Respond(503, nil)
+			return
+		}
+		_ = s.Respond(200, nil)
+		_, _, _ = Splice(up, s)
+	})
+	cc := dial(t, addr, ccfg)
+	payload := make([]byte, 3*StreamWindow)
+	before := heapInUse()
+	s, err := cc.Connect(t.Context(), stuck, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	sent := make(chan int64, 1)
+	go func() {
+		// Past the window: Write blocks once the server stops crediting.
+		n, _ := s.Write(payload)
+		sent <- int64(n)
+	}()
+	time.Sleep(500 * time.Millisecond)
+	// The connection's other streams go on.
+	e, err := cc.Connect(t.Context(), echoAddr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	msg := []byte("still served")
+	if _, err := e.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(msg))
+	_ = e.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(e, got); err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("echo through the same connection: %q, %v", got, err)
+	}
+	held := int64(heapInUse()) - int64(before)
+	t.Logf("held for the stream whose app does not read: %d bytes", held)
+	if max := int64(StreamWindow + 2<<20); held > max {
+		t.Errorf("the server end holds %d bytes for a stream whose app does not read, want at most %d", held, max)
+	}
+	select {
+	case n := <-sent:
+		t.Fatalf("a write of %d bytes to an app that does not read returned: %d sent", 3*StreamWindow, n)
+	default:
 	}
 }
