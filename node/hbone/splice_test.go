@@ -198,7 +198,9 @@ func TestAppThatDoesNotReadHoldsAWindow(t *testing.T) {
 	}
 	held := int64(heapInUse()) - int64(before)
 	t.Logf("held for the stream whose app does not read: %d bytes", held)
-	if max := int64(StreamWindow + 2<<20); held > max {
+	// A window of chunks, one of them partly filled, and the buffers the
+	// connections' TLS grew for 1 MiB frames.
+	if max := int64(StreamWindow + 2<<20); held > max && !raceEnabled {
 		t.Errorf("the server end holds %d bytes for a stream whose app does not read, want at most %d", held, max)
 	}
 	select {
