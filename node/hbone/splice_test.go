@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -74,6 +75,19 @@ func TestSpliceCarriesBothWays(t *testing.T) {
 // connection is idle ends Splice: the app reads EOF, and Splice returns
 // once the app closes.
 func TestSpliceEndsWhenTheStreamIsReset(t *testing.T) {
+	spliceEnds(t, func(s *Stream) { s.c.removeStream(s.id, ErrReset) }, ErrReset)
+}
+
+// TestSpliceHonoursTheReadDeadline: a stream's read deadline passing
+// while Splice waits ends the stream's direction as a reset does.
+func TestSpliceHonoursTheReadDeadline(t *testing.T) {
+	spliceEnds(t, func(s *Stream) { _ = s.SetReadDeadline(time.Now().Add(10 * time.Millisecond)) }, os.ErrDeadlineExceeded)
+}
+
+// spliceEnds splices an idle app connection with a stream, ends the
+// stream's direction with end, and checks that the app reads EOF and
+// that Splice returns want once the app closes.
+func spliceEnds(t *testing.T, end func(*Stream), want error) {
 	cc := pair(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -102,7 +116,7 @@ func TestSpliceEndsWhenTheStreamIsReset(t *testing.T) {
 		done <- err
 	}()
 	time.Sleep(20 * time.Millisecond) // Splice is waiting, idle
-	cc.c.removeStream(s.id, ErrReset)
+	end(s)
 	// The app sees the end of the stream's direction...
 	_ = client.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := client.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
@@ -112,8 +126,8 @@ func TestSpliceEndsWhenTheStreamIsReset(t *testing.T) {
 	client.Close()
 	select {
 	case err := <-done:
-		if !errors.Is(err, ErrReset) {
-			t.Errorf("Splice: %v, want ErrReset", err)
+		if !errors.Is(err, want) {
+			t.Errorf("Splice: %v, want %v", err, want)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Splice did not return")
