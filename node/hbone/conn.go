@@ -108,6 +108,9 @@ func newConn(nc net.Conn, isClient bool, lim Limits) *conn {
 	c.cond = sync.NewCond(&c.mu)
 	c.fr = http2.NewFramer(c.bw, bufio.NewReaderSize(nc, 64<<10))
 	c.fr.SetMaxReadFrameSize(MaxFrame)
+	// One DATA frame value for all: onData is done with a frame before
+	// the next is read (its bytes are copied or written through).
+	c.fr.SetReuseFrames()
 	c.hr = newHeaderReader()
 	c.henc = hpack.NewEncoder(&c.hbuf)
 	if isClient {
@@ -134,8 +137,11 @@ func (c *conn) writeFrames(f func() error) error {
 		err = f()
 	}
 	var r refused
-	if errors.As(err, &r) {
-		err = nil
+	if err != nil {
+		r = asRefused(err)
+		if r.error != nil {
+			err = nil
+		}
 	}
 	if c.writers.Add(-1) == 0 && err == nil {
 		err = c.flushLocked()
@@ -150,6 +156,17 @@ func (c *conn) writeFrames(f func() error) error {
 		return r.error
 	}
 	return err
+}
+
+// asRefused is err's refused, if any; apart from writeFrames since
+// errors.As's target escapes, an allocation per write otherwise (and
+// not inlined there, for the same reason).
+//
+//go:noinline
+func asRefused(err error) refused {
+	var r refused
+	errors.As(err, &r)
+	return r
 }
 
 // flushLocked pushes buffered frames to the socket; callers hold wmu.
@@ -507,7 +524,18 @@ func (c *conn) onData(f *http2.DataFrame) error {
 			return err
 		}
 	}
-	switch s.deliver(f.Data(), f.StreamEnded()) {
+	d, wrote, inc := s.deliver(f.Data(), f.StreamEnded())
+	if inc > 0 {
+		if err := c.queueControl(ctrlFrame{kind: ctrlWindowUpdate, stream: f.StreamID, val: inc}); err != nil {
+			return err
+		}
+	}
+	if wrote > 0 {
+		if err := c.discard(int64(wrote)); err != nil {
+			return err
+		}
+	}
+	switch d {
 	case discarded:
 		return c.discard(int64(len(f.Data())))
 	case overrun:
@@ -620,7 +648,7 @@ func (c *conn) onHeaders(f *headerBlock) error {
 	c.mu.Unlock()
 	s.Request = req
 	if f.endStream {
-		_ = s.deliver(nil, true)
+		_, _, _ = s.deliver(nil, true)
 	}
 	go c.runHandler(s)
 	return nil

@@ -86,8 +86,17 @@ func (s *Stream) SetDeadline(t time.Time) error {
 func (s *Stream) SetReadDeadline(t time.Time) error {
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
-	s.rdl.set(t, &s.rmu, s.rcond.Broadcast)
+	s.rdl.set(t, &s.rmu, s.wakeReaders)
 	return nil
+}
+
+// wakeReaders wakes Read and WriteTo, and a Splice's sink, to a passed
+// read deadline; callers hold rmu.
+func (s *Stream) wakeReaders() {
+	s.rcond.Broadcast()
+	if s.kickSinkLocked() {
+		go s.drainSink()
+	}
 }
 
 // SetWriteDeadline implements net.Conn: the deadline of Write and

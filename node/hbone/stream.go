@@ -34,6 +34,7 @@ type Stream struct {
 	rdl   deadline
 	// rq holds received bytes in pooled chunks; an idle stream holds none.
 	rq      []*chunk
+	rq0     [1]*chunk // rq's first backing array: a queue of one allocates nothing
 	rlen    int
 	rEOF    bool
 	rerr    error
@@ -42,6 +43,9 @@ type Stream struct {
 	recvWindow int64
 	sentEnd    bool
 	closed     bool
+	// sink is the app socket Splice writes received bytes to (sink.go);
+	// set once, under rmu.
+	sink *appSink
 }
 
 // StatusError is a CONNECT answered with a status other than 200.
@@ -64,13 +68,15 @@ const (
 	overrun            // past the stream's window: the peer broke flow control
 )
 
-// deliver queues received bytes (read loop only); the caller returns
-// the connection window of bytes not delivered.
-func (s *Stream) deliver(data []byte, end bool) delivery {
+// deliver queues received bytes (read loop only), or writes them
+// through to the stream's sink; the caller returns the connection window
+// of bytes not delivered, and of those written through (wrote), for
+// which it also sends the stream WINDOW_UPDATE inc when not zero.
+func (s *Stream) deliver(data []byte, end bool) (d delivery, wrote int, inc uint32) {
 	s.rmu.Lock()
 	if s.closed {
 		s.rmu.Unlock()
-		return discarded
+		return discarded, 0, 0
 	}
 	s.recvWindow -= int64(len(data))
 	// maxChunks is unreachable within the window (every chunk but the
@@ -78,8 +84,10 @@ func (s *Stream) deliver(data []byte, end bool) delivery {
 	// a bound all the same.
 	if s.recvWindow < 0 || len(s.rq) >= maxChunks {
 		s.rmu.Unlock()
-		return overrun
+		return overrun, 0, 0
 	}
+	wrote, inc = s.writeThroughLocked(data)
+	data = data[wrote:]
 	// Small frames fill the tail chunk's spare room before a new chunk is
 	// taken, so what the stream holds follows the bytes it was sent, not
 	// the number of frames that carried them.
@@ -91,6 +99,9 @@ func (s *Stream) deliver(data []byte, end bool) delivery {
 	for len(data) > 0 {
 		ch := newChunk(len(data))
 		n := ch.fill(data)
+		if s.rq == nil {
+			s.rq = s.rq0[:0]
+		}
 		s.rq = append(s.rq, ch)
 		s.rlen += n
 		data = data[n:]
@@ -99,12 +110,16 @@ func (s *Stream) deliver(data []byte, end bool) delivery {
 		s.rEOF = true
 	}
 	s.rcond.Broadcast()
+	start := s.kickSinkLocked()
 	done := s.rEOF && s.sentEnd
 	s.rmu.Unlock()
+	if start {
+		go s.drainSink()
+	}
 	if done {
 		s.c.removeStream(s.id, nil)
 	}
-	return delivered
+	return delivered, wrote, inc
 }
 
 func (s *Stream) abort(err error) {
@@ -113,7 +128,11 @@ func (s *Stream) abort(err error) {
 		s.rerr = err
 	}
 	s.rcond.Broadcast()
+	start := s.kickSinkLocked()
 	s.rmu.Unlock()
+	if start {
+		go s.drainSink()
+	}
 	s.c.mu.Lock()
 	if s.werr == nil {
 		s.werr = err
@@ -216,17 +235,25 @@ func (s *Stream) WriteTo(w io.Writer) (int64, error) {
 // credit returns consumed bytes to the peer's windows, in batches.
 func (s *Stream) credit(n int64) {
 	s.rmu.Lock()
-	s.unacked += n
-	var inc int64
-	if s.unacked >= StreamWindow/4 && !s.rEOF {
-		inc, s.unacked = s.unacked, 0
-		s.recvWindow += inc
-	}
+	inc := s.creditLocked(n)
 	s.rmu.Unlock()
 	if inc > 0 {
 		_ = s.c.writeFrames(func() error { return s.c.fr.WriteWindowUpdate(s.id, uint32(inc)) })
 	}
 	s.c.consumed(n)
+}
+
+// creditLocked counts n consumed bytes and returns the stream
+// WINDOW_UPDATE increment now due, if any; callers hold rmu.
+func (s *Stream) creditLocked(n int64) int64 {
+	s.unacked += n
+	if s.unacked < StreamWindow/4 || s.rEOF {
+		return 0
+	}
+	inc := s.unacked
+	s.unacked = 0
+	s.recvWindow += inc
+	return inc
 }
 
 // Write implements io.Writer, honouring the peer's windows.
@@ -381,7 +408,7 @@ func (s *Stream) Respond(code int, header map[string]string) error {
 func (s *Stream) onResponse(f *headerBlock) {
 	s.answered(statusOf(f)) // later HEADERS are trailers
 	if f.endStream {
-		_ = s.deliver(nil, true)
+		_, _, _ = s.deliver(nil, true)
 	}
 }
 

@@ -1,0 +1,13 @@
+//go:build !linux
+
+package hbone
+
+import "errors"
+
+// canReadReady: readReady is not implemented here; Splice copies with a
+// goroutine per direction.
+const canReadReady = false
+
+func (k *appSink) readReady() (*[]byte, int, error) {
+	return nil, 0, errors.New("hbone: readReady: not supported")
+}
