@@ -11,8 +11,9 @@
 // generator and the servers (a sink, an echo) each in a process of its
 // own (roles_test.go), so that the figures, the CPU profile
 // (-cpuprofile) and the memory per connection are the tunnels' alone.
-// Each benchmark reports every path of one run; compare hbone and tls
-// with direct within it:
+// Each benchmark reports every path of one run, direct first; tls and
+// hbone also report themselves against direct of the same run (x-direct,
+// added-p50-µs, added-p99-µs), the figures to compare across runs:
 //
 //	go test ./bench/hbone -run '^$' -bench . -benchtime 1x
 package hbone_test
@@ -156,6 +157,7 @@ const streamBytes = 2 << 30
 func BenchmarkThroughput(b *testing.B) {
 	sinkAddr, _ := servers(b)
 	for _, streams := range []int{1, 8} {
+		var direct float64 // MB/s of the direct path, measured first
 		for _, p := range paths(b, sinkAddr) {
 			b.Run(fmt.Sprintf("%s/streams=%d", p.name, streams), func(b *testing.B) {
 				var r result
@@ -168,7 +170,13 @@ func BenchmarkThroughput(b *testing.B) {
 				for _, n := range r.StreamBytes {
 					total += n
 				}
-				b.ReportMetric(float64(total)/r.Seconds/1e6, "MB/s")
+				mbps := float64(total) / r.Seconds / 1e6
+				b.ReportMetric(mbps, "MB/s")
+				if p.name == "direct" {
+					direct = mbps
+				} else if direct > 0 {
+					b.ReportMetric(mbps/direct, "x-direct")
+				}
 				rates := make([]float64, streams)
 				var mean float64
 				for i := range rates {
@@ -189,6 +197,7 @@ func BenchmarkThroughput(b *testing.B) {
 func BenchmarkRequestResponse(b *testing.B) {
 	_, echoAddr := servers(b)
 	for _, size := range []int{1, 1024} {
+		var direct result // measured first
 		for _, p := range paths(b, echoAddr) {
 			b.Run(fmt.Sprintf("%s/size=%d", p.name, size), func(b *testing.B) {
 				var r result
@@ -197,6 +206,13 @@ func BenchmarkRequestResponse(b *testing.B) {
 				}
 				b.ReportMetric(float64(r.P50.Microseconds()), "p50-µs")
 				b.ReportMetric(float64(r.P99.Microseconds()), "p99-µs")
+				if p.name == "direct" {
+					direct = r
+				} else if direct.P99 > 0 {
+					// What the path adds to a round trip.
+					b.ReportMetric(float64((r.P50 - direct.P50).Microseconds()), "added-p50-µs")
+					b.ReportMetric(float64((r.P99 - direct.P99).Microseconds()), "added-p99-µs")
+				}
 			})
 		}
 	}
@@ -212,6 +228,7 @@ func cpuTime() time.Duration {
 // byte each way, then close) through each path, over a warm HBONE pool.
 func BenchmarkNewConnections(b *testing.B) {
 	_, echoAddr := servers(b)
+	var direct float64 // conns/s of the direct path, measured first
 	for _, p := range paths(b, echoAddr) {
 		b.Run(p.name, func(b *testing.B) {
 			const n = 5000
@@ -219,7 +236,13 @@ func BenchmarkNewConnections(b *testing.B) {
 			for b.Loop() {
 				r = load{Mode: "connect", Addr: p.addr, N: n}.run(b)
 			}
-			b.ReportMetric(n/r.Seconds, "conns/s")
+			rate := n / r.Seconds
+			b.ReportMetric(rate, "conns/s")
+			if p.name == "direct" {
+				direct = rate
+			} else if direct > 0 {
+				b.ReportMetric(rate/direct, "x-direct")
+			}
 		})
 	}
 }
