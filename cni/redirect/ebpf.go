@@ -10,12 +10,14 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/canopy-mesh/canopy/cni/redirect/bpfprog"
+	"github.com/canopy-mesh/canopy/internal/netns"
 	"github.com/canopy-mesh/canopy/internal/sockmap"
 )
 
@@ -168,7 +170,7 @@ func (e Ebpf) prepare(netnsPath string, cfg PodConfig) (p *ebpfPod, want bpfprog
 			p = nil
 		}
 	}()
-	addrs, err := discoverPodAddrs(p.h)
+	addrs, err := discoverPodAddrs(p.h, netnsPath)
 	if err != nil {
 		return p, want, nil, fmt.Errorf("%s: %w", netnsPath, err)
 	}
@@ -428,8 +430,8 @@ func (e Ebpf) Unregistered(netnsPath string) ([]sockmap.Slot, error) {
 // invalid netip.Addr is none), and the interfaces with IPv6 addresses.
 type podAddrs struct {
 	v4, v6 netip.Addr
-	// v6Links are the interfaces but lo that are up and have any IPv6
-	// address, link-local included: the pod can send IPv6 over them.
+	// v6Links are the interfaces but lo that are up with IPv6 on: the pod
+	// can send IPv6 over them, from a link-local address at least.
 	v6Links []netlink.Link
 }
 
@@ -438,7 +440,7 @@ type podAddrs struct {
 // than one address of a family is refused: the programs compare with one
 // address per family, and the others would be taken for foreign
 // destinations.
-func discoverPodAddrs(h *netlink.Handle) (podAddrs, error) {
+func discoverPodAddrs(h *netlink.Handle, netnsPath string) (podAddrs, error) {
 	links, err := podInterfaces(h)
 	if err != nil {
 		return podAddrs{}, err
@@ -468,7 +470,21 @@ func discoverPodAddrs(h *netlink.Handle) (podAddrs, error) {
 		}
 		// The kernel takes no IPv6 route through an interface that is
 		// down; it carries nothing either. Verify notices it coming up.
-		if hasV6 && l.Attrs().Flags&net.FlagUp != 0 {
+		if l.Attrs().Flags&net.FlagUp == 0 {
+			continue
+		}
+		// An interface just brought up gets its link-local address a
+		// moment later: IPv6 being on, not the address, says the pod
+		// can send IPv6 over it, so that the decision does not depend on
+		// when Enroll looked.
+		if !hasV6 {
+			on, err := ipv6On(netnsPath, l.Attrs().Name)
+			if err != nil {
+				return podAddrs{}, err
+			}
+			hasV6 = on
+		}
+		if hasV6 {
 			out.v6Links = append(out.v6Links, l)
 		}
 	}
@@ -488,6 +504,24 @@ func discoverPodAddrs(h *netlink.Handle) (podAddrs, error) {
 		}
 	}
 	return out, nil
+}
+
+// ipv6On reports whether IPv6 is on for interface name in the netns at
+// path (net.ipv6.conf.<name>.disable_ipv6 is 0); a kernel without IPv6
+// has it off.
+func ipv6On(path, name string) (bool, error) {
+	var b []byte
+	err := netns.Do(path, func() (err error) {
+		b, err = os.ReadFile(filepath.Join("/proc/sys/net/ipv6/conf", name, "disable_ipv6"))
+		return err
+	})
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read net.ipv6.conf.%s.disable_ipv6 in %s: %w", name, path, err)
+	}
+	return strings.TrimSpace(string(b)) == "0", nil
 }
 
 // podInterfaces are the interfaces of the netns but loopback ones, by

@@ -508,3 +508,30 @@ func enableIPv6NoDAD(t *testing.T, ns string, links ...string) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestEbpfIPv6BeforeItsLinkLocalAddress: an interface comes up and gets its
+// IPv6 link-local address a moment later. Enroll before the address
+// exists still routes IPv6 through the proxy (IPv6 is on), so Verify
+// finds no drift once the address is there, and IPv6 is never left
+// around the proxy meanwhile.
+func TestEbpfIPv6BeforeItsLinkLocalAddress(t *testing.T) {
+	root := bpffsRoot(t)
+	p := newEbpfPair(t)
+	iface := outsideInterface(t, p.pod)
+	ipIn(t, p.pod, "-6", "addr", "flush", "dev", iface, "scope", "link")
+	if out := ipIn(t, p.pod, "-6", "addr", "show", "dev", iface); strings.Contains(out, "fe80") {
+		t.Fatalf("link-local address still there:\n%s", out)
+	}
+	b := Ebpf{Root: root}
+	cfg := DefaultPodConfig()
+	if err := b.Enroll(p.pod, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if rules := ipIn(t, p.pod, "-6", "rule"); !strings.Contains(rules, "32003") {
+		t.Errorf("no IPv6 capture rule while the interface has no IPv6 address yet:\n%s", rules)
+	}
+	ipIn(t, p.pod, "-6", "addr", "add", "fe80::5/64", "dev", iface)
+	if err := b.Verify(p.pod, cfg); err != nil {
+		t.Errorf("drift once the link-local address came: %v", err)
+	}
+}
