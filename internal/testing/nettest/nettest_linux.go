@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
@@ -115,6 +116,9 @@ func newPair(t testing.TB, subnets []netip.Prefix, extraB []netip.Addr) Pair {
 	for _, e := range []end{a, bEnd} {
 		e.configure(t)
 	}
+	for _, e := range []end{a, bEnd} {
+		e.waitUp(t)
+	}
 	return p
 }
 
@@ -173,6 +177,38 @@ func (e end) configure(t testing.TB) {
 		if err := h.RouteAdd(&netlink.Route{Gw: net.IP(gw.AsSlice()), LinkIndex: in.Attrs().Index}); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// waitUp waits until the kernel has the link operationally up: until it
+// has seen the peer's carrier (asynchronously, up to a second after both
+// ends are set up), the link's queue drops what is sent, and a test's
+// first packet would be lost.
+func (e end) waitUp(t testing.TB) {
+	t.Helper()
+	f, err := os.Open(e.ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h, err := netlink.NewHandleAt(vnetns.NsHandle(f.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		l, err := h.LinkByName(e.link)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Attrs().OperState == netlink.OperUp {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s in %s not up after 10s: %s", e.link, e.ns, l.Attrs().OperState)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
