@@ -98,7 +98,7 @@ func (b *SendBudget) share(caller string) (*semaphore.Weighted, func()) {
 	}
 }
 
-// hold is one response's share of the budget, from take until gRPC has
+// hold is one response's share of the budget, from reserve until gRPC has
 // written it (or its stream ended).
 type hold struct {
 	b      *SendBudget
