@@ -48,27 +48,7 @@ func startProfile(b *testing.B, s *side, what string) (wait func()) {
 	done := make(chan error, 1)
 	path := filepath.Join(profileDir(), what+".pprof")
 	go func() {
-		client := http.Client{Timeout: time.Duration(secs+30) * time.Second}
-		resp, err := client.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", s.debugAddr, secs))
-		if err != nil {
-			done <- err
-			return
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			done <- fmt.Errorf("profile: %s", resp.Status)
-			return
-		}
-		f, err := os.Create(path)
-		if err != nil {
-			done <- err
-			return
-		}
-		_, err = io.Copy(f, resp.Body)
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		done <- err
+		done <- fetchTo(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", s.debugAddr, secs), path, time.Duration(secs+30)*time.Second)
 	}()
 	return func() {
 		if err := <-done; err != nil {
@@ -89,29 +69,31 @@ func heapProfile(b *testing.B, s *side, what string) {
 		return
 	}
 	path := filepath.Join(profileDir(), what+"-heap.pprof")
-	client := http.Client{Timeout: 30 * time.Second}
-	resp, err := client.Get(fmt.Sprintf("http://%s/debug/pprof/heap?gc=1", s.debugAddr))
-	if err != nil {
+	if err := fetchTo(fmt.Sprintf("http://%s/debug/pprof/heap?gc=1", s.debugAddr), path, 30*time.Second); err != nil {
 		b.Errorf("heap profile of %s: %v", what, err)
 		return
+	}
+	b.Logf("heap profile of canopy-controller with %s: %s", what, path)
+}
+
+// fetchTo writes what url answers to the file at path.
+func fetchTo(url, path string, timeout time.Duration) error {
+	client := http.Client{Timeout: timeout}
+	resp, err := client.Get(url)
+	if err != nil {
+		return err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		b.Errorf("heap profile of %s: %s", what, resp.Status)
-		return
+		return fmt.Errorf("%s: %s", url, resp.Status)
 	}
 	f, err := os.Create(path)
 	if err != nil {
-		b.Errorf("heap profile of %s: %v", what, err)
-		return
+		return err
 	}
 	_, err = io.Copy(f, resp.Body)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil {
-		b.Errorf("heap profile of %s: %v", what, err)
-		return
-	}
-	b.Logf("heap profile of canopy-controller with %s: %s", what, path)
+	return err
 }

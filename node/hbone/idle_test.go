@@ -24,6 +24,18 @@ const idleStreams = 500
 // same through the tunnel as without it.
 func appServer(t *testing.T) string {
 	t.Helper()
+	one := make([]byte, 1)
+	return holdingServer(t, func(c net.Conn) {
+		if _, err := io.ReadFull(c, one); err == nil {
+			_, _ = c.Write(one)
+		}
+	})
+}
+
+// holdingServer accepts TCP connections in one goroutine, runs first on
+// each, then holds it open until the test ends.
+func holdingServer(t *testing.T, first func(net.Conn)) string {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -39,15 +51,12 @@ func appServer(t *testing.T) string {
 	})
 	go func() {
 		defer close(done)
-		one := make([]byte, 1)
 		for {
 			c, err := l.Accept()
 			if err != nil {
 				return
 			}
-			if _, err := io.ReadFull(c, one); err == nil {
-				_, _ = c.Write(one)
-			}
+			first(c)
 			held = append(held, c)
 		}
 	}()

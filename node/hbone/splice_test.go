@@ -137,30 +137,7 @@ func spliceEnds(t *testing.T, end func(*Stream), want error) {
 // sinkApp accepts connections and never reads them.
 func sinkApp(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var held []net.Conn
-	done := make(chan struct{})
-	t.Cleanup(func() {
-		l.Close()
-		<-done
-		for _, c := range held {
-			c.Close()
-		}
-	})
-	go func() {
-		defer close(done)
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			held = append(held, c)
-		}
-	}()
-	return l.Addr().String()
+	return holdingServer(t, func(net.Conn) {})
 }
 
 // TestAppThatDoesNotReadHoldsAWindow: a peer streaming to an app that
