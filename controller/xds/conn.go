@@ -305,7 +305,10 @@ func (s *Server) sendLoop(ctx context.Context, c *conn, stream grpc.BidiStreamin
 			if resp == nil {
 				break
 			}
-			err = sendWithin(ctx, s, c.id, c.cancel, stream.Send, resp)
+			// The response's share of the budget carries the send
+			// deadline (settle), from before Send until gRPC has written
+			// it: no timer of sendWithin's is needed here.
+			err = sendError(ctx, stream.Send(resp))
 			s.cfg.SendBudget.sent(resp)
 			if err != nil {
 				return err
@@ -346,7 +349,7 @@ func (s *Server) buildResponse(ctx context.Context, c *conn) (*discoveryv3.Delta
 		h.release()
 		return nil, oldest, nil
 	}
-	if err := h.settle(ctx, resp, s.cfg.SendTimeout, func() { s.tooSlow(ctx, c) }); err != nil {
+	if err := h.settle(ctx, resp, s.cfg.SendTimeout, func() { s.tooSlow(ctx, c.id, c.cancel) }); err != nil {
 		h.release()
 		return nil, time.Time{}, err
 	}
@@ -373,15 +376,16 @@ func (s *Server) nextWeight(c *conn) int64 {
 	return 0
 }
 
-// tooSlow ends a stream whose proxy has not read a response within the
-// send timeout, counted once.
-func (s *Server) tooSlow(ctx context.Context, c *conn) {
+// tooSlow ends a stream (ctx, cancelled with cancel) whose proxy has not
+// read a response within the send timeout; a stream already over is not
+// counted.
+func (s *Server) tooSlow(ctx context.Context, connID string, cancel context.CancelCauseFunc) {
 	if ctx.Err() != nil {
 		return
 	}
 	s.metrics.cutOff.Inc()
-	s.log.Warn("proxy too slow to read; disconnecting", "conn", c.id, "timeout", s.cfg.SendTimeout)
-	c.cancel(s.streamError("slow", codes.ResourceExhausted, "proxy did not read a response within %s", s.cfg.SendTimeout))
+	s.log.Warn("proxy too slow to read; disconnecting", "conn", connID, "timeout", s.cfg.SendTimeout)
+	cancel(s.streamError("slow", codes.ResourceExhausted, "proxy did not read a response within %s", s.cfg.SendTimeout))
 }
 
 // nextResponse builds the next response the connection owes, or nil.
@@ -430,17 +434,19 @@ func (s *Server) nextResponse(c *conn) (*discoveryv3.DeltaDiscoveryResponse, tim
 // unblocks Send, and the proxy never holds more than one response's
 // memory here.
 func sendWithin[R any](ctx context.Context, s *Server, connID string, cancel context.CancelCauseFunc, send func(R) error, resp R) error {
-	timer := time.AfterFunc(s.cfg.SendTimeout, func() {
-		s.metrics.cutOff.Inc()
-		s.log.Warn("proxy too slow to read; disconnecting", "conn", connID, "timeout", s.cfg.SendTimeout)
-		cancel(s.streamError("slow", codes.ResourceExhausted, "proxy did not read a response within %s", s.cfg.SendTimeout))
-	})
+	timer := time.AfterFunc(s.cfg.SendTimeout, func() { s.tooSlow(ctx, connID, cancel) })
 	defer timer.Stop()
-	if err := send(resp); err != nil {
-		if ctx.Err() != nil {
-			return context.Cause(ctx)
-		}
-		return fmt.Errorf("send: %w", err)
+	return sendError(ctx, send(resp))
+}
+
+// sendError is what a stream's Send returned as the sender reports it:
+// the stream's own cause when it ended first.
+func sendError(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
 	}
-	return nil
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return fmt.Errorf("send: %w", err)
 }

@@ -68,6 +68,12 @@ func dial(t testing.TB, addr string, ccfg *tls.Config) *ClientConn {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return clientOver(t, nc)
+}
+
+// clientOver is an HBONE client connection over nc, closed with the test.
+func clientOver(t testing.TB, nc net.Conn) *ClientConn {
+	t.Helper()
 	cc, err := NewClientConn(nc)
 	if err != nil {
 		t.Fatal(err)

@@ -93,11 +93,21 @@ func tunnel(t *testing.T, target string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cc, err := NewClientConn(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
+	cc := clientOver(t, nc)
+	return acceptEach(t, func(c net.Conn) {
+		s, err := cc.Connect(context.Background(), target, nil)
+		if err != nil {
+			c.Close()
+			return
+		}
+		_, _, _ = Splice(c, s)
+	})
+}
+
+// acceptEach listens on loopback until the test ends and runs handle in a
+// goroutine of its own for each connection; it returns the address.
+func acceptEach(t *testing.T, handle func(net.Conn)) string {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -109,14 +119,7 @@ func tunnel(t *testing.T, target string) string {
 			if err != nil {
 				return
 			}
-			go func() {
-				s, err := cc.Connect(context.Background(), target, nil)
-				if err != nil {
-					c.Close()
-					return
-				}
-				_, _, _ = Splice(c, s)
-			}()
+			go handle(c)
 		}
 	}()
 	return l.Addr().String()

@@ -180,16 +180,3 @@ func (s *Stream) finishSinkLocked(err error) {
 	_ = k.conn.CloseWrite()
 	close(k.done)
 }
-
-// popLocked takes the first queued chunk; callers hold rmu and have
-// checked that one is queued.
-func (s *Stream) popLocked() *chunk {
-	ch := s.rq[0]
-	s.rq[0] = nil
-	s.rq = s.rq[1:]
-	if len(s.rq) == 0 {
-		s.rq = s.rq[:0:0]
-	}
-	s.rlen -= len(ch.b) - ch.off
-	return ch
-}

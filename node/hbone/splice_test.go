@@ -17,34 +17,20 @@ import (
 // when slow is set (so that the tunnel's sink queues and drains).
 func echoApp(t *testing.T, slow bool) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
+	return acceptEach(t, func(c net.Conn) {
+		defer c.Close()
+		buf := make([]byte, 64<<10)
 		for {
-			c, err := l.Accept()
-			if err != nil {
+			if slow {
+				time.Sleep(time.Millisecond)
+			}
+			n, err := c.Read(buf)
+			if _, werr := c.Write(buf[:n]); werr != nil || err != nil {
+				_ = c.(*net.TCPConn).CloseWrite()
 				return
 			}
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 64<<10)
-				for {
-					if slow {
-						time.Sleep(time.Millisecond)
-					}
-					n, err := c.Read(buf)
-					if _, werr := c.Write(buf[:n]); werr != nil || err != nil {
-						_ = c.(*net.TCPConn).CloseWrite()
-						return
-					}
-				}
-			}()
 		}
-	}()
-	return l.Addr().String()
+	})
 }
 
 // TestSpliceCarriesBothWays: bytes through both ends' Splice arrive

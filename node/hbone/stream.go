@@ -195,6 +195,20 @@ func (s *Stream) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// popLocked takes the first queued chunk; callers hold rmu and have
+// checked that one is queued. An emptied queue is nil, so that the next
+// delivery starts again in rq0.
+func (s *Stream) popLocked() *chunk {
+	ch := s.rq[0]
+	s.rq[0] = nil
+	s.rq = s.rq[1:]
+	if len(s.rq) == 0 {
+		s.rq = nil
+	}
+	s.rlen -= len(ch.b) - ch.off
+	return ch
+}
+
 // WriteTo implements io.WriterTo: received chunks go to w as they are,
 // without an intermediate buffer, so an idle stream holds no memory.
 func (s *Stream) WriteTo(w io.Writer) (int64, error) {
@@ -213,14 +227,8 @@ func (s *Stream) WriteTo(w io.Writer) (int64, error) {
 			s.rmu.Unlock()
 			return total, err // nil at EOF
 		}
-		ch := s.rq[0]
-		s.rq[0] = nil
-		s.rq = s.rq[1:]
-		if len(s.rq) == 0 {
-			s.rq = nil
-		}
+		ch := s.popLocked()
 		data := ch.b[ch.off:]
-		s.rlen -= len(data)
 		s.rmu.Unlock()
 		n, err := w.Write(data)
 		total += int64(n)

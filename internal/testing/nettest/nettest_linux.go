@@ -11,7 +11,6 @@ import (
 	"os"
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/canopy-mesh/canopy/internal/netns"
 	"github.com/canopy-mesh/canopy/internal/testing/ci"
+	"github.com/canopy-mesh/canopy/internal/testing/eventually"
 )
 
 // NeedRoot skips (fails under CI) a test that needs root, and skips it in
@@ -196,20 +196,13 @@ func (e end) waitUp(t testing.TB) {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	eventually.True(t, e.link+" in "+e.ns+" operationally up", func() bool {
 		l, err := h.LinkByName(e.link)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if l.Attrs().OperState == netlink.OperUp {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s in %s not up after 10s: %s", e.link, e.ns, l.Attrs().OperState)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return l.Attrs().OperState == netlink.OperUp
+	})
 }
 
 // EnableIPv6 switches IPv6 on in the netns at path for lo and links, and
