@@ -2,13 +2,10 @@ package controlplane_test
 
 import (
 	"bytes"
-	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
-	"sync"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -43,18 +40,13 @@ type watchedPod struct{ namespace, name string }
 // machine little besides the controllers. Its methods are safe for
 // concurrent use.
 type deltaClient struct {
-	name   string
-	conn   *grpc.ClientConn
-	cancel context.CancelFunc
-	watch  watchedPod
+	clientStream
+	watch watchedPod
 	// answered is closed once a response of each type has been ACKed,
-	// the point at which ztunnel reports itself ready;
-	// ended is closed, with err set, when the stream ends.
+	// the point at which ztunnel reports itself ready.
 	answered chan struct{}
-	ended    chan struct{}
 
-	mu      sync.Mutex
-	err     error
+	// Guarded by mu:
 	held    map[string]map[string]bool // type → names held
 	answers map[string]int             // type → responses received
 	grew    time.Time                  // the arrival of the last Address response that added a name
@@ -62,7 +54,6 @@ type deltaClient struct {
 	// watchedName is the name of the watched pod's workload resource.
 	watchedName string
 	expects     []*readyExpectation
-	received    map[string]traffic
 }
 
 // readyExpectation waits for the watched pod's workload to be held as
@@ -76,11 +67,8 @@ type readyExpectation struct {
 // both workload types as wildcards. The client owns conn and closes it in
 // close.
 func dialDelta(ctx context.Context, name string, conn *grpc.ClientConn, md metadata.MD, node *corev3.Node, watch watchedPod) (*deltaClient, error) {
-	ctx, cancel := context.WithCancel(metadata.NewOutgoingContext(ctx, md))
-	c := &deltaClient{
-		name: name, conn: conn, cancel: cancel, watch: watch, answered: make(chan struct{}), ended: make(chan struct{}),
-		held: map[string]map[string]bool{}, answers: map[string]int{}, received: map[string]traffic{},
-	}
+	c := &deltaClient{watch: watch, answered: make(chan struct{}), held: map[string]map[string]bool{}, answers: map[string]int{}}
+	ctx = c.open(ctx, name, conn, md)
 	for _, typ := range workloadTypes {
 		c.held[typ] = map[string]bool{}
 	}
@@ -95,13 +83,7 @@ func dialDelta(ctx context.Context, name string, conn *grpc.ClientConn, md metad
 			return nil, fmt.Errorf("ask %s for %s: %w", name, shortType(typ), err)
 		}
 	}
-	go func() {
-		err := c.run(stream)
-		c.mu.Lock()
-		c.err = err
-		c.mu.Unlock()
-		close(c.ended)
-	}()
+	c.serve(func() error { return c.run(stream) })
 	return c, nil
 }
 
@@ -131,11 +113,7 @@ func (c *deltaClient) apply(resp *discoveryv3.DeltaDiscoveryResponse, at time.Ti
 	if !ok {
 		return false
 	}
-	tr := c.received[typ]
-	tr.Responses++
-	tr.Resources += len(resp.GetResources())
-	tr.Bytes += proto.Size(resp)
-	c.received[typ] = tr
+	c.count(typ, resp, len(resp.GetResources()))
 	c.answers[typ]++
 	added := false
 	for _, name := range resp.GetRemovedResources() {
@@ -217,18 +195,6 @@ func (c *deltaClient) expectReady(ready bool) (<-chan time.Time, error) {
 	return e.at, nil
 }
 
-// await waits for an expectation of expectReady.
-func (c *deltaClient) await(ctx context.Context, at <-chan time.Time) (time.Time, error) {
-	select {
-	case t := <-at:
-		return t, nil
-	case <-c.ended:
-		return time.Time{}, c.failure()
-	case <-ctx.Done():
-		return time.Time{}, fmt.Errorf("%s: expected response not received: %w", c.name, ctx.Err())
-	}
-}
-
 // state returns how many names of each type the client holds, how many
 // responses of each it received, and when the Address table last grew.
 func (c *deltaClient) state() (held, answers map[string]int, grew time.Time) {
@@ -262,23 +228,4 @@ func (c *deltaClient) heldReady() *bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.ready
-}
-
-// traffic returns what the client has received so far, by type.
-func (c *deltaClient) traffic() map[string]traffic {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return maps.Clone(c.received)
-}
-
-func (c *deltaClient) failure() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return cmp.Or(c.err, errors.New(c.name+": stream ended"))
-}
-
-// close ends the stream and the connection.
-func (c *deltaClient) close() {
-	c.cancel()
-	c.conn.Close()
 }

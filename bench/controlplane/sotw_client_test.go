@@ -9,7 +9,6 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -108,28 +107,21 @@ func proxylessSubscription(listeners []string) subscription {
 // response makes an expectation true. Its methods are safe for
 // concurrent use.
 type sotwClient struct {
-	name   string
-	conn   *grpc.ClientConn
-	cancel context.CancelFunc
-	sub    subscription
-	seed   maphash.Seed
+	clientStream
+	sub  subscription
+	seed maphash.Seed
 	// synced is closed once every type has been answered after its last
 	// request; syncedAt is when.
 	synced chan struct{}
-	// ended is closed, with err set, when the stream ends.
-	ended chan struct{}
 
-	mu       sync.Mutex
+	// Guarded by mu:
 	syncedAt time.Time
-	err      error
 	names    map[string][]string // type → names asked for, sorted; none for a wildcard
 	entries  map[string]map[string]entry
 	tables   map[string]table // type → what is kept decoded
 	last     map[string]answer
 	pending  map[string]bool // type → asked, not answered yet
-	nack     error
 	expects  []*expectation
-	received map[string]traffic
 }
 
 // entry is what a client holds of one resource.
@@ -166,12 +158,12 @@ const maxResponse = 256 << 20
 // subscription's first requests, the first with node. The client owns
 // conn and closes it in close.
 func dialSotW(ctx context.Context, name string, conn *grpc.ClientConn, md metadata.MD, node *corev3.Node, sub subscription) (*sotwClient, error) {
-	ctx, cancel := context.WithCancel(metadata.NewOutgoingContext(ctx, md))
 	c := &sotwClient{
-		name: name, conn: conn, cancel: cancel, sub: sub, seed: maphash.MakeSeed(), synced: make(chan struct{}), ended: make(chan struct{}),
+		sub: sub, seed: maphash.MakeSeed(), synced: make(chan struct{}),
 		names: map[string][]string{}, entries: map[string]map[string]entry{}, tables: map[string]table{}, last: map[string]answer{},
-		pending: map[string]bool{}, received: map[string]traffic{},
+		pending: map[string]bool{},
 	}
+	ctx = c.open(ctx, name, conn, md)
 	for _, typ := range chain {
 		c.entries[typ] = map[string]entry{}
 		c.tables[typ] = table{}
@@ -195,13 +187,7 @@ func dialSotW(ctx context.Context, name string, conn *grpc.ClientConn, md metada
 			return nil, fmt.Errorf("ask %s for %s: %w", name, shortType(r.typ), err)
 		}
 	}
-	go func() {
-		err := c.run(stream)
-		c.mu.Lock()
-		c.err = err
-		c.mu.Unlock()
-		close(c.ended)
-	}()
+	c.serve(func() error { return c.run(stream) })
 	return c, nil
 }
 
@@ -230,11 +216,7 @@ func (c *sotwClient) apply(resp *discoveryv3.DiscoveryResponse, at time.Time) []
 	if !ok {
 		return nil
 	}
-	tr := c.received[typ]
-	tr.Responses++
-	tr.Resources += len(resp.GetResources())
-	tr.Bytes += proto.Size(resp)
-	c.received[typ] = tr
+	c.count(typ, resp, len(resp.GetResources()))
 	fresh := make(map[string]entry, len(resp.GetResources()))
 	kept := table{}
 	for _, r := range resp.GetResources() {
@@ -490,18 +472,6 @@ func (c *sotwClient) expect(typ string, cond func(table) bool) (<-chan time.Time
 	return e.at, nil
 }
 
-// await waits for an expectation of expect.
-func (c *sotwClient) await(ctx context.Context, at <-chan time.Time) (time.Time, error) {
-	select {
-	case t := <-at:
-		return t, nil
-	case <-c.ended:
-		return time.Time{}, c.failure()
-	case <-ctx.Done():
-		return time.Time{}, fmt.Errorf("%s: expected response not received: %w", c.name, ctx.Err())
-	}
-}
-
 // snapshot returns a copy of the client's table of typ; the resources are
 // shared and must not be changed.
 func (c *sotwClient) snapshot(typ string) table {
@@ -515,26 +485,6 @@ func (c *sotwClient) held(typ string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.entries[typ])
-}
-
-// traffic returns what the client has received so far, by type.
-func (c *sotwClient) traffic() map[string]traffic {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return maps.Clone(c.received)
-}
-
-// failure is why the stream ended, or the NACK it sent.
-func (c *sotwClient) failure() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return cmp.Or(c.nack, c.err, errors.New(c.name+": stream ended"))
-}
-
-// close ends the stream and the connection.
-func (c *sotwClient) close() {
-	c.cancel()
-	c.conn.Close()
 }
 
 // clusterHost is the host of an Istio cluster name,
