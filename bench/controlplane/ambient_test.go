@@ -86,9 +86,9 @@ func ambientConnect(b *testing.B, cp *controlPlanes, n int) {
 				b.Fatal(err)
 			}
 			b.Logf("%s: %d node proxies hold %d addresses and %d authorizations after %s; RSS %.1f MB at rest, %.1f MB with them (peak so far %.1f MB); sent %s",
-				s.name, n, held[addressType], held[authorizationType], took.Round(time.Millisecond), mb(rest.RSS), mb(with.RSS), mb(with.Peak), deltaSent(clients))
+				s.name, n, held[addressType], held[authorizationType], took.Round(time.Millisecond), mb(rest.RSS), mb(with.RSS), mb(with.Peak), since(nil, clients, workloadTypes[:]))
 			heapProfile(b, s, fmt.Sprintf("ambient-%d-clients-round-%d", n, round))
-			closeDelta(clients)
+			closeAll(clients)
 			cp.waitClosed(b, s)
 			if _, ok := first[s.name]; !ok {
 				first[s.name] = figures{rest: mb(rest.RSS), perClient: float64(with.RSS-rest.RSS) / 1024 / float64(n), took: took, addresses: held[addressType]}
@@ -155,8 +155,8 @@ func ambientReadiness(b *testing.B, cp *controlPlanes) {
 				cp.waitIdle(b)
 				b.Logf("%s: pod %s/%s ready=%t reached %d node proxies in %s", s.name, ns, name, ready, len(clients), d.Round(time.Millisecond))
 			}
-			b.Logf("%s: sent %s", s.name, deltaSent(clients))
-			closeDelta(clients)
+			b.Logf("%s: sent %s", s.name, since(nil, clients, workloadTypes[:]))
+			closeAll(clients)
 			cp.waitClosed(b, s)
 		}
 		round++
@@ -187,35 +187,18 @@ func ztunnelNode(m mesh, k int) (*corev3.Node, error) {
 func (cp *controlPlanes) connectDelta(b *testing.B, s *side, n int, watch watchedPod) ([]*deltaClient, time.Duration, map[string]int) {
 	b.Helper()
 	ctx := b.Context()
-	clients := make([]*deltaClient, n)
-	errs := make([]error, n)
-	done := make(chan int, n)
 	start := time.Now()
-	for k := range clients {
-		go func() {
-			defer func() { done <- k }()
-			node, err := ztunnelNode(cp.mesh, k)
-			if err != nil {
-				errs[k] = err
-				return
-			}
-			conn, md, err := s.dial(cp.mesh.clientNamespace(k), clientAccount)
-			if err != nil {
-				errs[k] = err
-				return
-			}
-			clients[k], errs[k] = dialDelta(ctx, s.name+"/"+cp.mesh.client(k), conn, md, node, watch)
-		}()
-	}
-	for range clients {
-		<-done
-	}
-	b.Cleanup(func() { closeDelta(clients) })
-	for _, err := range errs {
+	clients := dialAll(b, s, n, func(k int) (*deltaClient, error) {
+		node, err := ztunnelNode(cp.mesh, k)
 		if err != nil {
-			b.Fatalf("%s: connect: %v", s.name, err)
+			return nil, err
 		}
-	}
+		conn, md, err := s.dial(cp.mesh.clientNamespace(k), clientAccount)
+		if err != nil {
+			return nil, err
+		}
+		return dialDelta(ctx, s.name+"/"+cp.mesh.client(k), conn, md, node, watch)
+	})
 	wctx, cancel := context.WithTimeout(ctx, waitTimeout)
 	defer cancel()
 	for _, c := range clients {
@@ -255,14 +238,6 @@ func latest(a, b time.Time) time.Time {
 	return a
 }
 
-func closeDelta(clients []*deltaClient) {
-	for _, c := range clients {
-		if c != nil {
-			c.close()
-		}
-	}
-}
-
 // shortTypes keys a count by type by the types' short names.
 func shortTypes(m map[string]int) map[string]int {
 	out := map[string]int{}
@@ -270,24 +245,4 @@ func shortTypes(m map[string]int) map[string]int {
 		out[shortType(typ)] = v
 	}
 	return out
-}
-
-// deltaSent describes what clients received so far, by type.
-func deltaSent(clients []*deltaClient) string {
-	sum := map[string]traffic{}
-	for _, c := range clients {
-		for typ, t := range c.traffic() {
-			s := sum[typ]
-			s.Responses += t.Responses
-			s.Resources += t.Resources
-			s.Bytes += t.Bytes
-			sum[typ] = s
-		}
-	}
-	var out []string
-	for _, typ := range workloadTypes {
-		t := sum[typ]
-		out = append(out, fmt.Sprintf("%s %d responses (%d resources, %.2f MB)", shortType(typ), t.Responses, t.Resources, mb(int64(t.Bytes))))
-	}
-	return strings.Join(out, ", ")
 }

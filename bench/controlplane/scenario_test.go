@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -125,7 +126,7 @@ func compare(b *testing.B, cp *controlPlanes, sc scenario) {
 				cp.waitIdle(b)
 				clients, d := cp.connect(b, s, sc)
 				took[s.name] = append(took[s.name], d)
-				b.Logf("%s: %d clients synced in %s; sent %s", s.name, len(clients), d.Round(time.Millisecond), since(nil, clients))
+				b.Logf("%s: %d clients synced in %s; sent %s", s.name, len(clients), d.Round(time.Millisecond), since(nil, clients, chain[:]))
 				cp.disconnect(b, s, clients)
 			}
 			round++
@@ -167,7 +168,7 @@ func compare(b *testing.B, cp *controlPlanes, sc scenario) {
 					slice = append(slice, sd.Sub(d.start))
 					cp.waitIdle(b)
 					b.Logf("%s: pod %s ready=%t reached %d clients in %s (EndpointSlice after %s); sent %s", s.name, name, ready, len(clients),
-						d.took.Round(time.Millisecond), sd.Sub(d.start).Round(time.Millisecond), since(before, clients))
+						d.took.Round(time.Millisecond), sd.Sub(d.start).Round(time.Millisecond), since(before, clients, chain[:]))
 				}
 				waitProfile()
 				cp.disconnect(b, s, clients)
@@ -206,7 +207,7 @@ func compare(b *testing.B, cp *controlPlanes, sc scenario) {
 					took[s.name] = append(took[s.name], d)
 					cp.waitIdle(b)
 					b.Logf("%s: VirtualService %s/%s weight %d reached %d clients in %s; sent %s", s.name, ns, name, weight, len(clients),
-						d.took.Round(time.Millisecond), since(before, clients))
+						d.took.Round(time.Millisecond), since(before, clients, chain[:]))
 				}
 				cp.disconnect(b, s, clients)
 			}
@@ -231,35 +232,18 @@ func (cp *controlPlanes) waitIdle(b *testing.B) {
 func (cp *controlPlanes) connect(b *testing.B, s *side, sc scenario) ([]*sotwClient, time.Duration) {
 	b.Helper()
 	ctx := b.Context()
-	clients := make([]*sotwClient, sc.clients)
-	errs := make([]error, sc.clients)
-	done := make(chan int, sc.clients)
 	start := time.Now()
-	for k := range clients {
-		go func() {
-			defer func() { done <- k }()
-			p, err := sc.proxy(k)
-			if err != nil {
-				errs[k] = err
-				return
-			}
-			conn, md, err := s.dial(p.namespace, p.account)
-			if err != nil {
-				errs[k] = err
-				return
-			}
-			clients[k], errs[k] = dialSotW(ctx, s.name+"/"+p.pod, conn, md, p.node, p.sub)
-		}()
-	}
-	for range clients {
-		<-done
-	}
-	b.Cleanup(func() { closeAll(clients) })
-	for _, err := range errs {
+	clients := dialAll(b, s, sc.clients, func(k int) (*sotwClient, error) {
+		p, err := sc.proxy(k)
 		if err != nil {
-			b.Fatalf("%s: connect: %v", s.name, err)
+			return nil, err
 		}
-	}
+		conn, md, err := s.dial(p.namespace, p.account)
+		if err != nil {
+			return nil, err
+		}
+		return dialSotW(ctx, s.name+"/"+p.pod, conn, md, p.node, p.sub)
+	})
 	wctx, cancel := context.WithTimeout(ctx, waitTimeout)
 	defer cancel()
 	var last time.Time
@@ -306,7 +290,35 @@ func (cp *controlPlanes) waitClosed(b *testing.B, s *side) {
 	}
 }
 
-func closeAll(clients []*sotwClient) {
+// dialAll dials n clients of s at once, each with dial in a goroutine
+// of its own as separate processes would, closes them when the benchmark
+// ends, and fails it if one could not connect.
+func dialAll[T any, C interface {
+	*T
+	close()
+}](b *testing.B, s *side, n int, dial func(k int) (C, error)) []C {
+	b.Helper()
+	clients := make([]C, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for k := range clients {
+		wg.Go(func() { clients[k], errs[k] = dial(k) })
+	}
+	wg.Wait()
+	b.Cleanup(func() { closeAll(clients) })
+	for _, err := range errs {
+		if err != nil {
+			b.Fatalf("%s: connect: %v", s.name, err)
+		}
+	}
+	return clients
+}
+
+// closeAll closes the clients that were opened.
+func closeAll[T any, C interface {
+	*T
+	close()
+}](clients []C) {
 	for _, c := range clients {
 		if c != nil {
 			c.close()
@@ -315,7 +327,7 @@ func closeAll(clients []*sotwClient) {
 }
 
 // totals sums what clients have received so far, by type.
-func totals(clients []*sotwClient) map[string]traffic {
+func totals[C receiver](clients []C) map[string]traffic {
 	sum := map[string]traffic{}
 	for _, c := range clients {
 		for typ, t := range c.traffic() {
@@ -329,11 +341,15 @@ func totals(clients []*sotwClient) map[string]traffic {
 	return sum
 }
 
-// since describes what clients received after totals returned before.
-func since(before map[string]traffic, clients []*sotwClient) string {
+// receiver is a client that counts what it received (clientStream).
+type receiver interface{ traffic() map[string]traffic }
+
+// since describes what clients received of types after totals returned
+// before (nil: since they connected).
+func since[C receiver](before map[string]traffic, clients []C, types []string) string {
 	now := totals(clients)
 	var out []string
-	for _, typ := range chain {
+	for _, typ := range types {
 		t, b := now[typ], before[typ]
 		out = append(out, fmt.Sprintf("%s %d responses (%d resources, %.2f MB)", shortType(typ),
 			t.Responses-b.Responses, t.Resources-b.Resources, mb(int64(t.Bytes-b.Bytes))))
