@@ -12,7 +12,9 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+	networkingapi "istio.io/api/networking/v1"
 	securityapi "istio.io/api/security/v1beta1"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 
 	"github.com/canopy-mesh/canopy/workloadapi"
 )
@@ -39,17 +41,42 @@ func (m *Mesh) Endpoints(p Proxy, names []string) []Named {
 	return out
 }
 
-func (m *Mesh) assignment(p Proxy, name string, k ClusterKey) *endpointv3.ClusterLoadAssignment {
-	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
+// clusterTarget is what a proxy's outbound cluster name refers to: the
+// service, its DestinationRule and the policy of the port and subset.
+type clusterTarget struct {
+	svc    *Service
+	dr     *networkingv1.DestinationRule
+	policy *networkingapi.TrafficPolicy
+}
+
+// clusterTarget looks up an outbound cluster name; false when the
+// proxy sees no such cluster (no service of that hostname has the port,
+// or the subset is not in its DestinationRule). Clusters, their
+// endpoint assignments and shares' Absent all ask it, so that they agree.
+func (m *Mesh) clusterTarget(p Proxy, name string) (clusterTarget, bool) {
+	k, err := ParseClusterName(name)
+	if err != nil || k.Direction != Outbound {
+		return clusterTarget{}, false
+	}
 	svc := m.Service(p, k.Hostname)
 	if svc == nil || !hasPort(svc.Service, k.Port) {
-		return cla
+		return clusterTarget{}, false
 	}
 	dr := m.DestinationRule(p, k.Hostname, svc.GetNamespace())
 	policy, ok := clusterPolicy(dr, k.Port, k.Subset)
 	if !ok {
+		return clusterTarget{}, false
+	}
+	return clusterTarget{svc: svc, dr: dr, policy: policy}, true
+}
+
+func (m *Mesh) assignment(p Proxy, name string, k ClusterKey) *endpointv3.ClusterLoadAssignment {
+	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
+	c, ok := m.clusterTarget(p, name)
+	if !ok {
 		return cla
 	}
+	svc, dr, policy := c.svc, c.dr, c.policy
 	var sel map[string]string
 	if k.Subset != "" {
 		sel = subset(dr, k.Subset).GetLabels()

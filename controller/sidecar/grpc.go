@@ -44,12 +44,8 @@ func (m *Mesh) GRPCListeners(p Proxy, names []string) []Named {
 			}
 			continue
 		}
-		host, port, err := hostPort(name)
-		if err != nil {
-			continue
-		}
-		svc := m.Service(p, fqdn(host, p.Namespace, m.DomainSuffix))
-		if svc == nil {
+		host, port, svc, ok := m.grpcClientTarget(p, name)
+		if !ok {
 			continue
 		}
 		for _, sp := range svc.GetPorts() {
@@ -61,6 +57,21 @@ func (m *Mesh) GRPCListeners(p Proxy, names []string) []Named {
 		}
 	}
 	return out
+}
+
+// grpcClientTarget is the service a client listener name ("host:port"
+// or "host") calls, with the name's host and port (0: every port); false
+// when the proxy sees no such service, or it lacks the port.
+func (m *Mesh) grpcClientTarget(p Proxy, name string) (string, uint32, *Service, bool) {
+	host, port, err := hostPort(name)
+	if err != nil {
+		return "", 0, nil, false
+	}
+	svc := m.Service(p, fqdn(host, p.Namespace, m.DomainSuffix))
+	if svc == nil || len(svc.GetPorts()) == 0 || port != 0 && !hasPort(svc.Service, port) {
+		return "", 0, nil, false
+	}
+	return host, port, svc, true
 }
 
 // grpcClientListener is an API listener whose routes come over RDS.
@@ -96,14 +107,8 @@ func routerFilter() *hcmv3.HttpFilter {
 // auto mTLS labels it is mutual TLS, without, plaintext), and enforces
 // the AuthorizationPolicies that select the proxy.
 func (m *Mesh) grpcServerListener(p Proxy, name, addr string) *listenerv3.Listener {
-	host, port, err := hostPort(addr)
-	if err != nil || port == 0 {
-		return nil
-	}
-	if ip, err := netip.ParseAddr(host); err != nil || !(ip.IsUnspecified() || slices.Contains(p.IPs, ip)) {
-		return nil
-	}
-	if !m.servesTargetPort(p, port) {
+	host, port, ok := m.grpcServerAddr(p, addr)
+	if !ok {
 		return nil
 	}
 	filters := m.grpcRBACFilters(p)
@@ -121,6 +126,23 @@ func (m *Mesh) grpcServerListener(p Proxy, name, addr string) *listenerv3.Listen
 		Address:      socketAddress(host, port),
 		FilterChains: []*listenerv3.FilterChain{chain},
 	}
+}
+
+// grpcServerAddr is a server listener's "ip:port", when the ip is the
+// proxy's (or unspecified) and one of its workloads serves some service
+// on that target port.
+func (m *Mesh) grpcServerAddr(p Proxy, addr string) (string, uint32, bool) {
+	host, port, err := hostPort(addr)
+	if err != nil || port == 0 {
+		return "", 0, false
+	}
+	if ip, err := netip.ParseAddr(host); err != nil || !(ip.IsUnspecified() || slices.Contains(p.IPs, ip)) {
+		return "", 0, false
+	}
+	if !m.servesTargetPort(p, port) {
+		return "", 0, false
+	}
+	return host, port, true
 }
 
 // servesTargetPort reports whether one of the proxy's workloads is an
@@ -187,8 +209,8 @@ func (m *Mesh) GRPCRoutes(p Proxy, names []string) []Named {
 		}
 		rc := &routev3.RouteConfiguration{Name: name}
 		out = append(out, Named{name, rc})
-		svc := m.Service(p, k.Hostname)
-		if svc == nil || !routesHTTP(svc.Service, k.Port) {
+		svc, ok := m.grpcRouteService(p, name)
+		if !ok {
 			continue
 		}
 		t := routeTarget{svc: svc, port: k.Port}
@@ -200,6 +222,21 @@ func (m *Mesh) GRPCRoutes(p Proxy, names []string) []Named {
 		}}
 	}
 	return out
+}
+
+// grpcRouteService is the service whose routes a route name of
+// GRPCRoutes' form asks for; false when the name gets no virtual hosts
+// (or nothing at all).
+func (m *Mesh) grpcRouteService(p Proxy, name string) (*Service, bool) {
+	k, err := ParseClusterName(name)
+	if err != nil || k.Direction != Outbound || k.Subset != "" {
+		return nil, false
+	}
+	svc := m.Service(p, k.Hostname)
+	if svc == nil || !routesHTTP(svc.Service, k.Port) {
+		return nil, false
+	}
+	return svc, true
 }
 
 // routesHTTP reports whether the service has port and it may carry HTTP:
@@ -263,19 +300,9 @@ func (m *Mesh) grpcDomains(p Proxy, s *workloadapi.Service, port uint32) []strin
 func (m *Mesh) GRPCClusters(p Proxy, names []string) []Named {
 	var out []Named
 	for _, name := range slices.Sorted(slices.Values(names)) {
-		k, err := ParseClusterName(name)
-		if err != nil || k.Direction != Outbound {
-			continue
+		if c, ok := m.clusterTarget(p, name); ok {
+			out = append(out, Named{name, m.grpcCluster(name, c.svc, c.policy)})
 		}
-		svc := m.Service(p, k.Hostname)
-		if svc == nil || !hasPort(svc.Service, k.Port) {
-			continue
-		}
-		policy, ok := clusterPolicy(m.DestinationRule(p, k.Hostname, svc.GetNamespace()), k.Port, k.Subset)
-		if !ok {
-			continue
-		}
-		out = append(out, Named{name, m.grpcCluster(name, svc, policy)})
 	}
 	return out
 }

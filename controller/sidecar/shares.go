@@ -25,6 +25,14 @@ type Share struct {
 	// resources, so the second need not be generated. Empty: the share
 	// reads too much to tell, and is generated for every Mesh.
 	Deps string
+	// Absent: the Mesh has nothing under the share's name (no service,
+	// port or subset of it). Generate then answers a function of the
+	// name alone, for the client's kind: nothing, or the placeholder that
+	// tells a client to stop waiting (an assignment without endpoints, a
+	// route configuration without virtual hosts), the same in every Mesh
+	// the name is absent from. A client may name any number of these, so
+	// a control plane neither caches nor holds what they generate.
+	Absent bool
 }
 
 // SidecarShares splits what GenerateSidecar answers into shares. A
@@ -39,18 +47,18 @@ func (m *Mesh) SidecarShares(p Proxy, typeURL string, names []string) []Share {
 	switch typeURL {
 	case ClusterType:
 		return []Share{
-			{m.key(p, "out").scope(m.SidecarScope(p)).String(), "", func() []Named { return m.sidecarOutboundClusters(p) }, m.deps(clusterConfig)},
-			{m.key(p, "own").labels(p.Labels).ips(p).String(), "", func() []Named { return m.sidecarInboundClusters(p) }, m.ownDeps(p)},
+			{m.key(p, "out").scope(m.SidecarScope(p)).String(), "", func() []Named { return m.sidecarOutboundClusters(p) }, m.deps(clusterConfig), false},
+			{m.key(p, "own").labels(p.Labels).ips(p).String(), "", func() []Named { return m.sidecarInboundClusters(p) }, m.ownDeps(p), false},
 		}
 	case ListenerType:
 		return []Share{
-			{m.key(p, "out").scope(m.SidecarScope(p)).String(), "", func() []Named { return m.sidecarOutboundListeners(p) }, m.deps(listenerConfig)},
-			{m.key(p, "own").labels(p.Labels).ips(p).String(), "", func() []Named { return []Named{{VirtualInbound, m.virtualInbound(p)}} }, m.ownDeps(p)},
+			{m.key(p, "out").scope(m.SidecarScope(p)).String(), "", func() []Named { return m.sidecarOutboundListeners(p) }, m.deps(listenerConfig), false},
+			{m.key(p, "own").labels(p.Labels).ips(p).String(), "", func() []Named { return []Named{{VirtualInbound, m.virtualInbound(p)}} }, m.ownDeps(p), false},
 		}
 	case EndpointType:
 		return m.endpointShares(p, names)
 	case RouteType:
-		return m.perName(p, names, m.SidecarRoutes, allConfig, func(k *shareKey) { k.scope(m.SidecarScope(p)).labels(m.routeLabels(p.Labels)) })
+		return m.perName(p, names, m.SidecarRoutes, m.sidecarRouteAbsent, allConfig, func(k *shareKey) { k.scope(m.SidecarScope(p)).labels(m.routeLabels(p.Labels)) })
 	}
 	return nil
 }
@@ -62,7 +70,7 @@ func (m *Mesh) SidecarShares(p Proxy, typeURL string, names []string) []Share {
 func (m *Mesh) GRPCShares(p Proxy, typeURL string, names []string) []Share {
 	switch typeURL {
 	case ClusterType:
-		return m.perName(p, names, m.GRPCClusters, clusterConfig, func(k *shareKey) {})
+		return m.perName(p, names, m.GRPCClusters, m.noCluster, clusterConfig, func(k *shareKey) {})
 	case EndpointType:
 		return m.endpointShares(p, names)
 	case ListenerType:
@@ -70,16 +78,31 @@ func (m *Mesh) GRPCShares(p Proxy, typeURL string, names []string) []Share {
 		clientKey, clientDeps := m.key(p, "name").String(), m.deps(allConfig)
 		for _, name := range names {
 			key, deps := clientKey, clientDeps
-			if strings.HasPrefix(name, ServerListenerPrefix) {
+			var absent bool
+			if addr, ok := strings.CutPrefix(name, ServerListenerPrefix); ok {
 				key, deps = m.key(p, "name").labels(p.Labels).ips(p).String(), m.ownDeps(p)
+				_, _, ok = m.grpcServerAddr(p, addr)
+				absent = !ok
+			} else {
+				_, _, _, ok := m.grpcClientTarget(p, name)
+				absent = !ok
 			}
-			out = append(out, Share{key, name, func() []Named { return m.GRPCListeners(p, []string{name}) }, deps})
+			out = append(out, Share{key, name, func() []Named { return m.GRPCListeners(p, []string{name}) }, deps, absent})
 		}
 		return out
 	case RouteType:
-		return m.perName(p, names, m.GRPCRoutes, allConfig, func(k *shareKey) { k.labels(m.routeLabels(p.Labels)) })
+		return m.perName(p, names, m.GRPCRoutes, func(p Proxy, name string) bool {
+			_, ok := m.grpcRouteService(p, name)
+			return !ok
+		}, allConfig, func(k *shareKey) { k.labels(m.routeLabels(p.Labels)) })
 	}
 	return nil
+}
+
+// noCluster reports whether the proxy sees no cluster name.
+func (m *Mesh) noCluster(p Proxy, name string) bool {
+	_, ok := m.clusterTarget(p, name)
+	return !ok
 }
 
 // What the shares read of the Istio configuration, besides the services:
@@ -96,15 +119,15 @@ var (
 
 // perName is a share per name, keyed by the namespace, what with adds,
 // and the name; it reads no endpoints, and of the configuration only
-// kinds.
-func (m *Mesh) perName(p Proxy, names []string, gen func(Proxy, []string) []Named, kinds []configKind, with func(*shareKey)) []Share {
+// kinds. absent tells the names the Mesh has nothing under.
+func (m *Mesh) perName(p Proxy, names []string, gen func(Proxy, []string) []Named, absent func(Proxy, string) bool, kinds []configKind, with func(*shareKey)) []Share {
 	out := make([]Share, 0, len(names))
 	deps := m.deps(kinds)
 	k := m.key(p, "name")
 	with(k)
 	key := k.String()
 	for _, name := range names {
-		out = append(out, Share{key, name, func() []Named { return gen(p, []string{name}) }, deps})
+		out = append(out, Share{key, name, func() []Named { return gen(p, []string{name}) }, deps, absent(p, name)})
 	}
 	return out
 }
@@ -119,7 +142,7 @@ func (m *Mesh) endpointShares(p Proxy, names []string) []Share {
 		if !ok {
 			d = deps // a name that is no service's cluster is answered with nothing
 		}
-		out = append(out, Share{key, name, func() []Named { return m.Endpoints(p, []string{name}) }, d})
+		out = append(out, Share{key, name, func() []Named { return m.Endpoints(p, []string{name}) }, d, m.noCluster(p, name)})
 	}
 	return out
 }

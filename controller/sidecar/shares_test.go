@@ -287,3 +287,62 @@ func TestDepsTellWhatChanged(t *testing.T) {
 }
 
 func shortName(typ string) string { return typ[len("type.googleapis.com/envoy.config."):] }
+
+// TestAbsentSharesAreTheirNamesAlone: a share the Mesh has nothing under
+// (Absent) generates what the same name generates in a mesh without any
+// service, so a control plane that does not cache or hold it, and never
+// tells its changes, misses nothing; and the names of sharesMesh's
+// services are not absent. Over every proxy, both kinds of client, every
+// type, and names real and made up.
+func TestAbsentSharesAreTheirNamesAlone(t *testing.T) {
+	m, empty := sharesMesh(), NewMesh(Inputs{})
+	cluster := "outbound|80||web.a.svc.cluster.local"
+	madeUp := []string{
+		"outbound|81||web.a.svc.cluster.local", "outbound|80|v9|web.a.svc.cluster.local", "outbound|80||made-up.example.com",
+		"inbound|80||web.a.svc.cluster.local", "outbound|0||web.a.svc.cluster.local", "garbage", "",
+	}
+	for _, tt := range []struct {
+		name    string
+		shares  func(m *Mesh, p Proxy, typ string, names []string) []Share
+		typ     string
+		present []string // for "a web-v1"
+		absent  []string
+	}{
+		{"proxyless clusters", (*Mesh).GRPCShares, ClusterType, []string{cluster}, madeUp},
+		{"proxyless endpoints", (*Mesh).GRPCShares, EndpointType, []string{cluster}, madeUp},
+		{"proxyless routes", (*Mesh).GRPCShares, RouteType, []string{cluster}, madeUp},
+		{"proxyless listeners", (*Mesh).GRPCShares, ListenerType,
+			[]string{"web.a.svc.cluster.local:80", "web:80", "web", ServerListenerPrefix + "10.0.0.1:1080", ServerListenerPrefix + "0.0.0.0:1080"},
+			[]string{"web:81", "made-up:80", "made-up", "web:x", ServerListenerPrefix + "10.0.0.1:1081", ServerListenerPrefix + "10.9.9.9:1080", ServerListenerPrefix + "bogus", ""}},
+		{"sidecar endpoints", (*Mesh).SidecarShares, EndpointType, []string{cluster}, madeUp},
+		{"sidecar routes", (*Mesh).SidecarShares, RouteType, []string{"80", "9999"},
+			[]string{"web.a.svc.cluster.local:80", "made-up:80", "web.a.svc.cluster.local:x", "0", "garbage", ""}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			names := append(slices.Clone(tt.present), tt.absent...)
+			for pname, p := range shareProxies {
+				got, placeholders := tt.shares(m, p, tt.typ, names), tt.shares(empty, p, tt.typ, names)
+				for i, sh := range got {
+					if !sh.Absent {
+						continue
+					}
+					if diff := cmp.Diff(placeholders[i].Generate(), sh.Generate(), cmp.Comparer(proto.Equal)); diff != "" {
+						t.Errorf("%s: %q is absent but not its name alone (-no services +sharesMesh):\n%s", pname, sh.Name, diff)
+					}
+				}
+				if pname != "a web-v1" {
+					continue
+				}
+				var gotAbsent []string
+				for _, sh := range got {
+					if sh.Absent {
+						gotAbsent = append(gotAbsent, sh.Name)
+					}
+				}
+				if diff := cmp.Diff(tt.absent, gotAbsent); diff != "" {
+					t.Errorf("%s: absent names (-want +got):\n%s", pname, diff)
+				}
+			}
+		})
+	}
+}

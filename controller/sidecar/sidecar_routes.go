@@ -24,10 +24,9 @@ func (m *Mesh) SidecarRoutes(p Proxy, names []string) []Named {
 			MaxDirectResponseBodySizeBytes: wrapperspb.UInt32(maxDirectResponseBody),
 		}
 		out = append(out, Named{name, rc})
-		if host, portText, ok := strings.Cut(name, ":"); ok {
-			port, err := parsePort(portText)
-			svc := m.Service(p, host)
-			if err != nil || svc == nil || !hasPort(svc.Service, port) || kindOf(portProtocol(svc, port)) != kindSniffed {
+		if strings.Contains(name, ":") {
+			svc, port, ok := m.sidecarRouteService(p, name)
+			if !ok {
 				continue
 			}
 			rc.VirtualHosts = []*routev3.VirtualHost{{
@@ -82,4 +81,32 @@ func (m *Mesh) SidecarRoutes(p Proxy, names []string) []Named {
 		})
 	}
 	return out
+}
+
+// sidecarRouteService is the service and port of a route name
+// "<hostname>:<port>" whose port's protocol is detected; false for any
+// other name, which gets no virtual hosts from it.
+func (m *Mesh) sidecarRouteService(p Proxy, name string) (*Service, uint32, bool) {
+	host, portText, ok := strings.Cut(name, ":")
+	if !ok {
+		return nil, 0, false
+	}
+	port, err := parsePort(portText)
+	svc := m.Service(p, host)
+	if err != nil || svc == nil || !hasPort(svc.Service, port) || kindOf(portProtocol(svc, port)) != kindSniffed {
+		return nil, 0, false
+	}
+	return svc, port, true
+}
+
+// sidecarRouteAbsent reports whether a route name gets only a
+// configuration without virtual hosts: neither a port nor a
+// "<hostname>:<port>" SidecarRoutes routes.
+func (m *Mesh) sidecarRouteAbsent(p Proxy, name string) bool {
+	if strings.Contains(name, ":") {
+		_, _, ok := m.sidecarRouteService(p, name)
+		return !ok
+	}
+	_, err := parsePort(name)
+	return err != nil
 }
