@@ -4,10 +4,16 @@
 package atomicfile
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 )
+
+// ErrChanged is Swap's error when the file is no longer the one read.
+var ErrChanged = errors.New("changed since it was read")
 
 // Write writes data to path with mode through a temporary file in the
 // same directory and a rename.
@@ -32,4 +38,76 @@ func Write(path string, data []byte, mode os.FileMode) error {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
+}
+
+// Swap puts data at path in one step, like Write, for a file that belongs
+// to someone else (another vendor's CNI configuration): the new file gets
+// like's permission bits and owner, so that a 0600 file of another user
+// stays 0600 and theirs, and it takes path's place only if path is still
+// prev (the file read, by device and inode), or still absent when prev is
+// nil; otherwise Swap returns ErrChanged and leaves path alone, so that a
+// rewrite by the file's owner since it was read is not lost. The check and
+// the rename are two steps: a rewrite between them is lost still, and the
+// caller's watch on the file must put its change back.
+func Swap(path string, data []byte, like, prev os.FileInfo) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	// After the rename there is nothing left to remove; after a link the
+	// temporary name goes.
+	defer os.Remove(tmp.Name())
+	if err := fill(tmp, data, like); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if prev == nil {
+		// A link fails if path exists, where a rename would replace it.
+		if err := os.Link(tmp.Name(), path); errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("write %s: %w", path, ErrChanged)
+		} else if err != nil {
+			return fmt.Errorf("write %s: %w", path, err)
+		}
+		return nil
+	}
+	cur, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) || err == nil && !os.SameFile(cur, prev) {
+		return fmt.Errorf("write %s: %w", path, ErrChanged)
+	} else if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+// fill writes data to f and gives it like's owner, then its permission
+// bits (a change of owner clears set-user-ID bits), and syncs it, so that
+// a crash after the rename leaves the new content, not an empty file.
+func fill(f *os.File, data []byte, like os.FileInfo) error {
+	if _, err := f.Write(data); err != nil {
+		return err
+	}
+	want, ok := like.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fmt.Errorf("no owner in %T", like.Sys())
+	}
+	got, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	// Only a change needs the privilege to chown.
+	if have, ok := got.Sys().(*syscall.Stat_t); !ok || have.Uid != want.Uid || have.Gid != want.Gid {
+		if err := f.Chown(int(want.Uid), int(want.Gid)); err != nil {
+			return err
+		}
+	}
+	if err := f.Chmod(like.Mode().Perm()); err != nil {
+		return err
+	}
+	return f.Sync()
 }
