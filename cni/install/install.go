@@ -8,15 +8,15 @@ package install
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -86,73 +86,118 @@ func (i Installer) primary() (string, error) {
 	return "", ErrNoPrimary
 }
 
-func (i Installer) entry() map[string]any {
+// entry returns the plugin's configuration as it goes into the chain.
+func (i Installer) entry() ([]byte, error) {
 	e := map[string]any{}
 	for k, v := range i.Entry {
 		e[k] = v
 	}
 	e["type"] = PluginType
-	return e
+	b, err := marshal(e)
+	if err != nil {
+		return nil, fmt.Errorf("encode the plugin's entry: %w", err)
+	}
+	return b, nil
 }
 
-// ensureEntry makes the primary configuration a conflist whose last
-// plugin is exactly the entry.
+// maxConfig bounds what is read of a configuration file: the file is
+// another vendor's, and a CNI configuration is a few kilobytes.
+const maxConfig = 1 << 20
+
+// readConfig reads a configuration file and returns what it is (mode,
+// owner, inode) with its content. A symbolic link is refused: replacing it
+// would put a copy where the link was, and the primary CNI's later changes
+// to the link's target would no longer reach the runtime; following it
+// from inside the agent's container may reach another file than the
+// node's. So is anything but a regular file.
+func readConfig(path string) ([]byte, os.FileInfo, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if errors.Is(err, syscall.ELOOP) {
+		return nil, nil, fmt.Errorf("%s is a symbolic link (left untouched: replace it with the file, or point the primary CNI at a file)", path)
+	} else if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return nil, nil, err
+	}
+	if !info.Mode().IsRegular() {
+		return nil, nil, fmt.Errorf("%s is not a regular file but %v (left untouched)", path, info.Mode().Type())
+	}
+	raw, err := io.ReadAll(io.LimitReader(f, maxConfig+1))
+	if err != nil {
+		return nil, nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	if len(raw) > maxConfig {
+		return nil, nil, fmt.Errorf("%s is larger than %d bytes (left untouched)", path, maxConfig)
+	}
+	return raw, info, nil
+}
+
+// ensureEntry makes the primary configuration a plugin list whose last
+// plugin is exactly the entry, changing no other byte of the file, nor its
+// mode or owner (see chain).
 func (i Installer) ensureEntry() error {
 	path, err := i.primary()
 	if err != nil {
 		return err
 	}
-	raw, err := os.ReadFile(path)
+	raw, info, err := readConfig(path)
 	if err != nil {
 		return err
 	}
-	var conf map[string]any
-	if err := json.Unmarshal(raw, &conf); err != nil {
-		return fmt.Errorf("%s is not JSON (left untouched): %w", path, err)
+	entry, err := i.entry()
+	if err != nil {
+		return err
 	}
-	plugins, isList := conf["plugins"].([]any)
-	if !isList {
-		if _, ok := conf["type"]; !ok {
-			return fmt.Errorf("%s has neither plugins nor type (left untouched)", path)
-		}
-		// A single-plugin .conf becomes a conflist of it.
-		single := map[string]any{}
-		for k, v := range conf {
-			if k != "cniVersion" && k != "name" {
-				single[k] = v
-			}
-		}
-		conf = map[string]any{"cniVersion": conf["cniVersion"], "name": conf["name"], "plugins": []any{single}}
-		plugins = conf["plugins"].([]any)
+	out, converted, err := chain(raw, entry)
+	if err != nil {
+		return fmt.Errorf("%s (left untouched): %w", path, err)
 	}
-	want := i.entry()
-	kept := slices.DeleteFunc(slices.Clone(plugins), func(p any) bool {
-		m, ok := p.(map[string]any)
-		return ok && m["type"] == PluginType
-	})
-	next := append(kept, any(want))
-	if jsonEqual(plugins, next) && isList {
+	if out == nil {
 		return nil
 	}
-	conf["plugins"] = next
-	out, err := json.MarshalIndent(conf, "", "  ")
+	if !converted {
+		if err := atomicfile.Swap(path, out, info, info); err != nil {
+			return err
+		}
+		i.Log.Info("joined the CNI chain", "file", path)
+		return nil
+	}
+	// A .conf (or .json) becomes a .conflist, written before the .conf
+	// goes: the runtime, which takes the .conf first, has a configuration
+	// at every moment.
+	target := strings.TrimSuffix(path, filepath.Ext(path)) + ".conflist"
+	prev, err := os.Lstat(target)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		prev = nil
+	case err != nil:
+		return err
+	case !prev.Mode().IsRegular():
+		return fmt.Errorf("%s, where %s would become a plugin list, is not a regular file (left untouched)", target, path)
+	}
+	if err := atomicfile.Swap(target, out, info, prev); err != nil {
+		return err
+	}
+	if err := removeIfSame(path, info); err != nil {
+		return fmt.Errorf("remove %s after converting it to %s: %w", path, target, err)
+	}
+	i.Log.Info("joined the CNI chain", "file", target, "converted", path)
+	return nil
+}
+
+// removeIfSame removes path if it is still the file read.
+func removeIfSame(path string, read os.FileInfo) error {
+	cur, err := os.Lstat(path)
 	if err != nil {
 		return err
 	}
-	target := path
-	if !isList {
-		target = strings.TrimSuffix(path, filepath.Ext(path)) + ".conflist"
+	if !os.SameFile(cur, read) {
+		return atomicfile.ErrChanged
 	}
-	if err := atomicfile.Write(target, append(out, '\n'), 0o644); err != nil {
-		return err
-	}
-	if target != path {
-		if err := os.Remove(path); err != nil {
-			return fmt.Errorf("remove %s after converting it to %s: %w", path, target, err)
-		}
-	}
-	i.Log.Info("joined the CNI chain", "file", target)
-	return nil
+	return os.Remove(path)
 }
 
 // InChain returns nil if the runtime runs the plugin for every new pod:
@@ -164,28 +209,29 @@ func (i Installer) InChain() error {
 	if err != nil {
 		return err
 	}
-	raw, err := os.ReadFile(path)
+	raw, _, err := readConfig(path)
 	if err != nil {
 		return err
 	}
-	var conf map[string]any
-	if err := json.Unmarshal(raw, &conf); err != nil {
-		return fmt.Errorf("%s is not JSON: %w", path, err)
+	d, err := parseDocument(raw)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
 	}
-	plugins, _ := conf["plugins"].([]any)
-	if len(plugins) == 0 || !jsonEqual(plugins[len(plugins)-1], i.entry()) {
+	entry, err := i.entry()
+	if err != nil {
+		return err
+	}
+	_, plugins, _, err := d.plugins()
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if len(plugins) == 0 || !sameJSON(d.bytes(plugins[len(plugins)-1]), entry) {
 		return fmt.Errorf("%s does not end with %s", path, PluginType)
 	}
 	if _, err := os.Stat(filepath.Join(i.BinDir, PluginType)); err != nil {
 		return fmt.Errorf("plugin binary: %w", err)
 	}
 	return nil
-}
-
-func jsonEqual(a, b any) bool {
-	x, err1 := json.Marshal(a)
-	y, err2 := json.Marshal(b)
-	return err1 == nil && err2 == nil && bytes.Equal(x, y)
 }
 
 // Watch keeps the entry in place until ctx ends: on every change in the
@@ -223,7 +269,9 @@ func (i Installer) Watch(ctx context.Context) error {
 	}
 }
 
-// Uninstall removes the entry and the binary.
+// Uninstall removes the entry and the binary. The primary configuration
+// is left as it was before Install, byte for byte, with its mode and
+// owner; a .conf that Install converted is a .conf again.
 func (i Installer) Uninstall() error {
 	var errs []error
 	if path, err := i.primary(); err == nil {
@@ -238,34 +286,28 @@ func (i Installer) Uninstall() error {
 }
 
 func removeEntry(path string) error {
-	f, err := os.Open(path)
+	raw, info, err := readConfig(path)
 	if err != nil {
 		return err
 	}
-	raw, err := io.ReadAll(f)
-	f.Close()
+	out, single, err := unchain(raw)
 	if err != nil {
-		return err
+		return fmt.Errorf("%s (left untouched): %w", path, err)
 	}
-	var conf map[string]any
-	if err := json.Unmarshal(raw, &conf); err != nil {
-		return fmt.Errorf("%s is not JSON (left untouched): %w", path, err)
-	}
-	plugins, ok := conf["plugins"].([]any)
-	if !ok {
+	if out == nil {
 		return nil
 	}
-	kept := slices.DeleteFunc(slices.Clone(plugins), func(p any) bool {
-		m, ok := p.(map[string]any)
-		return ok && m["type"] == PluginType
-	})
-	if len(kept) == len(plugins) {
-		return nil
+	if single == nil || filepath.Ext(path) != ".conflist" {
+		return atomicfile.Swap(path, out, info, info)
 	}
-	conf["plugins"] = kept
-	out, err := json.MarshalIndent(conf, "", "  ")
-	if err != nil {
+	// The .conf comes first, as it went last: the runtime has a
+	// configuration at every moment.
+	conf := strings.TrimSuffix(path, ".conflist") + ".conf"
+	if err := atomicfile.Swap(conf, single, info, nil); err != nil {
 		return err
 	}
-	return atomicfile.Write(path, append(out, '\n'), 0o644)
+	if err := removeIfSame(path, info); err != nil {
+		return fmt.Errorf("remove %s after restoring %s: %w", path, conf, err)
+	}
+	return nil
 }

@@ -7,9 +7,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/libcni"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -107,7 +109,7 @@ func TestInstallConvertsASingleConf(t *testing.T) {
 
 func TestInstallRefusesBadInput(t *testing.T) {
 	i := setup(t, map[string]string{"10-bad.conflist": `{"plugins": [`})
-	if err := i.Install(); err == nil || !strings.Contains(err.Error(), "not JSON (left untouched)") {
+	if err := i.Install(); err == nil || !strings.Contains(err.Error(), "(left untouched): not JSON") {
 		t.Errorf("Install over a broken file = %v", err)
 	}
 	if b, _ := os.ReadFile(filepath.Join(i.ConfDir, "10-bad.conflist")); string(b) != `{"plugins": [` {
@@ -199,4 +201,132 @@ func TestInChain(t *testing.T) {
 			}
 		})
 	}
+}
+
+// An attack on the primary CNI's file: another vendor's configuration
+// that a decode and encode again would change. Its integer above 2^53
+// would be rounded (9007199254740993 becomes 9007199254740992), <, > and &
+// escaped, "\u00e9" unescaped, keys sorted, its spacing, CRLFs and tabs
+// and its missing final newline redone, and the file, 0600 and another
+// user's, made 0644 and root's.
+const vendorConflist = "{\r\n\t\"name\" : \"k8s-pod-network\",\r\n\t\"cniVersion\":\"0.3.1\",  \"x-vendor\": {\"hash\": \"a<b>&c\", \"z\": [1.50, -0, 1e10]},\r\n\t\"plugins\": [\r\n\t\t{\"type\": \"calico\", \"mtu\": 9007199254740993, \"note\": \"<script>&amp; \\u00e9 é \\u2028\",\r\n\t\t \"ipam\": {\"type\": \"calico-ipam\", \"zz\": 1, \"aa\": 2}},\r\n\t\t{ \"type\":\"portmap\" ,\"snat\":true,\"capabilities\":{\"portMappings\":true}}\r\n\t]  }"
+
+// TestChainingLeavesTheRestAsItWas: Install adds the entry after the last
+// primary plugin and changes no other byte of the file, nor its mode or
+// owner; Uninstall puts back the file as it was, byte for byte.
+func TestChainingLeavesTheRestAsItWas(t *testing.T) {
+	t.Parallel()
+	// Another user's file, where the test may make one.
+	uid, gid := os.Getuid(), os.Getgid()
+	if uid == 0 {
+		uid, gid = 4242, 4343
+	}
+	for _, tt := range []struct {
+		name, file, content string
+		// lastPlugin is the text of the last primary plugin in content,
+		// after which the entry goes.
+		lastPlugin string
+		// converted: the file a single-plugin .conf becomes.
+		converted string
+		wantTypes []string
+	}{
+		{
+			name: "another vendor's conflist", file: "10-calico.conflist", content: vendorConflist,
+			lastPlugin: `{ "type":"portmap" ,"snat":true,"capabilities":{"portMappings":true}}`,
+			wantTypes:  []string{"calico", "portmap", PluginType},
+		},
+		{
+			name: "pretty-printed with a final newline", file: "10-flannel.conflist",
+			content:    "{\n  \"name\": \"cbr0\",\n  \"cniVersion\": \"0.3.1\",\n  \"plugins\": [\n    {\n      \"type\": \"flannel\",\n      \"delegate\": {\"hairpinMode\": true, \"isDefaultGateway\": true, \"mtu\": 18446744073709551615}\n    }\n  ]\n}\n",
+			lastPlugin: "{\n      \"type\": \"flannel\",\n      \"delegate\": {\"hairpinMode\": true, \"isDefaultGateway\": true, \"mtu\": 18446744073709551615}\n    }",
+			wantTypes:  []string{"flannel", PluginType},
+		},
+		{
+			name: "a single-plugin .conf", file: "10-bridge.conf", converted: "10-bridge.conflist",
+			content:    "  {\"cniVersion\": \"1.0.0\", \"name\": \"k8s\", \"type\": \"bridge\", \"bridge\": \"cni<0>\", \"vlan\": 9007199254740993}\n\n",
+			lastPlugin: "{\"cniVersion\": \"1.0.0\", \"name\": \"k8s\", \"type\": \"bridge\", \"bridge\": \"cni<0>\", \"vlan\": 9007199254740993}",
+			wantTypes:  []string{"bridge", PluginType},
+		},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			i := setup(t, map[string]string{tt.file: tt.content})
+			path := filepath.Join(i.ConfDir, tt.file)
+			if err := os.Chmod(path, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chown(path, uid, gid); err != nil {
+				t.Fatal(err)
+			}
+			want := fileOf(t, path)
+
+			if err := i.Install(); err != nil {
+				t.Fatal(err)
+			}
+			chained := path
+			if tt.converted != "" {
+				chained = filepath.Join(i.ConfDir, tt.converted)
+				if _, err := os.Lstat(path); !os.IsNotExist(err) {
+					t.Errorf("%s still there after its conversion: %v", tt.file, err)
+				}
+			}
+			got := fileOf(t, chained)
+			if diff := cmp.Diff(want.Mode, got.Mode); diff != "" {
+				t.Errorf("mode, uid, gid after Install (-want +got):\n%s", diff)
+			}
+			// Every byte up to the end of the last primary plugin, and
+			// every byte after it, is the file's own.
+			end := strings.LastIndex(tt.content, tt.lastPlugin) + len(tt.lastPlugin)
+			before, after := tt.content[:end], tt.content[end:]
+			if tt.converted != "" {
+				// The object, with the spaces around it, is the list's
+				// first plugin.
+				before, after = tt.content[:end], "]}"+tt.content[end:]
+			}
+			if !strings.HasSuffix(got.Content, after) || !strings.Contains(got.Content, before) {
+				t.Errorf("the primary plugins' bytes changed; the file is now:\n%s", got.Content)
+			}
+			list, err := libcni.ConfListFromBytes([]byte(got.Content))
+			if err != nil {
+				t.Fatalf("the runtime cannot load the chained file: %v\n%s", err, got.Content)
+			}
+			var types []string
+			for _, p := range list.Plugins {
+				types = append(types, p.Network.Type)
+			}
+			if diff := cmp.Diff(tt.wantTypes, types); diff != "" {
+				t.Errorf("chain (-want +got):\n%s", diff)
+			}
+
+			if err := i.Uninstall(); err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(want, fileOf(t, path)); diff != "" {
+				t.Errorf("after Uninstall, the file (-want +got):\n%s", diff)
+			}
+			if entries, _ := os.ReadDir(i.ConfDir); len(entries) != 1 {
+				t.Errorf("%d files in the configuration directory after Uninstall, want 1", len(entries))
+			}
+		})
+	}
+}
+
+// file is what a test compares of a configuration file.
+type file struct {
+	Content string
+	Mode    [3]uint32 // permission bits, uid, gid
+}
+
+func fileOf(t *testing.T, path string) file {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := st.Sys().(*syscall.Stat_t)
+	return file{Content: string(b), Mode: [3]uint32{uint32(st.Mode().Perm()), s.Uid, s.Gid}}
 }
