@@ -34,7 +34,9 @@ func (s *Server) View(pod string, services []*workloadapi.Service) (configdump.D
 			continue
 		}
 		// Asked as the pod would ask it, so the view shows the
-		// service that wins for the pod (its own namespace's first).
+		// service that wins for the pod (authority.Lookup: its own
+		// namespace's, else the canonical one; never another namespace's
+		// entry under a namespace's Service names).
 		v4, ok := authority.Lookup(s.cfg.Table, s.cfg.ClusterDomain, client, name, authority.IPv4)
 		if !ok {
 			continue

@@ -15,6 +15,16 @@
 // NXDOMAINs from the cluster resolver before the name is tried as is.
 // Each candidate is tried as is, then as the wildcard hosts that cover it
 // (*.example.com, *.com).
+//
+// Several services may have the hostname matched (ServiceEntries of
+// several namespaces, or one copying a Kubernetes Service's name). Of
+// those the client may see, it gets its own namespace's, else the
+// canonical one (a Kubernetes Service is always canonical), else the
+// first by namespace, as ztunnel does. A name under svc.<domain> of
+// namespace prod (payments.prod.svc.<domain>) is prod's: a service of
+// another namespace answers it, exactly or by a wildcard, only for that
+// namespace's own clients. So a ServiceEntry never shadows a Kubernetes
+// Service for anyone outside the ServiceEntry's namespace.
 package authority
 
 import (
@@ -78,8 +88,9 @@ func Lookup(src Services, clusterDomain string, c Client, qname string, fam Fami
 		return Answer{}, false
 	}
 	for _, a := range aliases(q, c.Namespace, clusterDomain) {
+		zone := zoneNamespace(a.name, clusterDomain)
 		for i, host := range wildcards(a.name) {
-			svc := best(src.ByHostname(host), c.Namespace, clusterDomain)
+			svc := best(src.ByHostname(host), c.Namespace, zone, clusterDomain)
 			if svc == nil {
 				continue
 			}
@@ -157,14 +168,33 @@ func wildcards(n string) []string {
 }
 
 // best is the service a client in ns gets among those with one hostname
-// (sorted by key): its own namespace's, else the first it may see. A
-// service without addresses is an answer only for a Kubernetes headless
-// service (its endpoints are the answer); a ServiceEntry without
-// addresses leaves the name to the resolvers.
-func best(svcs []*workloadapi.Service, ns, domain string) *workloadapi.Service {
-	var found *workloadapi.Service
+// (sorted by key), as ztunnel's ServiceMatch::find_best_match picks:
+// its own namespace's, else the canonical one, else the first it may
+// see. The canonical mark is what keeps a ServiceEntry of one namespace
+// from shadowing, for everyone else, the Kubernetes Service whose name
+// it copies: the controller marks the Service, never the copy.
+//
+// zone is the namespace whose Service names ("<name>.<zone>.svc.<domain>")
+// the looked-up name is under, or "". Those names are that namespace's:
+// a service of another namespace answers one (a ServiceEntry host
+// payments.prod.svc.cluster.local in namespace attacker, or a wildcard
+// covering it) for clients of its own namespace only, as a
+// namespace-local override, whatever its canonical mark says. Without
+// this, a ServiceEntry would take prod's names for every other namespace
+// while prod has no Service of that name (before it is created, or while
+// it is recreated), and a control plane that marks the oldest
+// ServiceEntry canonical then (istiod does) would hand it every namespace.
+//
+// A service without addresses is an answer only for a Kubernetes
+// headless service (its endpoints are the answer); a ServiceEntry
+// without addresses leaves the name to the resolvers.
+func best(svcs []*workloadapi.Service, ns, zone, domain string) *workloadapi.Service {
+	var canonical, first *workloadapi.Service
 	for _, s := range svcs {
 		if s == nil || !visibleTo(s, ns) {
+			continue
+		}
+		if zone != "" && s.GetNamespace() != zone && s.GetNamespace() != ns {
 			continue
 		}
 		if len(s.GetAddresses()) == 0 && !strings.HasSuffix(strings.ToLower(s.GetHostname()), ".svc."+domain) {
@@ -173,11 +203,28 @@ func best(svcs []*workloadapi.Service, ns, domain string) *workloadapi.Service {
 		if s.GetNamespace() == ns {
 			return s
 		}
-		if found == nil {
-			found = s
+		if canonical == nil && s.GetCanonical() {
+			canonical = s
+		}
+		if first == nil {
+			first = s
 		}
 	}
-	return found
+	if canonical != nil {
+		return canonical
+	}
+	return first
+}
+
+// zoneNamespace is the namespace whose Kubernetes Service names name is
+// under: prod for payments.prod.svc.<domain> (and for a.b.prod.svc.<domain>),
+// "" for a name outside svc.<domain>.
+func zoneNamespace(name, domain string) string {
+	rest, ok := strings.CutSuffix(name, ".svc."+domain)
+	if !ok || rest == "" {
+		return ""
+	}
+	return rest[strings.LastIndexByte(rest, '.')+1:]
 }
 
 // visibleTo reports whether a client in ns may see s: a PUBLIC service,

@@ -1,6 +1,7 @@
 package authority
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -124,6 +125,106 @@ func TestLookup(t *testing.T) {
 				t.Errorf("Lookup(%q) (-want +got):\n%s", tt.q, diff)
 			}
 		})
+	}
+}
+
+// TestServiceEntryCannotShadowAService is the attack of issue 33's
+// finding 2: whoever may write ServiceEntries in namespace attacker
+// declares host payments.prod.svc.cluster.local with an address of its
+// own. The Kubernetes Service prod/payments (canonical, as the controller
+// sends it) must answer its name for every namespace but attacker, whose
+// own entry overrides it for its own pods only (ztunnel's order: the
+// client's namespace, then canonical). Namespaces aaa and zzz sort before
+// and after the others; before the fix, the first service by namespace
+// answered them, attacker's.
+func TestServiceEntryCannotShadowAService(t *testing.T) {
+	t.Parallel()
+	const (
+		host       = "payments.prod.svc.cluster.local"
+		serviceVIP = "10.96.0.80"
+		entryVIP   = "240.240.6.6"
+	)
+	payments := service("prod", host, serviceVIP)
+	payments.Canonical = true
+	grab := service("attacker", host, entryVIP)
+	wild := service("attacker", "*.prod.svc.cluster.local", "240.240.6.7")
+	namespaces := []string{"aaa", "attacker", "prod", "zzz"}
+	// answered asks name from a pod of each namespace and returns the
+	// addresses it got, by namespace ("none" when not the mesh's).
+	answered := func(tbl table, name func(ns string) string) map[string]string {
+		out := map[string]string{}
+		for _, ns := range namespaces {
+			got, ok := Lookup(tbl, "", Client{Namespace: ns}, name(ns), IPv4)
+			switch {
+			case !ok:
+				out[ns] = "none"
+			default:
+				out[ns] = fmt.Sprint(got.Addrs)
+			}
+		}
+		return out
+	}
+	withService := table{svcs: []*workloadapi.Service{grab, wild, payments}}
+	want := map[string]string{"aaa": "[" + serviceVIP + "]", "attacker": "[" + entryVIP + "]", "prod": "[" + serviceVIP + "]", "zzz": "[" + serviceVIP + "]"}
+	for _, q := range []struct {
+		name string
+		q    func(ns string) string
+	}{
+		{"full name", func(string) string { return host + "." }},
+		{"name.namespace", func(string) string { return "payments.prod" }},
+		{"name.namespace.svc", func(string) string { return "payments.prod.svc" }},
+		{"through the ndots walk", func(ns string) string { return "payments.prod." + ns + ".svc.cluster.local" }},
+	} {
+		if diff := cmp.Diff(want, answered(withService, q.q)); diff != "" {
+			t.Errorf("%s, with the Service: addresses by the client's namespace (-want +got):\n%s", q.name, diff)
+		}
+	}
+	// prod's own pods ask the short name.
+	if got, _ := Lookup(withService, "", Client{Namespace: "prod"}, "payments", IPv4); fmt.Sprint(got.Addrs) != "["+serviceVIP+"]" {
+		t.Errorf("payments from prod = %v, want %s", got.Addrs, serviceVIP)
+	}
+
+	// No Service of that name (not created yet, or being recreated), and
+	// the entry marked canonical as istiod marks the oldest ServiceEntry:
+	// prod's names still are not attacker's to give to other namespaces.
+	canonicalGrab := service("attacker", host, entryVIP)
+	canonicalGrab.Canonical = true
+	without := table{svcs: []*workloadapi.Service{canonicalGrab, wild}}
+	want = map[string]string{"aaa": "none", "attacker": "[" + entryVIP + "]", "prod": "none", "zzz": "none"}
+	if diff := cmp.Diff(want, answered(without, func(string) string { return host })); diff != "" {
+		t.Errorf("without the Service: addresses by the client's namespace (-want +got):\n%s", diff)
+	}
+	// A wildcard covering prod's names is attacker's alone too.
+	want = map[string]string{"aaa": "none", "attacker": "[240.240.6.7]", "prod": "none", "zzz": "none"}
+	if diff := cmp.Diff(want, answered(without, func(string) string { return "new.prod.svc.cluster.local" })); diff != "" {
+		t.Errorf("a name under the wildcard: addresses by the client's namespace (-want +got):\n%s", diff)
+	}
+}
+
+// TestLookupPrefersCanonical: among services sharing a hostname none of
+// which is the client's namespace's, the canonical one answers, wherever
+// it sorts; without one, the first by namespace.
+func TestLookupPrefersCanonical(t *testing.T) {
+	t.Parallel()
+	older := service("mmm", "api.example.com", "240.240.0.2")
+	older.Canonical = true
+	tbl := table{svcs: []*workloadapi.Service{service("bbb", "api.example.com", "240.240.0.1"), older}}
+	for _, tt := range []struct {
+		ns   string
+		want string
+	}{
+		{"aaa", "240.240.0.2"},
+		{"zzz", "240.240.0.2"},
+		{"bbb", "240.240.0.1"}, // its own namespace's first
+	} {
+		got, ok := Lookup(tbl, "", Client{Namespace: tt.ns}, "api.example.com", IPv4)
+		if !ok || fmt.Sprint(got.Addrs) != "["+tt.want+"]" {
+			t.Errorf("api.example.com from %s = %v, %v; want %s", tt.ns, got.Addrs, ok, tt.want)
+		}
+	}
+	older.Canonical = false
+	if got, _ := Lookup(tbl, "", Client{Namespace: "zzz"}, "api.example.com", IPv4); fmt.Sprint(got.Addrs) != "[240.240.0.1]" {
+		t.Errorf("without a canonical one: %v, want the first by namespace", got.Addrs)
 	}
 }
 
