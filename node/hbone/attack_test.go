@@ -7,6 +7,7 @@ package hbone
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -20,6 +21,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 
 	"github.com/canopy-mesh/canopy/internal/testing/eventually"
+	"github.com/canopy-mesh/canopy/internal/testing/testcerts"
 )
 
 // seen is what the raw peer read: a copy, since a Framer's frames are
@@ -690,4 +692,53 @@ func TestHostileServer(t *testing.T) {
 			t.Errorf("Connect = %v, want ErrFlood", err)
 		}
 	})
+}
+
+// silentPeers is how many connections TestSilentTLSPeersAreCheap opens.
+const silentPeers = 400
+
+// maxSilentPeerBytes bounds what the server holds, heap and stack, per
+// connection whose peer has sent nothing: its goroutine's stack, the
+// socket, the handshake's state and deadline; no buffer.
+const maxSilentPeerBytes = 16 << 10
+
+// TestSilentTLSPeersAreCheap: anyone who can reach the server's port
+// opens connections and never sends a ClientHello. Until the handshake's
+// deadline each holds a goroutine and a few KiB, not the batched
+// writer's 256 KiB, which is taken only once the peer is authenticated.
+func TestSilentTLSPeersAreCheap(t *testing.T) {
+	scfg, _ := testcerts.MutualTLS(t, "hbone")
+	var waiting atomic.Int64
+	addr := acceptEach(t, func(c net.Conn) {
+		waiting.Add(1)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if tc, err := ServerTLS(ctx, c, scfg); err == nil {
+			tc.Close()
+		}
+	})
+	time.Sleep(100 * time.Millisecond)
+	measure()
+	before := measure()
+	for range silentPeers {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	eventually.True(t, "every connection waits for its peer", func() bool { return waiting.Load() == silentPeers })
+	// The handlers park in their first read.
+	time.Sleep(100 * time.Millisecond)
+	after := measure()
+	bytes := float64(after.bytes-before.bytes) / silentPeers
+	stacks := float64(after.stacks-before.stacks) / silentPeers
+	goroutines := float64(after.goroutines-before.goroutines) / silentPeers
+	t.Logf("per silent peer: %.0f bytes (%.0f of them stacks), %.2f goroutines", bytes, stacks, goroutines)
+	if bytes > maxSilentPeerBytes && !raceEnabled {
+		t.Errorf("%.0f bytes per silent peer, want at most %d", bytes, maxSilentPeerBytes)
+	}
+	if goroutines > 1.05 {
+		t.Errorf("%.2f goroutines per silent peer, want at most 1", goroutines)
+	}
 }

@@ -10,14 +10,23 @@ import (
 	"time"
 )
 
+// batchSize is batchConn's buffer: 16 full TLS records.
+const batchSize = 256 << 10
+
 // batchConn buffers writes below TLS once the handshake is done: a 1 MiB
 // DATA frame becomes 64 TLS records, and without it 64 write syscalls.
 // The HTTP/2 layer flushes it after its own flush.
+//
+// The buffer is taken at the first write after the handshake, never
+// before: on a server, anyone who can reach the port can open
+// connections that never finish the handshake, and each would otherwise
+// hold 256 KiB until the handshake's deadline (400 such connections held
+// 101 MiB).
 type batchConn struct {
 	net.Conn
 	on atomic.Bool
 	mu sync.Mutex
-	w  *bufio.Writer
+	w  *bufio.Writer // nil until the first write after the handshake
 }
 
 func (b *batchConn) Write(p []byte) (int, error) {
@@ -26,12 +35,18 @@ func (b *batchConn) Write(p []byte) (int, error) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.w == nil {
+		b.w = bufio.NewWriterSize(b.Conn, batchSize)
+	}
 	return b.w.Write(p)
 }
 
 func (b *batchConn) flush() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.w == nil {
+		return nil
+	}
 	return b.w.Flush()
 }
 
@@ -74,7 +89,7 @@ func handshakeTLS(ctx context.Context, raw net.Conn, cfg *tls.Config, server boo
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
-	b := &batchConn{Conn: raw, w: bufio.NewWriterSize(raw, 256<<10)}
+	b := &batchConn{Conn: raw}
 	var c *tls.Conn
 	if server {
 		c = tls.Server(b, cfg)
