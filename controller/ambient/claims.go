@@ -2,6 +2,7 @@ package ambient
 
 import (
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/canopy-mesh/canopy/workloadapi"
@@ -118,17 +119,22 @@ func Resolve(claims []Claim) []Outcome {
 	return out
 }
 
-// CanonicalClaim picks, of the claims that publish one hostname in
+// CanonicalClaim picks, of the claims that publish hostname host in
 // different namespaces (one claim per namespace), the one whose Service is
 // canonical, which a client uses when none is in its own namespace. As
 // istiod picks (selectWorkloadServices in
 // pilot/pkg/serviceregistry/ambient/services.go): a Kubernetes Service,
 // else the first by Precedes (the oldest) of the ServiceEntries visible
 // beyond their own namespace; ok is false when there is none.
-func CanonicalClaim(claims []Claim) (int, bool) {
+//
+// Unlike istiod, a ServiceEntry whose host is another namespace's Service
+// name (ForeignServiceHost) is never canonical, not even while no Service
+// has that name: the names under <ns>.svc.<domain> are that namespace's,
+// and a canonical copy would answer them for every namespace.
+func CanonicalClaim(host string, claims []Claim, cfg Config) (int, bool) {
 	best := -1
 	for i, c := range claims {
-		if c.Kind != KindService && c.Visibility == workloadapi.Service_NAMESPACE {
+		if c.Kind != KindService && (c.Visibility == workloadapi.Service_NAMESPACE || ForeignServiceHost(host, c.Namespace, cfg)) {
 			continue
 		}
 		if best < 0 || c.Precedes(claims[best]) {
@@ -136,4 +142,27 @@ func CanonicalClaim(claims []Claim) (int, bool) {
 		}
 	}
 	return best, best >= 0
+}
+
+// ForeignServiceHost reports whether host, published by an object of
+// namespace ns, is a Kubernetes Service name of another namespace: under
+// <other>.svc.<domain> (payments.prod.svc.cluster.local or
+// *.prod.svc.cluster.local for an object of namespace attacker), or a
+// wildcard covering every namespace's names (*.svc.<domain>,
+// *.<domain>, ...). Node proxies answer such a name with the object's
+// Service only to the clients of ns, and it is never canonical: one
+// namespace cannot take another's Service names, and a ServiceEntry never
+// shadows a Service for anyone but its own namespace.
+func ForeignServiceHost(host, ns string, cfg Config) bool {
+	cfg = cfg.WithDefaults()
+	h := strings.TrimSuffix(strings.ToLower(host), ".")
+	zone := "svc." + cfg.DomainSuffix
+	if wild, ok := strings.CutPrefix(h, "*."); ok && strings.HasSuffix("."+zone, "."+wild) {
+		return true
+	}
+	rest, ok := strings.CutSuffix(h, "."+zone)
+	if !ok || rest == "" {
+		return false
+	}
+	return rest[strings.LastIndexByte(rest, '.')+1:] != ns
 }

@@ -124,12 +124,73 @@ func TestCanonicalClaim(t *testing.T) {
 		{"only namespace-visible entries", []Claim{se("a", 9, nsOnly), se("b", 1, nsOnly)}, -1},
 		{"none", nil, -1},
 	} {
-		got, ok := CanonicalClaim(tt.claims)
+		got, ok := CanonicalClaim("api.example.com", tt.claims, Config{})
 		if !ok {
 			got = -1
 		}
 		if got != tt.want {
 			t.Errorf("%s: CanonicalClaim() = %d, want %d", tt.name, got, tt.want)
+		}
+	}
+}
+
+// TestCanonicalClaimOfAServiceName: a ServiceEntry of namespace attacker
+// whose host is prod's Service name payments.prod.svc.cluster.local is
+// never canonical, not even alone (istiod would mark it while prod has no
+// Service of that name); prod's own ServiceEntry of that name may be.
+func TestCanonicalClaimOfAServiceName(t *testing.T) {
+	t.Parallel()
+	day := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	const host = "payments.prod.svc.cluster.local"
+	se := func(ns string, age int) Claim {
+		return Claim{Kind: KindServiceEntry, Namespace: ns, Name: "payments", Created: day.AddDate(0, 0, -age)}
+	}
+	service := Claim{Kind: KindService, Namespace: "prod", Name: "payments", Created: day}
+	for _, tt := range []struct {
+		name   string
+		claims []Claim
+		want   int // -1: none
+	}{
+		{"the Service over an older copy", []Claim{se("attacker", 9), service}, 1},
+		{"a lone copy", []Claim{se("attacker", 9)}, -1},
+		{"copies of two namespaces", []Claim{se("aaa", 9), se("attacker", 3)}, -1},
+		{"prod's own entry", []Claim{se("attacker", 9), se("prod", 1)}, 1},
+	} {
+		got, ok := CanonicalClaim(host, tt.claims, Config{})
+		if !ok {
+			got = -1
+		}
+		if got != tt.want {
+			t.Errorf("%s: CanonicalClaim() = %d, want %d", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestForeignServiceHost(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		host, ns string
+		domain   string
+		want     bool
+	}{
+		{"payments.prod.svc.cluster.local", "attacker", "", true},
+		{"payments.prod.svc.cluster.local", "prod", "", false},
+		{"Payments.PROD.svc.cluster.local.", "attacker", "", true},
+		{"a.b.prod.svc.cluster.local", "attacker", "", true},
+		{"*.prod.svc.cluster.local", "attacker", "", true},
+		{"*.prod.svc.cluster.local", "prod", "", false},
+		{"*.svc.cluster.local", "prod", "", true},
+		{"*.cluster.local", "prod", "", true},
+		{"*.local", "prod", "", true},
+		{"svc.cluster.local", "prod", "", false},
+		{"api.example.com", "attacker", "", false},
+		{"*.example.com", "attacker", "", false},
+		{"payments.prod.svc.cluster.local", "attacker", "corp.example", false},
+		{"payments.prod.svc.corp.example", "attacker", "corp.example", true},
+		{"payments.prodsvc.cluster.local", "attacker", "", false},
+	} {
+		if got := ForeignServiceHost(tt.host, tt.ns, Config{DomainSuffix: tt.domain}); got != tt.want {
+			t.Errorf("ForeignServiceHost(%q, %q, domain %q) = %v, want %v", tt.host, tt.ns, tt.domain, got, tt.want)
 		}
 	}
 }

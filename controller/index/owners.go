@@ -77,6 +77,8 @@ func (x *Index) publishService(c *change, name string, src serviceSource) {
 	old, had := x.serviceWinners[name]
 	var oldVIPs, newVIPs []string
 	if had {
+		// republishService reports it again if it still is the winner.
+		x.clearConflict(old.claim.Owner(), "zone "+name)
 		oldVIPs = vipKeys(old.service)
 		for _, v := range oldVIPs {
 			delete(x.vipClaims[v], name)
@@ -144,7 +146,7 @@ func (x *Index) canonicalName(h string) string {
 	for i, n := range names {
 		claims[i] = x.serviceWinners[n].claim
 	}
-	if i, ok := ambient.CanonicalClaim(claims); ok {
+	if i, ok := ambient.CanonicalClaim(h, claims, x.cfg); ok {
 		return names[i]
 	}
 	return ""
@@ -159,6 +161,7 @@ func (x *Index) republishService(c *change, name string) {
 		x.setAddress(c, name, nil)
 		return
 	}
+	x.reportForeignHost(name, w)
 	svc := w.service
 	var kept []*workloadapi.NetworkAddress
 	for _, a := range svc.GetAddresses() {
@@ -174,6 +177,27 @@ func (x *Index) republishService(c *change, name string) {
 		svc.Canonical = canonical
 	}
 	x.setAddress(c, name, &workloadapi.Address{Type: &workloadapi.Address_Service{Service: svc}})
+}
+
+// reportForeignHost records, for a ServiceEntry publishing name whose
+// host is another namespace's Service name (ambient.ForeignServiceHost),
+// that node proxies answer it with the entry only to its own namespace,
+// naming the Service it does not shadow when there is one.
+func (x *Index) reportForeignHost(name string, w serviceSource) {
+	h, ns := w.service.GetHostname(), w.claim.Namespace
+	if w.claim.Kind != ambient.KindServiceEntry || !ambient.ForeignServiceHost(h, ns, x.cfg) {
+		x.clearConflict(w.claim.Owner(), "zone "+name)
+		return
+	}
+	msg := fmt.Sprintf("host %s is another namespace's Service name: node proxies answer it with this ServiceEntry only to pods of namespace %s, and it is never canonical", h, ns)
+	for _, n := range slices.Sorted(maps.Keys(x.hostNames[h])) {
+		if o := x.serviceWinners[n]; o.claim.Kind == ambient.KindService {
+			msg = fmt.Sprintf("host %s is the name of Service %s/%s: every namespace but %s gets the Service, and this ServiceEntry is never canonical",
+				h, o.claim.Namespace, o.claim.Name, ns)
+			break
+		}
+	}
+	x.setConflict(w.claim.Owner(), "zone "+name, msg)
 }
 
 // vipOutcomes resolves the claims to VIP v, by claiming name.
