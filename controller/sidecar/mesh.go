@@ -10,6 +10,7 @@ import (
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/canopy-mesh/canopy/controller/ambient"
 	"github.com/canopy-mesh/canopy/workloadapi"
 )
 
@@ -63,6 +64,9 @@ type Service struct {
 	Endpoints []Endpoint
 	// Info is what the workload table does not say of it.
 	Info ServiceInfo
+	// foreign: its hostname is another namespace's Service name
+	// (ambient.ForeignServiceHost), so only its namespace's proxies get it.
+	foreign bool
 }
 
 // ServiceInfo is what a sidecar's configuration needs of a service beyond
@@ -177,7 +181,7 @@ func NewMesh(in Inputs) *Mesh {
 	byKey := map[string]*Service{}
 	for _, a := range in.Addresses {
 		if s := a.GetService(); s != nil {
-			svc := &Service{Service: s}
+			svc := &Service{Service: s, foreign: ambient.ForeignServiceHost(s.GetHostname(), s.GetNamespace(), ambient.Config{DomainSuffix: m.DomainSuffix})}
 			if in.Info != nil {
 				svc.Info = in.Info(s.GetNamespace(), s.GetHostname())
 			}
@@ -335,12 +339,19 @@ type Proxy struct {
 }
 
 // Service returns the service named hostname that proxy p may see: the
-// canonical one of a shared hostname, else the one in p's namespace.
+// canonical one of a shared hostname, else the first by namespace. A
+// ServiceEntry whose host is another namespace's Service name
+// (ambient.ForeignServiceHost: payments.prod.svc.<domain> in namespace
+// attacker) is one only for the proxies of its own namespace, so that it
+// never takes prod's name for the rest of the mesh, not even while prod
+// has no Service of that name; with one, the Service is canonical and
+// comes first for every proxy.
 func (m *Mesh) Service(p Proxy, hostname string) *Service {
 	for _, s := range m.services[hostname] {
-		if visible(s.Service, p.Namespace) {
-			return s
+		if !visible(s.Service, p.Namespace) || (s.foreign && s.GetNamespace() != p.Namespace) {
+			continue
 		}
+		return s
 	}
 	return nil
 }
