@@ -125,8 +125,9 @@ func check(ctx context.Context, conn *grpc.ClientConn) codes.Code {
 // Canopy-issued certificate, under STRICT PeerAuthentication, accepts
 // mutual TLS from a proxyless client holding its own Canopy-issued
 // certificate and refuses a plaintext one; an AuthorizationPolicy that
-// denies the client's principal, or allows only another, makes calls fail
-// with PermissionDenied until it is removed.
+// denies the client's principal, allows only another, or sends the called
+// method to an external authorizer (CUSTOM, enforced as a DENY), makes
+// calls fail with PermissionDenied until it is removed.
 func TestProxylessServerMTLSAndRBAC(t *testing.T) {
 	testenv.Need(t, env)
 	if testing.Short() {
@@ -233,6 +234,16 @@ func TestProxylessServerMTLSAndRBAC(t *testing.T) {
 		{"allow another principal", "allow-other", &securityapi.AuthorizationPolicy{
 			Selector: &typeapi.WorkloadSelector{MatchLabels: echoLabels},
 			Rules:    []*securityapi.Rule{{From: []*securityapi.Rule_From{{Source: &securityapi.Source{Principals: []string{"cluster.local/ns/" + ns + "/sa/someone-else"}}}}}},
+		}},
+		// The attack: a method protected by a CUSTOM policy (an external
+		// authorizer no proxyless server can call) was served to anyone.
+		{"CUSTOM on the called method", "custom-health", &securityapi.AuthorizationPolicy{
+			Selector: &typeapi.WorkloadSelector{MatchLabels: echoLabels},
+			Action:   securityapi.AuthorizationPolicy_CUSTOM,
+			ActionDetail: &securityapi.AuthorizationPolicy_Provider{
+				Provider: &securityapi.AuthorizationPolicy_ExtensionProvider{Name: "ext-authz"},
+			},
+			Rules: []*securityapi.Rule{{To: []*securityapi.Rule_To{{Operation: &securityapi.Operation{Paths: []string{"/grpc.health.v1.Health/*"}}}}}},
 		}},
 	} {
 		name := tt.policyName

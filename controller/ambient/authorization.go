@@ -13,11 +13,9 @@ import (
 	securityapi "istio.io/api/security/v1beta1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 
+	"github.com/canopy-mesh/canopy/controller/authzpolicy"
 	"github.com/canopy-mesh/canopy/workloadapi/security"
 )
-
-// AnnotationDryRun marks a policy that is evaluated and logged only.
-const AnnotationDryRun = "istio.io/dry-run"
 
 // ErrUnsupportedPolicy is wrapped when a policy cannot be sent to node
 // proxies at all; the caller reports it in the policy's status.
@@ -35,8 +33,12 @@ type PolicyResult struct {
 // scope from its selector and namespace (no selector in the root namespace is
 // GLOBAL), from/to/when into clauses, wildcard strings into prefix, suffix or
 // presence. Rules with HTTP attributes are dropped from ALLOW policies (the
-// stricter choice) and reduced to their L4 part in DENY policies. CUSTOM and
-// AUDIT actions are errors with no Authorization (node proxies ignore them).
+// stricter choice) and reduced to their L4 part in DENY policies. A CUSTOM
+// policy is a DENY policy of its rules (authzpolicy.CustomAsDeny), with a
+// warning: istiod leaves it out of node proxies' tables, which lets
+// through everything the policy was written to check. An AUDIT policy
+// is an error with no Authorization (it never changes a decision). The
+// dry-run annotation is read as istiod reads it (authzpolicy.DryRun).
 // A value that does not parse is an error too, but the result then fails
 // closed: an ALLOW policy with no rules (it allows nothing) or a DENY policy
 // that denies everything, rather than no policy at all.
@@ -46,18 +48,26 @@ func BuildAuthorization(p *securityv1.AuthorizationPolicy, cfg Config) (PolicyRe
 	if spec.GetTargetRef() != nil || len(spec.GetTargetRefs()) > 0 {
 		return PolicyResult{}, nil
 	}
+	var res PolicyResult
+	dryRun, err := authzpolicy.DryRun(p)
+	if err != nil {
+		res.Warnings = append(res.Warnings, err.Error())
+	}
 	out := &security.Authorization{
 		Name:      p.Name,
 		Namespace: p.Namespace,
-		DryRun:    p.Annotations[AnnotationDryRun] == "true",
+		DryRun:    dryRun,
 	}
-	switch spec.GetAction() {
+	switch authzpolicy.EnforcedAction(p) {
 	case securityapi.AuthorizationPolicy_ALLOW:
 		out.Action = security.Action_ALLOW
 	case securityapi.AuthorizationPolicy_DENY:
 		out.Action = security.Action_DENY
 	default:
 		return PolicyResult{}, fmt.Errorf("%w: action %s", ErrUnsupportedPolicy, spec.GetAction())
+	}
+	if spec.GetAction() == securityapi.AuthorizationPolicy_CUSTOM {
+		res.Warnings = append(res.Warnings, authzpolicy.CustomAsDeny)
 	}
 	switch {
 	case spec.GetSelector() != nil:
@@ -68,7 +78,6 @@ func BuildAuthorization(p *securityv1.AuthorizationPolicy, cfg Config) (PolicyRe
 		out.Scope = security.Scope_NAMESPACE
 	}
 
-	var res PolicyResult
 	for i, r := range spec.GetRules() {
 		rule, httpOnly, err := convertRule(r, p.Namespace, out.Action)
 		if err != nil {

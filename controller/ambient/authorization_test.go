@@ -13,6 +13,7 @@ import (
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/canopy-mesh/canopy/controller/authzpolicy"
 	"github.com/canopy-mesh/canopy/workloadapi/security"
 )
 
@@ -99,9 +100,32 @@ func TestBuildAuthorization(t *testing.T) {
 		})},
 		{name: "dry run", policy: func() *securityv1.AuthorizationPolicy {
 			p := policy("shop", deny, true, &securityapi.Rule{})
-			p.Annotations = map[string]string{AnnotationDryRun: "true"}
+			p.Annotations = map[string]string{authzpolicy.AnnotationDryRun: "true"}
 			return p
 		}()},
+		// The attack: an allow-all trial marked "True" was enforced (and
+		// opened the workload) where istiod only logs it.
+		{name: "dry run True", policy: func() *securityv1.AuthorizationPolicy {
+			p := policy("shop", allow, true, &securityapi.Rule{})
+			p.Annotations = map[string]string{authzpolicy.AnnotationDryRun: "True"}
+			return p
+		}()},
+		{name: "dry run 1", policy: func() *securityv1.AuthorizationPolicy {
+			p := policy("shop", allow, true, &securityapi.Rule{})
+			p.Annotations = map[string]string{authzpolicy.AnnotationDryRun: "1"}
+			return p
+		}()},
+		{name: "dry run unparsable is enforced", wantWarnings: 1, policy: func() *securityv1.AuthorizationPolicy {
+			p := policy("shop", allow, true, &securityapi.Rule{})
+			p.Annotations = map[string]string{authzpolicy.AnnotationDryRun: "yes"}
+			return p
+		}()},
+		// The attack: /admin* protected by a CUSTOM policy was open, since
+		// the policy reached no node proxy; as a DENY of its L4 part it
+		// refuses every connection to the workloads it selects.
+		{name: "CUSTOM is a DENY of its rules", wantWarnings: 2, policy: policy("shop", securityapi.AuthorizationPolicy_CUSTOM, true, &securityapi.Rule{
+			To: []*securityapi.Rule_To{to(&securityapi.Operation{Paths: []string{"/admin*"}})},
+		})},
 		{name: "targetRefs are for waypoints", policy: func() *securityv1.AuthorizationPolicy {
 			p := policy("shop", allow, false, &securityapi.Rule{})
 			p.Spec.TargetRefs = []*typeapi.PolicyTargetReference{{Kind: "Service", Name: "echo"}}
@@ -129,7 +153,6 @@ func TestBuildAuthorizationErrors(t *testing.T) {
 		policy *securityv1.AuthorizationPolicy
 		want   string
 	}{
-		{"custom action", policy("shop", securityapi.AuthorizationPolicy_CUSTOM, true), "CUSTOM"},
 		{"audit action", policy("shop", securityapi.AuthorizationPolicy_AUDIT, true), "AUDIT"},
 		{"bad ip", policy("shop", securityapi.AuthorizationPolicy_ALLOW, true, &securityapi.Rule{
 			From: []*securityapi.Rule_From{from(&securityapi.Source{IpBlocks: []string{"10.0.0.300"}})}}), "10.0.0.300"},

@@ -111,11 +111,11 @@ func TestIndexChangeSets(t *testing.T) {
 		Traffic:        true,
 	})
 	check(t, "same policy again", x.UpsertAuthorizationPolicy(nsPolicy.DeepCopy()), ChangeSet{})
-	custom := &securityv1.AuthorizationPolicy{ObjectMeta: metav1.ObjectMeta{Name: "ext-authz", Namespace: "shop"}}
-	custom.Spec.Action = securityapi.AuthorizationPolicy_CUSTOM
-	check(t, "unsupported policy", x.UpsertAuthorizationPolicy(custom), ChangeSet{})
-	if p := x.Problems()["AuthorizationPolicy shop/ext-authz"]; p == "" {
-		t.Errorf("no problem recorded for a CUSTOM policy: %v", x.Problems())
+	audit := &securityv1.AuthorizationPolicy{ObjectMeta: metav1.ObjectMeta{Name: "audit", Namespace: "shop"}}
+	audit.Spec.Action = securityapi.AuthorizationPolicy_AUDIT
+	check(t, "unsupported policy", x.UpsertAuthorizationPolicy(audit), ChangeSet{})
+	if p := x.Problems()["AuthorizationPolicy shop/audit"]; p == "" {
+		t.Errorf("no problem recorded for an AUDIT policy: %v", x.Problems())
 	}
 	check(t, "policy deleted", x.DeleteAuthorizationPolicy("shop", "allow-echo"), ChangeSet{
 		Addresses:      Changes{Updated: []string{podA}},

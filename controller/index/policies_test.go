@@ -1,6 +1,7 @@
 package index
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -12,6 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/canopy-mesh/canopy/controller/ambient"
+	"github.com/canopy-mesh/canopy/controller/authzpolicy"
+	"github.com/canopy-mesh/canopy/workloadapi/security"
 )
 
 func selectorPolicy(ns, name string, lbls map[string]string) *securityv1.AuthorizationPolicy {
@@ -148,4 +151,31 @@ func TestIndexUnlabelledEntryPolicies(t *testing.T) {
 		Authorizations: Changes{Removed: []string{"shop/allow-web"}},
 		Traffic:        true,
 	})
+}
+
+// TestIndexCustomPolicyFailsClosed, written as the attack: a CUSTOM policy
+// protecting a pod reached no node proxy and no sidecar (no Traffic
+// change), so what it protects was open. Now the pod lists it, its
+// Authorization denies, the sidecar tables are recomputed, and the
+// policy's problem says why.
+func TestIndexCustomPolicyFailsClosed(t *testing.T) {
+	x := New(ambient.Config{})
+	lbls := map[string]string{"app": "admin"}
+	x.UpsertPod(pod("a", "n1", lbls, "10.244.1.5"))
+	p := selectorPolicy("shop", "ext-authz", lbls)
+	p.Spec.Action = securityapi.AuthorizationPolicy_CUSTOM
+	p.Spec.Rules = []*securityapi.Rule{{To: []*securityapi.Rule_To{{Operation: &securityapi.Operation{Paths: []string{"/admin*"}}}}}}
+	cs := x.UpsertAuthorizationPolicy(p)
+	if !cs.Traffic {
+		t.Error("a CUSTOM policy did not recompute sidecar tables")
+	}
+	if diff := cmp.Diff([]string{"shop/ext-authz"}, x.Address(podA).GetWorkload().GetAuthorizationPolicies()); diff != "" {
+		t.Errorf("authorization_policies (-want +got):\n%s", diff)
+	}
+	if got := x.Authorization("shop/ext-authz").GetAction(); got != security.Action_DENY {
+		t.Errorf("action %s, want DENY", got)
+	}
+	if msg := x.Problems()["AuthorizationPolicy shop/ext-authz"]; !strings.Contains(msg, authzpolicy.CustomAsDeny) {
+		t.Errorf("problem %q, want it to say %q", msg, authzpolicy.CustomAsDeny)
+	}
 }

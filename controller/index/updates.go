@@ -12,6 +12,7 @@ import (
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/canopy-mesh/canopy/controller/ambient"
+	"github.com/canopy-mesh/canopy/controller/authzpolicy"
 	"github.com/canopy-mesh/canopy/workloadapi"
 	"github.com/canopy-mesh/canopy/workloadapi/security"
 )
@@ -290,8 +291,8 @@ func (x *Index) policyChanged(k key, old, cur *securityv1.AuthorizationPolicy) C
 }
 
 // sidecarPolicyChanged reports whether the RBAC filters built from an
-// ALLOW or DENY policy may differ: it came, went, or its spec or dry-run
-// mark changed.
+// ALLOW, DENY or CUSTOM policy (enforced as DENY) may differ: it came,
+// went, or its spec or dry-run mark changed.
 func sidecarPolicyChanged(old, cur *securityv1.AuthorizationPolicy) bool {
 	if !rbacAction(old) && !rbacAction(cur) {
 		return false
@@ -299,7 +300,7 @@ func sidecarPolicyChanged(old, cur *securityv1.AuthorizationPolicy) bool {
 	if old == nil || cur == nil {
 		return true
 	}
-	const dryRun = "istio.io/dry-run"
+	const dryRun = authzpolicy.AnnotationDryRun
 	return !proto.Equal(&old.Spec, &cur.Spec) || old.Annotations[dryRun] != cur.Annotations[dryRun]
 }
 
@@ -307,7 +308,7 @@ func rbacAction(p *securityv1.AuthorizationPolicy) bool {
 	if p == nil {
 		return false
 	}
-	a := p.Spec.GetAction()
+	a := authzpolicy.EnforcedAction(p)
 	return a == securityapi.AuthorizationPolicy_ALLOW || a == securityapi.AuthorizationPolicy_DENY
 }
 

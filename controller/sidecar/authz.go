@@ -3,8 +3,10 @@ package sidecar
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -17,6 +19,8 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	securityapi "istio.io/api/security/v1beta1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+
+	"github.com/canopy-mesh/canopy/controller/authzpolicy"
 )
 
 // RBAC filter names on a proxyless server's chain: the DENY filter runs
@@ -27,44 +31,59 @@ const (
 	RBACAllowFilter = "envoy.filters.http.rbac"
 )
 
-// dryRunAnnotation marks a policy Istio only evaluates and logs.
-const dryRunAnnotation = "istio.io/dry-run"
-
 // errUnsupported: a condition gRPC's RBAC engine cannot evaluate, or would
 // reject.
 var errUnsupported = errors.New("not supported by gRPC")
 
-// AuthorizationPolicies returns the ALLOW and DENY policies that apply to
-// a workload of namespace ns with labels lbls, oldest first: those of the
-// root namespace and of ns without a selector or whose selector's labels
-// the workload has. Policies with targetRefs (gateways and waypoints only),
-// CUSTOM and AUDIT policies (gRPC cannot enforce them), and dry-run
-// policies (gRPC has no shadow rules) are left out.
-func (m *Mesh) AuthorizationPolicies(ns string, lbls map[string]string) (deny, allow []*securityv1.AuthorizationPolicy) {
+// Policies are the AuthorizationPolicies that apply to one workload, by
+// the action its data plane enforces, oldest first.
+type Policies struct {
+	// Custom are the CUSTOM policies. Canopy implements no external
+	// authorizer, so they are enforced as DENY policies of their rules
+	// (authzpolicy.CustomAsDeny), which is what istiod does for a CUSTOM
+	// policy whose provider it cannot use. istiod gives proxyless servers
+	// nothing for them, which leaves what they protect open; Canopy denies
+	// there too.
+	Custom []*securityv1.AuthorizationPolicy
+	Deny   []*securityv1.AuthorizationPolicy
+	Allow  []*securityv1.AuthorizationPolicy
+}
+
+// AuthorizationPolicies returns the policies that apply to a workload of
+// namespace ns with labels lbls: those of the root namespace and of ns
+// without a selector or whose selector's labels the workload has.
+// Policies with targetRefs (gateways and waypoints only), AUDIT policies
+// (logging only; neither data plane here logs them) and dry-run policies
+// (Canopy generates no shadow rules) are left out.
+func (m *Mesh) AuthorizationPolicies(ns string, lbls map[string]string) Policies {
+	var out Policies
 	for _, ap := range m.authorizationPolicies {
 		if ap.Namespace != ns && ap.Namespace != m.RootNamespace {
 			continue
 		}
-		if len(ap.Spec.GetTargetRefs()) > 0 || ap.Spec.GetTargetRef() != nil || ap.Annotations[dryRunAnnotation] == "true" {
+		if len(ap.Spec.GetTargetRefs()) > 0 || ap.Spec.GetTargetRef() != nil || authzpolicy.IsDryRun(ap) {
 			continue
 		}
 		if !selects(ap.Spec.GetSelector().GetMatchLabels(), lbls) {
 			continue
 		}
 		switch ap.Spec.GetAction() {
+		case securityapi.AuthorizationPolicy_CUSTOM:
+			out.Custom = append(out.Custom, ap)
 		case securityapi.AuthorizationPolicy_DENY:
-			deny = append(deny, ap)
+			out.Deny = append(out.Deny, ap)
 		case securityapi.AuthorizationPolicy_ALLOW:
-			allow = append(allow, ap)
+			out.Allow = append(out.Allow, ap)
 		}
 	}
-	return deny, allow
+	return out
 }
 
 // grpcRBACFilters are the RBAC filters for a proxyless server: a DENY
-// filter when a DENY policy has a rule, then an ALLOW filter when an ALLOW
-// policy applies. Each rule i of policy ns/name is the RBAC policy
-// "<ns>-<name>-<i>".
+// filter when a DENY or CUSTOM policy has a rule, then an ALLOW filter
+// when an ALLOW policy applies. Each rule i of policy ns/name is the RBAC
+// policy "<ns>-<name>-<i>", with authzpolicy.CustomDeniedSuffix for a
+// CUSTOM policy's.
 //
 // A DENY policy without rules denies nothing, so it adds no RBAC policy
 // (and alone no filter), as istiod does. An ALLOW policy without rules
@@ -72,13 +91,43 @@ func (m *Mesh) AuthorizationPolicies(ns string, lbls map[string]string) (deny, a
 // it out, which on a server with no other ALLOW policy drops the ALLOW
 // filter and so allows everything.
 func (m *Mesh) grpcRBACFilters(p Proxy) []*hcmv3.HttpFilter {
-	deny, allow := m.AuthorizationPolicies(p.Namespace, p.Labels)
+	ps := m.AuthorizationPolicies(p.Namespace, p.Labels)
 	var out []*hcmv3.HttpFilter
-	if rules := rbacRules(rbacv3.RBAC_DENY, deny, rbacPolicyName); len(rules.Policies) > 0 {
+	rules := rbacRules(rbacv3.RBAC_DENY, ps.Deny, rbacPolicyName)
+	for name, pol := range rbacRules(rbacv3.RBAC_DENY, ps.Custom, rbacPolicyName).Policies {
+		rules.Policies[name+authzpolicy.CustomDeniedSuffix] = pol
+	}
+	if len(rules.Policies) > 0 {
 		out = append(out, rbacFilter(RBACDenyFilter, rules))
 	}
-	if rules := rbacRules(rbacv3.RBAC_ALLOW, allow, rbacPolicyName); len(rules.Policies) > 0 {
+	if rules := rbacRules(rbacv3.RBAC_ALLOW, ps.Allow, rbacPolicyName); len(rules.Policies) > 0 {
 		out = append(out, rbacFilter(RBACAllowFilter, rules))
+	}
+	return out
+}
+
+// customDenyRules are the DENY rules of CUSTOM policies on an Envoy
+// sidecar, one RBAC per extension provider named in them (sorted), as
+// istiod builds them for a provider it cannot use: each rule i of policy
+// ns/name is "istio-ext-authz-[<provider>-]ns[<ns>]-policy[<name>]-rule[<i>]"
+// with authzpolicy.CustomDeniedSuffix. translate turns the policies into
+// rules, for HTTP or TCP chains.
+func customDenyRules(custom []*securityv1.AuthorizationPolicy, translate func([]*securityv1.AuthorizationPolicy) []*securityv1.AuthorizationPolicy) []*rbacv3.RBAC {
+	byProvider := map[string][]*securityv1.AuthorizationPolicy{}
+	for _, ap := range custom {
+		name := ap.Spec.GetProvider().GetName()
+		byProvider[name] = append(byProvider[name], ap)
+	}
+	var out []*rbacv3.RBAC
+	for _, provider := range slices.Sorted(maps.Keys(byProvider)) {
+		prefix := "istio-ext-authz-"
+		if provider != "" {
+			prefix += provider + "-"
+		}
+		named := func(ap *securityv1.AuthorizationPolicy, i int) string {
+			return prefix + envoyPolicyName(ap, i) + authzpolicy.CustomDeniedSuffix
+		}
+		out = append(out, rbacRules(rbacv3.RBAC_DENY, translate(byProvider[provider]), named))
 	}
 	return out
 }

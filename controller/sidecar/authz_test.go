@@ -4,14 +4,21 @@ import (
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	rbacfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	rbacnetv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/rbac/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	securityapi "istio.io/api/security/v1beta1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+
+	"github.com/canopy-mesh/canopy/controller/authzpolicy"
 )
 
 func TestAuthorizationPoliciesSelection(t *testing.T) {
@@ -46,11 +53,11 @@ func TestAuthorizationPoliciesSelection(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			deny, allow := m.AuthorizationPolicies(tt.ns, tt.labels)
-			if diff := cmp.Diff(tt.wantDeny, names(deny)); diff != "" {
+			ps := m.AuthorizationPolicies(tt.ns, tt.labels)
+			if diff := cmp.Diff(tt.wantDeny, names(ps.Deny)); diff != "" {
 				t.Errorf("deny (-want +got):\n%s", diff)
 			}
-			if diff := cmp.Diff(tt.wantAllow, names(allow)); diff != "" {
+			if diff := cmp.Diff(tt.wantAllow, names(ps.Allow)); diff != "" {
 				t.Errorf("allow (-want +got):\n%s", diff)
 			}
 		})
@@ -303,4 +310,112 @@ func TestRBACRulesWithoutRules(t *testing.T) {
 	if diff := cmp.Diff(map[string]*rbacv3.Policy{"shop-none-0": neverPolicy()}, got.Policies, protocmp.Transform()); diff != "" {
 		t.Errorf("ALLOW policy without rules (-want +got):\n%s", diff)
 	}
+}
+
+// TestCustomPoliciesFailClosed, written as the attack: reviews v1 protects
+// /admin* with a CUSTOM policy (testAuthorizationPolicies). Every chain
+// of its sidecar's inbound listener and its proxyless server listener
+// must deny what the policy names: over HTTP the policy's rule, over TCP
+// (where a path cannot be seen) every connection, as istiod does for a
+// CUSTOM policy whose provider it cannot use. Before, the policy was
+// dropped and GET /admin/users passed.
+func TestCustomPoliciesFailClosed(t *testing.T) {
+	t.Parallel()
+	m := testMesh()
+	const envoyKey = "istio-ext-authz-ext-authz-ns[default]-policy[custom]-rule[0]-deny-due-to-bad-CUSTOM-action"
+	adminOnly := &rbacv3.Policy{
+		Permissions: []*rbacv3.Permission{andPerm(orPerm(&rbacv3.Permission{Rule: &rbacv3.Permission_UrlPath{UrlPath: &matcherv3.PathMatcher{
+			Rule: &matcherv3.PathMatcher_Path{Path: prefix("/admin")},
+		}}}))},
+		Principals: []*rbacv3.Principal{andPrinc()},
+	}
+
+	var inbound *listenerv3.Listener
+	for _, n := range m.SidecarListeners(sidecarProxy) {
+		if n.Name == VirtualInbound {
+			inbound = n.Resource.(*listenerv3.Listener)
+		}
+	}
+	if len(inbound.GetFilterChains()) == 0 {
+		t.Fatal("no inbound filter chains")
+	}
+	for _, fc := range inbound.GetFilterChains() {
+		if fc.GetName() == "virtualInbound-blackhole" {
+			continue // takes nothing anywhere
+		}
+		first, http := firstRBAC(t, fc)
+		if first == nil {
+			t.Errorf("chain %s: no RBAC filter", fc.GetName())
+			continue
+		}
+		want := anyOnly()
+		if http {
+			want = adminOnly
+		}
+		if first.GetAction() != rbacv3.RBAC_DENY {
+			t.Errorf("chain %s: first RBAC filter is %s, want DENY", fc.GetName(), first.GetAction())
+		}
+		if diff := cmp.Diff(map[string]*rbacv3.Policy{envoyKey: want}, first.GetPolicies(), protocmp.Transform()); diff != "" {
+			t.Errorf("chain %s (http %v): CUSTOM rules (-want +got):\n%s", fc.GetName(), http, diff)
+		}
+	}
+
+	server := Proxy{Namespace: "default", Labels: sidecarProxy.Labels, IPs: sidecarProxy.IPs}
+	var deny *rbacv3.RBAC
+	for _, n := range m.GRPCListeners(server, []string{ServerListenerPrefix + "0.0.0.0:10080"}) {
+		for _, fc := range n.Resource.(*listenerv3.Listener).GetFilterChains() {
+			for _, f := range httpFilters(t, fc) {
+				if f.GetName() == RBACDenyFilter {
+					deny = unmarshalRBAC(t, f.GetTypedConfig()).GetRules()
+				}
+			}
+		}
+	}
+	if got := deny.GetPolicies()["default-custom-0"+authzpolicy.CustomDeniedSuffix]; got == nil {
+		t.Errorf("proxyless server: no DENY rule for the CUSTOM policy in %v", deny)
+	}
+}
+
+// firstRBAC is the first RBAC of a chain: a network filter's, else the
+// HTTP connection manager's first, and whether it is the HTTP one.
+func firstRBAC(t *testing.T, fc *listenerv3.FilterChain) (*rbacv3.RBAC, bool) {
+	t.Helper()
+	for _, f := range fc.GetFilters() {
+		if f.GetName() == "envoy.filters.network.rbac" {
+			var r rbacnetv3.RBAC
+			if err := f.GetTypedConfig().UnmarshalTo(&r); err != nil {
+				t.Fatal(err)
+			}
+			return r.GetRules(), false
+		}
+	}
+	for _, f := range httpFilters(t, fc) {
+		if f.GetName() == "envoy.filters.http.rbac" {
+			return unmarshalRBAC(t, f.GetTypedConfig()).GetRules(), true
+		}
+	}
+	return nil, false
+}
+
+func httpFilters(t *testing.T, fc *listenerv3.FilterChain) []*hcmv3.HttpFilter {
+	t.Helper()
+	for _, f := range fc.GetFilters() {
+		var hcm hcmv3.HttpConnectionManager
+		if f.GetTypedConfig().MessageIs(&hcm) {
+			if err := f.GetTypedConfig().UnmarshalTo(&hcm); err != nil {
+				t.Fatal(err)
+			}
+			return hcm.GetHttpFilters()
+		}
+	}
+	return nil
+}
+
+func unmarshalRBAC(t *testing.T, a *anypb.Any) *rbacfilterv3.RBAC {
+	t.Helper()
+	var r rbacfilterv3.RBAC
+	if err := a.UnmarshalTo(&r); err != nil {
+		t.Fatal(err)
+	}
+	return &r
 }

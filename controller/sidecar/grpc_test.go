@@ -221,8 +221,9 @@ func testMesh() *Mesh {
 
 // testAuthorizationPolicies: for reviews, a mesh-wide DENY from
 // "untrusted", an ALLOW of productpage's reads, and an allow-nothing
-// policy; policies that do not apply to reviews (another selector, another
-// namespace, dry run, CUSTOM, targetRefs) are left out.
+// policy, and for reviews v1 a CUSTOM policy on /admin* (enforced as a
+// DENY); policies that do not apply to reviews (another selector, another
+// namespace, dry run, targetRefs) are left out.
 func testAuthorizationPolicies() []*securityv1.AuthorizationPolicy {
 	dryRun := meta("default", "dry-run", time.Hour)
 	dryRun.Annotations = map[string]string{"istio.io/dry-run": "true"}
@@ -259,7 +260,12 @@ func testAuthorizationPolicies() []*securityv1.AuthorizationPolicy {
 		},
 		{ObjectMeta: meta("other", "deny-all", time.Hour), Spec: securityapi.AuthorizationPolicy{Action: securityapi.AuthorizationPolicy_DENY, Rules: []*securityapi.Rule{{}}}},
 		{ObjectMeta: dryRun, Spec: securityapi.AuthorizationPolicy{Action: securityapi.AuthorizationPolicy_DENY, Rules: []*securityapi.Rule{{}}}},
-		{ObjectMeta: meta("default", "custom", time.Hour), Spec: securityapi.AuthorizationPolicy{Action: securityapi.AuthorizationPolicy_CUSTOM, Rules: []*securityapi.Rule{{}}}},
+		{ObjectMeta: meta("default", "custom", time.Hour), Spec: securityapi.AuthorizationPolicy{
+			Selector:     &typeapi.WorkloadSelector{MatchLabels: map[string]string{"app": "reviews", "version": "v1"}},
+			Action:       securityapi.AuthorizationPolicy_CUSTOM,
+			ActionDetail: &securityapi.AuthorizationPolicy_Provider{Provider: &securityapi.AuthorizationPolicy_ExtensionProvider{Name: "ext-authz"}},
+			Rules:        []*securityapi.Rule{{To: []*securityapi.Rule_To{{Operation: &securityapi.Operation{Paths: []string{"/admin*"}}}}}},
+		}},
 		{
 			ObjectMeta: meta("default", "waypoint", time.Hour),
 			Spec: securityapi.AuthorizationPolicy{

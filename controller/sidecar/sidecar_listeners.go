@@ -445,35 +445,48 @@ func inboundHCM(port uint32, cluster string, rbac []*hcmv3.HttpFilter) *listener
 }
 
 // networkRBAC are the network RBAC filters of the AuthorizationPolicies
-// that select the proxy, for its TCP chains: DENY rules first, then
-// ALLOW rules, as they apply to TCP (tcpPolicies).
+// that select the proxy, for its TCP chains, in istiod's order: CUSTOM
+// policies' DENY rules (one filter per provider), DENY rules, then ALLOW
+// rules, as they apply to TCP (tcpPolicies).
 func (m *Mesh) networkRBAC(p Proxy) []*listenerv3.Filter {
-	deny, allow := m.AuthorizationPolicies(p.Namespace, p.Labels)
+	ps := m.AuthorizationPolicies(p.Namespace, p.Labels)
+	filter := func(rules *rbacv3.RBAC) *listenerv3.Filter {
+		return &listenerv3.Filter{Name: "envoy.filters.network.rbac", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(&rbacnetv3.RBAC{
+			StatPrefix: "tcp.", Rules: rules,
+		})}}
+	}
 	var out []*listenerv3.Filter
+	for _, rules := range customDenyRules(ps.Custom, func(aps []*securityv1.AuthorizationPolicy) []*securityv1.AuthorizationPolicy {
+		return tcpPolicies(true, aps)
+	}) {
+		out = append(out, filter(rules))
+	}
 	for _, f := range []struct {
 		action   rbacv3.RBAC_Action
 		policies []*securityv1.AuthorizationPolicy
-	}{{rbacv3.RBAC_DENY, tcpPolicies(true, deny)}, {rbacv3.RBAC_ALLOW, tcpPolicies(false, allow)}} {
+	}{{rbacv3.RBAC_DENY, tcpPolicies(true, ps.Deny)}, {rbacv3.RBAC_ALLOW, tcpPolicies(false, ps.Allow)}} {
 		if len(f.policies) == 0 {
 			continue
 		}
-		out = append(out, &listenerv3.Filter{Name: "envoy.filters.network.rbac", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(&rbacnetv3.RBAC{
-			StatPrefix: "tcp.", Rules: rbacRules(f.action, f.policies, envoyPolicyName),
-		})}})
+		out = append(out, filter(rbacRules(f.action, f.policies, envoyPolicyName)))
 	}
 	return out
 }
 
 // httpRBAC are the HTTP RBAC filters of the AuthorizationPolicies that
-// select the proxy: DENY rules first, then ALLOW rules.
+// select the proxy, in istiod's order: CUSTOM policies' DENY rules (one
+// filter per provider), DENY rules, then ALLOW rules.
 func (m *Mesh) httpRBAC(p Proxy) []*hcmv3.HttpFilter {
-	deny, allow := m.AuthorizationPolicies(p.Namespace, p.Labels)
+	ps := m.AuthorizationPolicies(p.Namespace, p.Labels)
 	var out []*hcmv3.HttpFilter
-	if rules := rbacRules(rbacv3.RBAC_DENY, deny, envoyPolicyName); len(rules.Policies) > 0 {
+	for _, rules := range customDenyRules(ps.Custom, func(aps []*securityv1.AuthorizationPolicy) []*securityv1.AuthorizationPolicy { return aps }) {
 		out = append(out, rbacFilter("envoy.filters.http.rbac", rules))
 	}
-	if len(allow) > 0 {
-		out = append(out, rbacFilter("envoy.filters.http.rbac", rbacRules(rbacv3.RBAC_ALLOW, allow, envoyPolicyName)))
+	if rules := rbacRules(rbacv3.RBAC_DENY, ps.Deny, envoyPolicyName); len(rules.Policies) > 0 {
+		out = append(out, rbacFilter("envoy.filters.http.rbac", rules))
+	}
+	if len(ps.Allow) > 0 {
+		out = append(out, rbacFilter("envoy.filters.http.rbac", rbacRules(rbacv3.RBAC_ALLOW, ps.Allow, envoyPolicyName)))
 	}
 	return out
 }
