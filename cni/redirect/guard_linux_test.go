@@ -1,6 +1,7 @@
 package redirect
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -161,6 +162,9 @@ type roleSpec struct {
 	// are (and as the same user): "tcp [::]:15001", "udp 0.0.0.0:15053".
 	// A TCP socket that binds listens and accepts, a UDP one reads.
 	Binds []string
+	// WaitToBind waits for a line on stdin before binding: time for
+	// the test to register the process as a node proxy.
+	WaitToBind bool
 	// Autobinds lets the kernel pick a port this many times for each
 	// of a TCP listener and a UDP socket (listen() and sendto() on
 	// unbound sockets, with SO_REUSEPORT), keeping every socket open.
@@ -203,6 +207,12 @@ func runRole() int {
 		ready roleReady
 		recv  []func() int
 		err   error
+	}
+	if spec.WaitToBind {
+		if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
 	}
 	done := make(chan result, 1)
 	go func() {
@@ -412,6 +422,14 @@ type role struct {
 // waits until its sockets are open.
 func startRole(t *testing.T, path string, ownPidns bool, spec roleSpec) *role {
 	t.Helper()
+	return startRoleAdmitted(t, path, ownPidns, spec, nil)
+}
+
+// startRoleAdmitted is startRole for a process that waits to bind
+// (spec.WaitToBind) until admit, given its PID as this process sees it,
+// returns.
+func startRoleAdmitted(t *testing.T, path string, ownPidns bool, spec roleSpec, admit func(pid int)) *role {
+	t.Helper()
 	b, err := json.Marshal(spec)
 	if err != nil {
 		t.Fatal(err)
@@ -439,6 +457,14 @@ func startRole(t *testing.T, path string, ownPidns bool, spec roleSpec) *role {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
+	if spec.WaitToBind {
+		if admit != nil {
+			admit(cmd.Process.Pid)
+		}
+		if _, err := io.WriteString(stdin, "bind\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := r.out.Decode(&r.ready); err != nil {
 		t.Fatalf("role process: %v", err)
 	}
