@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"testing"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
@@ -418,4 +419,27 @@ func unmarshalRBAC(t *testing.T, a *anypb.Any) *rbacfilterv3.RBAC {
 		t.Fatal(err)
 	}
 	return &r
+}
+
+// TestDryRunAsIstiodReadsIt, written as the attack: an allow-all trial
+// marked istio.io/dry-run "True" (or "1", "t") was enforced, opening the
+// workload, where istiod only logs it. A value that does not parse is
+// enforced, as in istiod.
+func TestDryRunAsIstiodReadsIt(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		value    string
+		enforced bool
+	}{
+		{"true", false}, {"True", false}, {"TRUE", false}, {"1", false}, {"t", false},
+		{"false", true}, {"0", true}, {"", true}, {"yes", true},
+	} {
+		ap := &securityv1.AuthorizationPolicy{ObjectMeta: meta("shop", "trial", time.Hour)}
+		ap.Annotations = map[string]string{authzpolicy.AnnotationDryRun: tt.value}
+		ap.Spec.Rules = []*securityapi.Rule{{}}
+		m := NewMesh(Inputs{AuthorizationPolicies: []*securityv1.AuthorizationPolicy{ap}})
+		if got := len(m.AuthorizationPolicies("shop", nil).Allow) == 1; got != tt.enforced {
+			t.Errorf("dry-run %q: enforced %v, want %v", tt.value, got, tt.enforced)
+		}
+	}
 }
