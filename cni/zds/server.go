@@ -18,6 +18,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/canopy-mesh/canopy/internal/zdsconn"
 	zdspb "github.com/canopy-mesh/canopy/workloadapi/zds"
 )
@@ -53,6 +55,13 @@ type Config struct {
 	// OnDelivered, if set, is called after a proxy acknowledged a pod's
 	// AddWorkload, in a snapshot or not.
 	OnDelivered func(uid string)
+	// Admit, if set, is called with the process ID of each node proxy
+	// that connects (SO_PEERCRED, as the agent's PID namespace sees it;
+	// 0 when the proxy's process is not visible there) after its hello
+	// and before its snapshot, whose pods it opens listeners in: the
+	// agent lets that process bind the node proxy's ports in guarded
+	// pods (redirect.PortGuard). An error refuses the connection.
+	Admit func(pid int) error
 }
 
 // Server is the ZDS server. Pods are added and removed through Add and
@@ -108,10 +117,16 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 			return fmt.Errorf("accept: %w", err)
 		}
+		pid, err := peerPID(uc)
+		if err != nil {
+			s.log.Warn("cannot tell which process connected", "err", err)
+			uc.Close()
+			continue
+		}
 		zc := zdsconn.New(uc)
 		// ztunnel puts a refusal's whole text in its Ack; read it whole.
 		zc.SetReadLimit(maxAck)
-		wg.Go(func() { s.serve(ctx, zc) })
+		wg.Go(func() { s.serve(ctx, zc, pid) })
 	}
 }
 
@@ -123,9 +138,28 @@ func (s *Server) closeAll() {
 	}
 }
 
-// serve runs one proxy connection: hello, snapshot, then keepalives until
-// it ends.
-func (s *Server) serve(ctx context.Context, zc *zdsconn.Conn) {
+// peerPID is the process ID of the connection's peer, as it connected.
+func peerPID(uc *net.UnixConn) (int, error) {
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var cred *unix.Ucred
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return 0, err
+	}
+	if serr != nil {
+		return 0, fmt.Errorf("SO_PEERCRED: %w", serr)
+	}
+	return int(cred.Pid), nil
+}
+
+// serve runs one proxy connection: hello, the proxy's process admitted,
+// snapshot, then keepalives until it ends.
+func (s *Server) serve(ctx context.Context, zc *zdsconn.Conn, pid int) {
 	defer zc.Close()
 	c := &conn{c: zc}
 	var hello zdspb.ZdsHello
@@ -141,6 +175,15 @@ func (s *Server) serve(ctx context.Context, zc *zdsconn.Conn) {
 	if hello.GetVersion() != zdspb.Version_V1 {
 		s.log.Warn("node proxy speaks an unknown ZDS version", "version", hello.GetVersion())
 		return
+	}
+	if s.cfg.Admit != nil {
+		if err := s.cfg.Admit(pid); err != nil {
+			// Without it the proxy could open no listener in a guarded
+			// pod: it is told so by the closed connection, and the log
+			// says why.
+			s.log.Error("node proxy refused: it could not bind its ports in pods", "pid", pid, "err", err)
+			return
+		}
 	}
 	// The snapshot is sent under the server lock, so no Add or Delete
 	// slips between the pods listed and the connection becoming newest.

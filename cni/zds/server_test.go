@@ -333,3 +333,52 @@ func TestLongAckIsARefusal(t *testing.T) {
 		t.Errorf("%d connections after a long Ack, want the one kept", n)
 	}
 }
+
+// TestAdmitBeforeSnapshot: the server hands Admit the connecting proxy's
+// process ID (this test's, SO_PEERCRED) before the snapshot, whose pods
+// the proxy opens listeners in; a proxy Admit refuses gets no snapshot
+// and is not connected.
+func TestAdmitBeforeSnapshot(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		refuse    error
+		want      []string
+		connected int
+	}{
+		{"admitted", nil, []string{"admit", "keep uid-a", "snapshot-sent"}, 1},
+		{"refused", errors.New("no free slot"), []string{"admit"}, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "ztunnel.sock")
+			var p *proxy
+			var mu sync.Mutex
+			var pids []int
+			s := New(path, Config{Keepalive: 20 * time.Millisecond, Admit: func(pid int) error {
+				mu.Lock()
+				defer mu.Unlock()
+				pids = append(pids, pid)
+				if p != nil {
+					p.mu.Lock()
+					p.got = append(p.got, "admit")
+					p.mu.Unlock()
+				}
+				return tt.refuse
+			}}, slog.New(slog.DiscardHandler))
+			if err := s.Add(Pod{UID: "uid-a", Info: info("a")}); !errors.Is(err, ErrNoProxy) {
+				t.Fatal(err)
+			}
+			stop := start(t, path, s)
+			defer stop()
+			mu.Lock()
+			p = connect(t, path)
+			mu.Unlock()
+			eventually.True(t, "the proxy's exchange", func() bool { return cmp.Equal(tt.want, p.received()) })
+			eventually.True(t, "connections", func() bool { return s.Connected() == tt.connected })
+			mu.Lock()
+			defer mu.Unlock()
+			if diff := cmp.Diff([]int{os.Getpid()}, pids); diff != "" {
+				t.Errorf("Admit's pids (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
