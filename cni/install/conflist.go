@@ -189,6 +189,9 @@ func chain(raw, entry []byte) (out []byte, converted bool, err error) {
 		if _, ok := d.last("type"); !ok {
 			return nil, false, errors.New(`neither "plugins" nor "type"`)
 		}
+		if isOurs(d.bytes(d.object)) {
+			return nil, false, fmt.Errorf("its only plugin is %s: no primary plugin to chain after", PluginType)
+		}
 		if raw, err = listOf(d); err != nil {
 			return nil, false, err
 		}
@@ -292,33 +295,47 @@ func unchain(raw []byte) (out, single []byte, err error) {
 	return out, single, nil
 }
 
-// unchainList removes our plugins from raw's list one at a time, each
-// with the separator before it (after it, for the first plugin), which is
-// what appendEntry added.
+// unchainList removes our plugins from raw's list, each with the separator
+// before it, which is what appendEntry added (a run of ours that starts
+// the list goes with the separator after it).
 func unchainList(raw []byte) ([]byte, int, error) {
-	for removed := 0; ; removed++ {
-		d, err := parseDocument(raw)
-		if err != nil {
-			return nil, 0, err
-		}
-		_, elems, isList, err := d.plugins()
-		if err != nil || !isList {
-			return raw, removed, err
-		}
-		k := ours(d, elems)
-		var cut span
-		switch {
-		case k == -1:
-			return raw, removed, nil
-		case k > 0:
-			cut = span{elems[k-1].end, elems[k].end}
-		case len(elems) > 1:
-			cut = span{elems[0].start, elems[1].start}
-		default:
-			cut = elems[0]
-		}
-		raw = append(raw[:cut.start:cut.start], raw[cut.end:]...)
+	d, err := parseDocument(raw)
+	if err != nil {
+		return nil, 0, err
 	}
+	_, elems, isList, err := d.plugins()
+	if err != nil || !isList {
+		return raw, 0, err
+	}
+	var cuts []span
+	first := 0
+	for first < len(elems) && isOurs(d.bytes(elems[first])) {
+		first++
+	}
+	removed := first
+	switch {
+	case first == 0:
+	case first == len(elems):
+		cuts = append(cuts, span{elems[0].start, elems[first-1].end})
+	default:
+		cuts = append(cuts, span{elems[0].start, elems[first].start})
+	}
+	for k := first + 1; k < len(elems); k++ {
+		if isOurs(d.bytes(elems[k])) {
+			cuts = append(cuts, span{elems[k-1].end, elems[k].end})
+			removed++
+		}
+	}
+	if removed == 0 {
+		return raw, 0, nil
+	}
+	out := make([]byte, 0, len(raw))
+	at := 0
+	for _, c := range cuts {
+		out = append(out, raw[at:c.start]...)
+		at = c.end
+	}
+	return append(out, raw[at:]...), removed, nil
 }
 
 // singleOf returns the single-plugin configuration that listOf made raw

@@ -330,3 +330,129 @@ func fileOf(t *testing.T, path string) file {
 	s := st.Sys().(*syscall.Stat_t)
 	return file{Content: string(b), Mode: [3]uint32{uint32(st.Mode().Perm()), s.Uid, s.Gid}}
 }
+
+// TestInstallLeavesUntouched: what cannot be chained into without
+// changing more than the plugin list is refused, naming why, and left as
+// it was.
+func TestInstallLeavesUntouched(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		// make puts the primary configuration at path.
+		make    func(t *testing.T, path string)
+		wantErr string
+		// uninstallOK: nothing of ours to remove, so no error.
+		uninstallOK bool
+	}{
+		{name: "a comment", make: write("{\"plugins\": [{\"type\": \"bridge\"}] // the bridge\n}"), wantErr: "a comment at byte"},
+		{name: "a single plugin without a name", make: write(`{"type": "bridge"}`), wantErr: `no "name" string`, uninstallOK: true},
+		{name: "larger than a configuration", make: write(`{"plugins": [{"type": "bridge"}], "pad": "` + strings.Repeat("x", 1<<20) + `"}`), wantErr: "larger than"},
+		{
+			name: "a symbolic link",
+			make: func(t *testing.T, path string) {
+				target := filepath.Join(t.TempDir(), "calico.conflist")
+				write(bridge)(t, target)
+				if err := os.Symlink(target, path); err != nil {
+					t.Fatal(err)
+				}
+			},
+			wantErr: "is a symbolic link",
+		},
+		{
+			name: "a FIFO",
+			make: func(t *testing.T, path string) {
+				if err := syscall.Mkfifo(path, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			},
+			wantErr: "not a regular file",
+		},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			i := setup(t, nil)
+			path := filepath.Join(i.ConfDir, "10-primary.conflist")
+			tt.make(t, path)
+			before := snapshot(t, i.ConfDir)
+			if err := i.Install(); err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("Install() = %v, want %q", err, tt.wantErr)
+			}
+			if err := i.Uninstall(); tt.uninstallOK && err != nil || !tt.uninstallOK && (err == nil || !strings.Contains(err.Error(), tt.wantErr)) {
+				t.Errorf("Uninstall() = %v, want %q", err, tt.wantErr)
+			}
+			if diff := cmp.Diff(before, snapshot(t, i.ConfDir)); diff != "" {
+				t.Errorf("the configuration directory changed (-before +after):\n%s", diff)
+			}
+		})
+	}
+}
+
+func write(content string) func(t *testing.T, path string) {
+	return func(t *testing.T, path string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// snapshot describes each file of dir: its type, and its content or link
+// target.
+func snapshot(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, e := range entries {
+		path := filepath.Join(dir, e.Name())
+		switch {
+		case e.Type()&os.ModeSymlink != 0:
+			target, err := os.Readlink(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[e.Name()] = "link to " + target
+		case e.Type().IsRegular():
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[e.Name()] = string(b)
+		default:
+			out[e.Name()] = e.Type().String()
+		}
+	}
+	return out
+}
+
+// TestInstallReplacesOnlyItsEntry: a changed entry (an upgrade's new
+// settings) replaces the old one, and nothing else changes.
+func TestInstallReplacesOnlyItsEntry(t *testing.T) {
+	t.Parallel()
+	i := setup(t, map[string]string{"10-calico.conflist": vendorConflist})
+	path := filepath.Join(i.ConfDir, "10-calico.conflist")
+	if err := i.Install(); err != nil {
+		t.Fatal(err)
+	}
+	first := fileOf(t, path)
+	i.Entry = map[string]any{"agentSocket": "/var/run/canopy/v2.sock", "timeoutSeconds": 30}
+	if err := i.Install(); err != nil {
+		t.Fatal(err)
+	}
+	if err := i.InChain(); err != nil {
+		t.Errorf("InChain() after the new entry = %v", err)
+	}
+	second := fileOf(t, path)
+	want := strings.Replace(first.Content, `"agentSocket": "/var/run/canopy/cni.sock",`, `"agentSocket": "/var/run/canopy/v2.sock",`+"\r\n\t\t\t"+`"timeoutSeconds": 30,`, 1)
+	if diff := cmp.Diff(want, second.Content); diff != "" {
+		t.Errorf("after the entry changed (-want +got):\n%s", diff)
+	}
+	if err := i.Uninstall(); err != nil {
+		t.Fatal(err)
+	}
+	if got := fileOf(t, path).Content; got != vendorConflist {
+		t.Errorf("after Uninstall:\n%q\nwant\n%q", got, vendorConflist)
+	}
+}
