@@ -2,7 +2,9 @@
 // the binary into the CNI bin dir, an entry at the end of the primary
 // network configuration's plugin chain, and a watch that puts the entry
 // back when another CNI rewrites the file (the way pods silently lose
-// redirection after a node reboot).
+// redirection after a node reboot). The primary configuration is another
+// vendor's file: it is edited as bytes (conflist.go), so that no other
+// byte of it changes, nor its mode or owner, and uninstalling restores it.
 package install
 
 import (
