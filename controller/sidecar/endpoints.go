@@ -63,6 +63,9 @@ func (m *Mesh) clusterTarget(p Proxy, name string) (clusterTarget, bool) {
 		return clusterTarget{}, false
 	}
 	dr := m.DestinationRule(p, k.Hostname, svc.GetNamespace())
+	if m.refusedRules[dr] {
+		return clusterTarget{}, false
+	}
 	policy, ok := clusterPolicy(dr, k.Port, k.Subset)
 	if !ok {
 		return clusterTarget{}, false

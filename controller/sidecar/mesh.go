@@ -38,7 +38,10 @@ type Mesh struct {
 	services         map[string][]*Service // by hostname, oldest first
 	virtualServices  []*networkingv1.VirtualService
 	destinationRules []*networkingv1.DestinationRule
-	sidecars         []*networkingv1.Sidecar
+	// refusedRules are the DestinationRules Istio's rules refuse: a proxy
+	// that would use one gets no cluster of its host (valid.go).
+	refusedRules map[*networkingv1.DestinationRule]bool
+	sidecars     []*networkingv1.Sidecar
 	// sourceLabelKeys are the label keys VirtualService matches name as
 	// source labels: routes depend on a proxy's labels only through them.
 	sourceLabelKeys map[string]bool
@@ -173,14 +176,17 @@ func NewMesh(in Inputs) *Mesh {
 		peerAuthentications:   sortedConfigs(in.PeerAuthentications),
 		authorizationPolicies: sortedConfigs(in.AuthorizationPolicies),
 		services:              map[string][]*Service{},
-		virtualServices:       sortedConfigs(in.VirtualServices),
+		virtualServices:       sortedConfigs(usableVirtualServices(in.VirtualServices)),
 		destinationRules:      sortedConfigs(in.DestinationRules),
 		sidecars:              sortedConfigs(in.Sidecars),
+		refusedRules:          refusedRules(in.DestinationRules),
 	}
 	m.indexRules()
 	byKey := map[string]*Service{}
 	for _, a := range in.Addresses {
-		if s := a.GetService(); s != nil {
+		// A hostname Istio refuses (a ServiceEntry's) never becomes a
+		// route configuration's domain.
+		if s := a.GetService(); s != nil && serviceHost(s.GetHostname()) == nil {
 			svc := &Service{Service: s, foreign: ambient.ForeignServiceHost(s.GetHostname(), s.GetNamespace(), ambient.Config{DomainSuffix: m.DomainSuffix})}
 			if in.Info != nil {
 				svc.Info = in.Info(s.GetNamespace(), s.GetHostname())

@@ -23,7 +23,10 @@ func names[T config](in []T) []string {
 // then any other).
 func TestRuleLookup(t *testing.T) {
 	vs := func(ns, name string, age time.Duration, hosts []string, exportTo, gateways []string) *networkingv1.VirtualService {
-		return &networkingv1.VirtualService{ObjectMeta: meta(ns, name, age), Spec: networkingapi.VirtualService{Hosts: hosts, ExportTo: exportTo, Gateways: gateways}}
+		// One route each: Istio refuses (and sidecars do not get) a
+		// VirtualService without routes.
+		return &networkingv1.VirtualService{ObjectMeta: meta(ns, name, age), Spec: networkingapi.VirtualService{Hosts: hosts, ExportTo: exportTo, Gateways: gateways,
+			Http: []*networkingapi.HTTPRoute{{Route: []*networkingapi.HTTPRouteDestination{{Destination: &networkingapi.Destination{Host: "echo"}}}}}}}
 	}
 	dr := func(ns, name, host string, exportTo ...string) *networkingv1.DestinationRule {
 		return &networkingv1.DestinationRule{ObjectMeta: meta(ns, name, time.Hour), Spec: networkingapi.DestinationRule{Host: host, ExportTo: exportTo}}

@@ -126,6 +126,9 @@ func (m *Mesh) sidecarOutboundClusters(p Proxy) []Named {
 	var out []Named
 	for _, svc := range m.visibleServices(p) {
 		dr := m.DestinationRule(p, svc.GetHostname(), svc.GetNamespace())
+		if m.refusedRules[dr] {
+			continue // never a cluster without what its rule asked for
+		}
 		for _, port := range sortedPorts(svc) {
 			protocol := portProtocol(svc, port)
 			if kindOf(protocol) == kindUDP {
@@ -169,6 +172,11 @@ func (m *Mesh) sidecarInboundClusters(p Proxy) []Named {
 	for _, in := range m.inboundPorts(p) {
 		name := ClusterName(Inbound, in.target, "", "")
 		dr := m.DestinationRule(p, in.svc.GetHostname(), in.svc.GetNamespace())
+		if m.refusedRules[dr] {
+			// The workload's own port, to its own application: served
+			// with the defaults rather than not at all.
+			dr = nil
+		}
 		policy, _ := clusterPolicy(dr, in.port, "")
 		out = append(out, Named{name, m.inboundCluster(name, in, policy, dr)})
 	}

@@ -39,8 +39,9 @@ func (m *Mesh) SidecarRoutes(p Proxy, names []string) []Named {
 			continue
 		}
 		// Envoy refuses a configuration in which two virtual hosts share
-		// a domain: the first service (by hostname) keeps it, as when
-		// one ServiceEntry gives several hosts one address.
+		// a domain, compared without case: the first service (by
+		// hostname) keeps it, as when one ServiceEntry gives several
+		// hosts one address, or two ServiceEntries one host in two cases.
 		seen := map[string]bool{"*": true}
 		for _, svc := range m.visibleServices(p) {
 			if !hasPort(svc.Service, port) {
@@ -54,8 +55,8 @@ func (m *Mesh) SidecarRoutes(p Proxy, names []string) []Named {
 			}
 			var domains []string
 			for _, d := range m.sidecarDomains(p, svc, port) {
-				if !seen[d] {
-					seen[d] = true
+				if k := strings.ToLower(d); !seen[k] {
+					seen[k] = true
 					domains = append(domains, d)
 				}
 			}
