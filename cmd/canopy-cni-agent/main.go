@@ -49,6 +49,9 @@ type config struct {
 	zdsSocket       string
 	backend         string
 	bpfRoot         string
+	guardPorts      bool
+	guardRoot       string
+	cgroupRoot      string
 	probeUID        int64
 	probeSNAT       netip.Addr
 	reconcile       time.Duration
@@ -76,6 +79,9 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.zdsSocket, "zds-socket", "/var/run/ztunnel/ztunnel.sock", "where the node proxy connects (ZDS)")
 	fs.StringVar(&c.backend, "backend", "nftables", "redirection backend: nftables (over netlink), iptables (iptables-restore) or ebpf (sk_lookup and tcx programs in each pod; needs Canopy's node proxy)")
 	fs.StringVar(&c.bpfRoot, "bpf-root", sockmap.DefaultRoot, "the directory on the node's BPF filesystem where the ebpf backend pins each pod's programs and maps (a BPF filesystem is mounted on its parent when there is none), and where another backend looks for pods the ebpf backend left, to take them over; the node proxy must look in the same place")
+	fs.BoolVar(&c.guardPorts, "guard-proxy-ports", true, "keep every process of an ambient pod but the node proxy from binding the proxy's ports in the pod (15001, 15006, 15008, 15053), with cgroup bind programs on the node (Linux 6.10); where the kernel cannot, ambient pods are refused. Off, a root process of a pod can join the proxy's listeners and take a share of the pod's connections")
+	fs.StringVar(&c.guardRoot, "guard-root", "/sys/fs/bpf/canopy-guard", "the directory on the node's BPF filesystem where the port guard's programs and maps are pinned (a BPF filesystem is mounted on its parent when there is none); not under --bpf-root")
+	fs.StringVar(&c.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "the node's cgroup2 hierarchy (or, on a cgroup v1 node, the directory holding it as unified), where the port guard is attached: the node's own, not a container's cgroup namespace view")
 	fs.Int64Var(&c.probeUID, "probe-uid", 0, "user ID of the kubelet: the node's TCP connections to enrolled pods from this user are SNATed as probes")
 	snat := fs.String("probe-snat", redirect.DefaultProbeSNAT.String(), "address kubelet probes are SNATed to")
 	fs.DurationVar(&c.reconcile, "reconcile-period", 30*time.Second, "how often every pod's rules are verified in its netns")
@@ -118,6 +124,13 @@ func parseFlags(args []string) (config, error) {
 	default:
 		return c, fmt.Errorf("--backend %q: want nftables, iptables or ebpf", c.backend)
 	}
+	if !filepath.IsAbs(c.guardRoot) || filepath.Clean(c.guardRoot) == "/" {
+		return c, fmt.Errorf("--guard-root %q: want an absolute directory below a BPF filesystem's mount point", c.guardRoot)
+	}
+	c.guardRoot = filepath.Clean(c.guardRoot)
+	if rel, err := filepath.Rel(c.bpfRoot, c.guardRoot); err == nil && !strings.HasPrefix(rel, "..") {
+		return c, fmt.Errorf("--guard-root %q: not under --bpf-root %q, whose entries are pods", c.guardRoot, c.bpfRoot)
+	}
 	var err error
 	if c.probeSNAT, err = netip.ParseAddr(*snat); err != nil || !c.probeSNAT.Is4() {
 		return c, fmt.Errorf("--probe-snat %q: want an IPv4 address", *snat)
@@ -153,11 +166,13 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	backend, admit, closeGuard := guardBackend(cfg, backend, log)
+	defer closeGuard()
 	uid := probeUID(cfg)
 	// The in-pod rules accept IPv6 probes from the default address only.
 	host := hostrules.Rules{ProbeUID: uid, ProbeSNAT: cfg.probeSNAT, ProbeSNATv6: redirect.DefaultProbeSNATv6, Netns: cfg.hostNetns}
 	var a *agent.Agent
-	proxy := zds.New(cfg.zdsSocket, zds.Config{OnDelivered: func(uid string) { a.Delivered(uid) }}, log)
+	proxy := zds.New(cfg.zdsSocket, zds.Config{OnDelivered: func(uid string) { a.Delivered(uid) }, Admit: admit}, log)
 	registry := prometheus.NewRegistry()
 	a, err = agent.New(agent.Config{
 		NodeName: cfg.nodeName, Enroll: cfg.enroll, ReconcilePeriod: cfg.reconcile,
@@ -181,7 +196,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		PluginSocket: cfg.pluginSocket,
 		ZDSSocket:    cfg.zdsSocket,
 		MonitorAddr:  cfg.monitorAddr,
-		Describe:     []any{"node", cfg.nodeName, "backend", backend.Name(), "probe_uid", uid, "sidecar_capture", cfg.enroll.SidecarCapture},
+		Describe:     []any{"node", cfg.nodeName, "backend", backend.Name(), "probe_uid", uid, "sidecar_capture", cfg.enroll.SidecarCapture, "guard_proxy_ports", cfg.guardPorts},
 	}, agent.Components{
 		Agent:   a,
 		Plugin:  installer,
@@ -225,6 +240,36 @@ func newBackend(cfg config) (redirect.Backend, error) {
 	return nil, fmt.Errorf("unknown backend %q", cfg.backend)
 }
 
+// guardBackend wraps the backend in the port guard (redirect.Guarded)
+// and returns what registers a node proxy with it, for ZDS, and what
+// closes it. A node whose kernel cannot guard refuses its ambient pods,
+// saying why (redirect.Unguardable), rather than enroll them with ports a
+// process of the pod could take; --guard-proxy-ports=false runs without
+// the guard, as Canopy did before it.
+func guardBackend(cfg config, b redirect.Backend, log *slog.Logger) (redirect.Backend, func(int) error, func()) {
+	if !cfg.guardPorts {
+		log.Warn("--guard-proxy-ports=false: a root process of an ambient pod can bind the node proxy's ports and take a share of the pod's connections")
+		return b, nil, func() {}
+	}
+	g, err := openGuard(cfg, log)
+	if err != nil {
+		log.Error("cannot guard the node proxy's ports in pods: ambient pods are refused", "err", err)
+		return redirect.Guarded{Backend: b, Guard: redirect.Unguardable{Err: err}}, nil, func() {}
+	}
+	return redirect.Guarded{Backend: b, Guard: g}, g.Admit, g.Close
+}
+
+// openGuard attaches the port guard to the node's cgroup2 root, or takes
+// over the one pinned under --guard-root. Its pins must outlive the
+// agent, on the node's BPF filesystem (the chart mounts it from the host
+// with bidirectional propagation).
+func openGuard(cfg config, log *slog.Logger) (*redirect.PortGuard, error) {
+	if err := sockmap.MountBPFFS(filepath.Dir(cfg.guardRoot)); err != nil {
+		return nil, err
+	}
+	return redirect.OpenPortGuard(redirect.PortGuardConfig{Root: cfg.guardRoot, Cgroup: cfg.cgroupRoot, Log: log})
+}
+
 // probeUID is the user ID whose connections to enrolled pods are SNATed as
 // kubelet probes. It comes from configuration only: anything read from the
 // node's processes (a process name, say) a pod can fake.
@@ -237,4 +282,6 @@ var (
 	_ agent.ProxyServer     = (*zds.Server)(nil)
 	_ agent.StartupTaint    = taint.Remover{}
 	_ agent.SocketBackend   = redirect.Ebpf{}
+	_ agent.GuardBackend    = redirect.Guarded{}
+	_ redirect.NetnsGuard   = (*redirect.PortGuard)(nil)
 )

@@ -11,7 +11,8 @@ func TestParseFlags(t *testing.T) {
 		t.Fatalf("parseFlags = %+v, %v", c, err)
 	}
 	if d, err := parseFlags([]string{"--node-name=n1"}); err != nil || d.startupTaint != "cni.canopy.dev/not-ready" || d.probeUID != 0 ||
-		d.namespaceRecord != "/var/run/canopy/namespaces.json" || d.stateDir != "/var/run/canopy" || !d.enroll.SidecarCapture {
+		d.namespaceRecord != "/var/run/canopy/namespaces.json" || d.stateDir != "/var/run/canopy" || !d.enroll.SidecarCapture ||
+		!d.guardPorts || d.guardRoot != "/sys/fs/bpf/canopy-guard" || d.cgroupRoot != "/sys/fs/cgroup" {
 		t.Errorf("parseFlags defaults = %+v, %v", d, err)
 	}
 	if d, err := parseFlags([]string{"--node-name=n1", "--startup-taint=", "--namespace-record=", "--sidecar-capture=false"}); err != nil || d.startupTaint != "" || d.namespaceRecord != "" || d.enroll.SidecarCapture {
@@ -35,6 +36,9 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--node-name=n", "--probe-uid=4294967296"}, "user ID"},
 		{[]string{"--node-name=n", "--log-level=loud"}, "log-level"},
 		{[]string{"--node-name=n", "--startup-taint=not a key"}, "--startup-taint"},
+		{[]string{"--node-name=n", "--guard-root=guard"}, "--guard-root"},
+		{[]string{"--node-name=n", "--guard-root=/sys/fs/bpf/canopy/guard"}, "not under --bpf-root"},
+		{[]string{"--node-name=n", "--guard-root=/sys/fs/bpf/canopy"}, "not under --bpf-root"},
 	} {
 		if _, err := parseFlags(tt.args); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("parseFlags(%v) = %v, want an error containing %q", tt.args, err, tt.want)

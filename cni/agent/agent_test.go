@@ -168,13 +168,19 @@ func startNode(t *testing.T, name, zdsPath, nodeNetns, stateDir string, opts ...
 // startNodeWith is startNode with another redirection backend.
 func startNodeWith(t *testing.T, backend redirect.Backend, name, zdsPath, nodeNetns, stateDir string, opts ...func(*agent.Config)) *node {
 	t.Helper()
+	return startNodeAdmitting(t, backend, nil, name, zdsPath, nodeNetns, stateDir, opts...)
+}
+
+// startNodeAdmitting is startNodeWith with ZDS's Admit (a port guard's).
+func startNodeAdmitting(t *testing.T, backend redirect.Backend, admit func(pid int) error, name, zdsPath, nodeNetns, stateDir string, opts ...func(*agent.Config)) *node {
+	t.Helper()
 	log := slog.New(slog.DiscardHandler)
 	n := &node{reg: prometheus.NewRegistry(), record: filepath.Join(stateDir, "namespaces.json")}
 	server := zds.New(zdsPath, zds.Config{OnDelivered: func(uid string) {
 		if n.agent != nil {
 			n.agent.Delivered(uid)
 		}
-	}}, log)
+	}, Admit: admit}, log)
 	host := hostrules.Rules{ProbeUID: 0, ProbeSNAT: redirect.DefaultProbeSNAT, ProbeSNATv6: redirect.DefaultProbeSNATv6, Netns: nodeNetns}
 	cfg := agent.Config{
 		NodeName: name, Enroll: enroll.Config{SystemNamespace: "istio-system", ExcludedNamespaces: []string{"kube-system"}, DNSCapture: true},

@@ -198,5 +198,9 @@ func (a *Agent) Uninstall(ctx context.Context) error {
 		}
 		unlock()
 	}
-	return errors.Join(a.host.Delete(), a.records.clear(), a.removeNamespaceRecord())
+	errs := []error{a.host.Delete(), a.records.clear(), a.removeNamespaceRecord()}
+	if gb, ok := a.backend.(GuardBackend); ok {
+		errs = append(errs, gb.RemoveGuard())
+	}
+	return errors.Join(errs...)
 }

@@ -3,6 +3,7 @@ package agent
 import (
 	"slices"
 
+	"github.com/canopy-mesh/canopy/cni/redirect"
 	"github.com/canopy-mesh/canopy/internal/sockmap"
 )
 
@@ -19,6 +20,32 @@ type SocketBackend interface {
 	RemoveStaleDirs(live []uint64) ([]uint64, error)
 }
 
+// GuardBackend is a backend that guards the node proxy's ports in its
+// ambient pods (redirect.Guarded).
+type GuardBackend interface {
+	// PruneGuards forgets the guarded namespaces whose inode is not in
+	// live.
+	PruneGuards(live []uint64) (int, error)
+	// RemoveGuard takes the guard off the node, once no pod is enrolled.
+	RemoveGuard() error
+}
+
+// socketBackend is the agent's backend as a SocketBackend, if it is one
+// under the wrappers it may be in (redirect.Guarded).
+func (a *Agent) socketBackend() (SocketBackend, bool) {
+	b := a.backend
+	for {
+		if sb, ok := b.(SocketBackend); ok {
+			return sb, true
+		}
+		w, ok := b.(interface{ Unwrap() redirect.Backend })
+		if !ok {
+			return nil, false
+		}
+		b = w.Unwrap()
+	}
+}
+
 // checkSockets records which of a served ambient pod's slots its node
 // proxy has not filled, and logs when that changes. An empty slot drops
 // the traffic that belongs to it (fail closed), so a pod listed here is
@@ -27,7 +54,7 @@ type SocketBackend interface {
 // filesystem. DNS slots count only while the pod's DNS is captured.
 // Callers hold the pod's lock.
 func (a *Agent) checkSockets(m *member) {
-	sb, ok := a.backend.(SocketBackend)
+	sb, ok := a.socketBackend()
 	if !ok || m.sidecar() {
 		return
 	}
@@ -57,12 +84,9 @@ func (a *Agent) checkSockets(m *member) {
 }
 
 // collectPins removes the pins of pods that went away while no agent ran
-// (their Unenroll never came).
+// (their Unenroll never came), and forgets their namespaces in the port
+// guard.
 func (a *Agent) collectPins() {
-	sb, ok := a.backend.(SocketBackend)
-	if !ok {
-		return
-	}
 	var live []uint64
 	unregistered := 0
 	for _, m := range a.members() {
@@ -72,6 +96,19 @@ func (a *Agent) collectPins() {
 		if len(m.unregistered) > 0 {
 			unregistered++
 		}
+	}
+	if gb, ok := a.backend.(GuardBackend); ok {
+		n, err := gb.PruneGuards(live)
+		if err != nil {
+			a.log.Warn("cannot forget the guarded namespaces of pods that are gone", "err", err)
+		}
+		if n > 0 {
+			a.log.Info("forgot the guarded namespaces of pods that are gone", "count", n)
+		}
+	}
+	sb, ok := a.socketBackend()
+	if !ok {
+		return
 	}
 	a.metrics.unregistered.Set(float64(unregistered))
 	removed, err := sb.RemoveStaleDirs(live)

@@ -671,6 +671,10 @@ func (r *proxyReg) close() {
 // with the registered proxies, for the next agent; Remove takes it away.
 func (g *PortGuard) Close() {
 	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		return
+	}
 	g.closed = true
 	slots := g.slots
 	g.slots = [bpfprog.ProxySlots]*proxyReg{}

@@ -1,6 +1,9 @@
 package redirect
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // NetnsGuard guards the node proxy's ports in a pod's network namespace;
 // *PortGuard implements it.
@@ -72,4 +75,53 @@ func (g Guarded) Unenroll(netnsPath string) error {
 		return err
 	}
 	return g.Guard.Unguard(netnsPath)
+}
+
+// PruneGuards forgets the guarded namespaces whose inode is not in live,
+// when the guard can (PortGuard.Prune).
+func (g Guarded) PruneGuards(live []uint64) (int, error) {
+	p, ok := g.Guard.(interface {
+		Prune(live []uint64) (int, error)
+	})
+	if !ok {
+		return 0, nil
+	}
+	return p.Prune(live)
+}
+
+// RemoveGuard takes the guard off the node, when it can
+// (PortGuard.Remove): for an agent uninstalled, once every pod is out.
+func (g Guarded) RemoveGuard() error {
+	r, ok := g.Guard.(interface{ Remove() error })
+	if !ok {
+		return nil
+	}
+	if err := r.Remove(); err != nil {
+		return fmt.Errorf("remove the port guard: %w", err)
+	}
+	return nil
+}
+
+// ErrNoPortGuard is an ambient pod refused because the node cannot guard
+// its node proxy's ports (Unguardable).
+var ErrNoPortGuard = errors.New("the node proxy's ports in pods cannot be guarded on this node")
+
+// Unguardable is the NetnsGuard of a node where OpenPortGuard failed:
+// every ambient pod is refused, with Err saying why, rather than
+// enrolled with ports a process of the pod could take. Sidecar pods,
+// which need no guard, are enrolled as usual.
+type Unguardable struct{ Err error }
+
+// Guard implements NetnsGuard: it refuses.
+func (u Unguardable) Guard(string) error { return fmt.Errorf("%w: %w", ErrNoPortGuard, u.Err) }
+
+// Unguard implements NetnsGuard: nothing is guarded.
+func (Unguardable) Unguard(string) error { return nil }
+
+// Problems implements NetnsGuard.
+func (u Unguardable) Problems(_ string, want bool) ([]string, error) {
+	if want {
+		return []string{u.Guard("").Error()}, nil
+	}
+	return nil, nil
 }

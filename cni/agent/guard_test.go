@@ -1,0 +1,119 @@
+package agent_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/canopy-mesh/canopy/cni/enroll"
+	"github.com/canopy-mesh/canopy/cni/redirect"
+	"github.com/canopy-mesh/canopy/cni/redirect/bpfprog"
+	"github.com/canopy-mesh/canopy/internal/netns"
+	"github.com/canopy-mesh/canopy/internal/testing/ci"
+	"github.com/canopy-mesh/canopy/internal/testing/eventually"
+	"github.com/canopy-mesh/canopy/internal/testing/nettest"
+	"github.com/canopy-mesh/canopy/internal/testing/testenv"
+)
+
+// bindProxyPort binds [::]:15001 in the netns at path as this process,
+// with SO_REUSEPORT as the node proxy does, and closes it again.
+func bindProxyPort(path string) error {
+	var berr error
+	err := netns.Do(path, func() error {
+		fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
+			return err
+		}
+		berr = unix.Bind(fd, &unix.SockaddrInet6{Port: redirect.OutboundPort})
+		return nil
+	})
+	return errors.Join(err, berr)
+}
+
+func isCgroup2(dir string) bool {
+	var st unix.Statfs_t
+	return unix.Statfs(dir, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
+}
+
+// TestAgentGuardsAmbientPods: the agent guards an ambient pod's node proxy
+// ports as it enrolls it, so a process that is not the node proxy cannot
+// bind them, and the node proxy, once it connects over ZDS, is admitted
+// (SO_PEERCRED) and binds them when it takes the pod. Uninstalling takes
+// the guard off the node.
+func TestAgentGuardsAmbientPods(t *testing.T) {
+	testenv.Need(t, env)
+	nettest.NeedRoot(t)
+	if err := bpfprog.ProbeBindGuard(); err != nil {
+		ci.Unavailable(t, "%v", err)
+	}
+	if !isCgroup2("/sys/fs/cgroup") && !isCgroup2("/sys/fs/cgroup/unified") {
+		ci.Unavailable(t, "no cgroup2 hierarchy at /sys/fs/cgroup to attach the port guard to")
+	}
+	guardRoot := filepath.Join(nettest.BPFFS(t), "guard")
+	guard, err := redirect.OpenPortGuard(redirect.PortGuardConfig{Root: guardRoot, Cgroup: "/sys/fs/cgroup", Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(guard.Close)
+
+	nodeName := fmt.Sprintf("agent-node-%d", time.Now().UnixNano()%100000)
+	pair := nettest.NewPair(t, netip.MustParsePrefix("10.218.9.0/24"))
+	ns := env.Namespace(t, "mesh", map[string]string{enroll.LabelDataplaneMode: enroll.ModeAmbient})
+	zdsPath := filepath.Join(t.TempDir(), "ztunnel.sock")
+	pod := createPod(t, ns, "guarded", nodeName, pair.AddrA, nil)
+	podProcess(t, pair.A, pod.UID)
+	n := startNodeAdmitting(t, redirect.Guarded{Backend: redirect.Nftables{}, Guard: guard}, guard.Admit, nodeName, zdsPath, pair.B, t.TempDir())
+
+	eventually.Within(t, settle, "pod enrolled", func() bool {
+		c := condition(getPod(t, ns, "guarded"))
+		return c != nil && c.Status == "True"
+	})
+	if err := bindProxyPort(pair.A); !errors.Is(err, unix.EPERM) {
+		t.Fatalf("bind to 15001 in the enrolled pod before any node proxy connected: %v, want EPERM", err)
+	}
+
+	// The node proxy opens its listener when it takes the pod, as
+	// Canopy's does.
+	var mu sync.Mutex
+	var proxyBind error
+	proxy := &nodeProxy{hold: func(uid string) {
+		if uid == string(pod.UID) {
+			mu.Lock()
+			defer mu.Unlock()
+			proxyBind = bindProxyPort(pair.A)
+		}
+	}}
+	pctx, pcancel := context.WithCancel(context.Background())
+	defer pcancel()
+	go proxy.run(pctx, zdsPath)
+	eventually.Within(t, settle, "the node proxy takes the pod", func() bool { return proxy.saw("add " + string(pod.UID)) })
+	mu.Lock()
+	if proxyBind != nil {
+		t.Errorf("the node proxy's bind when it took the pod: %v", proxyBind)
+	}
+	mu.Unlock()
+
+	n.stop()
+	if err := n.agent.Uninstall(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := bindProxyPort(pair.A); err != nil {
+		t.Errorf("bind after uninstall: %v", err)
+	}
+	if _, err := os.Stat(guardRoot); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the guard's pins after uninstall: %v", err)
+	}
+}
