@@ -6,6 +6,7 @@
 package enroll
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 
@@ -82,7 +83,60 @@ func Decide(pod *corev1.Pod, ns *corev1.Namespace, cfg Config) (Decision, error)
 	if pod.Annotations[AnnotationSidecarStatus] != "" {
 		return decideSidecar(pod, cfg)
 	}
-	return decideAmbient(pod, ns, cfg), nil
+	d := decideAmbient(pod, ns, cfg)
+	if d.Enroll {
+		if err := checkPortSysctls(pod); err != nil {
+			return Decision{Enroll: true, Reason: d.Reason}, err
+		}
+	}
+	return d, nil
+}
+
+// The pod sysctls (Kubernetes' safe sysctls, in the pod's
+// securityContext) that decide which ports the kernel picks by itself.
+const (
+	SysctlPortRange     = "net.ipv4.ip_local_port_range"
+	SysctlReservedPorts = "net.ipv4.ip_local_reserved_ports"
+)
+
+// checkPortSysctls refuses an ambient pod whose sysctls would let the
+// kernel give a process of the pod one of the node proxy's ports: the
+// agent reserves them in the pod's namespace when it enrolls it (the
+// kernel's own choice of a port never runs the bind guard,
+// redirect.PortGuard), but the container runtime writes the pod's
+// sysctls when it starts the sandbox, after the CNI ADD, and a
+// net.ipv4.ip_local_reserved_ports of the pod's replaces the agent's. A
+// pod that sets only its port range keeps the agent's reservation.
+func checkPortSysctls(pod *corev1.Pod) error {
+	if pod.Spec.SecurityContext == nil {
+		return nil
+	}
+	var ports, reserved string
+	replaced := false
+	for _, s := range pod.Spec.SecurityContext.Sysctls {
+		// Kubernetes takes slashes for dots too.
+		switch strings.ReplaceAll(s.Name, "/", ".") {
+		case SysctlPortRange:
+			ports = s.Value
+		case SysctlReservedPorts:
+			reserved, replaced = s.Value, true
+		}
+	}
+	if !replaced {
+		return nil
+	}
+	if ports == "" {
+		ports = redirect.DefaultPortRange
+	}
+	open, err := redirect.AutoboundGuardedPorts(ports, reserved)
+	if err != nil {
+		return fmt.Errorf("pod sysctls %s, %s: %w", SysctlPortRange, SysctlReservedPorts, err)
+	}
+	if len(open) > 0 {
+		return fmt.Errorf("pod sysctl %s=%q replaces the node proxy's reserved ports and leaves %v, in the port range %q, to the kernel's choice, "+
+			"which could give a process of the pod the proxy's port: reserve them too: %w", SysctlReservedPorts, reserved, open, ports, ErrUnsupported)
+	}
+	return nil
 }
 
 // ReasonSidecar is the reason of a sidecar pod's enrollment.

@@ -2,6 +2,7 @@ package enroll
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -120,6 +121,54 @@ func TestOutsideMesh(t *testing.T) {
 			got := OutsideMesh(tt.namespaces, tt.pods, cfg)
 			if diff := cmp.Diff(tt.want, got, cmpopts.EquateEmpty()); diff != "" {
 				t.Errorf("OutsideMesh() mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestDecidePortSysctls: an ambient pod whose own
+// net.ipv4.ip_local_reserved_ports, which the runtime writes after the
+// agent's, would leave one of the node proxy's ports to the kernel's
+// choice is refused; its port range alone is not a reason, nor are
+// sysctls of pods outside the mesh.
+func TestDecidePortSysctls(t *testing.T) {
+	t.Parallel()
+	cfg := Config{SystemNamespace: "istio-system", DNSCapture: true}
+	ambientNS := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "apps", Labels: map[string]string{LabelDataplaneMode: ModeAmbient}}}
+	pod := func(mode string, sysctls ...corev1.Sysctl) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "apps", Labels: map[string]string{LabelDataplaneMode: mode}}}
+		if sysctls != nil {
+			p.Spec.SecurityContext = &corev1.PodSecurityContext{Sysctls: sysctls}
+		}
+		return p
+	}
+	rng := func(v string) corev1.Sysctl { return corev1.Sysctl{Name: SysctlPortRange, Value: v} }
+	res := func(v string) corev1.Sysctl { return corev1.Sysctl{Name: SysctlReservedPorts, Value: v} }
+	for _, tt := range []struct {
+		name    string
+		pod     *corev1.Pod
+		wantErr string
+	}{
+		{"no sysctls", pod(ModeAmbient), ""},
+		{"a range over the proxy's ports, the agent's reservation kept", pod(ModeAmbient, rng("15000 15100")), ""},
+		{"a reservation of the pod's, the default range", pod(ModeAmbient, res("8080")), ""},
+		{"a reservation that leaves the proxy's ports in the range", pod(ModeAmbient, rng("15000 15100"), res("15001,15006")), "leaves [15008 15053]"},
+		{"the same, slashes", pod(ModeAmbient, corev1.Sysctl{Name: "net/ipv4/ip_local_port_range", Value: "15000 15100"}, corev1.Sysctl{Name: "net/ipv4/ip_local_reserved_ports", Value: ""}), "leaves [15001 15006 15008 15053]"},
+		{"a reservation that covers them", pod(ModeAmbient, rng("15000 15100"), res("15001,15006-15008,15053")), ""},
+		{"malformed", pod(ModeAmbient, rng("15000"), res("")), "want two ports"},
+		{"outside the mesh", pod(ModeNone, rng("15000 15100"), res("")), ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			d, err := Decide(tt.pod, ambientNS, cfg)
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("Decide() = %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !d.Enroll {
+				t.Errorf("Decide() = %+v, %v; want Enroll and an error containing %q", d, err, tt.wantErr)
 			}
 		})
 	}

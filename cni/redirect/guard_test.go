@@ -60,3 +60,30 @@ func TestInnermostTgid(t *testing.T) {
 		})
 	}
 }
+
+func TestAutoboundGuardedPorts(t *testing.T) {
+	for _, tt := range []struct {
+		name, portRange, reserved string
+		want                      []uint16
+		wantErr                   bool
+	}{
+		{"the kernel's defaults", DefaultPortRange, "", nil, false},
+		{"a range over the proxy's ports", "15000 15100", "", []uint16{15001, 15006, 15008, 15053}, false},
+		{"some reserved", "15000 15100", "15001,15006-15008", []uint16{15053}, false},
+		{"all reserved", "1024 65535", "15001,15006,15008,15053", nil, false},
+		{"a range ending between them", "15002 15007", "", []uint16{15006}, false},
+		{"tabs, as the kernel prints it", "15000\t15010\n", "", []uint16{15001, 15006, 15008}, false},
+		{"one port", "15001", "", nil, true},
+		{"a bad reservation", DefaultPortRange, "x", nil, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := AutoboundGuardedPorts(tt.portRange, tt.reserved)
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("AutoboundGuardedPorts(%q, %q) error %v, want error %v", tt.portRange, tt.reserved, err, tt.wantErr)
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("AutoboundGuardedPorts(%q, %q) mismatch (-want +got):\n%s", tt.portRange, tt.reserved, diff)
+			}
+		})
+	}
+}
