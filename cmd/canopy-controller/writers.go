@@ -23,9 +23,10 @@ import (
 // writers are the controller's writes to the API server that want a
 // single writer: the root-certificate ConfigMap in every namespace, the
 // VIPs in ServiceEntries' status, the injector webhooks' caBundle and the
-// Events about input the tables cannot represent. With leader election
-// they run only on the replica holding the Lease; every replica serves
-// xDS, the CA and the injection webhook whether it leads or not.
+// Events about input the tables cannot represent or sidecars do not get.
+// With leader election they run only on the replica holding the Lease;
+// every replica serves xDS, the CA and the injection webhook whether it
+// leads or not.
 //
 // Each term builds them anew, with fresh informers and queues: a replica
 // that takes over reconciles everything from what the API server holds,
@@ -115,6 +116,8 @@ func (w *writers) run(ctx context.Context) error {
 	// memory of what it reported went with it, and the API server folds
 	// repeats of an Event into its count.
 	reporter := status.NewReporter(w.recorder)
+	// What sidecars do not get of configuration Istio's rules refuse.
+	configReporter := status.NewReporterFor(w.recorder, status.ReasonInvalid)
 	g.Go(func() error {
 		// Problems are reported once the initial lists are in (before, a
 		// problem may only mean its cause, a Gateway say, is not listed
@@ -128,6 +131,7 @@ func (w *writers) run(ctx context.Context) error {
 		defer tick.Stop()
 		for {
 			reporter.Report(w.tables.Problems())
+			configReporter.Report(w.tables.ConfigProblems())
 			select {
 			case <-ctx.Done():
 				return nil

@@ -7,6 +7,7 @@ import (
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 
 	"github.com/canopy-mesh/canopy/controller/ambient"
+	"github.com/canopy-mesh/canopy/controller/sidecar"
 	"github.com/canopy-mesh/canopy/workloadapi"
 )
 
@@ -18,6 +19,7 @@ func (x *Index) UpsertServiceEntry(se *networkingv1.ServiceEntry) ChangeSet {
 	defer x.mu.Unlock()
 	k := key{se.Namespace, se.Name}
 	old := put(x.serviceEntries, x.serviceEntriesByNamespace, k, se)
+	x.setConfigProblem("ServiceEntry "+k.String(), sidecar.ServiceEntryProblem(se))
 	return x.serviceEntryChanged(k, old, se)
 }
 
@@ -27,6 +29,7 @@ func (x *Index) DeleteServiceEntry(namespace, name string) ChangeSet {
 	defer x.mu.Unlock()
 	k := key{namespace, name}
 	old := drop(x.serviceEntries, x.serviceEntriesByNamespace, k)
+	x.setConfigProblem("ServiceEntry "+k.String(), "")
 	return x.serviceEntryChanged(k, old, nil)
 }
 

@@ -21,43 +21,55 @@ type traffic struct {
 	virtualServices  map[key]*networkingv1.VirtualService
 	destinationRules map[key]*networkingv1.DestinationRule
 	sidecars         map[key]*networkingv1.Sidecar
+	// problems are what sidecars do not get of an object (Istio's rules
+	// refuse it, or part of it), by "<kind> <namespace>/<name>": the
+	// sidecar generators' own verdicts (sidecar.VirtualServiceProblem and
+	// its kin), so that what is reported is what is left out.
+	problems map[string]string
 }
 
 // UpsertVirtualService stores a VirtualService.
 func (x *Index) UpsertVirtualService(vs *networkingv1.VirtualService) ChangeSet {
-	return setTraffic(x, &x.traffic.virtualServices, key{vs.Namespace, vs.Name}, vs)
+	return setTraffic(x, &x.traffic.virtualServices, key{vs.Namespace, vs.Name}, vs, "VirtualService", sidecar.VirtualServiceProblem)
 }
 
 // DeleteVirtualService forgets a VirtualService.
 func (x *Index) DeleteVirtualService(namespace, name string) ChangeSet {
-	return setTraffic(x, &x.traffic.virtualServices, key{namespace, name}, nil)
+	return setTraffic(x, &x.traffic.virtualServices, key{namespace, name}, nil, "VirtualService", sidecar.VirtualServiceProblem)
 }
 
 // UpsertDestinationRule stores a DestinationRule.
 func (x *Index) UpsertDestinationRule(dr *networkingv1.DestinationRule) ChangeSet {
-	return setTraffic(x, &x.traffic.destinationRules, key{dr.Namespace, dr.Name}, dr)
+	return setTraffic(x, &x.traffic.destinationRules, key{dr.Namespace, dr.Name}, dr, "DestinationRule", sidecar.DestinationRuleProblem)
 }
 
 // DeleteDestinationRule forgets a DestinationRule.
 func (x *Index) DeleteDestinationRule(namespace, name string) ChangeSet {
-	return setTraffic(x, &x.traffic.destinationRules, key{namespace, name}, nil)
+	return setTraffic(x, &x.traffic.destinationRules, key{namespace, name}, nil, "DestinationRule", sidecar.DestinationRuleProblem)
 }
 
-// UpsertSidecar stores a Sidecar resource.
+// UpsertSidecar stores a Sidecar resource. A Sidecar Istio's rules refuse
+// is used as it is: it only narrows what a proxy sees.
 func (x *Index) UpsertSidecar(sc *networkingv1.Sidecar) ChangeSet {
-	return setTraffic(x, &x.traffic.sidecars, key{sc.Namespace, sc.Name}, sc)
+	return setTraffic(x, &x.traffic.sidecars, key{sc.Namespace, sc.Name}, sc, "Sidecar", nil)
 }
 
 // DeleteSidecar forgets a Sidecar resource.
 func (x *Index) DeleteSidecar(namespace, name string) ChangeSet {
-	return setTraffic(x, &x.traffic.sidecars, key{namespace, name}, nil)
+	return setTraffic(x, &x.traffic.sidecars, key{namespace, name}, nil, "Sidecar", nil)
 }
 
-// setTraffic stores obj under k in *objs (nil forgets it), under x's lock. Only sidecar
-// xDS reads these, so the change is Traffic alone.
-func setTraffic[T any](x *Index, objs *map[key]*T, k key, obj *T) ChangeSet {
+// setTraffic stores obj under k in *objs (nil forgets it), under x's lock,
+// with what sidecars do not get of it (problem, if not nil, says). Only
+// sidecar xDS reads these, so the change is Traffic alone.
+func setTraffic[T any](x *Index, objs *map[key]*T, k key, obj *T, kind string, problem func(*T) string) ChangeSet {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	msg := ""
+	if obj != nil && problem != nil {
+		msg = problem(obj)
+	}
+	x.setConfigProblem(kind+" "+k.String(), msg)
 	if obj == nil {
 		delete(*objs, k)
 		return ChangeSet{Traffic: true}
@@ -67,6 +79,29 @@ func setTraffic[T any](x *Index, objs *map[key]*T, k key, obj *T) ChangeSet {
 	}
 	(*objs)[k] = obj
 	return ChangeSet{Traffic: true}
+}
+
+// setConfigProblem records (or, for "", forgets) what sidecars do not get
+// of an object. The caller holds x.mu.
+func (x *Index) setConfigProblem(object, msg string) {
+	if msg == "" {
+		delete(x.traffic.problems, object)
+		return
+	}
+	if x.traffic.problems == nil {
+		x.traffic.problems = map[string]string{}
+	}
+	x.traffic.problems[object] = msg
+}
+
+// ConfigProblems returns, by object ("<kind> <namespace>/<name>"), what
+// sidecars do not get of a VirtualService, DestinationRule or
+// ServiceEntry that Istio's rules refuse, in whole or in part, and why; the
+// caller reports them as Events.
+func (x *Index) ConfigProblems() map[string]string {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return maps.Clone(x.traffic.problems)
 }
 
 // SidecarInputs is a consistent copy of what sidecar xDS is generated

@@ -17,8 +17,16 @@ import (
 	"k8s.io/client-go/tools/record"
 )
 
-// Reason of the Events this package writes.
-const ReasonNotApplied = "NotAppliedByNodeProxies"
+// Reasons of the Events this package writes.
+const (
+	// ReasonNotApplied: the tables (what node proxies get) cannot
+	// represent the object, or all of it.
+	ReasonNotApplied = "NotAppliedByNodeProxies"
+	// ReasonInvalid: Istio's rules refuse the object, or part of it, and
+	// sidecars do not get what they refuse (the validating webhook was
+	// bypassed, or the object predates it).
+	ReasonInvalid = "InvalidConfiguration"
+)
 
 // apiVersions maps the kinds the index reports on to their API versions.
 var apiVersions = map[string]string{
@@ -28,20 +36,31 @@ var apiVersions = map[string]string{
 	"PeerAuthentication":  "security.istio.io/v1",
 	"ServiceEntry":        "networking.istio.io/v1",
 	"WorkloadEntry":       "networking.istio.io/v1",
+	"VirtualService":      "networking.istio.io/v1",
+	"DestinationRule":     "networking.istio.io/v1",
+	"Sidecar":             "networking.istio.io/v1",
 }
 
 // Reporter turns problem sets into Events, one per new or changed problem.
 // It is safe for concurrent use.
 type Reporter struct {
 	recorder record.EventRecorder
+	reason   string
 
 	mu       sync.Mutex
 	reported map[string]string
 }
 
-// NewReporter returns a Reporter writing through recorder.
+// NewReporter returns a Reporter writing through recorder, with reason
+// ReasonNotApplied.
 func NewReporter(recorder record.EventRecorder) *Reporter {
-	return &Reporter{recorder: recorder, reported: map[string]string{}}
+	return NewReporterFor(recorder, ReasonNotApplied)
+}
+
+// NewReporterFor returns a Reporter writing Events of reason through
+// recorder.
+func NewReporterFor(recorder record.EventRecorder, reason string) *Reporter {
+	return &Reporter{recorder: recorder, reason: reason, reported: map[string]string{}}
 }
 
 // Report takes the current problems, keyed "<Kind> <namespace>/<name>",
@@ -56,7 +75,7 @@ func (r *Reporter) Report(problems map[string]string) {
 			continue
 		}
 		if ref, ok := objectRef(k); ok {
-			r.recorder.Event(ref, corev1.EventTypeWarning, ReasonNotApplied, msg)
+			r.recorder.Event(ref, corev1.EventTypeWarning, r.reason, msg)
 		}
 		r.reported[k] = msg
 	}

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"k8s.io/client-go/tools/record"
 )
 
@@ -54,5 +55,23 @@ func TestReporter(t *testing.T) {
 	r.Report(map[string]string{"AuthorizationPolicy shop/ext": "policy not supported by node proxies: action CUSTOM"})
 	if got := drain(fake); len(got) != 1 {
 		t.Errorf("a problem that came back was not reported: %v", got)
+	}
+}
+
+// TestReporterFor: a Reporter of another reason writes Events of it, on
+// the traffic kinds too.
+func TestReporterFor(t *testing.T) {
+	fake := record.NewFakeRecorder(10)
+	NewReporterFor(fake, ReasonInvalid).Report(map[string]string{
+		"VirtualService attacker/ratings":  "sidecars do not get HTTP route 0: bad regex",
+		"DestinationRule attacker/ratings": "sidecars that would use this rule get no cluster",
+	})
+	got := drain(fake)
+	want := []string{
+		"Warning InvalidConfiguration sidecars do not get HTTP route 0: bad regex",
+		"Warning InvalidConfiguration sidecars that would use this rule get no cluster",
+	}
+	if diff := cmp.Diff(want, got, cmpopts.SortSlices(func(a, b string) bool { return a < b })); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
 	}
 }
