@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -66,6 +67,10 @@ type PortGuard struct {
 	mu     sync.Mutex
 	closed bool
 	slots  [bpfprog.ProxySlots]*proxyReg // nil: free
+	// owned are the socket inodes the registered proxies held at
+	// ownedAt (proxySockets).
+	owned   map[uint32]bool
+	ownedAt time.Time
 }
 
 // proxyReg is a registered node proxy: the slot's ID, and handles on its
@@ -381,10 +386,12 @@ func (g *PortGuard) Guard(path string) error {
 	if err := g.guarded.Update(cookie, bpfprog.GuardedNetns{Inode: ino}, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("guard the node proxy's ports in %s: %w", path, err)
 	}
-	if err := reservePorts(path); err != nil {
+	// Looked at only now: a socket bound from here on is the proxy's.
+	st, err := readNetns(path, true)
+	if err != nil {
 		return err
 	}
-	taken, err := g.foreignSockets(path)
+	taken, err := g.foreignSockets(st.sockets)
 	if err != nil {
 		return err
 	}
@@ -414,14 +421,15 @@ func (g *PortGuard) Unguard(path string) error {
 }
 
 // Problems compares the netns at path with what Guard makes of it, when
-// want says it should be guarded, or with an unguarded namespace.
+// want says it should be guarded, or with an unguarded namespace. It
+// enters the namespace once.
 func (g *PortGuard) Problems(path string, want bool) ([]string, error) {
-	cookie, _, err := netnsOf(path)
+	st, err := readNetns(path, false)
 	if err != nil {
 		return nil, err
 	}
 	var v bpfprog.GuardedNetns
-	err = g.guarded.Lookup(cookie, &v)
+	err = g.guarded.Lookup(st.cookie, &v)
 	guarded := err == nil
 	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return nil, fmt.Errorf("look up %s in the guarded namespaces: %w", path, err)
@@ -436,14 +444,10 @@ func (g *PortGuard) Problems(path string, want bool) ([]string, error) {
 	if !guarded {
 		problems = append(problems, "the node proxy's ports are not guarded: any process of the pod may bind them")
 	}
-	missing, err := unreservedPorts(path)
-	if err != nil {
-		return nil, err
-	}
-	if len(missing) > 0 {
+	if missing := unreserved(st.reserved); len(missing) > 0 {
 		problems = append(problems, fmt.Sprintf("net.ipv4.ip_local_reserved_ports lacks %s", portList(missing)))
 	}
-	taken, err := g.foreignSockets(path)
+	taken, err := g.foreignSockets(st.sockets)
 	if err != nil {
 		return nil, err
 	}
@@ -451,6 +455,42 @@ func (g *PortGuard) Problems(path string, want bool) ([]string, error) {
 		problems = append(problems, "held by a process that is not a node proxy: "+s)
 	}
 	return problems, nil
+}
+
+// netnsState is what Guard and Problems read inside a pod's namespace.
+type netnsState struct {
+	cookie   uint64
+	reserved []portRange
+	sockets  []guardedSocket
+}
+
+// readNetns reads the netns at path, in one entry; with reserve, it
+// first adds the guarded ports to net.ipv4.ip_local_reserved_ports,
+// keeping what else is there.
+func readNetns(path string, reserve bool) (netnsState, error) {
+	var st netnsState
+	err := netns.Do(path, func() (err error) {
+		if st.cookie, err = currentNetnsCookie(); err != nil {
+			return err
+		}
+		if st.reserved, err = readReservedPorts(); err != nil {
+			return fmt.Errorf("read net.ipv4.ip_local_reserved_ports: %w", err)
+		}
+		if missing := unreserved(st.reserved); reserve && len(missing) > 0 {
+			for _, p := range missing {
+				st.reserved = append(st.reserved, portRange{p, p})
+			}
+			if err := os.WriteFile(reservedPortsSysctl, []byte(formatPortRanges(st.reserved)), 0o644); err != nil {
+				return fmt.Errorf("reserve the node proxy's ports: %w", err)
+			}
+		}
+		st.sockets, err = listGuardedSockets()
+		return err
+	})
+	if err != nil {
+		return st, fmt.Errorf("netns %s: %w", path, err)
+	}
+	return st, nil
 }
 
 // Prune forgets the guarded namespaces whose inode is not in live (the
@@ -522,6 +562,7 @@ func (g *PortGuard) Admit(pid int) error {
 		return fmt.Errorf("register node proxy pid %d: %w", pid, err)
 	}
 	g.slots[free] = reg
+	g.owned = nil
 	go g.watch(free, reg)
 	g.log.Info("node proxy may bind its ports in guarded pods", "pid", pid, "slot", free)
 	return nil
@@ -560,6 +601,7 @@ func (g *PortGuard) watch(i int, reg *proxyReg) {
 		return
 	}
 	g.slots[i] = nil
+	g.owned = nil
 	reg.close()
 	g.log.Info("node proxy exited; its slot is free", "pid", reg.id.HostPID, "slot", i)
 }
@@ -702,49 +744,15 @@ func (g *PortGuard) Remove() error {
 	return removePinDir(g.root)
 }
 
-// reservePorts adds the guarded ports to net.ipv4.ip_local_reserved_ports
-// in the netns at path, keeping what else is there.
-func reservePorts(path string) error {
-	err := netns.Do(path, func() error {
-		have, err := readReservedPorts()
-		if err != nil {
-			return err
-		}
-		want := slices.Clone(have)
-		for _, p := range bpfprog.GuardedPorts() {
-			if !slices.ContainsFunc(have, func(r portRange) bool { return r.has(p) }) {
-				want = append(want, portRange{p, p})
-			}
-		}
-		if len(want) == len(have) {
-			return nil
-		}
-		return os.WriteFile(reservedPortsSysctl, []byte(formatPortRanges(want)), 0o644)
-	})
-	if err != nil {
-		return fmt.Errorf("reserve the node proxy's ports in %s: %w", path, err)
-	}
-	return nil
-}
-
-// unreservedPorts lists the guarded ports net.ipv4.ip_local_reserved_ports
-// of the netns at path lacks.
-func unreservedPorts(path string) ([]uint16, error) {
-	var have []portRange
-	err := netns.Do(path, func() (err error) {
-		have, err = readReservedPorts()
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read net.ipv4.ip_local_reserved_ports in %s: %w", path, err)
-	}
+// unreserved lists the guarded ports reserved lacks.
+func unreserved(reserved []portRange) []uint16 {
 	var missing []uint16
 	for _, p := range bpfprog.GuardedPorts() {
-		if !slices.ContainsFunc(have, func(r portRange) bool { return r.has(p) }) {
+		if !slices.ContainsFunc(reserved, func(r portRange) bool { return r.has(p) }) {
 			missing = append(missing, p)
 		}
 	}
-	return missing, nil
+	return missing
 }
 
 // portRange is an inclusive range of ports.
@@ -817,24 +825,43 @@ func (s guardedSocket) String() string {
 	return fmt.Sprintf("%s port %d (socket inode %d)", s.proto, s.port, s.inode)
 }
 
-// foreignSockets lists, in the netns at path, the sockets on guarded
-// ports that take new traffic and that no registered proxy holds.
-// Sockets of a proxy are told by its file descriptors
-// (/proc/<pid>/fd); with no proxy registered there is no telling them
-// from others (an agent that started before any proxy connected), and
-// nothing is listed.
-func (g *PortGuard) foreignSockets(path string) ([]string, error) {
-	var found []guardedSocket
-	err := netns.Do(path, func() (err error) {
-		found, err = listGuardedSockets()
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list the sockets of %s: %w", path, err)
-	}
+// foreignSockets returns those of found that no registered proxy holds.
+// A proxy's sockets are told by its file descriptors (/proc/<pid>/fd);
+// with no proxy registered there is no telling them from others (an
+// agent that started before any proxy connected), and none is returned.
+func (g *PortGuard) foreignSockets(found []guardedSocket) ([]string, error) {
 	if len(found) == 0 {
 		return nil, nil
 	}
+	var out []string
+	for rescanned := false; ; rescanned = true {
+		owned, ok, err := g.proxySockets(rescanned)
+		if err != nil || !ok {
+			return nil, err
+		}
+		out = out[:0]
+		for _, s := range found {
+			if !owned[s.inode] {
+				out = append(out, s.String())
+			}
+		}
+		if len(out) == 0 || rescanned {
+			return out, nil
+		}
+	}
+}
+
+// ownedTTL bounds how long a scan of the proxies' descriptors answers: a
+// socket's inode number is reused only after the node made 2^32 others,
+// but an entry for a socket the proxy closed has no reason to stay.
+const ownedTTL = time.Minute
+
+// proxySockets returns the socket inodes the registered proxies hold,
+// from the last scan unless it is older than ownedTTL or rescan asks
+// for a new one (a socket the last one did not see: listeners are
+// long-lived, so a scan serves many pods' checks). ok is false with no
+// proxy registered.
+func (g *PortGuard) proxySockets(rescan bool) (owned map[uint32]bool, ok bool, err error) {
 	g.mu.Lock()
 	var pids []uint32
 	for _, r := range g.slots {
@@ -842,23 +869,24 @@ func (g *PortGuard) foreignSockets(path string) ([]string, error) {
 			pids = append(pids, r.id.HostPID)
 		}
 	}
+	cached, at := g.owned, g.ownedAt
 	g.mu.Unlock()
 	if len(pids) == 0 {
-		return nil, nil
+		return nil, false, nil
 	}
-	owned := map[uint32]bool{}
+	if !rescan && cached != nil && time.Since(at) < ownedTTL {
+		return cached, true, nil
+	}
+	owned = map[uint32]bool{}
 	for _, pid := range pids {
 		if err := socketInodes(filepath.Join(g.procRoot, strconv.Itoa(int(pid)), "fd"), owned); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
-	var out []string
-	for _, s := range found {
-		if !owned[s.inode] {
-			out = append(out, s.String())
-		}
-	}
-	return out, nil
+	g.mu.Lock()
+	g.owned, g.ownedAt = owned, time.Now()
+	g.mu.Unlock()
+	return owned, true, nil
 }
 
 // listGuardedSockets lists the calling thread's namespace's TCP listeners
