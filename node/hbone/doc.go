@@ -50,6 +50,12 @@
 //     Limits.MaxControlQueue frames, which only a peer that does not read
 //     fills. Its writes to an app's socket never wait: what the socket
 //     does not take at once is queued within the stream's window.
+//   - Before the TLS handshake: ServerTLS waits for the client's first
+//     byte without any TLS state, and the buffer TLS records are batched
+//     in is taken after the handshake, so a peer that connects and says
+//     nothing costs a goroutine and a few KiB until the deadline
+//     (TestSilentTLSPeersAreCheap); bounding how many such peers there
+//     are is the caller's.
 //   - Time: the preface and first SETTINGS (Limits.HandshakeTimeout), a
 //     connection without streams (IdleTimeout, GOAWAY NO_ERROR), a
 //     CONNECT's answer (ConnectTimeout), a write making no progress

@@ -3,6 +3,7 @@ package hbone
 import (
 	"fmt"
 	"io"
+	"net"
 	"syscall"
 )
 
@@ -45,4 +46,42 @@ func (k *appSink) readReady() (buf *[]byte, n int, err error) {
 		err = io.EOF
 	}
 	return buf, n, err
+}
+
+// awaitPeer waits, without a buffer, until raw has something to read or
+// its read deadline passes: the server side of a TLS handshake takes its
+// state (a tls.Conn, record buffers, the configuration's certificate)
+// only once the peer has sent something. A MSG_PEEK of one byte leaves
+// what arrived for the handshake. A connection that is not a socket
+// (net.Pipe in tests) is not waited for.
+func awaitPeer(raw net.Conn) error {
+	sc, ok := raw.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	var rerr error
+	var one [1]byte
+	err = rc.Read(func(fd uintptr) bool {
+		for {
+			_, _, err := syscall.Recvfrom(int(fd), one[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+			switch err {
+			case syscall.EINTR:
+				continue
+			case syscall.EAGAIN:
+				return false
+			}
+			// Data, the peer's FIN (n is 0) or an error: the handshake
+			// reads it.
+			rerr = err
+			return true
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return rerr
 }

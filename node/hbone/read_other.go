@@ -2,7 +2,10 @@
 
 package hbone
 
-import "errors"
+import (
+	"errors"
+	"net"
+)
 
 // canReadReady: readReady is not implemented here; Splice copies with a
 // goroutine per direction.
@@ -11,3 +14,6 @@ const canReadReady = false
 func (k *appSink) readReady() (*[]byte, int, error) {
 	return nil, 0, errors.New("hbone: readReady: not supported")
 }
+
+// awaitPeer does not wait here: the handshake's state is taken at once.
+func awaitPeer(net.Conn) error { return nil }

@@ -153,33 +153,82 @@ func TestWriteTimeout(t *testing.T) {
 
 func TestTLSHandshakeTimeout(t *testing.T) {
 	scfg, ccfg := testcerts.MutualTLS(t, "hbone")
+	server := func(ctx context.Context, raw net.Conn) error {
+		_, err := handshakeTLS(ctx, raw, scfg, true, short)
+		return err
+	}
 	for _, tt := range []struct {
 		name string
 		run  func(ctx context.Context, raw net.Conn) error
+		// tcp: over a loopback TCP connection, where a server waits for
+		// the peer's first byte before its TLS state exists (a pipe is
+		// not waited for); sent is what the peer sends, then nothing.
+		tcp  bool
+		sent []byte
+		// cancel: the caller's context is cancelled long before its
+		// deadline.
+		cancel bool
+		want   error
 	}{
-		{"server", func(ctx context.Context, raw net.Conn) error {
-			_, err := handshakeTLS(ctx, raw, scfg, true, short)
-			return err
-		}},
-		{"client", func(ctx context.Context, raw net.Conn) error {
+		{name: "server", run: server, want: context.DeadlineExceeded},
+		{name: "client", run: func(ctx context.Context, raw net.Conn) error {
 			_, err := handshakeTLS(ctx, raw, ccfg, false, short)
 			return err
-		}},
+		}, want: context.DeadlineExceeded},
+		{name: "server over TCP, nothing sent", run: server, tcp: true, want: context.DeadlineExceeded},
+		{name: "server over TCP, a record header sent", run: server, tcp: true, sent: []byte{22, 3, 1, 0, 200}, want: context.DeadlineExceeded},
+		{name: "server over TCP, cancelled", run: server, tcp: true, cancel: true, want: context.Canceled},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			a, b := net.Pipe()
+			if tt.tcp {
+				a, b = tcpPair(t)
+			}
 			t.Cleanup(func() { a.Close() })
-			go func() { _, _ = a.Read(make([]byte, 1<<16)) }() // a peer that says nothing
+			go func() { _, _ = a.Read(make([]byte, 1<<16)) }() // a peer that says nothing more
+			if len(tt.sent) > 0 {
+				if _, err := a.Write(tt.sent); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ctx := context.Background()
+			if tt.cancel {
+				// Its deadline, a minute, is not waited for.
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, time.Minute)
+				t.Cleanup(cancel)
+				time.AfterFunc(short, cancel)
+			}
 			errc := make(chan error, 1)
-			go func() { errc <- tt.run(context.Background(), b) }()
+			go func() { errc <- tt.run(ctx, b) }()
 			select {
 			case err := <-errc:
-				if !errors.Is(err, context.DeadlineExceeded) {
-					t.Errorf("handshake with a silent peer = %v, want context.DeadlineExceeded", err)
+				if !errors.Is(err, tt.want) {
+					t.Errorf("handshake with a silent peer = %v, want %v", err, tt.want)
 				}
 			case <-time.After(eventually.DefaultTimeout):
 				t.Fatal("the handshake waits for a silent peer forever")
 			}
 		})
 	}
+}
+
+// tcpPair is both ends of a loopback TCP connection.
+func tcpPair(t *testing.T) (client, server net.Conn) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	client, err = net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, err = l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { server.Close() })
+	return client, server
 }

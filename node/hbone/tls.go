@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -75,7 +76,10 @@ func ClientTLS(ctx context.Context, raw net.Conn, cfg *tls.Config) (net.Conn, er
 	return handshakeTLS(ctx, raw, cfg, false, TLSHandshakeTimeout)
 }
 
-// ServerTLS runs the server handshake on raw. Without a deadline in ctx,
+// ServerTLS runs the server handshake on raw. On a socket it makes no TLS
+// state (cfg's GetConfigForClient is not called either) until the client
+// has sent something, so a peer that connects and says nothing holds
+// only the socket and the caller's goroutine. Without a deadline in ctx,
 // the handshake has TLSHandshakeTimeout.
 func ServerTLS(ctx context.Context, raw net.Conn, cfg *tls.Config) (net.Conn, error) {
 	return handshakeTLS(ctx, raw, cfg, true, TLSHandshakeTimeout)
@@ -88,6 +92,12 @@ func handshakeTLS(ctx context.Context, raw net.Conn, cfg *tls.Config, server boo
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
+	}
+	if server {
+		if err := awaitClient(ctx, raw); err != nil {
+			raw.Close()
+			return nil, err
+		}
 	}
 	b := &batchConn{Conn: raw}
 	var c *tls.Conn
@@ -102,4 +112,31 @@ func handshakeTLS(ctx context.Context, raw net.Conn, cfg *tls.Config, server boo
 	}
 	b.on.Store(true)
 	return &tlsConn{Conn: c, raw: b}, nil
+}
+
+// awaitClient waits, within ctx, until the client has sent something
+// (its ClientHello): until then a server's connection holds no TLS
+// state, only its socket and its goroutine, whatever the number of
+// peers that connect and say nothing.
+func awaitClient(ctx context.Context, raw net.Conn) error {
+	deadline, _ := ctx.Deadline()
+	if err := raw.SetReadDeadline(deadline); err != nil {
+		return fmt.Errorf("hbone: wait for the ClientHello: %w", err)
+	}
+	// A context cancelled before its deadline ends the wait too.
+	stop := context.AfterFunc(ctx, func() { _ = raw.SetReadDeadline(time.Now()) })
+	err := awaitPeer(raw)
+	stop()
+	_ = raw.SetReadDeadline(time.Time{})
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return fmt.Errorf("hbone: wait for the ClientHello: %w", ctx.Err())
+	case isTimeout(err):
+		// The socket's deadline, which is ctx's, can pass a moment
+		// before ctx says so.
+		return fmt.Errorf("hbone: wait for the ClientHello: %w", context.DeadlineExceeded)
+	}
+	return fmt.Errorf("hbone: wait for the ClientHello: %w", err)
 }
