@@ -430,17 +430,20 @@ func TestSidecarCapture(t *testing.T) {
 // BPF filesystem, the agent's with bidirectional propagation (a BPF
 // filesystem it mounts must outlive it), the proxy's from the host; with
 // the others only the agent does, to take over pods the eBPF backend
-// left.
+// left, bidirectionally as long as it pins the port guard there.
 func TestEBPFBackend(t *testing.T) {
 	for _, tt := range []struct {
 		backend string
+		set     []string
 		want    map[string]string // DaemonSet: propagation of its /sys/fs/bpf mount
 	}{
-		{"nftables", map[string]string{"canopy-cni-agent": "HostToContainer"}},
-		{"iptables", map[string]string{"canopy-cni-agent": "HostToContainer"}},
-		{"ebpf", map[string]string{"canopy-cni-agent": "Bidirectional", "ztunnel": "HostToContainer"}},
+		{"nftables", nil, map[string]string{"canopy-cni-agent": "Bidirectional"}},
+		{"nftables", []string{"cniAgent.guardProxyPorts=false"}, map[string]string{"canopy-cni-agent": "HostToContainer"}},
+		{"iptables", []string{"cniAgent.guardProxyPorts=false"}, map[string]string{"canopy-cni-agent": "HostToContainer"}},
+		{"ebpf", nil, map[string]string{"canopy-cni-agent": "Bidirectional", "ztunnel": "HostToContainer"}},
+		{"ebpf", []string{"cniAgent.guardProxyPorts=false"}, map[string]string{"canopy-cni-agent": "Bidirectional", "ztunnel": "HostToContainer"}},
 	} {
-		r := render(t, chart.Options{Namespace: "mesh", Set: []string{"cniAgent.backend=" + tt.backend}})
+		r := render(t, chart.Options{Namespace: "mesh", Set: append([]string{"cniAgent.backend=" + tt.backend}, tt.set...)})
 		got := map[string]string{}
 		for _, name := range []string{"canopy-cni-agent", "ztunnel"} {
 			ds := object(t, r, "DaemonSet", name)
@@ -473,6 +476,55 @@ func TestEBPFBackend(t *testing.T) {
 		caps, _, _ := unstructured.NestedStringSlice(cs[0].(map[string]any), "securityContext", "capabilities", "add")
 		if got, want := slices.Contains(caps, "NET_BIND_SERVICE"), tt.backend == "ebpf"; got != want {
 			t.Errorf("backend %s: node proxy capabilities %v, NET_BIND_SERVICE wanted: %v", tt.backend, caps, want)
+		}
+	}
+}
+
+// TestGuardProxyPorts: the agent guards the node proxy's ports by
+// default, attached to the host's cgroup2 hierarchy, mounted read-only
+// where the flag says; off, it has neither.
+func TestGuardProxyPorts(t *testing.T) {
+	for _, tt := range []struct {
+		set       []string
+		wantArgs  []string
+		wantMount bool
+	}{
+		{nil, []string{"--guard-proxy-ports=true", "--cgroup-root=/host/sys/fs/cgroup"}, true},
+		{[]string{"cniAgent.guardProxyPorts=false"}, []string{"--guard-proxy-ports=false"}, false},
+	} {
+		r := render(t, chart.Options{Namespace: "mesh", Set: tt.set})
+		ds := object(t, r, "DaemonSet", "canopy-cni-agent")
+		cs, _, _ := unstructured.NestedSlice(ds, "spec", "template", "spec", "containers")
+		args, _, _ := unstructured.NestedStringSlice(cs[0].(map[string]any), "args")
+		for _, a := range tt.wantArgs {
+			if !slices.Contains(args, a) {
+				t.Errorf("--set %v: args %v lack %s", tt.set, args, a)
+			}
+		}
+		if !tt.wantMount && slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--cgroup-root") }) {
+			t.Errorf("--set %v: args %v have --cgroup-root", tt.set, args)
+		}
+		mounts, _, _ := unstructured.NestedSlice(cs[0].(map[string]any), "volumeMounts")
+		vols, _, _ := unstructured.NestedSlice(ds, "spec", "template", "spec", "volumes")
+		mounted := false
+		for _, m := range mounts {
+			m := m.(map[string]any)
+			if m["mountPath"] != "/host/sys/fs/cgroup" {
+				continue
+			}
+			mounted = true
+			if m["readOnly"] != true {
+				t.Errorf("--set %v: the cgroup mount is not read-only", tt.set)
+			}
+			for _, v := range vols {
+				v := v.(map[string]any)
+				if path, _, _ := unstructured.NestedString(v, "hostPath", "path"); v["name"] == m["name"] && path != "/sys/fs/cgroup" {
+					t.Errorf("--set %v: the cgroup mount is the host's %s", tt.set, path)
+				}
+			}
+		}
+		if mounted != tt.wantMount {
+			t.Errorf("--set %v: /host/sys/fs/cgroup mounted %v, want %v", tt.set, mounted, tt.wantMount)
 		}
 	}
 }
