@@ -121,6 +121,8 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&c.limits.MaxConnections, "max-connections", def.MaxConnections, "accepted connections held open at once, node-wide; more are closed at once")
 	fs.IntVar(&c.limits.MaxConnectionsPerPod, "max-connections-per-pod", def.MaxConnectionsPerPod, "accepted connections held open at once for one pod")
 	fs.DurationVar(&c.limits.HandshakeTimeout, "handshake-timeout", def.HandshakeTimeout, "limit on an inbound mTLS handshake on 15008")
+	fs.IntVar(&c.limits.MaxPendingHandshakes, "max-pending-handshakes", def.MaxPendingHandshakes, "inbound connections on 15008 whose peer is not authenticated yet, node-wide; past it a new one closes the oldest")
+	fs.IntVar(&c.limits.MaxPendingHandshakesPerSource, "max-pending-handshakes-per-source", def.MaxPendingHandshakesPerSource, "inbound connections on 15008 whose peer is not authenticated yet, from one source address; more are closed at once")
 	fs.DurationVar(&c.limits.DialTimeout, "dial-timeout", def.DialTimeout, "limit on an outbound connection's set-up (TCP, and mTLS for HBONE)")
 	fs.DurationVar(&c.limits.ConnectTimeout, "connect-timeout", def.ConnectTimeout, "limit on the wait for an HBONE CONNECT's answer")
 	fs.IntVar(&c.limits.HBONE.MaxStreams, "hbone-max-streams", def.HBONE.MaxStreams, "streams (and running handlers) one HBONE connection's peer may have at once")
@@ -196,6 +198,9 @@ func parseFlags(args []string) (config, error) {
 	}
 	if c.limits.MaxConnections <= 0 || c.limits.MaxConnectionsPerPod <= 0 || c.limits.HBONE.MaxStreams <= 0 {
 		return c, errors.New("--max-connections, --max-connections-per-pod and --hbone-max-streams must be positive")
+	}
+	if c.limits.MaxPendingHandshakes <= 0 || c.limits.MaxPendingHandshakesPerSource <= 0 {
+		return c, errors.New("--max-pending-handshakes and --max-pending-handshakes-per-source must be positive")
 	}
 	pemBytes, err := os.ReadFile(c.rootCertPath)
 	if err != nil {

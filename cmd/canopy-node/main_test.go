@@ -68,6 +68,8 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--handshake-timeout=0s"}, "--handshake-timeout must be positive"},
 		{[]string{"--on-demand-timeout=-1s"}, "--on-demand-timeout must be positive"},
 		{[]string{"--max-connections-per-pod=0"}, "--max-connections-per-pod"},
+		{[]string{"--max-pending-handshakes=0"}, "--max-pending-handshakes"},
+		{[]string{"--max-pending-handshakes-per-source=-1"}, "--max-pending-handshakes-per-source"},
 		{[]string{"--hbone-idle-timeout=0s"}, "--hbone-idle-timeout must be positive"},
 		{[]string{"--dns-max-in-flight=0"}, "--dns-max-in-flight"},
 		{[]string{"--on-demand", "--dns-proxy"}, "not with --on-demand"},

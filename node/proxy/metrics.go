@@ -35,6 +35,13 @@ const (
 	// Limits.MaxConnections was reached.
 	reasonPodLimit  = "pod_connection_limit"
 	reasonNodeLimit = "node_connection_limit"
+	// reasonSourceHandshakeLimit: the connection's source address had
+	// Limits.MaxPendingHandshakesPerSource handshakes under way on 15008.
+	reasonSourceHandshakeLimit = "source_handshake_limit"
+	// reasonNodeHandshakeLimit: a connection still shaking hands on
+	// 15008, the oldest of Limits.MaxPendingHandshakes, was closed to
+	// make room for a new one.
+	reasonNodeHandshakeLimit = "node_handshake_limit"
 	// reasonAcceptError: accepting failed (out of descriptors, memory).
 	reasonAcceptError = "accept_error"
 	// reasonTimeout: a handshake, dial or CONNECT took longer than its

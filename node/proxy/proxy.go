@@ -93,6 +93,9 @@ type Proxy struct {
 	Limits Limits
 	// conns counts accepted connections node-wide.
 	conns counter
+	// handshakes are the inbound HBONE connections whose peer is not
+	// authenticated yet.
+	handshakes handshakes
 	// live are the open inbound connections, re-authorized by Run.
 	live    liveSet
 	pool    *pool
@@ -121,8 +124,13 @@ func New(table Table, certs Certs, clusterID string, reg prometheus.Registerer, 
 	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "canopy_node_connections_open",
 		Help: "Accepted connections held open now, node-wide (bounded by --max-connections)."},
 		func() float64 { return float64(p.conns.open()) })
-	if err := reg.Register(open); err != nil {
-		return nil, err
+	pending := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "canopy_node_handshakes_pending",
+		Help: "Inbound HBONE connections whose peer is not authenticated yet (mTLS handshake under way), node-wide (bounded by --max-pending-handshakes)."},
+		func() float64 { return float64(p.handshakes.pending()) })
+	for _, g := range []prometheus.Collector{open, pending} {
+		if err := reg.Register(g); err != nil {
+			return nil, err
+		}
 	}
 	return p, nil
 }
@@ -132,8 +140,10 @@ func (p *Proxy) Close() { p.pool.close() }
 
 // ServePod serves a pod's listeners until they close; self is the pod's
 // workload. Each accepted connection takes a slot of the pod's and of the
-// node's connection limits, or is closed at once. A draining proxy serves
-// no new pod: its listeners are closed at once.
+// node's connection limits, or is closed at once; one on 15008 also takes
+// a pending handshake's slot until its peer is authenticated (see
+// Limits.MaxPendingHandshakes). A draining proxy serves no new pod: its
+// listeners are closed at once.
 func (p *Proxy) ServePod(pod *inpod.Pod, self *workloadapi.Workload) {
 	sp := &servedPod{pod: pod}
 	p.mu.Lock()
@@ -153,7 +163,8 @@ func (p *Proxy) ServePod(pod *inpod.Pod, self *workloadapi.Workload) {
 	}()
 	lim := p.limits()
 	var podConns counter
-	serve := func(l net.Listener, kind string, handle func(net.Conn)) {
+	serverTLS := p.serverTLSFor(workloadapi.WorkloadIdentity(self))
+	serve := func(l net.Listener, kind string, handle func(net.Conn, *handshake)) {
 		defer sp.accepting.Done()
 		var backoff time.Duration
 		for {
@@ -181,6 +192,22 @@ func (p *Proxy) ServePod(pod *inpod.Pod, self *workloadapi.Workload) {
 				p.refuse(c, reasonNodeLimit)
 				continue
 			}
+			// Before a goroutine is started for it: a flood past the
+			// bound costs the proxy a close each.
+			var hs *handshake
+			if kind == kindHBONE {
+				var evicted bool
+				hs, evicted = p.handshakes.start(c, addrOf(c.RemoteAddr()), lim.MaxPendingHandshakes, lim.MaxPendingHandshakesPerSource)
+				if evicted {
+					p.metrics.refused.WithLabelValues(reasonNodeHandshakeLimit).Inc()
+				}
+				if hs == nil {
+					p.conns.release()
+					podConns.release()
+					p.refuse(c, reasonSourceHandshakeLimit)
+					continue
+				}
+			}
 			// Registered before the next Accept: once the loop is over,
 			// Drain finds every connection it returned.
 			p.open.add(c, kind)
@@ -188,13 +215,14 @@ func (p *Proxy) ServePod(pod *inpod.Pod, self *workloadapi.Workload) {
 				defer podConns.release()
 				defer p.conns.release()
 				defer p.open.remove(c)
-				handle(c)
+				defer hs.done()
+				handle(c, hs)
 			}()
 		}
 	}
-	go serve(pod.Outbound, kindOutbound, func(c net.Conn) { p.outbound(c, pod, self) })
-	go serve(pod.Inbound, kindInbound, func(c net.Conn) { p.inboundPlain(c, pod, self) })
-	go serve(pod.HBONE, kindHBONE, func(c net.Conn) { p.inboundHBONE(c, pod, self) })
+	go serve(pod.Outbound, kindOutbound, func(c net.Conn, _ *handshake) { p.outbound(c, pod, self) })
+	go serve(pod.Inbound, kindInbound, func(c net.Conn, _ *handshake) { p.inboundPlain(c, pod, self) })
+	go serve(pod.HBONE, kindHBONE, func(c net.Conn, hs *handshake) { p.inboundHBONE(c, hs, serverTLS, pod, self) })
 }
 
 func (p *Proxy) limits() Limits { return p.Limits.withDefaults() }
@@ -389,23 +417,36 @@ func (p *Proxy) headers(src *workloadapi.Workload, from net.Addr) [][2]string {
 	}
 }
 
-// inboundHBONE terminates mTLS and serves the CONNECTs of one connection.
-func (p *Proxy) inboundHBONE(raw net.Conn, pod *inpod.Pod, self *workloadapi.Workload) {
+// serverTLSFor is the TLS configuration of 15008 in a pod whose identity
+// is self. The pod's certificate is fetched, and the roots read, once a
+// client's ClientHello has arrived: a connection whose peer says nothing
+// holds neither (nor any TLS state: hbone.ServerTLS waits for the first
+// byte without it). The wait for the certificate has the handshake's
+// deadline: a peer gets no more time because the CA is slow.
+func (p *Proxy) serverTLSFor(self workloadapi.Identity) *tls.Config {
+	return &tls.Config{MinVersion: tls.VersionTLS13,
+		GetConfigForClient: func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+			cert, err := p.Certs.Get(hello.Context(), self)
+			if err != nil {
+				return nil, fmt.Errorf("certificate of %s: %w", self, err)
+			}
+			return serverTLS(cert.TLS(), p.Certs.Roots(), self.TrustDomain), nil
+		}}
+}
+
+// inboundHBONE terminates mTLS and serves the CONNECTs of one connection;
+// hs is its pending handshake, done once the peer is authenticated.
+func (p *Proxy) inboundHBONE(raw net.Conn, hs *handshake, cfg *tls.Config, pod *inpod.Pod, self *workloadapi.Workload) {
 	ctx := context.Background()
 	selfID := workloadapi.WorkloadIdentity(self)
-	// The handshake's deadline covers waiting for the pod's certificate
-	// too: a peer gets no more time because the CA is slow.
 	hctx, cancel := context.WithTimeout(ctx, p.limits().HandshakeTimeout)
-	defer cancel()
-	cert, err := p.Certs.Get(hctx, selfID)
-	if err != nil {
-		p.countTimeout(err)
-		raw.Close()
-		return
-	}
-	tc, err := hbone.ServerTLS(hctx, raw, serverTLS(cert.TLS(), p.Certs.Roots(), selfID.TrustDomain))
+	tc, err := hbone.ServerTLS(hctx, raw, cfg)
 	cancel() // the connection outlives the handshake's deadline
+	hs.done()
 	if err != nil {
+		if hs.evicted.Load() {
+			return // counted as node_handshake_limit
+		}
 		p.countTimeout(err)
 		p.Log.Info("inbound TLS handshake failed", "from", raw.RemoteAddr().String(), "err", err)
 		return
