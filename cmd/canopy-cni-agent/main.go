@@ -80,7 +80,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.backend, "backend", "nftables", "redirection backend: nftables (over netlink), iptables (iptables-restore) or ebpf (sk_lookup and tcx programs in each pod; needs Canopy's node proxy)")
 	fs.StringVar(&c.bpfRoot, "bpf-root", sockmap.DefaultRoot, "the directory on the node's BPF filesystem where the ebpf backend pins each pod's programs and maps (a BPF filesystem is mounted on its parent when there is none), and where another backend looks for pods the ebpf backend left, to take them over; the node proxy must look in the same place")
 	fs.BoolVar(&c.guardPorts, "guard-proxy-ports", true, "keep every process of an ambient pod but the node proxy from binding the proxy's ports in the pod (15001, 15006, 15008, 15053), with cgroup bind programs on the node (Linux 6.10); where the kernel cannot, ambient pods are refused. Off, a root process of a pod can join the proxy's listeners and take a share of the pod's connections")
-	fs.StringVar(&c.guardRoot, "guard-root", "/sys/fs/bpf/canopy-guard", "the directory on the node's BPF filesystem where the port guard's programs and maps are pinned (a BPF filesystem is mounted on its parent when there is none); not under --bpf-root")
+	fs.StringVar(&c.guardRoot, "guard-root", "/sys/fs/bpf/canopy-guard", "the directory on the node's BPF filesystem where the port guard's programs and maps are pinned, in a directory named after the node (a BPF filesystem is mounted on its parent when there is none); not under --bpf-root")
 	fs.StringVar(&c.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "the node's cgroup2 hierarchy (or, on a cgroup v1 node, the directory holding it as unified), where the port guard is attached: the node's own, not a container's cgroup namespace view")
 	fs.Int64Var(&c.probeUID, "probe-uid", 0, "user ID of the kubelet: the node's TCP connections to enrolled pods from this user are SNATed as probes")
 	snat := fs.String("probe-snat", redirect.DefaultProbeSNAT.String(), "address kubelet probes are SNATed to")
@@ -111,6 +111,9 @@ func parseFlags(args []string) (config, error) {
 	}
 	if c.nodeName == "" {
 		return c, errors.New("--node-name (or $NODE_NAME) is required")
+	}
+	if errs := validation.IsDNS1123Subdomain(c.nodeName); len(errs) > 0 {
+		return c, fmt.Errorf("--node-name %q: %s", c.nodeName, strings.Join(errs, "; "))
 	}
 	if errs := validation.IsQualifiedName(c.startupTaint); c.startupTaint != "" && len(errs) > 0 {
 		return c, fmt.Errorf("--startup-taint %q: %s", c.startupTaint, strings.Join(errs, "; "))
@@ -262,12 +265,15 @@ func guardBackend(cfg config, b redirect.Backend, log *slog.Logger) (redirect.Ba
 // openGuard attaches the port guard to the node's cgroup2 root, or takes
 // over the one pinned under --guard-root. Its pins must outlive the
 // agent, on the node's BPF filesystem (the chart mounts it from the host
-// with bidirectional propagation).
+// with bidirectional propagation). They are in a directory of the node's
+// name: agents of several nodes that share a kernel (a local cluster)
+// each keep their own guard, whose programs all apply, each to its own
+// pods and proxies, and none forgets or removes another's.
 func openGuard(cfg config, log *slog.Logger) (*redirect.PortGuard, error) {
 	if err := sockmap.MountBPFFS(filepath.Dir(cfg.guardRoot)); err != nil {
 		return nil, err
 	}
-	return redirect.OpenPortGuard(redirect.PortGuardConfig{Root: cfg.guardRoot, Cgroup: cfg.cgroupRoot, Log: log})
+	return redirect.OpenPortGuard(redirect.PortGuardConfig{Root: filepath.Join(cfg.guardRoot, cfg.nodeName), Cgroup: cfg.cgroupRoot, Log: log})
 }
 
 // probeUID is the user ID whose connections to enrolled pods are SNATed as

@@ -36,6 +36,7 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--node-name=n", "--probe-uid=4294967296"}, "user ID"},
 		{[]string{"--node-name=n", "--log-level=loud"}, "log-level"},
 		{[]string{"--node-name=n", "--startup-taint=not a key"}, "--startup-taint"},
+		{[]string{"--node-name=../n"}, "--node-name"},
 		{[]string{"--node-name=n", "--guard-root=guard"}, "--guard-root"},
 		{[]string{"--node-name=n", "--guard-root=/sys/fs/bpf/canopy/guard"}, "not under --bpf-root"},
 		{[]string{"--node-name=n", "--guard-root=/sys/fs/bpf/canopy"}, "not under --bpf-root"},
