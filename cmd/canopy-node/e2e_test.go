@@ -225,10 +225,13 @@ func TestWholeMesh(t *testing.T) {
 			t.Fatal(err)
 		}
 		zdsSock := filepath.Join(nd, "ztunnel.sock")
+		// The port guard's pins go in a BPF filesystem of the test's, whose
+		// unmount detaches it: on the node's they would outlive the test,
+		// a guard per run (the nodes' names are the run's).
 		process(t, "cni-agent-"+node, bins["canopy-cni-agent"], "--kubeconfig="+env.KubeconfigPath, "--node-name="+node, "--cni-conf-dir="+confDir,
 			"--cni-bin-dir="+binDir, "--plugin-binary="+bins["canopy-cni"], "--plugin-socket="+filepath.Join(nd, "cni.sock"),
 			"--zds-socket="+zdsSock, "--probe-uid=0", "--host-netns="+hostNS, "--monitoring-addr="+freeAddr(t),
-			"--system-namespace="+sys, "--reconcile-period=1s")
+			"--system-namespace="+sys, "--reconcile-period=1s", "--guard-root="+filepath.Join(nettest.BPFFS(t), "guard"))
 		startProxy := func(gen int) func() {
 			admins[node] = freeAddr(t)
 			args := []string{bins["canopy-node"], "--xds-address=" + secure, "--xds-server-name=canopy-controller." + sys + ".svc",
