@@ -423,7 +423,10 @@ func listen(port int) (net.Listener, error) {
 
 // listenConfig marks the proxy's sockets and sets SO_REUSEPORT as ztunnel
 // does: a restarting proxy's new sockets can bind while the old ones drain
-// (wire contract §3.4). A dual socket takes both families: Go has set
+// (wire contract §3.4). No process of the pod joins that group: the CNI
+// agent refuses a bind to these ports in an ambient pod to every process
+// but the node proxies that connected to it (cni/README.md, "The node
+// proxy's ports in a pod"), which is why a bind here can fail with EPERM. A dual socket takes both families: Go has set
 // IPV6_V6ONLY on a "tcp6" socket before Control runs, and this clears it.
 // The listeners are plain TCP, never MPTCP (Go's default for listeners):
 // a redirection that hands connections to a listener socket itself (an
