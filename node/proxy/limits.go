@@ -55,8 +55,8 @@ func DefaultLimits() Limits {
 		MaxConnections:       100_000,
 		MaxConnectionsPerPod: 20_000,
 		HandshakeTimeout:     10 * time.Second,
-		// Istio's node proxy has neither bound (its handshakes time out
-		// after 10 s, as here). A peer's handshake is pending for a few
+		// Istio's node proxy has neither bound, only a handshake
+		// timeout. A peer's handshake is pending for a few
 		// milliseconds, so a source has many at once only in a burst of
 		// new pooled connections: a node proxy's pool opens one per
 		// concurrent first connection to a destination, and a waypoint
