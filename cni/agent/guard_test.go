@@ -106,6 +106,12 @@ func TestAgentGuardsAmbientPods(t *testing.T) {
 	}
 	mu.Unlock()
 
+	// The node's readiness: a throwaway namespace enrolled guarded, in
+	// both modes, verified, un-enrolled.
+	if err := n.agent.SelfTest(); err != nil {
+		t.Errorf("self-test with the guard: %v", err)
+	}
+
 	n.stop()
 	if err := n.agent.Uninstall(context.Background()); err != nil {
 		t.Fatal(err)

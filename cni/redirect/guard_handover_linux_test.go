@@ -310,3 +310,31 @@ func TestPortGuardPrune(t *testing.T) {
 		t.Errorf("the pruned namespace: %v", err)
 	}
 }
+
+// TestUnguardableRefusesAmbientPods: on a node that cannot guard, an
+// ambient pod is refused with the reason, installing nothing, and one
+// already enrolled is drift; a sidecar pod needs no guard and is
+// enrolled.
+func TestUnguardableRefusesAmbientPods(t *testing.T) {
+	nettest.NeedRoot(t)
+	p := newPair(t)
+	b := Guarded{Backend: Nftables{}, Guard: Unguardable{Err: errors.New("no cgroup2 hierarchy")}}
+	err := b.Enroll(p.pod, DefaultPodConfig())
+	if !errors.Is(err, ErrNoPortGuard) || !strings.Contains(err.Error(), "no cgroup2 hierarchy") {
+		t.Fatalf("Enroll = %v, want ErrNoPortGuard with the reason", err)
+	}
+	if rs := nftList(t, p.pod); strings.Contains(rs, NatTable) {
+		t.Errorf("rules installed for a refused pod:\n%s", rs)
+	}
+	if err := (Nftables{}).Enroll(p.pod, DefaultPodConfig()); err != nil {
+		t.Fatal(err)
+	}
+	driftHas(t, b.Verify(p.pod, DefaultPodConfig()), "cannot be guarded on this node: no cgroup2 hierarchy")
+	sidecar := PodConfig{Sidecar: DefaultSidecarConfig()}
+	if err := b.Enroll(p.pod, sidecar); err != nil {
+		t.Fatalf("Enroll of a sidecar pod: %v", err)
+	}
+	if err := b.Verify(p.pod, sidecar); err != nil {
+		t.Errorf("Verify of a sidecar pod: %v", err)
+	}
+}
