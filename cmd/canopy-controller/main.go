@@ -172,6 +172,7 @@ func parseFlags(args []string) (config, error) {
 	remote := fs.Bool("xds-plaintext-remote", false, "let --xds-addr listen beyond loopback, where bearer tokens cross the network in clear text")
 	fs.IntVar(&c.xds.MaxStreams, "xds-max-streams", xds.DefaultMaxStreams, "xDS streams open at once; more are refused with ResourceExhausted; 0: no limit")
 	fs.IntVar(&c.xds.MaxStreamsPerCaller, "xds-max-streams-per-caller", xds.DefaultMaxStreamsPerCaller, "xDS streams open at once per caller (the pod of a pod-bound token, else the service account); 0: no limit")
+	namesMiB := fs.Int("xds-caller-names-mib", xds.DefaultMaxNameBytesPerCaller>>20, "MiB of resource names one caller's xDS streams may hold subscribed, over all of them (each name's bytes and 128 for what the server keeps of it); a request past it ends its stream with ResourceExhausted; 0: no limit")
 	fs.Float64Var(&c.xds.StreamsPerSecond, "xds-streams-per-second", xds.DefaultStreamsPerSecond, "new xDS streams per second (authenticated ones); beyond it (and the burst) a stream waits up to 1s, then is refused with ResourceExhausted; 0: no limit")
 	fs.IntVar(&c.xds.StreamBurst, "xds-stream-burst", xds.DefaultStreamBurst, "new xDS streams allowed at once above --xds-streams-per-second")
 	fs.DurationVar(&c.xds.Quiet, "push-quiet", 100*time.Millisecond, "how long the tables must be unchanged before a push")
@@ -244,6 +245,10 @@ func parseFlags(args []string) (config, error) {
 		if *v <= 0 {
 			*v = -1
 		}
+	}
+	c.xds.MaxNameBytesPerCaller = int64(*namesMiB) << 20
+	if *namesMiB <= 0 {
+		c.xds.MaxNameBytesPerCaller = -1
 	}
 	for _, v := range []*float64{&c.xds.StreamsPerSecond, &c.authn.ReviewQPS} {
 		if *v <= 0 {

@@ -59,6 +59,9 @@ type conn struct {
 	states  map[string]*typeState
 	debug   []*discoveryv3.DeltaDiscoveryResponse
 	nonce   uint64
+	// closed: the stream is over and its names' charge returned; a
+	// request still being applied changes nothing.
+	closed bool
 }
 
 func (c *conn) signal() {
@@ -181,7 +184,7 @@ func (s *Server) DeltaAggregatedResources(stream grpc.BidiStreamingServer[discov
 		if envoy, err := s.envoyStream(proxy, first.GetTypeUrl()); err != nil {
 			return err
 		} else if envoy {
-			return s.serveEnvoyDelta(stream, proxy, first)
+			return s.serveEnvoyDelta(stream, caller, proxy, first)
 		}
 	}
 	c := &conn{
@@ -199,6 +202,14 @@ func (s *Server) DeltaAggregatedResources(stream grpc.BidiStreamingServer[discov
 	log := s.log.With("proxy", proxy.ProxyID, "conn", c.id)
 	s.addConn(c)
 	defer s.removeConn(c)
+	defer func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.closed = true
+		for _, w := range c.watches {
+			s.releaseNames(&w.charge, caller)
+		}
+	}()
 	log.Info("proxy connected", "type", proxy.Type, "node", proxy.NodeName, "peer", c.peer)
 	defer log.Info("proxy disconnected")
 
@@ -253,6 +264,9 @@ func (s *Server) handle(c *conn, req *discoveryv3.DeltaDiscoveryRequest) error {
 	sub := subscription{subscribe: req.GetResourceNamesSubscribe(), unsubscribe: req.GetResourceNamesUnsubscribe()}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
 	st := c.states[typ]
 	if nonce := req.GetResponseNonce(); nonce != "" && st != nil && nonce == st.nonceSent {
 		now := s.cfg.Now()
@@ -281,6 +295,9 @@ func (s *Server) handle(c *conn, req *discoveryv3.DeltaDiscoveryRequest) error {
 		c.states[typ] = &typeState{}
 	} else if err := w.update(s.table, sub, s.cfg.MaxSubscriptions); err != nil {
 		return s.streamError("limit", codes.ResourceExhausted, "%s: %v", shortType(typ), err)
+	}
+	if err := s.settleNames(&w.charge, c.caller, shortType(typ)); err != nil {
+		return err
 	}
 	if w.pending() {
 		c.signal()

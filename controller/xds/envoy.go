@@ -15,7 +15,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/protobuf/proto"
 
+	"github.com/canopy-mesh/canopy/ca/authn"
 	"github.com/canopy-mesh/canopy/controller/sidecar"
 )
 
@@ -171,10 +173,40 @@ type envoyWatch struct {
 	initial       bool
 	nonce         string
 	alwaysRespond bool
+	// charge is what names cost the stream's caller.
+	charge chargedNames
 }
 
 func newEnvoyWatch(wildcard bool) *envoyWatch {
 	return &envoyWatch{wildcard: wildcard, names: map[string]struct{}{}, sent: map[string]*Resource{}, answer: map[string]struct{}{}}
+}
+
+// setNames replaces the names asked for (a state-of-the-world request's).
+func (w *envoyWatch) setNames(names map[string]struct{}) {
+	w.names, w.charge.cost = names, 0
+	for n := range names {
+		w.charge.cost += nameCost(n)
+	}
+}
+
+// addName adds a name asked for and reports whether it is new.
+func (w *envoyWatch) addName(n string) bool {
+	if _, ok := w.names[n]; ok {
+		return false
+	}
+	w.names[n] = struct{}{}
+	w.charge.cost += nameCost(n)
+	return true
+}
+
+// delName removes a name asked for and reports whether it was there.
+func (w *envoyWatch) delName(n string) bool {
+	if _, ok := w.names[n]; !ok {
+		return false
+	}
+	delete(w.names, n)
+	w.charge.cost -= nameCost(n)
+	return true
 }
 
 // envoyConn is one Envoy client's stream: an Envoy sidecar's or a
@@ -182,8 +214,11 @@ func newEnvoyWatch(wildcard bool) *envoyWatch {
 // goroutine alone changes it; mu lets proxy status and config dumps read
 // it.
 type envoyConn struct {
-	id          string
-	proxy       Proxy
+	id    string
+	proxy Proxy
+	// caller is who opened the stream; its watches' names are charged to
+	// it.
+	caller      authn.Caller
 	peer        string
 	connectedAt time.Time
 	wake        chan struct{}
@@ -250,12 +285,12 @@ func (s *Server) envoyStream(p Proxy, typ string) (bool, error) {
 }
 
 // newEnvoyConn registers a new Envoy client's connection; the returned
-// func unregisters it.
-func (s *Server) newEnvoyConn(ctx context.Context, proxy Proxy, delta bool) (*envoyConn, func()) {
+// func unregisters it and returns what its names were charged.
+func (s *Server) newEnvoyConn(ctx context.Context, caller authn.Caller, proxy Proxy, delta bool) (*envoyConn, func()) {
 	forSidecar, _ := servesEnvoy(proxy)
 	c := &envoyConn{
 		id:    proxy.ProxyID + "-" + strconv.FormatUint(s.connSeq.Add(1), 10),
-		proxy: proxy, connectedAt: s.cfg.Now(), wake: make(chan struct{}, 1),
+		proxy: proxy, caller: caller, connectedAt: s.cfg.Now(), wake: make(chan struct{}, 1),
 		sidecar: forSidecar,
 		watches: map[string]*envoyWatch{}, states: map[string]*typeState{},
 	}
@@ -271,7 +306,27 @@ func (s *Server) newEnvoyConn(ctx context.Context, proxy Proxy, delta bool) (*en
 		s.envoyMu.Lock()
 		delete(s.envoyConns, c)
 		s.envoyMu.Unlock()
+		c.mu.Lock()
+		for _, w := range c.watches {
+			s.releaseNames(&w.charge, caller)
+		}
+		c.mu.Unlock()
 		log.Info("Envoy client disconnected")
+	}
+}
+
+// settleEnvoyNames charges the stream's caller for what w's names cost
+// now; an error ends the stream. The caller holds c.mu.
+func (s *Server) settleEnvoyNames(c *envoyConn, typ string, w *envoyWatch) error {
+	return s.settleNames(&w.charge, c.caller, shortType(typ))
+}
+
+// dropEnvoyWatch ends the watch of typ, if any, and returns what its
+// names were charged. The caller holds c.mu.
+func (s *Server) dropEnvoyWatch(c *envoyConn, typ string) {
+	if w := c.watches[typ]; w != nil {
+		s.releaseNames(&w.charge, c.caller)
+		delete(c.watches, typ)
 	}
 }
 
@@ -363,36 +418,80 @@ func (s *Server) checkNames(typ string, limit int, lists ...[]string) error {
 	return nil
 }
 
-// envoyGenerate returns what the watch covers now, in order and by name,
-// and the mesh generation it is from. The caller holds c.mu.
-func (s *Server) envoyGenerate(c *envoyConn, typ string, w *envoyWatch) ([]*Resource, map[string]*Resource, uint64, error) {
+// envoySet is what a watch covers in one generation of the mesh.
+type envoySet struct {
+	gen uint64
+	// list is what the mesh has for the watch, in order, and byName the
+	// same by name: shared, cached for the generation.
+	list   []*Resource
+	byName map[string]*Resource
+	// shares are the watch's shares. Those Absent, of names the mesh has
+	// nothing under, are answered with what placeholders builds for the
+	// response that carries it, never cached or held: a client may name
+	// any number of them.
+	shares []sidecar.Share
+}
+
+// envoyGenerate returns what the watch covers now. The caller holds c.mu.
+func (s *Server) envoyGenerate(c *envoyConn, typ string, w *envoyWatch) (envoySet, error) {
 	gen := s.envoyGen.Load()
 	g := s.mesh.get(gen)
-	var list []*Resource
-	byName := make(map[string]*Resource, len(w.names))
 	var names []string
 	if !w.wildcard {
 		names = slices.Sorted(maps.Keys(w.names))
 	}
 	shares, err := s.shares(g.mesh, c, typ, names)
 	if err != nil {
-		return nil, nil, 0, err
+		return envoySet{}, err
 	}
+	present := 0
 	for _, sh := range shares {
+		if !sh.Absent {
+			present++
+		}
+	}
+	set := envoySet{gen: gen, byName: make(map[string]*Resource, present), shares: shares}
+	for _, sh := range shares {
+		if sh.Absent {
+			continue
+		}
 		e := g.entry(cacheKey{c.sidecar, typ, sh.Key, sh.Name}, sh.Deps)
-		e.once.Do(func() { e.res, e.err = s.generate(c.proxy, typ, sh.Name, sh.Generate) })
+		e.once.Do(func() { e.res, e.err = s.generate(c.proxy, typ, sh.Name, sh.Generate, NewResource) })
 		if e.err != nil {
-			return nil, nil, 0, e.err
+			return envoySet{}, e.err
 		}
 		for _, r := range e.res {
-			if _, dup := byName[r.Name]; dup {
+			if _, dup := set.byName[r.Name]; dup {
 				continue // two names asked for the same resource
 			}
-			byName[r.Name] = r
-			list = append(list, r)
+			set.byName[r.Name] = r
+			set.list = append(set.list, r)
 		}
 	}
-	return list, byName, gen, nil
+	return set, nil
+}
+
+// placeholders generates what the set's absent names that due says are
+// due answer, for one response. A name the mesh has nothing under
+// answers a function of the name alone (sidecar.Share.Absent): nothing,
+// or a placeholder that tells the client to stop waiting for it.
+func (s *Server) placeholders(c *envoyConn, typ string, set envoySet, due func(name string) bool) ([]*Resource, error) {
+	var out []*Resource
+	for _, sh := range set.shares {
+		if !sh.Absent || !due(sh.Name) {
+			continue
+		}
+		rs, err := s.generate(c.proxy, typ, sh.Name, sh.Generate, newBareResource)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range rs {
+			if set.byName[r.Name] == nil {
+				out = append(out, r)
+			}
+		}
+	}
+	return out, nil
 }
 
 func sameVersion(a, b *Resource) bool { return a.Version == b.Version }
@@ -407,12 +506,12 @@ func (s *Server) shares(mesh Generator, c *envoyConn, typ string, names []string
 	return mesh.GRPCShares(sidecarProxy(c.proxy), typ, names), nil
 }
 
-// generate runs one share's generator and marshals what it returns; name
-// is the share's ("" for a sidecar's wildcard share).
-func (s *Server) generate(p Proxy, typ, name string, gen func() []sidecar.Named) (out []*Resource, err error) {
+// generate runs one share's generator and marshals what it returns with
+// marshal; name is the share's ("" for a sidecar's wildcard share).
+func (s *Server) generate(p Proxy, typ, name string, gen func() []sidecar.Named, marshal func(string, string, proto.Message) (*Resource, error)) (out []*Resource, err error) {
 	defer s.recoverGenerator(p, typ, name, &err)
 	for _, n := range gen() {
-		r, err := NewResource(typ, n.Name, n.Resource)
+		r, err := marshal(typ, n.Name, n.Resource)
 		if err != nil {
 			return nil, s.streamError("internal", codes.Internal, "%v", err)
 		}

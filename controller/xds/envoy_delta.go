@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
+	"github.com/canopy-mesh/canopy/ca/authn"
 	"github.com/canopy-mesh/canopy/controller/sidecar"
 )
 
@@ -38,10 +39,13 @@ import (
 //     watch, each resource with its version; system_version_info is the
 //     mesh generation, the nonce unique on the stream, and
 //     removed_resources what the client held and no longer gets, and
-//     newly subscribed names nothing answers.
+//     newly subscribed names nothing answers. The placeholders of names
+//     the mesh has nothing under (sidecar.Share.Absent) are sent once:
+//     in the watch's first response, when the name is subscribed, and
+//     when the mesh stops having something under it.
 //   - A change of the mesh sends each type whose resources changed.
-func (s *Server) serveEnvoyDelta(stream grpc.BidiStreamingServer[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse], proxy Proxy, first *discoveryv3.DeltaDiscoveryRequest) error {
-	c, done := s.newEnvoyConn(stream.Context(), proxy, true)
+func (s *Server) serveEnvoyDelta(stream grpc.BidiStreamingServer[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse], caller authn.Caller, proxy Proxy, first *discoveryv3.DeltaDiscoveryRequest) error {
+	c, done := s.newEnvoyConn(stream.Context(), caller, proxy, true)
 	defer done()
 	handle := func(req *discoveryv3.DeltaDiscoveryRequest) ([]*discoveryv3.DeltaDiscoveryResponse, error) {
 		return s.envoyDeltaRequest(c, req)
@@ -95,7 +99,7 @@ func (s *Server) envoyDeltaRequest(c *envoyConn, req *discoveryv3.DeltaDiscovery
 		for name, version := range req.GetInitialResourceVersions() {
 			w.sent[name] = &Resource{TypeURL: typ, Name: name, Version: version}
 			if !w.wildcard {
-				w.names[name] = struct{}{}
+				w.addName(name)
 			}
 		}
 		w.subscribe(req.GetResourceNamesSubscribe())
@@ -103,6 +107,9 @@ func (s *Server) envoyDeltaRequest(c *envoyConn, req *discoveryv3.DeltaDiscovery
 			return nil, err
 		}
 		c.watches[typ], c.states[typ] = w, &typeState{}
+		if err := s.settleEnvoyNames(c, typ, w); err != nil {
+			return nil, err
+		}
 		if other := c.watches[warms[typ]]; other != nil {
 			other.alwaysRespond = true
 		}
@@ -115,6 +122,9 @@ func (s *Server) envoyDeltaRequest(c *envoyConn, req *discoveryv3.DeltaDiscovery
 	added := w.subscribe(req.GetResourceNamesSubscribe())
 	removed := w.unsubscribe(req.GetResourceNamesUnsubscribe())
 	if err := tooMany(w); err != nil {
+		return nil, err
+	}
+	if err := s.settleEnvoyNames(c, typ, w); err != nil {
 		return nil, err
 	}
 	respond := added || (w.wildcard && removed)
@@ -134,10 +144,9 @@ func (s *Server) envoyDeltaRequest(c *envoyConn, req *discoveryv3.DeltaDiscovery
 func (w *envoyWatch) subscribe(names []string) bool {
 	added := false
 	for _, n := range names {
-		if _, ok := w.names[n]; ok || n == "*" {
+		if n == "*" || !w.addName(n) {
 			continue
 		}
-		w.names[n] = struct{}{}
 		added = true
 		if !w.wildcard {
 			w.answer[n] = struct{}{}
@@ -152,10 +161,9 @@ func (w *envoyWatch) subscribe(names []string) bool {
 func (w *envoyWatch) unsubscribe(names []string) bool {
 	removed := false
 	for _, n := range names {
-		if _, ok := w.names[n]; !ok {
+		if !w.delName(n) {
 			continue
 		}
-		delete(w.names, n)
 		removed = true
 		if !w.wildcard {
 			delete(w.answer, n)
@@ -189,36 +197,53 @@ func (s *Server) envoyAnswerDelta(c *envoyConn, typ string, w *envoyWatch) ([]*d
 // for, else only when its resources differ from what the client holds
 // (nil then). The caller holds c.mu.
 func (s *Server) envoyRespondDelta(c *envoyConn, typ string, w *envoyWatch, always bool) (*discoveryv3.DeltaDiscoveryResponse, error) {
-	list, byName, gen, err := s.envoyGenerate(c, typ, w)
+	set, err := s.envoyGenerate(c, typ, w)
 	if err != nil {
 		return nil, err
 	}
-	if !always && maps.EqualFunc(byName, w.sent, sameVersion) {
+	// What the client holds of names the mesh has nothing under is not
+	// remembered: their answers depend on the name alone, so only what
+	// the mesh has can have changed.
+	if !always && maps.EqualFunc(set.byName, w.sent, sameVersion) {
 		return nil, nil
 	}
+	absent, err := s.placeholders(c, typ, set, func(name string) bool {
+		_, asked := w.answer[name]
+		return w.initial || asked || w.sent[name] != nil
+	})
+	if err != nil {
+		return nil, err
+	}
 	resp := &discoveryv3.DeltaDiscoveryResponse{
-		TypeUrl: typ, SystemVersionInfo: strconv.FormatUint(gen, 10), ControlPlane: s.controlPlane(), Nonce: c.nextNonce(),
-		Resources: make([]*discoveryv3.Resource, 0, len(list)),
+		TypeUrl: typ, SystemVersionInfo: strconv.FormatUint(set.gen, 10), ControlPlane: s.controlPlane(), Nonce: c.nextNonce(),
+		Resources: make([]*discoveryv3.Resource, 0, len(set.list)+len(absent)),
 	}
-	for _, r := range list {
-		if held := w.sent[r.Name]; w.initial && held != nil && held.Version == r.Version {
-			continue // held since before the reconnect
+	placeheld := make(map[string]bool, len(absent))
+	for _, r := range absent {
+		placeheld[r.Name] = true
+	}
+	for _, rs := range [][]*Resource{set.list, absent} {
+		for _, r := range rs {
+			if held := w.sent[r.Name]; w.initial && held != nil && held.Version == r.Version {
+				continue // held since before the reconnect
+			}
+			resp.Resources = append(resp.Resources, r.Wire())
 		}
-		resp.Resources = append(resp.Resources, r.Wire())
 	}
+	answered := func(n string) bool { return set.byName[n] != nil || placeheld[n] }
 	removed := map[string]struct{}{}
 	for n := range w.sent {
-		if byName[n] == nil {
+		if !answered(n) {
 			removed[n] = struct{}{}
 		}
 	}
 	for n := range w.answer {
-		if byName[n] == nil {
+		if !answered(n) {
 			removed[n] = struct{}{}
 		}
 	}
 	resp.RemovedResources = slices.Sorted(maps.Keys(removed))
-	w.sent, w.nonce, w.initial = byName, resp.Nonce, false
+	w.sent, w.nonce, w.initial = set.byName, resp.Nonce, false
 	clear(w.answer)
 	st := c.states[typ]
 	st.nonceSent, st.sentAt = resp.Nonce, s.cfg.Now()

@@ -7,7 +7,9 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/canopy-mesh/canopy/ca/authn"
 	"github.com/canopy-mesh/canopy/controller/sidecar"
 )
 
@@ -17,8 +19,8 @@ import (
 // response's is stale and ignored, an ACK is answered only when it
 // changes the names (or by the warming rule), and a change of the mesh
 // sends each type whose resources changed.
-func (s *Server) serveEnvoy(stream grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse], proxy Proxy, first *discoveryv3.DiscoveryRequest) error {
-	c, done := s.newEnvoyConn(stream.Context(), proxy, false)
+func (s *Server) serveEnvoy(stream grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse], caller authn.Caller, proxy Proxy, first *discoveryv3.DiscoveryRequest) error {
+	c, done := s.newEnvoyConn(stream.Context(), caller, proxy, false)
 	defer done()
 	handle := func(req *discoveryv3.DiscoveryRequest) ([]*discoveryv3.DiscoveryResponse, error) {
 		resp, err := s.envoyRequest(c, req)
@@ -108,14 +110,18 @@ func (s *Server) envoyRequest(c *envoyConn, req *discoveryv3.DiscoveryRequest) (
 	if len(names) == 0 && !wildcard {
 		// Nothing wanted any more: the type is unsubscribed. For a
 		// sidecar's clusters and listeners no names means everything.
-		delete(c.watches, typ)
+		s.dropEnvoyWatch(c, typ)
 		return nil, nil
 	}
 	if nonce == "" || w == nil {
 		// A new watch (or a reconnecting client's first request).
+		s.dropEnvoyWatch(c, typ)
 		w = newEnvoyWatch(wildcard)
-		w.names = names
+		w.setNames(names)
 		c.watches[typ] = w
+		if err := s.settleEnvoyNames(c, typ, w); err != nil {
+			return nil, err
+		}
 		if other := c.watches[warms[typ]]; other != nil {
 			other.alwaysRespond = true
 		}
@@ -127,7 +133,10 @@ func (s *Server) envoyRequest(c *envoyConn, req *discoveryv3.DiscoveryRequest) (
 	s.recordACK(st, nonce)
 	if !c.sidecar {
 		if !maps.Equal(names, w.names) {
-			w.names = names
+			w.setNames(names)
+			if err := s.settleEnvoyNames(c, typ, w); err != nil {
+				return nil, err
+			}
 			return s.envoyRespond(c, typ, w, true)
 		}
 		if w.alwaysRespond {
@@ -152,7 +161,10 @@ func (s *Server) envoyRequest(c *envoyConn, req *discoveryv3.DiscoveryRequest) (
 			}
 		}
 	}
-	w.names = names
+	w.setNames(names)
+	if err := s.settleEnvoyNames(c, typ, w); err != nil {
+		return nil, err
+	}
 	if w.alwaysRespond || added || (wildcard && removed) {
 		w.alwaysRespond = false
 		return s.envoyRespond(c, typ, w, true)
@@ -164,20 +176,30 @@ func (s *Server) envoyRequest(c *envoyConn, req *discoveryv3.DiscoveryRequest) (
 // when asked for, else only when its resources differ from what was last
 // sent (nil then). The caller holds c.mu.
 func (s *Server) envoyRespond(c *envoyConn, typ string, w *envoyWatch, always bool) (*discoveryv3.DiscoveryResponse, error) {
-	list, byName, gen, err := s.envoyGenerate(c, typ, w)
+	set, err := s.envoyGenerate(c, typ, w)
 	if err != nil {
 		return nil, err
 	}
-	if !always && maps.EqualFunc(byName, w.sent, sameVersion) {
+	// What the client holds of names the mesh has nothing under is not
+	// remembered: their answers depend on the name alone, so only what
+	// the mesh has can have changed.
+	if !always && maps.EqualFunc(set.byName, w.sent, sameVersion) {
 		return nil, nil
 	}
-	resp := &discoveryv3.DiscoveryResponse{TypeUrl: typ, VersionInfo: strconv.FormatUint(gen, 10), ControlPlane: s.controlPlane(), Nonce: c.nextNonce()}
 	// A pushed endpoint response carries only the assignments that
 	// changed: clients keep the others (endpoints are not a type whose
 	// every response is the whole set), and one endpoint's change would
-	// otherwise resend every assignment to every sidecar.
+	// otherwise resend every assignment to every sidecar. Of the names
+	// the mesh has nothing under, those changed are those it had
+	// something under until now.
 	onlyChanged := !always && typ == sidecar.EndpointType
-	for _, r := range list {
+	absent, err := s.placeholders(c, typ, set, func(name string) bool { return !onlyChanged || w.sent[name] != nil })
+	if err != nil {
+		return nil, err
+	}
+	resp := &discoveryv3.DiscoveryResponse{TypeUrl: typ, VersionInfo: strconv.FormatUint(set.gen, 10), ControlPlane: s.controlPlane(), Nonce: c.nextNonce(),
+		Resources: make([]*anypb.Any, 0, len(set.list)+len(absent))}
+	for _, r := range set.list {
 		if onlyChanged {
 			if old := w.sent[r.Name]; old != nil && old.Version == r.Version {
 				continue
@@ -185,7 +207,10 @@ func (s *Server) envoyRespond(c *envoyConn, typ string, w *envoyWatch, always bo
 		}
 		resp.Resources = append(resp.Resources, r.Body)
 	}
-	w.sent, w.nonce = byName, resp.Nonce
+	for _, r := range absent {
+		resp.Resources = append(resp.Resources, r.Body)
+	}
+	w.sent, w.nonce = set.byName, resp.Nonce
 	st := c.states[typ]
 	st.nonceSent, st.sentAt = resp.Nonce, s.cfg.Now()
 	return resp, nil

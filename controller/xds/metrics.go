@@ -36,7 +36,7 @@ type metrics struct {
 	cutOff        prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer, connected, budgetUsed func() float64) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, connected, budgetUsed, namesHeld func() float64) (*metrics, error) {
 	m := &metrics{
 		pushes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "canopy_xds_pushes_total", Help: "xDS responses sent, by type.",
@@ -65,7 +65,11 @@ func newMetrics(reg prometheus.Registerer, connected, budgetUsed func() float64)
 	used := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "canopy_xds_send_budget_used_bytes", Help: "Bytes of workload responses encoded and not yet written to proxies (bounded by --xds-send-budget-mib).",
 	}, budgetUsed)
-	for _, c := range []prometheus.Collector{m.pushes, m.resourcesSent, m.pushLatency, m.nacks, m.rejected, m.cutOff, gauge, used} {
+	names := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "canopy_xds_subscribed_name_bytes",
+		Help: "Bytes of resource names the streams hold subscribed, as charged to their callers (each caller at most --xds-caller-names-mib); a request past a caller's bound is counted in canopy_xds_rejected_streams_total{reason=\"caller_names\"}.",
+	}, namesHeld)
+	for _, c := range []prometheus.Collector{m.pushes, m.resourcesSent, m.pushLatency, m.nacks, m.rejected, m.cutOff, gauge, used, names} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -59,6 +59,12 @@ type Config struct {
 	// MaxStreamsPerCaller those of one caller: the pod of a pod-bound
 	// token, else the service account (default 10). Negative: no bound.
 	MaxStreams, MaxStreamsPerCaller int
+	// MaxNameBytesPerCaller bounds the resource names one caller's
+	// streams hold subscribed, over all of them and every type: each
+	// name's bytes and about what a watch spends on it (default 16 MiB;
+	// negative: no bound). A request past it ends its stream with
+	// ResourceExhausted.
+	MaxNameBytesPerCaller int64
 	// StreamsPerSecond and StreamBurst budget new streams, each of which
 	// costs a whole table's response (defaults 25 a second, bursts of 100;
 	// negative StreamsPerSecond: no budget). StreamWait is the longest a
@@ -88,6 +94,9 @@ const (
 	DefaultMaxStreamsPerCaller = 10
 	DefaultStreamsPerSecond    = 25
 	DefaultStreamBurst         = 100
+	// DefaultMaxNameBytesPerCaller is room for the endpoint and route
+	// names of a sidecar that sees about 90,000 clusters.
+	DefaultMaxNameBytesPerCaller = 16 << 20
 )
 
 func (c Config) withDefaults() Config {
@@ -117,6 +126,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxStreamsPerCaller == 0 {
 		c.MaxStreamsPerCaller = DefaultMaxStreamsPerCaller
+	}
+	if c.MaxNameBytesPerCaller == 0 {
+		c.MaxNameBytesPerCaller = DefaultMaxNameBytesPerCaller
 	}
 	if c.StreamsPerSecond == 0 {
 		c.StreamsPerSecond = DefaultStreamsPerSecond
@@ -198,6 +210,7 @@ func New(cfg Config, source Source, auth Authenticator, log *slog.Logger) (*Serv
 		envoyConns:   map[*envoyConn]struct{}{},
 		building:     semaphore.NewWeighted(int64(runtime.GOMAXPROCS(0))),
 	}
+	s.admission = newAdmission(s.cfg)
 	if cfg.Mesh != nil {
 		s.mesh = &meshCache{src: cfg.Mesh, build: cfg.NewGenerator}
 		if s.mesh.build == nil {
@@ -211,12 +224,11 @@ func New(cfg Config, source Source, auth Authenticator, log *slog.Logger) (*Serv
 		s.envoyMu.Lock()
 		defer s.envoyMu.Unlock()
 		return float64(n + len(s.envoyConns))
-	}, func() float64 { return float64(s.cfg.SendBudget.Used()) })
+	}, func() float64 { return float64(s.cfg.SendBudget.Used()) }, func() float64 { return float64(s.admission.names.Total()) })
 	if err != nil {
 		return nil, fmt.Errorf("xds metrics: %w", err)
 	}
 	s.metrics = m
-	s.admission = newAdmission(s.cfg)
 	return s, nil
 }
 

@@ -257,7 +257,7 @@ func (s *Server) StreamAggregatedResources(stream grpc.BidiStreamingServer[disco
 	if envoy, err := s.envoyStream(proxy, req.GetTypeUrl()); err != nil {
 		return err
 	} else if envoy {
-		return s.serveEnvoy(stream, proxy, req)
+		return s.serveEnvoy(stream, caller, proxy, req)
 	}
 	var nonce uint64
 	for {

@@ -53,17 +53,11 @@ func (r *Resource) Wire() *discoveryv3.Resource {
 // NewResource marshals msg (deterministically, so equal content has equal
 // versions) into a Resource named name.
 func NewResource(typeURL, name string, msg proto.Message) (*Resource, error) {
-	value, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
+	r, err := newBareResource(typeURL, name, msg)
 	if err != nil {
-		return nil, fmt.Errorf("marshal %s %q: %w", typeURL, name, err)
+		return nil, err
 	}
-	body := &anypb.Any{TypeUrl: typeURL, Value: value}
-	whole, err := proto.MarshalOptions{Deterministic: true}.Marshal(body)
-	if err != nil {
-		return nil, fmt.Errorf("marshal %s %q: %w", typeURL, name, err)
-	}
-	r := &Resource{TypeURL: typeURL, Name: name, Version: strconv.FormatUint(xxhash.Sum64(whole), 16), Body: body}
-	r.wire = &discoveryv3.Resource{Name: name, Version: r.Version, Resource: body}
+	r.wire = &discoveryv3.Resource{Name: name, Version: r.Version, Resource: r.Body}
 	entry := proto.Size(r.wire)
 	r.wireSize = int64(protowire.SizeTag(2) + protowire.SizeBytes(entry)) // with its field tag and length
 	if a, ok := msg.(*workloadapi.Address); ok {
@@ -74,6 +68,22 @@ func NewResource(typeURL, name string, msg proto.Message) (*Resource, error) {
 		}
 	}
 	return r, nil
+}
+
+// newBareResource is NewResource without what sharing a resource between
+// responses takes (its wire message and size): for a resource built for
+// one response only.
+func newBareResource(typeURL, name string, msg proto.Message) (*Resource, error) {
+	value, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
+	if err != nil {
+		return nil, fmt.Errorf("marshal %s %q: %w", typeURL, name, err)
+	}
+	body := &anypb.Any{TypeUrl: typeURL, Value: value}
+	whole, err := proto.MarshalOptions{Deterministic: true}.Marshal(body)
+	if err != nil {
+		return nil, fmt.Errorf("marshal %s %q: %w", typeURL, name, err)
+	}
+	return &Resource{TypeURL: typeURL, Name: name, Version: strconv.FormatUint(xxhash.Sum64(whole), 16), Body: body}, nil
 }
 
 // Table holds the current resources of every type, with the lookups that

@@ -39,6 +39,16 @@ type watch struct {
 	compact bool
 	// oldest is when the earliest change waiting to be sent happened.
 	oldest time.Time
+	// charge is what subscribed costs the stream's caller.
+	charge chargedNames
+}
+
+// add subscribes to an on-demand key.
+func (w *watch) add(name string) {
+	if _, ok := w.subscribed[name]; !ok {
+		w.subscribed[name] = struct{}{}
+		w.charge.cost += nameCost(name)
+	}
 }
 
 func newWatch(typeURL string) *watch {
@@ -71,12 +81,12 @@ func (w *watch) start(t *Table, s subscription, limit int) error {
 	for name, version := range s.initialVersions {
 		if version == "" {
 			// Requested on demand but not received: still wanted.
-			w.subscribed[name] = struct{}{}
+			w.add(name)
 			w.answer[name] = struct{}{}
 			continue
 		}
 		w.sent.set(name, heldVersion(name, version))
-		w.subscribed[name] = struct{}{}
+		w.add(name)
 	}
 	w.full, w.initial = true, true
 	return w.update(t, s, limit)
@@ -92,7 +102,7 @@ func (w *watch) update(t *Table, s subscription, limit int) error {
 			}
 			continue
 		}
-		w.subscribed[name] = struct{}{}
+		w.add(name)
 		w.answer[name] = struct{}{}
 	}
 	if len(w.subscribed) > limit {
@@ -103,7 +113,10 @@ func (w *watch) update(t *Table, s subscription, limit int) error {
 			w.wildcard = false
 			continue
 		}
-		delete(w.subscribed, name)
+		if _, ok := w.subscribed[name]; ok {
+			delete(w.subscribed, name)
+			w.charge.cost -= nameCost(name)
+		}
 		delete(w.answer, name)
 		// The proxy drops what it unsubscribed; stop sending it.
 		w.sent.del(name)
