@@ -659,6 +659,11 @@ func identify(procRoot string, pid int) (*proxyReg, error) {
 		reg.close()
 		return nil, err
 	}
+	start, err := startTime(filepath.Join(dir, "stat"))
+	if err != nil {
+		reg.close()
+		return nil, err
+	}
 	if err := unix.PidfdSendSignal(pidfd, 0, nil, 0); err != nil {
 		reg.close()
 		return nil, fmt.Errorf("the process is gone: %w", err)
@@ -666,12 +671,41 @@ func identify(procRoot string, pid int) (*proxyReg, error) {
 	reg.id = bpfprog.ProxyID{
 		// The kernel compares the namespace's device as its own dev_t
 		// encoding (MKDEV: 12-bit major, 20-bit minor), not stat's.
-		PidnsDev: uint64(unix.Major(st.Dev))<<20 | uint64(unix.Minor(st.Dev)),
-		PidnsIno: st.Ino,
-		Tgid:     tgid,
-		HostPID:  uint32(pid),
+		PidnsDev:  uint64(unix.Major(st.Dev))<<20 | uint64(unix.Minor(st.Dev)),
+		PidnsIno:  st.Ino,
+		Tgid:      tgid,
+		HostPID:   uint32(pid),
+		StartTime: start,
 	}
 	return reg, nil
+}
+
+// startTime reads when a process started, in clock ticks after boot
+// (field 22 of /proc/<pid>/stat): with its PID, what names one process
+// for the node's whole uptime, so that an agent that starts adopts a
+// registration only for the process it was made for, not for another
+// given the same PID meanwhile.
+func startTime(stat string) (uint64, error) {
+	b, err := os.ReadFile(stat)
+	if err != nil {
+		return 0, fmt.Errorf("read its stat: %w", err)
+	}
+	// The command name, field 2, is in parentheses and may hold spaces
+	// and parentheses itself; the fields after the last ')' start at 3.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("%s: no command name", stat)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	const field = 22 - 3
+	if len(f) <= field {
+		return 0, fmt.Errorf("%s: %d fields after the command name", stat, len(f))
+	}
+	v, err := strconv.ParseUint(f[field], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s: start time: %w", stat, err)
+	}
+	return v, nil
 }
 
 // innermostTgid reads a process's thread-group ID in its own PID

@@ -227,6 +227,18 @@ func TestPortGuardTakenOverByNextAgent(t *testing.T) {
 		return ids
 	}
 	before := linkIDs(first)
+	// What the map would hold for a proxy that exited while no agent ran,
+	// its PID taken by another process since: the same ID but for the
+	// start time.
+	var self bpfprog.ProxyID
+	if err := first.proxies.Lookup(uint32(0), &self); err != nil || self.PidnsIno == 0 {
+		t.Fatalf("slot 0 = %+v, %v; want this process", self, err)
+	}
+	gone := self
+	gone.StartTime--
+	if err := first.proxies.Update(uint32(1), gone, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
 	first.Close() // the agent stops
 
 	attacker := startRole(t, p.pod, true, roleSpec{DropCaps: true, Binds: []string{"tcp [::]:15001"}})
@@ -262,6 +274,10 @@ func TestPortGuardTakenOverByNextAgent(t *testing.T) {
 	}
 	if got := usedSlots(second); got != 1 {
 		t.Errorf("%d proxies after the takeover, want this live one", got)
+	}
+	var slot1 bpfprog.ProxyID
+	if err := second.proxies.Lookup(uint32(1), &slot1); err != nil || slot1 != (bpfprog.ProxyID{}) {
+		t.Errorf("the gone proxy's slot after the takeover = %+v, %v; want it cleared", slot1, err)
 	}
 	if problems, err := second.Problems(p.pod, true); err != nil || len(problems) > 0 {
 		t.Errorf("Problems after the takeover = %v, %v", problems, err)

@@ -87,3 +87,26 @@ func TestAutoboundGuardedPorts(t *testing.T) {
 		})
 	}
 }
+
+func TestStartTime(t *testing.T) {
+	for _, tt := range []struct {
+		name, stat string
+		want       uint64
+		wantErr    bool
+	}{
+		{"plain", "4242 (canopy-node) S 1 4242 4242 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 12 0 987654 1000 200\n", 987654, false},
+		{"a command with spaces and parentheses", "4242 (a) b (c) S 1 4242 4242 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 12 0 1234 1000 200\n", 1234, false},
+		{"cut short", "4242 (canopy-node) S 1 4242\n", 0, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "stat")
+			if err := os.WriteFile(path, []byte(tt.stat), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			got, err := startTime(path)
+			if (err != nil) != tt.wantErr || got != tt.want {
+				t.Errorf("startTime = %d, %v; want %d, error %v", got, err, tt.want, tt.wantErr)
+			}
+		})
+	}
+}

@@ -40,14 +40,16 @@ const ProxySlots = 8
 // seen in that namespace. bpf_get_ns_current_pid_tgid answers for the
 // calling task only when it is in that namespace, so a process of a pod,
 // which has its own PID namespace, never matches a proxy's ID whatever
-// its PID. HostPID is the PID as the agent sees it, for the agent's
-// bookkeeping (the program does not read it). A zero PidnsIno is an empty
-// slot.
+// its PID. HostPID and StartTime are for the agent's bookkeeping (the
+// program reads neither): the PID as the agent sees it, and when the
+// process started (/proc/<pid>/stat), which tells a proxy from a later
+// process given the same PID. A zero PidnsIno is an empty slot.
 type ProxyID struct {
-	PidnsDev uint64
-	PidnsIno uint64
-	Tgid     uint32
-	HostPID  uint32
+	PidnsDev  uint64
+	PidnsIno  uint64
+	Tgid      uint32
+	HostPID   uint32
+	StartTime uint64
 }
 
 // GuardedNetns is the value of MapGuardedNetns.
@@ -60,7 +62,7 @@ const (
 	proxyOffDev    = 0
 	proxyOffIno    = 8
 	proxyOffTgid   = 16
-	proxyIDSize    = 24
+	proxyIDSize    = 32
 	sockAddrPort   = 24 // struct bpf_sock_addr.user_port, network byte order
 	pidnsInfoSize  = 8  // struct bpf_pidns_info {u32 pid, tgid}
 	pidnsInfoTgid  = 4
