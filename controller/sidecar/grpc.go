@@ -136,7 +136,9 @@ func (m *Mesh) grpcServerAddr(p Proxy, addr string) (string, uint32, bool) {
 	if err != nil || port == 0 {
 		return "", 0, false
 	}
-	if ip, err := netip.ParseAddr(host); err != nil || !(ip.IsUnspecified() || slices.Contains(p.IPs, ip)) {
+	// The address as a listener's own address writes it (an IPv6 address
+	// has many spellings), and the proxy's or unspecified.
+	if ip, err := netip.ParseAddr(host); err != nil || ip.String() != host || !(ip.IsUnspecified() || slices.Contains(p.IPs, ip)) {
 		return "", 0, false
 	}
 	if !m.servesTargetPort(p, port) {

@@ -31,23 +31,30 @@ type ClusterKey struct {
 func (k ClusterKey) String() string { return ClusterName(k.Direction, k.Port, k.Subset, k.Hostname) }
 
 // ParseClusterName parses a cluster name of ClusterName's form; a proxy
-// asks for any string, so every part is checked.
+// asks for any string, so every part is checked, and only the form
+// ClusterName writes parses: one name for one cluster (what the mesh has
+// is cached by name, and "outbound|080|..." would be another).
+//
+// It allocates nothing for a valid name: the generators parse every name
+// a proxy asks for, on every push.
 func ParseClusterName(name string) (ClusterKey, error) {
-	parts := strings.Split(name, "|")
-	if len(parts) != 4 {
+	dir, rest, ok1 := strings.Cut(name, "|")
+	portText, rest, ok2 := strings.Cut(rest, "|")
+	subset, host, ok3 := strings.Cut(rest, "|")
+	if !ok1 || !ok2 || !ok3 || strings.Contains(host, "|") {
 		return ClusterKey{}, fmt.Errorf("cluster name %q: want direction|port|subset|hostname", name)
 	}
-	if parts[0] != Outbound && parts[0] != Inbound {
-		return ClusterKey{}, fmt.Errorf("cluster name %q: unknown direction %q", name, parts[0])
+	if dir != Outbound && dir != Inbound {
+		return ClusterKey{}, fmt.Errorf("cluster name %q: unknown direction %q", name, dir)
 	}
-	port, err := strconv.ParseUint(parts[1], 10, 16)
-	if err != nil || port == 0 {
-		return ClusterKey{}, fmt.Errorf("cluster name %q: bad port %q", name, parts[1])
+	port, err := parsePort(portText)
+	if err != nil {
+		return ClusterKey{}, fmt.Errorf("cluster name %q: %w", name, err)
 	}
-	if parts[0] == Outbound && parts[3] == "" {
+	if dir == Outbound && host == "" {
 		return ClusterKey{}, fmt.Errorf("cluster name %q: no hostname", name)
 	}
-	return ClusterKey{Direction: parts[0], Port: uint32(port), Subset: parts[2], Hostname: parts[3]}, nil
+	return ClusterKey{Direction: dir, Port: port, Subset: subset, Hostname: host}, nil
 }
 
 // ServerListenerPrefix starts the name of a proxyless gRPC server's
@@ -64,11 +71,11 @@ func hostPort(name string) (string, uint32, error) {
 		}
 		return "", 0, fmt.Errorf("listener name %q: %w", name, err)
 	}
-	port, err := strconv.ParseUint(p, 10, 16)
-	if err != nil || port == 0 {
-		return "", 0, fmt.Errorf("listener name %q: bad port %q", name, p)
+	port, err := parsePort(p)
+	if err != nil {
+		return "", 0, fmt.Errorf("listener name %q: %w", name, err)
 	}
-	return h, uint32(port), nil
+	return h, port, nil
 }
 
 // fqdn expands a name as a client in namespace ns would mean it:
@@ -100,10 +107,13 @@ func (m *Mesh) Generate(p Proxy, typeURL string, names []string) []Named {
 	return generateAll(m.GRPCShares(p, typeURL, names))
 }
 
-// parsePort parses a port number (1-65535).
+// parsePort parses a port number (1-65535) as names write it, without
+// leading zeros: a name that means what another means is no name of the
+// mesh's, or a client could make up any number of names for what the mesh
+// has.
 func parsePort(s string) (uint32, error) {
 	port, err := strconv.ParseUint(s, 10, 16)
-	if err != nil || port == 0 {
+	if err != nil || port == 0 || s[0] == '0' {
 		return 0, fmt.Errorf("bad port %q", s)
 	}
 	return uint32(port), nil

@@ -299,7 +299,7 @@ func TestAbsentSharesAreTheirNamesAlone(t *testing.T) {
 	cluster := "outbound|80||web.a.svc.cluster.local"
 	madeUp := []string{
 		"outbound|81||web.a.svc.cluster.local", "outbound|80|v9|web.a.svc.cluster.local", "outbound|80||made-up.example.com",
-		"inbound|80||web.a.svc.cluster.local", "outbound|0||web.a.svc.cluster.local", "garbage", "",
+		"inbound|80||web.a.svc.cluster.local", "outbound|0||web.a.svc.cluster.local", "outbound|080||web.a.svc.cluster.local", "garbage", "",
 	}
 	for _, tt := range []struct {
 		name    string
@@ -312,11 +312,12 @@ func TestAbsentSharesAreTheirNamesAlone(t *testing.T) {
 		{"proxyless endpoints", (*Mesh).GRPCShares, EndpointType, []string{cluster}, madeUp},
 		{"proxyless routes", (*Mesh).GRPCShares, RouteType, []string{cluster}, madeUp},
 		{"proxyless listeners", (*Mesh).GRPCShares, ListenerType,
-			[]string{"web.a.svc.cluster.local:80", "web:80", "web", ServerListenerPrefix + "10.0.0.1:1080", ServerListenerPrefix + "0.0.0.0:1080"},
-			[]string{"web:81", "made-up:80", "made-up", "web:x", ServerListenerPrefix + "10.0.0.1:1081", ServerListenerPrefix + "10.9.9.9:1080", ServerListenerPrefix + "bogus", ""}},
+			[]string{"web.a.svc.cluster.local:80", "web:80", "web", ServerListenerPrefix + "10.0.0.1:1080", ServerListenerPrefix + "0.0.0.0:1080", ServerListenerPrefix + "[::]:1080"},
+			[]string{"web:81", "web:080", "made-up:80", "made-up", "web:x", ServerListenerPrefix + "10.0.0.1:1081", ServerListenerPrefix + "10.0.0.1:01080",
+				ServerListenerPrefix + "[0::0]:1080", ServerListenerPrefix + "[::%eth0]:1080", ServerListenerPrefix + "10.9.9.9:1080", ServerListenerPrefix + "bogus", ""}},
 		{"sidecar endpoints", (*Mesh).SidecarShares, EndpointType, []string{cluster}, madeUp},
 		{"sidecar routes", (*Mesh).SidecarShares, RouteType, []string{"80", "9999"},
-			[]string{"web.a.svc.cluster.local:80", "made-up:80", "web.a.svc.cluster.local:x", "0", "garbage", ""}},
+			[]string{"web.a.svc.cluster.local:80", "made-up:80", "web.a.svc.cluster.local:x", "0", "080", "garbage", ""}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			names := append(slices.Clone(tt.present), tt.absent...)
