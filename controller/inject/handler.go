@@ -1,29 +1,24 @@
 package inject
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"mime"
 	"net/http"
-	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/canopy-mesh/canopy/internal/admissionreview"
 )
 
 const (
-	// MaxRequestBytes bounds an AdmissionReview body. The API server caps
-	// objects at about 3 MiB; anything larger is not from it.
-	MaxRequestBytes = 4 << 20
-	// RequestTimeout bounds reading a request and answering it. The API
-	// server waits 10 s by default (at most 30 s) for a webhook.
-	RequestTimeout = 10 * time.Second
+	// MaxRequestBytes bounds an AdmissionReview body.
+	MaxRequestBytes = admissionreview.MaxRequestBytes
+	// RequestTimeout bounds reading a request and answering it.
+	RequestTimeout = admissionreview.RequestTimeout
 )
 
 // Namespaces gives the labels of a namespace: the AdmissionReview carries
@@ -66,75 +61,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		http.Error(w, "method not allowed: use POST", http.StatusMethodNotAllowed)
-		return
-	}
-	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		http.Error(w, "unsupported content type: want application/json", http.StatusUnsupportedMediaType)
-		return
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), RequestTimeout)
-	defer cancel()
-	// Not every ResponseWriter supports deadlines (tests' recorders
-	// do not); the server's own timeouts then still apply.
-	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(RequestTimeout))
-
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxRequestBytes))
-	if err != nil {
-		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			http.Error(w, fmt.Sprintf("request body larger than %d bytes", MaxRequestBytes), http.StatusRequestEntityTooLarge)
-			return
-		}
-		http.Error(w, "read request body: "+err.Error(), http.StatusBadRequest)
-		return
-	}
-	review, err := decodeReview(body)
-	if err != nil {
+	if err := admissionreview.Serve(w, r, h.review); err != nil {
 		h.log.Debug("bad admission review", "err", err)
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
 	}
-	resp := h.review(ctx, review.Request)
-	resp.UID = review.Request.UID
-	if err := ctx.Err(); err != nil {
-		http.Error(w, "request deadline exceeded", http.StatusServiceUnavailable)
-		return
-	}
-	out, err := json.Marshal(admissionv1.AdmissionReview{
-		TypeMeta: metav1.TypeMeta{APIVersion: admissionv1.SchemeGroupVersion.String(), Kind: "AdmissionReview"},
-		Response: resp,
-	})
-	if err != nil {
-		h.log.Error("encode admission response", "err", err)
-		http.Error(w, "encode response", http.StatusInternalServerError)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write(out)
-}
-
-// decodeReview parses an AdmissionReview v1 that carries a request.
-func decodeReview(body []byte) (*admissionv1.AdmissionReview, error) {
-	if len(bytes.TrimSpace(body)) == 0 {
-		return nil, errors.New("empty request body")
-	}
-	var review admissionv1.AdmissionReview
-	if err := json.Unmarshal(body, &review); err != nil {
-		return nil, fmt.Errorf("decode admission review: %w", err)
-	}
-	if review.APIVersion != admissionv1.SchemeGroupVersion.String() || review.Kind != "AdmissionReview" {
-		return nil, fmt.Errorf("want an AdmissionReview of %s, got kind %q of %q",
-			admissionv1.SchemeGroupVersion, review.Kind, review.APIVersion)
-	}
-	if review.Request == nil {
-		return nil, errors.New("admission review has no request")
-	}
-	if review.Request.UID == "" {
-		return nil, errors.New("admission request has no uid")
-	}
-	return &review, nil
 }
 
 // review answers one admission request.
@@ -187,9 +116,5 @@ func (h *Handler) review(ctx context.Context, req *admissionv1.AdmissionRequest)
 }
 
 func deny(code int32, msg string) *admissionv1.AdmissionResponse {
-	return &admissionv1.AdmissionResponse{Result: &metav1.Status{
-		Status:  metav1.StatusFailure,
-		Code:    code,
-		Message: msg,
-	}}
+	return admissionreview.Deny(code, msg)
 }
