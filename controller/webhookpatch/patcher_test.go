@@ -2,9 +2,11 @@ package webhookpatch
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -172,4 +174,87 @@ func TestPatcherKeepsCABundle(t *testing.T) {
 	if got := caBundles(t, theirs); got["rev.namespace.sidecar-injector.istio.io"] != "" {
 		t.Errorf("another revision's webhook got a caBundle: %q", got)
 	}
+}
+
+// TestPatcherClosesValidation runs the patcher with validation against the
+// API server: the validator's webhook of its revision gets the bundle at
+// once and stays failing open while the webhook does not answer its
+// probe, then fails closed; another webhook of the configuration is left
+// alone.
+func TestPatcherClosesValidation(t *testing.T) {
+	testenv.Need(t, env)
+	t.Parallel()
+	rev := "val-" + rand.String(5)
+	name := "istio-validator-" + rev
+	inert := func(name string) admissionregistrationv1.ValidatingWebhook {
+		return admissionregistrationv1.ValidatingWebhook{
+			Name:         name,
+			ClientConfig: admissionregistrationv1.WebhookClientConfig{URL: ptr.To("https://127.0.0.1:1/validate")},
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+				Rule:       admissionregistrationv1.Rule{APIGroups: []string{"networking.istio.io"}, APIVersions: []string{"*"}, Resources: []string{"*"}},
+			}},
+			ObjectSelector:          &metav1.LabelSelector{MatchLabels: map[string]string{"canopy.test/never": "matched"}},
+			FailurePolicy:           ptr.To(admissionregistrationv1.Ignore),
+			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
+			AdmissionReviewVersions: []string{"v1"},
+		}
+	}
+	vwc := env.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	if _, err := vwc.Create(t.Context(), &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{LabelRevision: rev}},
+		Webhooks:   []admissionregistrationv1.ValidatingWebhook{inert("rev.validation.istio.io"), inert("audit.example.com")},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := vwc.Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("delete %s: %v", name, err)
+		}
+	})
+	var answering atomic.Bool
+	var probes atomic.Int32
+	ready := func(context.Context) error {
+		probes.Add(1)
+		if !answering.Load() {
+			return errors.New("not yet")
+		}
+		return nil
+	}
+	root := []byte("-----BEGIN CERTIFICATE-----\nroot\n-----END CERTIFICATE-----\n")
+	p, err := New(env.Client, rev, root, slog.New(slog.NewTextHandler(io.Discard, nil)), WithValidation(ready))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	state := func() map[string]string {
+		c, err := vwc.Get(t.Context(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for _, wh := range c.Webhooks {
+			out[wh.Name] = string(*wh.FailurePolicy) + " " + string(wh.ClientConfig.CABundle)
+		}
+		return out
+	}
+	open := map[string]string{"rev.validation.istio.io": "Ignore " + string(root), "audit.example.com": "Ignore "}
+	eventually.Within(t, settle, "the bundle while failing open", func() bool { return equal(state(), open) })
+	eventually.Within(t, settle, "the probe asked again", func() bool { return probes.Load() >= 2 })
+	if got := state(); !equal(got, open) {
+		t.Fatalf("closed before the webhook answered: %v", got)
+	}
+	answering.Store(true)
+	closed := map[string]string{"rev.validation.istio.io": "Fail " + string(root), "audit.example.com": "Ignore "}
+	eventually.Within(t, settle, "failing closed once the webhook answers", func() bool { return equal(state(), closed) })
 }

@@ -133,3 +133,81 @@ func TestPlan(t *testing.T) {
 		})
 	}
 }
+
+// TestPlanValidating: the validator's webhooks of the revision get the
+// bundle, and failurePolicy Fail only once the webhook answers; another
+// webhook of the configuration, another revision's configuration and an
+// equal one get nothing.
+func TestPlanValidating(t *testing.T) {
+	t.Parallel()
+	ignore, fail := admissionregistrationv1.Ignore, admissionregistrationv1.Fail
+	cfg := func(rev string, bundle string, policy admissionregistrationv1.FailurePolicyType) *admissionregistrationv1.ValidatingWebhookConfiguration {
+		c := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{
+			Name: "istio-validator-istio-system", ResourceVersion: "7", Labels: map[string]string{LabelRevision: rev}}}
+		for _, name := range []string{"rev.validation.istio.io", "audit.example.com"} {
+			wh := admissionregistrationv1.ValidatingWebhook{Name: name, FailurePolicy: &policy}
+			wh.ClientConfig.CABundle = []byte(bundle)
+			c.Webhooks = append(c.Webhooks, wh)
+		}
+		return c
+	}
+	type state struct{ Bundle, Policy string }
+	apply := func(t *testing.T, c *admissionregistrationv1.ValidatingWebhookConfiguration, patch []byte) map[string]state {
+		t.Helper()
+		doc, err := json.Marshal(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if patch != nil {
+			p, err := jsonpatch.DecodePatch(patch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if doc, err = p.Apply(doc); err != nil {
+				t.Fatalf("apply %s: %v", patch, err)
+			}
+		}
+		var out admissionregistrationv1.ValidatingWebhookConfiguration
+		if err := json.Unmarshal(doc, &out); err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]state{}
+		for _, wh := range out.Webhooks {
+			got[wh.Name] = state{string(wh.ClientConfig.CABundle), string(*wh.FailurePolicy)}
+		}
+		return got
+	}
+	for _, tt := range []struct {
+		name       string
+		cfg        *admissionregistrationv1.ValidatingWebhookConfiguration
+		failClosed bool
+		wantNil    bool
+		want       state // of rev.validation.istio.io
+	}{
+		{name: "bundle only while not answering", cfg: cfg("default", "", ignore), want: state{"root", "Ignore"}},
+		{name: "bundle and Fail once answering", cfg: cfg("default", "", ignore), failClosed: true, want: state{"root", "Fail"}},
+		{name: "Fail alone", cfg: cfg("default", "root", ignore), failClosed: true, want: state{"root", "Fail"}},
+		{name: "nothing to do", cfg: cfg("default", "root", fail), failClosed: true, wantNil: true},
+		{name: "another revision", cfg: cfg("canary", "", ignore), failClosed: true, wantNil: true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			patch, err := PlanValidating(tt.cfg, "", []byte("root"), tt.failClosed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.wantNil != (patch == nil) {
+				t.Fatalf("patch %s, want nil: %v", patch, tt.wantNil)
+			}
+			got := apply(t, tt.cfg, patch)
+			if !tt.wantNil {
+				if diff := cmp.Diff(tt.want, got["rev.validation.istio.io"]); diff != "" {
+					t.Errorf("rev.validation.istio.io (-want +got):\n%s", diff)
+				}
+			}
+			if other := got["audit.example.com"]; other.Bundle != string(tt.cfg.Webhooks[1].ClientConfig.CABundle) || other.Policy != string(*tt.cfg.Webhooks[1].FailurePolicy) {
+				t.Errorf("another webhook of the configuration changed: %+v", other)
+			}
+		})
+	}
+}
