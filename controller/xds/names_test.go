@@ -23,6 +23,7 @@ import (
 	"github.com/canopy-mesh/canopy/controller/xds"
 	"github.com/canopy-mesh/canopy/internal/testing/eventually"
 	"github.com/canopy-mesh/canopy/internal/testing/testenv"
+	"github.com/canopy-mesh/canopy/workloadapi"
 )
 
 // proxylessStream is a state-of-the-world stream of a proxyless gRPC
@@ -274,4 +275,43 @@ func TestDeltaPlaceholdersSentOnce(t *testing.T) {
 	}
 	expect("the service deleted", reply{Type: "EDS", Resources: res(real, "")})
 	nothingFor(t, d, eds, "nothing changed since")
+}
+
+// TestOnDemandNamesChargedToCaller: a node proxy's on-demand names count
+// against its caller's bound too; past it, its request ends the stream
+// with ResourceExhausted, and a stream within it is served.
+func TestOnDemandNamesChargedToCaller(t *testing.T) {
+	testenv.Need(t, env)
+	m := newMesh(t, xds.Config{MaxNameBytesPerCaller: 64 << 10}, &fakeSource{n: 1})
+	synced := make(chan struct{})
+	close(synced)
+	m.run(t, synced)
+	cc, tok := dial(t, m.addr), m.token(t)
+	ask := func(pod string, n int) error {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+tok), 20*time.Second)
+		defer cancel()
+		st, err := discoveryv3.NewAggregatedDiscoveryServiceClient(cc).DeltaAggregatedResources(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names := make([]string, n)
+		for i := range names {
+			names[i] = fmt.Sprintf("made-up/10.99.%d.%d", i/256, i%256)
+		}
+		if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{Node: m.node(t, pod, ""), TypeUrl: workloadapi.AddressTypeURL, ResourceNamesSubscribe: names}); err != nil {
+			t.Fatal(err)
+		}
+		_, err = st.Recv()
+		return err
+	}
+	// Each name is charged about 150 bytes: 100 fit, 1,000 do not.
+	if err := ask("ztunnel-within", 100); err != nil {
+		t.Fatalf("100 names: %v", err)
+	}
+	err := ask("ztunnel-past", 1000)
+	wantRefused(t, err, "subscribed names")
+	if got := testutil.ToFloat64(mustCounter(t, m, "canopy_xds_rejected_streams_total")); got != 1 {
+		t.Errorf("refusals counted %v times, want 1", got)
+	}
 }
