@@ -103,6 +103,9 @@ type config struct {
 	webhookAddr        string
 	webhookMaxRequests int
 	inject             inject.Config
+	// validation serves Istio's validating webhook (/validate) beside
+	// injection, and has the writers keep its configurations.
+	validation bool
 
 	// Leader election: whether the writers (root ConfigMaps, ServiceEntry
 	// VIPs, the webhook caBundle, Events) run only while this replica
@@ -180,8 +183,9 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.xds.SendTimeout, "xds-send-timeout", 30*time.Second, "how long a proxy may take to read a response before it is disconnected")
 	fs.IntVar(&c.xds.MaxPending, "xds-max-pending", 10000, "changed names queued per proxy before it is compared against the whole table")
 	budgetMiB := fs.Int("xds-send-budget-mib", xds.DefaultSendBudget>>20, "MiB of workload xDS responses encoded and not yet written to proxies, over all of them; more wait (a whole table is a few MiB at 10,000 pods)")
-	fs.StringVar(&c.webhookAddr, "webhook-addr", ":15017", "address of the sidecar injection webhook (HTTPS, /inject); empty: none")
+	fs.StringVar(&c.webhookAddr, "webhook-addr", ":15017", "address of the webhooks (HTTPS): sidecar injection (/inject) and configuration validation (/validate); empty: none")
 	fs.IntVar(&c.webhookMaxRequests, "webhook-max-requests", 100, "webhook requests served at once; more wait up to a second, then are answered 503")
+	fs.BoolVar(&c.validation, "validation-webhook", true, "serve Istio's validating webhook for Istio configuration (/validate on --webhook-addr) and keep the caBundle and failurePolicy of its configurations (istio-validator*, labelled istio.io/rev=<revision>)")
 	fs.StringVar(&c.inject.Hub, "proxy-hub", "", "hub of the injected proxy image, <hub>/proxyv2:<tag> (Istio's proxyv2); with --proxy-tag empty too, the webhook denies the pods it would inject, saying why")
 	fs.StringVar(&c.inject.Tag, "proxy-tag", "", "tag of the injected proxy image")
 	discovery := fs.String("discovery-address", "", "host:port injected sidecars reach the controller's xDS and CA at (default canopy-controller.<ca-namespace>.svc:15012)")
@@ -428,7 +432,8 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}, log)
 	registry := prometheus.NewRegistry()
 	w := &writers{kube: clients.Kube, istio: clients.Istio, tables: tables, synced: watcher.Synced(), recorder: recorder, log: log,
-		revision: cfg.inject.Revision, patchWebhooks: cfg.webhookAddr != "", problemInterval: cfg.problemInterval}
+		revision: cfg.inject.Revision, patchWebhooks: cfg.webhookAddr != "", problemInterval: cfg.problemInterval,
+		patchValidation: cfg.webhookAddr != "" && cfg.validation, namespace: cfg.caNamespace}
 	if cfg.vipAllocation {
 		w.vipAllocation, w.vipRanges = true, cfg.vipRanges
 	}

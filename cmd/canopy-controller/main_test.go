@@ -75,15 +75,19 @@ func TestPlaintextXDS(t *testing.T) {
 }
 
 // TestWebhookFlags: the injection webhook's flags become the injector's
-// configuration, and values that cannot work stop the start.
+// configuration, validation is served unless turned off, and values that
+// cannot work stop the start.
 func TestWebhookFlags(t *testing.T) {
 	c, err := parseFlags([]string{"--ca-namespace=mesh", "--proxy-hub=example.test/istio", "--proxy-tag=1.0.0", "--revision=canary",
 		"--inject-cni", "--inject-native-sidecars", "--trust-domain=td.example", "--cluster-id=east"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.webhookAddr != ":15017" || c.webhookMaxRequests != 100 {
-		t.Errorf("webhook %q, %d requests; want :15017, 100", c.webhookAddr, c.webhookMaxRequests)
+	if c.webhookAddr != ":15017" || c.webhookMaxRequests != 100 || !c.validation {
+		t.Errorf("webhook %q, %d requests, validation %v; want :15017, 100, true", c.webhookAddr, c.webhookMaxRequests, c.validation)
+	}
+	if c, err := parseFlags([]string{"--validation-webhook=false"}); err != nil || c.validation {
+		t.Errorf("--validation-webhook=false: validation %v, %v", c.validation, err)
 	}
 	in := c.inject
 	if in.Hub != "example.test/istio" || in.Tag != "1.0.0" || in.Revision != "canary" || !in.CNI || !in.NativeSidecars ||

@@ -11,16 +11,18 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/canopy-mesh/canopy/controller/admission"
 	"github.com/canopy-mesh/canopy/controller/index"
 	"github.com/canopy-mesh/canopy/controller/inject"
 	"github.com/canopy-mesh/canopy/internal/httpserve"
 )
 
-// webhook is the sidecar injection webhook as the controller runs it: the
-// handler of controller/inject over HTTPS with the CA's serving
-// certificate (which names canopy-controller.<ns>.svc and istiod.<ns>.svc).
-// The webhook configurations' caBundle is kept by the writers, on the
-// leader.
+// webhook is the controller's admission webhooks as it runs them: sidecar
+// injection (controller/inject, on /inject) and, unless turned off, the
+// validation of Istio configuration (controller/admission, on /validate),
+// over HTTPS with the CA's serving certificate (which names
+// canopy-controller.<ns>.svc and istiod.<ns>.svc). The webhook
+// configurations' caBundle is kept by the writers, on the leader.
 type webhook struct {
 	addr   string
 	server *http.Server
@@ -46,9 +48,17 @@ func newWebhook(cfg config, ca *caParts, ns inject.Namespaces, log *slog.Logger)
 	if cfg.inject.DenyReason != "" {
 		log.Warn("the injection webhook has no proxy image: it denies the pods it would inject", "reason", cfg.inject.DenyReason)
 	}
-	h, err := inject.NewHandler(cfg.inject, ns, log)
+	injector, err := inject.NewHandler(cfg.inject, ns, log)
 	if err != nil {
 		return nil, err
+	}
+	h := http.NewServeMux()
+	h.Handle("/inject", injector)
+	h.Handle("/inject/", injector)
+	if cfg.validation {
+		validator := admission.NewHandler(log)
+		h.Handle("/validate", validator)
+		h.Handle("/validate/", validator)
 	}
 	return &webhook{
 		addr: cfg.webhookAddr,
@@ -67,7 +77,7 @@ func newWebhook(cfg config, ca *caParts, ns inject.Namespaces, log *slog.Logger)
 }
 
 func (w *webhook) start(ctx context.Context, g *errgroup.Group) {
-	httpserve.Serve(ctx, g, "sidecar injection webhook", "tcp", w.addr, w.server, w.log)
+	httpserve.Serve(ctx, g, "admission webhooks", "tcp", w.addr, w.server, w.log)
 }
 
 // indexNamespaces gives the webhook namespace labels from the informers'

@@ -31,9 +31,9 @@ import (
 	"github.com/canopy-mesh/canopy/internal/testing/testenv"
 )
 
-// startWebhook runs the CA and the injection webhook as run wires them,
-// the webhook on a free loopback port with a serving certificate for
-// "localhost" from the CA's own root, and returns the webhook's address
+// startWebhook runs the CA and the webhooks (injection, validation) as run
+// wires them, on a free loopback port with a serving certificate for
+// "localhost" from the CA's own root, and returns the webhooks' address
 // and the CA's root bundle.
 func startWebhook(t *testing.T, sys string) (addr string, roots []byte) {
 	t.Helper()
@@ -55,8 +55,8 @@ func startWebhook(t *testing.T, sys string) (addr string, roots []byte) {
 	watcher := kubeinput.New(clients, tables, nil, log)
 	// The writers keep the caBundle; run leads from the start, as a
 	// single replica does.
-	w := &writers{kube: env.Client, tables: tables, synced: watcher.Synced(), recorder: &record.FakeRecorder{}, log: log,
-		revision: cfg.inject.Revision, patchWebhooks: true, problemInterval: time.Hour}
+	w := &writers{kube: env.Client, istio: clients.Istio, tables: tables, synced: watcher.Synced(), recorder: &record.FakeRecorder{}, log: log,
+		revision: cfg.inject.Revision, patchWebhooks: true, patchValidation: cfg.validation, namespace: sys, problemInterval: time.Hour}
 	ca, err := newCA(t.Context(), cfg, env.Client, authn.Reviewer{Client: env.Client.AuthenticationV1()},
 		indexPods{tables: tables, synced: watcher.Synced()}, nil, nil, w.SetBundle, prometheus.NewRegistry(), log)
 	if err != nil {

@@ -2,20 +2,27 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	networkingapi "istio.io/api/networking/v1"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	istioclient "istio.io/client-go/pkg/clientset/versioned"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/canopy-mesh/canopy/ca/rootcm"
 	"github.com/canopy-mesh/canopy/controller/index"
 	"github.com/canopy-mesh/canopy/controller/status"
+	"github.com/canopy-mesh/canopy/controller/validation"
 	"github.com/canopy-mesh/canopy/controller/vipalloc"
 	"github.com/canopy-mesh/canopy/controller/webhookpatch"
 )
@@ -41,9 +48,13 @@ type writers struct {
 
 	// revision is the injector's, whose webhook configurations get the
 	// caBundle; patchWebhooks is false when the controller serves no
-	// webhook.
+	// webhook, patchValidation when it serves no validating webhook.
+	// namespace is the controller's, where the validating webhook's probe
+	// is sent (a dry run).
 	revision        string
 	patchWebhooks   bool
+	patchValidation bool
+	namespace       string
 	vipAllocation   bool
 	vipRanges       vipalloc.Ranges
 	problemInterval time.Duration
@@ -81,7 +92,11 @@ func (w *writers) run(ctx context.Context) error {
 	}
 	var patcher *webhookpatch.Patcher
 	if w.patchWebhooks {
-		if patcher, err = webhookpatch.New(w.kube, w.revision, w.bundle, w.log); err != nil {
+		var opts []webhookpatch.Option
+		if w.patchValidation {
+			opts = append(opts, webhookpatch.WithValidation(w.validationAnswers))
+		}
+		if patcher, err = webhookpatch.New(w.kube, w.revision, w.bundle, w.log, opts...); err != nil {
 			w.mu.Unlock()
 			return fmt.Errorf("webhook caBundle: %w", err)
 		}
@@ -140,4 +155,42 @@ func (w *writers) run(ctx context.Context) error {
 		}
 	})
 	return g.Wait()
+}
+
+// validationAnswers reports whether the validating webhook refuses what it
+// must (nil), as istiod's validation controller finds out before it
+// closes the webhook's failurePolicy: a dry-run create of a VirtualService
+// of the revision carrying Istio's always-reject annotation. Only a denial
+// by a webhook says the webhook is served and trusted; an accepted object
+// says the API server ignored a webhook that failed.
+func (w *writers) validationAnswers(ctx context.Context) error {
+	rev := w.revision
+	if rev == "" {
+		rev = "default"
+	}
+	probe := &networkingv1.VirtualService{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: "canopy-validation-probe", Namespace: w.namespace,
+			Labels:      map[string]string{webhookpatch.LabelRevision: rev},
+			Annotations: map[string]string{validation.AnnotationAlwaysReject: "true"},
+		},
+		Spec: networkingapi.VirtualService{Hosts: []string{"canopy-validation-probe.invalid"}, Http: []*networkingapi.HTTPRoute{{
+			Route: []*networkingapi.HTTPRouteDestination{{Destination: &networkingapi.Destination{Host: "canopy-validation-probe.invalid"}}},
+		}}},
+	}
+	_, err := w.istio.NetworkingV1().VirtualServices(w.namespace).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	switch {
+	case err == nil:
+		return errors.New("the probe was not refused")
+	case strings.Contains(err.Error(), "denied the request"):
+		return nil
+	case apierrors.IsNotFound(err) && strings.Contains(err.Error(), "the server could not find the requested resource"):
+		// No VirtualService CRD: nothing to validate either.
+		return nil
+	case strings.Contains(err.Error(), "does not support dry run"):
+		// Another webhook without sideEffects None: the probe cannot tell,
+		// and would never tell; Istio closes the webhook then too.
+		return nil
+	}
+	return fmt.Errorf("probe refused for another reason: %w", err)
 }

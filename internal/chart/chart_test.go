@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
@@ -85,6 +86,8 @@ func TestRenderShape(t *testing.T) {
 		"DaemonSet canopy-system/canopy-cni-agent",
 		"DaemonSet canopy-system/ztunnel",
 		"MutatingWebhookConfiguration istio-sidecar-injector",
+		"ValidatingWebhookConfiguration istio-validator-canopy-system",
+		"ValidatingWebhookConfiguration istiod-default-validator",
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("objects (-want +got):\n%s", diff)
@@ -579,8 +582,13 @@ func TestInjection(t *testing.T) {
 			container: []int64{15012, 15014, 15017}, service: []int64{15012, 15014, 443},
 		},
 		{
-			name: "disabled", set: []string{"injection.enabled=false"},
-			wantArgs:  []string{"--webhook-addr="},
+			name: "disabled, validation served", set: []string{"injection.enabled=false"},
+			wantArgs:  []string{"--webhook-addr=:15017"},
+			container: []int64{15012, 15014, 15017}, service: []int64{15012, 15014, 443},
+		},
+		{
+			name: "disabled, validation too", set: []string{"injection.enabled=false", "validation.enabled=false"},
+			wantArgs:  []string{"--validation-webhook=false", "--webhook-addr="},
 			container: []int64{15012, 15014}, service: []int64{15012, 15014},
 		},
 	} {
@@ -589,7 +597,7 @@ func TestInjection(t *testing.T) {
 			args, container, service := controllerPorts(t, r)
 			var got []string
 			for _, a := range args {
-				for _, p := range []string{"--webhook", "--revision", "--proxy-", "--inject-", "--never-inject-", "--always-inject-"} {
+				for _, p := range []string{"--webhook", "--validation-webhook", "--revision", "--proxy-", "--inject-", "--never-inject-", "--always-inject-"} {
 					if strings.HasPrefix(a, p) {
 						got = append(got, a)
 					}
@@ -653,6 +661,123 @@ func TestInjection(t *testing.T) {
 	}
 }
 
+// TestValidation: the validating webhook's configurations are Istio's
+// (names, webhook names, rules, selectors, failing open until the
+// controller closes them, no caBundle), the controller may patch exactly
+// them and send its dry-run probe, and validation.enabled=false leaves
+// them out and tells the controller.
+func TestValidation(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		set  []string
+		// want are the configurations, each with its webhook and the
+		// objectSelector values ("" for none).
+		want     map[string][2]string
+		service  string
+		wantArgs []string
+	}{
+		{
+			name: "default revision",
+			want: map[string][2]string{
+				"istio-validator-mesh":     {"rev.validation.istio.io", "default"},
+				"istiod-default-validator": {"validation.istio.io", ""},
+			},
+			service: "canopy-controller",
+		},
+		{
+			name: "canary", set: []string{"revision=canary"},
+			want:    map[string][2]string{"istio-validator-canary-mesh": {"rev.validation.istio.io", "canary"}},
+			service: "canopy-controller-canary", wantArgs: nil,
+		},
+		{name: "disabled", set: []string{"validation.enabled=false"}, wantArgs: []string{"--validation-webhook=false"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := render(t, chart.Options{Namespace: "mesh", Set: tt.set})
+			got := map[string][2]string{}
+			for _, o := range r.Objects {
+				if o.GetKind() != "ValidatingWebhookConfiguration" {
+					continue
+				}
+				rev := "default"
+				if tt.service == "canopy-controller-canary" {
+					rev = "canary"
+				}
+				if l := o.GetLabels()["istio.io/rev"]; l != rev {
+					t.Errorf("%s: istio.io/rev %q, want %q (the controller patches its revision's alone)", o.GetName(), l, rev)
+				}
+				whs, _, _ := unstructured.NestedSlice(o.Object, "webhooks")
+				if len(whs) != 1 {
+					t.Fatalf("%s: %d webhooks, want 1", o.GetName(), len(whs))
+				}
+				w := whs[0].(map[string]any)
+				var selected string
+				if exprs, _, _ := unstructured.NestedSlice(w, "objectSelector", "matchExpressions"); len(exprs) == 1 {
+					e := exprs[0].(map[string]any)
+					if e["key"] == "istio.io/rev" && e["operator"] == "In" && len(e["values"].([]any)) == 1 {
+						selected = e["values"].([]any)[0].(string)
+					}
+				}
+				got[o.GetName()] = [2]string{w["name"].(string), selected}
+				svc, _, _ := unstructured.NestedMap(w, "clientConfig", "service")
+				if svc["name"] != tt.service || svc["namespace"] != "mesh" || svc["path"] != "/validate" || svc["port"] != float64(443) {
+					t.Errorf("%s: clientConfig.service %v", o.GetName(), svc)
+				}
+				if _, ok, _ := unstructured.NestedString(w, "clientConfig", "caBundle"); ok {
+					t.Errorf("%s: the chart sets a caBundle", o.GetName())
+				}
+				if w["failurePolicy"] != "Ignore" || w["sideEffects"] != "None" {
+					t.Errorf("%s: failurePolicy %v, sideEffects %v, want Ignore (until the controller closes it) and None (dry runs are sent)",
+						o.GetName(), w["failurePolicy"], w["sideEffects"])
+				}
+				wantRules := []any{map[string]any{
+					"operations":  []any{"CREATE", "UPDATE"},
+					"apiGroups":   []any{"security.istio.io", "networking.istio.io", "telemetry.istio.io", "extensions.istio.io"},
+					"apiVersions": []any{"*"}, "resources": []any{"*"},
+				}}
+				if diff := cmp.Diff(wantRules, w["rules"]); diff != "" {
+					t.Errorf("%s: rules (-want +got):\n%s", o.GetName(), diff)
+				}
+			}
+			if diff := cmp.Diff(tt.want, got, cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("validating configurations (-want +got):\n%s", diff)
+			}
+			args, _, _ := controllerPorts(t, r)
+			var flags []string
+			for _, a := range args {
+				if strings.HasPrefix(a, "--validation-webhook") {
+					flags = append(flags, a)
+				}
+			}
+			if diff := cmp.Diff(tt.wantArgs, flags); diff != "" {
+				t.Errorf("controller flags (-want +got):\n%s", diff)
+			}
+			// The controller may patch exactly the configurations rendered.
+			var patchable []string
+			for _, o := range r.Objects {
+				if o.GetKind() != "ClusterRole" || o.GetLabels()["app.kubernetes.io/name"] != "canopy-controller" {
+					continue
+				}
+				rules, _, _ := unstructured.NestedSlice(o.Object, "rules")
+				for _, rule := range rules {
+					rule := rule.(map[string]any)
+					if cmp.Equal(rule["resources"], []any{"validatingwebhookconfigurations"}) && rule["resourceNames"] != nil {
+						for _, n := range rule["resourceNames"].([]any) {
+							patchable = append(patchable, n.(string))
+						}
+					}
+				}
+			}
+			var rendered []string
+			for n := range tt.want {
+				rendered = append(rendered, n)
+			}
+			if diff := cmp.Diff(rendered, patchable, cmpopts.SortSlices(func(a, b string) bool { return a < b }), cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("validating configurations the controller may patch (-rendered +allowed):\n%s", diff)
+			}
+		})
+	}
+}
+
 // object finds a rendered object by kind and name, or fails the test.
 func object(t *testing.T, r *chart.Rendered, kind, name string) map[string]any {
 	t.Helper()
@@ -684,6 +809,7 @@ func TestRevision(t *testing.T) {
 		"PodDisruptionBudget mesh/canopy-controller-canary",
 		"Deployment mesh/canopy-controller-canary",
 		"MutatingWebhookConfiguration istio-sidecar-injector-canary",
+		"ValidatingWebhookConfiguration istio-validator-canary-mesh",
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("objects of revision canary (-want +got):\n%s", diff)

@@ -48,6 +48,40 @@ turns on one Lease.
 canopy-controller{{ with .Values.revision }}-{{ . }}{{ end }}
 {{- end }}
 
+{{/*
+The validator's ValidatingWebhookConfiguration of the revision, named as
+Istio's: istio-validator(-<revision>)-<namespace>.
+*/}}
+{{- define "canopy.validatorName" -}}
+istio-validator{{ with .Values.revision }}-{{ . }}{{ end }}-{{ .Release.Namespace }}
+{{- end }}
+
+{{/*
+One webhook of the validator: canopy-controller's Service (.service), port
+443 (15017 in the pod), path /validate, creation and update of anything in
+Istio's API groups, as Istio's chart registers it. failurePolicy Ignore:
+the API server takes configuration while no controller answers (at
+install); canopy-controller sets Fail once its webhook refuses a probe, as
+istiod does. Deletes are never sent.
+*/}}
+{{- define "canopy.validatorWebhook" }}
+- name: {{ .name }}
+  clientConfig:
+    service:
+      name: {{ .service }}
+      namespace: {{ .ns | quote }}
+      path: /validate
+      port: 443
+  rules:
+  - operations: [CREATE, UPDATE]
+    apiGroups: [security.istio.io, networking.istio.io, telemetry.istio.io, extensions.istio.io]
+    apiVersions: ["*"]
+    resources: ["*"]
+  failurePolicy: Ignore
+  sideEffects: None
+  admissionReviewVersions: [v1]
+{{- end }}
+
 {{/* The injector's MutatingWebhookConfiguration, named as Istio's. */}}
 {{- define "canopy.injectorName" -}}
 istio-sidecar-injector{{ with .Values.revision }}-{{ . }}{{ end }}
