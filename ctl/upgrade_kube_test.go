@@ -228,7 +228,7 @@ func TestUpgradeRollsInOrder(t *testing.T) {
 	}
 	t.Logf("canopyctl upgrade:\n%s", out.String())
 	inOrder(t, out.String(),
-		"step 1 of 3: controller: applying 8 objects\n",
+		"step 1 of 3: controller: applying 10 objects\n",
 		"  controller (Deployment canopy-controller): ",
 		"  controller (Deployment canopy-controller): 2/2 updated, 2/2 available\n",
 		"step 2 of 3: CNI agent: applying 6 objects\n",
@@ -280,7 +280,7 @@ func TestUpgradeAllAtOnce(t *testing.T) {
 	if err := result(t, errc); err != nil {
 		t.Fatalf("upgrade: %v\n%s", err, out.String())
 	}
-	inOrder(t, out.String(), "step 1 of 1: every component at once: applying 16 objects\n", "Canopy is upgraded\n")
+	inOrder(t, out.String(), "step 1 of 1: every component at once: applying 18 objects\n", "Canopy is upgraded\n")
 }
 
 // TestUpgradeNotInstalled: upgrade does not install.
