@@ -182,7 +182,7 @@ func (w *writers) validationAnswers(ctx context.Context) error {
 	switch {
 	case err == nil:
 		return errors.New("the probe was not refused")
-	case strings.Contains(err.Error(), "denied the request"):
+	case probeRefusedByUs(err):
 		return nil
 	case apierrors.IsNotFound(err) && strings.Contains(err.Error(), "the server could not find the requested resource"):
 		// No VirtualService CRD: nothing to validate either.
@@ -193,4 +193,15 @@ func (w *writers) validationAnswers(ctx context.Context) error {
 		return nil
 	}
 	return fmt.Errorf("probe refused for another reason: %w", err)
+}
+
+// probeRefusedByUs reports whether the probe was refused by Istio's
+// validating webhook (ours answers as validation.istio.io or
+// rev.validation.istio.io) for its always-reject annotation. Another
+// admission controller's denial (a policy engine, say) says nothing of
+// whether ours is reachable, and closing the webhook on it would block
+// every Istio configuration write while ours is down.
+func probeRefusedByUs(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, `validation.istio.io" denied the request`) && strings.Contains(msg, validation.AnnotationAlwaysReject)
 }

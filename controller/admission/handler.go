@@ -118,7 +118,11 @@ func validate(kind, ns, name string, annotations map[string]string, spec json.Ra
 		if len(spec) == 0 || string(spec) == "null" {
 			return nil
 		}
-		if err := protojson.Unmarshal(spec, m); err != nil {
+		// Fields this build does not know (CRDs newer than its
+		// istio.io/api) are left out as Istio's webhook leaves them out:
+		// refusing them would block valid objects behind failurePolicy
+		// Fail. What is known is still checked.
+		if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(spec, m); err != nil {
 			return decodeError{err}
 		}
 		return nil

@@ -104,6 +104,14 @@ func TestHandler(t *testing.T) {
 		{name: "a spec that does not decode", op: admissionv1.Create, group: net, kind: "VirtualService",
 			body: `{"metadata":{"name":"r"},"spec":{"hosts":"r"}}`,
 			want: outcome{HTTP: 200, Message: "error decoding configuration"}},
+		// CRDs newer than this build: Istio's webhook lets fields it does
+		// not know through, and checks the rest.
+		{name: "a field newer than this build", op: admissionv1.Create, group: net, kind: "VirtualService",
+			body: `{"metadata":{"name":"r"},"spec":{"hosts":["r"],"fieldOfTomorrow":{"x":1},"http":[{"route":[{"destination":{"host":"r"}}]}]}}`,
+			want: outcome{HTTP: 200, Allowed: true}},
+		{name: "a newer field beside a bad regex", op: admissionv1.Create, group: net, kind: "VirtualService",
+			body: `{"metadata":{"name":"r"},"spec":{"hosts":["r"],"fieldOfTomorrow":1,"http":[{"match":[{"uri":{"regex":"("}}],"route":[{"destination":{"host":"r"}}]}]}}`,
+			want: outcome{HTTP: 200, Message: "configuration is invalid"}},
 		{name: "not Istio's", op: admissionv1.Create, group: "", kind: "Pod", body: `{}`,
 			want: outcome{HTTP: 200, Message: "unrecognized type"}},
 	} {
