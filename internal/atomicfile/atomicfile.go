@@ -44,11 +44,14 @@ func Write(path string, data []byte, mode os.FileMode) error {
 // to someone else (another vendor's CNI configuration): the new file gets
 // like's permission bits and owner, so that a 0600 file of another user
 // stays 0600 and theirs, and it takes path's place only if path is still
-// prev (the file read, by device and inode), or still absent when prev is
-// nil; otherwise Swap returns ErrChanged and leaves path alone, so that a
-// rewrite by the file's owner since it was read is not lost. The check and
-// the rename are two steps: a rewrite between them is lost still, and the
-// caller's watch on the file must put its change back.
+// prev (the file read: the same device and inode, and the same size,
+// modification and change times, since many writers rewrite a file in
+// place), or still absent when prev is nil; otherwise Swap returns
+// ErrChanged and leaves path alone, so that a rewrite by the file's owner
+// since it was read is not lost. What this cannot see: a rewrite in place
+// of the same size within one tick of the kernel's file clock, and a
+// rewrite between the check and the rename; the caller's watch on the
+// file must put such a change back.
 func Swap(path string, data []byte, like, prev os.FileInfo) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
 	if err != nil {
@@ -74,7 +77,7 @@ func Swap(path string, data []byte, like, prev os.FileInfo) error {
 		return nil
 	}
 	cur, err := os.Lstat(path)
-	if errors.Is(err, fs.ErrNotExist) || err == nil && !os.SameFile(cur, prev) {
+	if errors.Is(err, fs.ErrNotExist) || err == nil && !unchanged(cur, prev) {
 		return fmt.Errorf("write %s: %w", path, ErrChanged)
 	} else if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
@@ -83,6 +86,16 @@ func Swap(path string, data []byte, like, prev os.FileInfo) error {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
+}
+
+// unchanged reports whether cur is still the file prev described.
+func unchanged(cur, prev os.FileInfo) bool {
+	if !os.SameFile(cur, prev) || cur.Size() != prev.Size() || !cur.ModTime().Equal(prev.ModTime()) {
+		return false
+	}
+	c, ok1 := cur.Sys().(*syscall.Stat_t)
+	p, ok2 := prev.Sys().(*syscall.Stat_t)
+	return ok1 && ok2 && c.Ctim == p.Ctim
 }
 
 // fill writes data to f and gives it like's owner, then its permission

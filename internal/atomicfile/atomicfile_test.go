@@ -70,6 +70,17 @@ func TestSwap(t *testing.T) {
 			wantErr: ErrChanged, wantContent: "theirs",
 		},
 		{
+			// The primary's own writer may truncate and write the same
+			// file (os.WriteFile, cp): same inode, new content.
+			name: "rewritten in place meanwhile", before: existing("old", 0o600, uid, gid),
+			meanwhile: func(t *testing.T, path string) {
+				if err := os.WriteFile(path, []byte("theirs"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			},
+			wantErr: ErrChanged, wantContent: "theirs",
+		},
+		{
 			name: "removed meanwhile", before: existing("old", 0o600, uid, gid),
 			meanwhile: func(t *testing.T, path string) {
 				if err := os.Remove(path); err != nil {
