@@ -145,6 +145,15 @@ type Agent struct {
 	probeIPs    map[netip.Addr]int
 	probeGen    uint64
 	probeWrites int
+
+	// enrolling counts the enrollments under way by the inode of their
+	// network namespace: an ambient pod's namespace is guarded (and its
+	// eBPF pins made) before the node proxy acknowledges it, and only then
+	// is the pod a member. enrollingMu is held while a pass prunes the
+	// guard (collectPins), so an enrollment is counted here or a member
+	// by the time the pass looks, or it starts after the pruning.
+	enrollingMu sync.Mutex
+	enrolling   map[uint64]int
 }
 
 // member is an enrolled pod as the agent holds it. Its fields change only

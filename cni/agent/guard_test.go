@@ -13,8 +13,11 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/canopy-mesh/canopy/cni/enroll"
+	"github.com/canopy-mesh/canopy/cni/pluginevent"
 	"github.com/canopy-mesh/canopy/cni/redirect"
 	"github.com/canopy-mesh/canopy/cni/redirect/bpfprog"
 	"github.com/canopy-mesh/canopy/internal/netns"
@@ -122,4 +125,83 @@ func TestAgentGuardsAmbientPods(t *testing.T) {
 	if _, err := os.Stat(guardRoot); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the guard's pins after uninstall: %v", err)
 	}
+}
+
+// TestPruneSparesPodBeingEnrolled is the attack on the passes' pruning of
+// the guard: a pod's CNI ADD guards its namespace, then waits for the node
+// proxy's ack before the agent counts the pod as its own, and the passes
+// that run meanwhile (every 200 ms here) forget the guarded namespaces of
+// pods the agent does not count. A process of the pod binds 15001 through
+// that wait, as the pod's containers could once the ADD returned: every
+// bind must be refused, during the wait and after.
+func TestPruneSparesPodBeingEnrolled(t *testing.T) {
+	testenv.Need(t, env)
+	nettest.NeedRoot(t)
+	if err := bpfprog.ProbeBindGuard(); err != nil {
+		ci.Unavailable(t, "%v", err)
+	}
+	if !isCgroup2("/sys/fs/cgroup") && !isCgroup2("/sys/fs/cgroup/unified") {
+		ci.Unavailable(t, "no cgroup2 hierarchy at /sys/fs/cgroup to attach the port guard to")
+	}
+	guard, err := redirect.OpenPortGuard(redirect.PortGuardConfig{Root: filepath.Join(nettest.BPFFS(t), "guard"), Cgroup: "/sys/fs/cgroup", Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(guard.Close)
+
+	nodeName := fmt.Sprintf("agent-node-%d", time.Now().UnixNano()%100000)
+	pair := nettest.NewPair(t, netip.MustParsePrefix("10.218.10.0/24"))
+	ns := env.Namespace(t, "mesh", map[string]string{enroll.LabelDataplaneMode: enroll.ModeAmbient})
+	zdsPath := filepath.Join(t.TempDir(), "ztunnel.sock")
+	// A brand-new pod the node's informer has not shown yet, so the
+	// passes neither see it nor wait for its lock (here the informer never
+	// shows it: it names another node). The ADD reads it from the API
+	// server.
+	pod, err := env.Client.CoreV1().Pods(ns).Create(t.Context(), &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "adding"},
+		Spec:       corev1.PodSpec{NodeName: nodeName + "-unseen", Containers: []corev1.Container{{Name: "app", Image: "canopy/echo"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The test process plays the pod's process: no node proxy is
+	// admitted, so none of its binds is a proxy's.
+	n := startNodeAdmitting(t, redirect.Guarded{Backend: redirect.Nftables{}, Guard: guard}, func(int) error { return nil }, nodeName, zdsPath, pair.B, t.TempDir())
+
+	const wait = 1500 * time.Millisecond // seven passes
+	var binds, taken int
+	var firstTaken time.Duration
+	proxy := &nodeProxy{hold: func(uid string) {
+		if uid != string(pod.UID) {
+			return
+		}
+		start := time.Now()
+		for time.Since(start) < wait {
+			binds++
+			if err := bindProxyPort(pair.A); err == nil {
+				if taken == 0 {
+					firstTaken = time.Since(start)
+				}
+				taken++
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}}
+	pctx, pcancel := context.WithCancel(context.Background())
+	defer pcancel()
+	go proxy.run(pctx, zdsPath)
+	eventually.Within(t, settle, "node proxy connected", func() bool { return n.zds.Connected() == 1 })
+
+	if _, err := n.plugin.Do(t.Context(), pluginevent.PathAdd, pluginevent.Request{
+		ContainerID: "c1", Netns: pair.A, PodName: pod.Name, PodNamespace: ns, PodUID: string(pod.UID), IPs: []string{pair.AddrA.String()},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if taken > 0 {
+		t.Errorf("the pod's process bound 15001 %d times of %d while its ADD waited for the node proxy (first after %v): the pass pruned its guard", taken, binds, firstTaken)
+	}
+	if err := bindProxyPort(pair.A); !errors.Is(err, unix.EPERM) {
+		t.Errorf("bind to 15001 in the enrolled pod: %v, want EPERM", err)
+	}
+	t.Logf("%d binds during the ADD, %d taken", binds, taken)
 }

@@ -23,7 +23,10 @@ import (
 //     write in flight and no change during the check, and a rewrite
 //     during which an enrollment changed the set is done again.
 //
-// Lock order: a pod's lock, then Agent.mu.
+//   - Agent.enrollingMu guards the enrollments under way, and is held
+//     while a pass prunes the port guard, a map walk (collectPins).
+//
+// Lock order: a pod's lock, then Agent.enrollingMu, then Agent.mu.
 
 // podLocks hands out one mutex per pod UID, kept only while in use.
 type podLocks struct {

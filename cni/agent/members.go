@@ -13,6 +13,7 @@ import (
 	"github.com/canopy-mesh/canopy/cni/enroll"
 	"github.com/canopy-mesh/canopy/cni/redirect"
 	"github.com/canopy-mesh/canopy/cni/zds"
+	"github.com/canopy-mesh/canopy/internal/sockmap"
 	zdspb "github.com/canopy-mesh/canopy/workloadapi/zds"
 )
 
@@ -27,6 +28,7 @@ import (
 // never serve a pod the agent could not enroll, so the ZDS server forgets
 // it (closing its handle on the netns) and every node proxy is told.
 func (a *Agent) enrollPod(ctx context.Context, pod *corev1.Pod, f *os.File, source string, adopted bool, ips []netip.Addr, cfg redirect.PodConfig) error {
+	defer a.beginEnrolling(f)()
 	// A pod that changes mode leaves the old one entirely first: the node
 	// proxy, the probe set and the annotation are ambient's only.
 	if old := a.memberOf(pod.UID); old != nil && old.sidecar() != (cfg.Sidecar != nil) {
@@ -198,4 +200,28 @@ func dup(f *os.File) *os.File {
 		return nil
 	}
 	return os.NewFile(uintptr(fd), f.Name())
+}
+
+// beginEnrolling counts an enrollment of the namespace f under way until
+// the returned func is called, which must be after the pod became a
+// member or failed: until then no pass forgets its guard (collectPins).
+// It waits for a pass's pruning in progress, which takes a moment.
+func (a *Agent) beginEnrolling(f *os.File) (done func()) {
+	ino, err := sockmap.Inode(f)
+	if err != nil {
+		return func() {} // Enroll fails on the same handle
+	}
+	a.enrollingMu.Lock()
+	defer a.enrollingMu.Unlock()
+	if a.enrolling == nil {
+		a.enrolling = map[uint64]int{}
+	}
+	a.enrolling[ino]++
+	return func() {
+		a.enrollingMu.Lock()
+		defer a.enrollingMu.Unlock()
+		if a.enrolling[ino]--; a.enrolling[ino] <= 0 {
+			delete(a.enrolling, ino)
+		}
+	}
 }

@@ -87,7 +87,14 @@ func (a *Agent) checkSockets(m *member) {
 // (their Unenroll never came), and forgets their namespaces in the port
 // guard.
 func (a *Agent) collectPins() {
+	// The enrollments under way are read first and held off until the
+	// pruning is done: one that ended since is a member below, one that
+	// starts after guards its namespace after the pruning (beginEnrolling).
+	a.enrollingMu.Lock()
 	var live []uint64
+	for ino := range a.enrolling {
+		live = append(live, ino)
+	}
 	unregistered := 0
 	for _, m := range a.members() {
 		if ino, err := sockmap.Inode(m.netns); err == nil {
@@ -106,6 +113,7 @@ func (a *Agent) collectPins() {
 			a.log.Info("forgot the guarded namespaces of pods that are gone", "count", n)
 		}
 	}
+	a.enrollingMu.Unlock()
 	sb, ok := a.socketBackend()
 	if !ok {
 		return

@@ -493,11 +493,17 @@ func readNetns(path string, reserve bool) (netnsState, error) {
 	return st, nil
 }
 
-// Prune forgets the guarded namespaces whose inode is not in live (the
-// namespaces of the pods the agent knows): pods that went away while no
-// agent ran, whose Unguard never came. A cookie is never reused, so such
-// an entry guards nothing; pruning only keeps the map from filling. An
-// inode reused by a live namespace keeps the entry, equally harmless.
+// Prune forgets the guarded namespaces whose inode is not in live: pods
+// that went away while no agent ran, whose Unguard never came. A cookie
+// is never reused, so such an entry guards nothing; pruning only keeps
+// the map from filling. An inode reused by a live namespace keeps the
+// entry, equally harmless. live must hold every namespace the caller has
+// a pod in and every one it is guarding (an enrollment under way, whose
+// pod the caller does not count yet), and no Guard may start between the
+// caller's reading of them and Prune's return: an entry left out guards a
+// live pod, and forgetting it lets the pod's processes bind the proxy's
+// ports (the agent holds its enrollments off while it prunes,
+// agent.collectPins).
 func (g *PortGuard) Prune(live []uint64) (int, error) {
 	var (
 		key     uint64
