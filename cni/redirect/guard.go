@@ -99,12 +99,17 @@ type PortGuardConfig struct {
 	Log      *slog.Logger
 }
 
-// ErrPortTaken is a guarded port of a pod's namespace held by a socket of
-// a process that is not a node proxy: bound before the namespace was
-// guarded. Such a socket shares the proxy's SO_REUSEPORT group, so the
-// pod is refused rather than served with it; it goes when the process
-// closes it (restarting the pod does).
-var ErrPortTaken = errors.New("the node proxy's port is held by a process that is not a node proxy")
+// ErrPortTaken is a guarded port of a pod's namespace held by a socket no
+// registered node proxy holds: bound before the namespace was guarded,
+// listening or still to listen. Such a socket shares the proxy's
+// SO_REUSEPORT group, or joins it with listen(), which runs no bind hook,
+// so the pod is refused rather than served with it; it goes when the
+// process closes it (restarting the pod does). With no node proxy
+// registered (an agent that started before any proxy connected, all
+// proxies gone) no socket can be told to be a proxy's, and any socket on
+// a guarded port is taken: the pod waits for a proxy to register, which
+// a fresh pod's namespace, holding no socket, never does.
+var ErrPortTaken = errors.New("the node proxy's port is held by a process that is not a registered node proxy")
 
 // Pin names under PortGuardConfig.Root.
 const (
@@ -452,7 +457,7 @@ func (g *PortGuard) Problems(path string, want bool) ([]string, error) {
 		return nil, err
 	}
 	for _, s := range taken {
-		problems = append(problems, "held by a process that is not a node proxy: "+s)
+		problems = append(problems, "held by a process that is not a registered node proxy: "+s)
 	}
 	return problems, nil
 }
@@ -854,7 +859,9 @@ func portList(ps []uint16) string {
 }
 
 // guardedSocket is a socket on a guarded port of a pod's namespace that
-// takes new connections or datagrams: a TCP listener or a UDP socket.
+// takes new connections or datagrams, or may: a TCP listener, a TCP
+// socket bound and not connected (listen() makes it one of the group
+// without a bind), or a UDP socket.
 type guardedSocket struct {
 	proto string
 	port  uint16
@@ -867,8 +874,8 @@ func (s guardedSocket) String() string {
 
 // foreignSockets returns those of found that no registered proxy holds.
 // A proxy's sockets are told by its file descriptors (/proc/<pid>/fd);
-// with no proxy registered there is no telling them from others (an
-// agent that started before any proxy connected), and none is returned.
+// with no proxy registered there is no telling them from others, and all
+// are returned: what cannot be told a proxy's is not verified.
 func (g *PortGuard) foreignSockets(found []guardedSocket) ([]string, error) {
 	if len(found) == 0 {
 		return nil, nil
@@ -876,8 +883,14 @@ func (g *PortGuard) foreignSockets(found []guardedSocket) ([]string, error) {
 	var out []string
 	for rescanned := false; ; rescanned = true {
 		owned, ok, err := g.proxySockets(rescanned)
-		if err != nil || !ok {
+		if err != nil {
 			return nil, err
+		}
+		if !ok {
+			for _, s := range found {
+				out = append(out, s.String()+", and no node proxy is registered to tell whose")
+			}
+			return out, nil
 		}
 		out = out[:0]
 		for _, s := range found {
@@ -929,35 +942,35 @@ func (g *PortGuard) proxySockets(rescan bool) (owned map[uint32]bool, ok bool, e
 	return owned, true, nil
 }
 
-// listGuardedSockets lists the calling thread's namespace's TCP listeners
-// and UDP sockets on guarded ports, of both families. A socket without an
-// inode (a connection in a listener's queue) is its listener's.
+// listGuardedSockets lists the calling thread's namespace's sockets on
+// guarded ports, of both families, that are or may become part of the
+// proxy's SO_REUSEPORT group: TCP listeners, TCP sockets bound and
+// neither listening nor connected (listen() joins them to the group
+// later, with no bind; listGuardedTCP), UDP sockets. A TCP
+// connection (an accepted one, the proxy's) can never listen, and is left
+// out: the proxy closes them all the time, and one closed between this
+// list and the scan of its descriptors would look foreign. A socket
+// without an inode (a connection in a listener's queue, one closed) is no
+// process's.
 func listGuardedSockets() ([]guardedSocket, error) {
 	ports := bpfprog.GuardedPorts()
 	var out []guardedSocket
 	for _, fam := range []uint8{unix.AF_INET, unix.AF_INET6} {
-		for _, proto := range []string{"tcp", "udp"} {
-			var socks []*netlink.Socket
-			var err error
-			if proto == "tcp" {
-				socks, err = netlink.SocketDiagTCP(fam)
-			} else {
-				socks, err = netlink.SocketDiagUDP(fam)
-			}
-			if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EAFNOSUPPORT) {
-				continue // no such family here
-			}
-			if err != nil {
-				return nil, fmt.Errorf("sock_diag %s: %w", proto, err)
-			}
-			for _, s := range socks {
-				if s.INode == 0 || !slices.Contains(ports, s.ID.SourcePort) {
-					continue
-				}
-				if proto == "tcp" && s.State != netlink.TCP_LISTEN {
-					continue
-				}
-				out = append(out, guardedSocket{proto: proto, port: s.ID.SourcePort, inode: s.INode})
+		tcp, err := listGuardedTCP(fam)
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EAFNOSUPPORT) {
+			continue // no such family here
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, tcp...)
+		udp, err := netlink.SocketDiagUDP(fam)
+		if err != nil {
+			return nil, fmt.Errorf("sock_diag udp: %w", err)
+		}
+		for _, s := range udp {
+			if s.INode != 0 && slices.Contains(ports, s.ID.SourcePort) {
+				out = append(out, guardedSocket{proto: "udp", port: s.ID.SourcePort, inode: s.INode})
 			}
 		}
 	}

@@ -128,7 +128,7 @@ func TestPortGuardRefusesAPodHoldingAPort(t *testing.T) {
 	if rs := nftList(t, p.pod); strings.Contains(rs, NatTable) {
 		t.Errorf("rules installed for a refused pod:\n%s", rs)
 	}
-	driftHas(t, b.Verify(p.pod, DefaultPodConfig()), "held by a process that is not a node proxy: tcp port 15006")
+	driftHas(t, b.Verify(p.pod, DefaultPodConfig()), "held by a process that is not a registered node proxy: tcp port 15006")
 
 	other := newPair(t)
 	_, proxyL := proxyReusePort(t, other.pod, OutboundPort, false)

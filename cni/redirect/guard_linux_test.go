@@ -27,6 +27,7 @@ import (
 	"github.com/canopy-mesh/canopy/internal/netns"
 	"github.com/canopy-mesh/canopy/internal/sockmap"
 	"github.com/canopy-mesh/canopy/internal/testing/ci"
+	"github.com/canopy-mesh/canopy/internal/testing/eventually"
 	"github.com/canopy-mesh/canopy/internal/testing/nettest"
 )
 
@@ -676,6 +677,81 @@ func TestAttackerInPodGetsNoProxyConnection(t *testing.T) {
 			problems, err := g.Problems(s.pod, true)
 			if err != nil || len(problems) > 0 {
 				t.Errorf("Problems after the attack = %v, %v", problems, err)
+			}
+		})
+	}
+}
+
+// TestGuardFindsSocketsBoundFirst is the attack of a pod's process that
+// binds the proxy's port before its namespace is guarded, when no bind
+// hook refuses it yet. Each case holds such a socket (as this process,
+// which is no registered proxy) and asks Guard and Problems about the
+// namespace: the pod must be refused, and reported.
+//   - bound, not listening: listen() joins the proxy's SO_REUSEPORT group
+//     later, with no bind for the guard to refuse;
+//   - listening while no node proxy is registered: nothing can tell the
+//     socket is not a proxy's.
+func TestGuardFindsSocketsBoundFirst(t *testing.T) {
+	g := openGuard(t)
+	for _, tc := range []struct {
+		name   string
+		listen bool
+		proxy  bool // a node proxy (another process) is registered
+	}{
+		{"bound to listen later, a proxy registered", false, true},
+		{"listening, no proxy registered", true, false},
+		{"bound to listen later, no proxy registered", false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.proxy {
+				other := exec.Command("sleep", "60")
+				if err := other.Start(); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = other.Process.Kill(); _ = other.Wait() })
+				if err := g.Admit(other.Process.Pid); err != nil {
+					t.Fatal(err)
+				}
+				// Its slot is freed when it exits, before the next case.
+				t.Cleanup(func() {
+					_ = other.Process.Kill()
+					_ = other.Wait()
+					eventually.Within(t, 5*time.Second, "the proxy's slot freed", func() bool {
+						_, ok, _ := g.proxySockets(true)
+						return !ok
+					})
+				})
+			}
+			p := newPair(t)
+			var fd int
+			err := netns.Do(p.pod, func() (err error) {
+				if fd, err = unix.Socket(unix.AF_INET6, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err != nil {
+					return err
+				}
+				if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
+					return err
+				}
+				if err := unix.Bind(fd, &unix.SockaddrInet6{Port: InboundPort}); err != nil {
+					return err
+				}
+				if tc.listen {
+					return unix.Listen(fd, 16)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Close(fd)
+			if err := g.Guard(p.pod); !errors.Is(err, ErrPortTaken) || !strings.Contains(err.Error(), "tcp port 15006") {
+				t.Errorf("Guard with the pod's socket on 15006 = %v, want ErrPortTaken naming it", err)
+			}
+			problems, err := g.Problems(p.pod, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.ContainsFunc(problems, func(s string) bool { return strings.Contains(s, "tcp port 15006") }) {
+				t.Errorf("Problems = %q, want the socket on 15006", problems)
 			}
 		})
 	}
