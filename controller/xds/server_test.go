@@ -83,6 +83,7 @@ func startMesh(t *testing.T, cfg xds.Config) *mesh {
 // server, for proxies of a fresh namespace (also the system namespace).
 func newMesh(t *testing.T, cfg xds.Config, source xds.Source) *mesh {
 	t.Helper()
+	testenv.Need(t, env) // the authenticator asks the API server
 	auth, err := authn.New(authn.Config{LocalCluster: "Kubernetes",
 		Clusters: map[string]authn.TokenReviewer{"Kubernetes": authn.Reviewer{Client: env.Client.AuthenticationV1()}}})
 	if err != nil {
