@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/canopy-mesh/canopy/cni/agent"
 	"github.com/canopy-mesh/canopy/cni/enroll"
 	"github.com/canopy-mesh/canopy/cni/pluginevent"
 	"github.com/canopy-mesh/canopy/cni/redirect"
@@ -204,4 +206,40 @@ func TestPruneSparesPodBeingEnrolled(t *testing.T) {
 		t.Errorf("bind to 15001 in the enrolled pod: %v, want EPERM", err)
 	}
 	t.Logf("%d binds during the ADD, %d taken", binds, taken)
+}
+
+// TestUnguardableNodeRunsPods: a node whose kernel cannot guard the node
+// proxy's ports must not keep its startup taint for it (no pod at all
+// would be scheduled there): its self-test passes. An ambient pod is
+// still refused, with the reason, and a sidecar pod enrolled.
+func TestUnguardableNodeRunsPods(t *testing.T) {
+	testenv.Need(t, env)
+	nettest.NeedRoot(t)
+	nodeName := fmt.Sprintf("agent-node-%d", time.Now().UnixNano()%100000)
+	pair := nettest.NewPair(t, netip.MustParsePrefix("10.218.11.0/24"))
+	ns := env.Namespace(t, "mesh", map[string]string{enroll.LabelDataplaneMode: enroll.ModeAmbient})
+	backend := redirect.Guarded{Backend: redirect.Nftables{}, Guard: redirect.Unguardable{Err: errors.New("the kernel has no bpf_get_ns_current_pid_tgid in cgroup programs")}}
+	n := startNodeAdmitting(t, backend, nil, nodeName, filepath.Join(t.TempDir(), "ztunnel.sock"), pair.B, t.TempDir(), func(c *agent.Config) {
+		c.Enroll.SidecarCapture = true
+	})
+	if err := n.agent.SelfTest(); err != nil {
+		t.Errorf("self-test on a node that cannot guard: %v (the node keeps its startup taint: no pod is scheduled there)", err)
+	}
+	pod, err := env.Client.CoreV1().Pods(ns).Create(t.Context(), &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "ambient"},
+		Spec:       corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "app", Image: "canopy/echo"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = n.plugin.Do(t.Context(), pluginevent.PathAdd, pluginevent.Request{
+		ContainerID: "c1", Netns: pair.A, PodName: pod.Name, PodNamespace: ns, PodUID: string(pod.UID), IPs: []string{pair.AddrA.String()},
+	})
+	if err == nil || !strings.Contains(err.Error(), "bpf_get_ns_current_pid_tgid") {
+		t.Errorf("ADD of an ambient pod on a node that cannot guard = %v, want refused with the reason", err)
+	}
+	c := condition(getPod(t, ns, pod.Name))
+	if c == nil || c.Status != corev1.ConditionFalse || c.Reason != agent.ReasonFailed || !strings.Contains(c.Message, "cannot be guarded") {
+		t.Errorf("Enrolled condition = %+v, want False with %s and the reason", c, agent.ReasonFailed)
+	}
 }

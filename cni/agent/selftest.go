@@ -19,7 +19,23 @@ import (
 // sidecar pod's default capture in the same namespace and verifies that
 // too (its owner matches need kernel support ambient rules do not). The
 // namespace is never pinned; it goes when SelfTest returns.
+//
+// A node whose kernel cannot guard the node proxy's ports
+// (redirect.Unguardable) refuses every ambient pod, each with the reason,
+// but must still run sidecar pods and pods outside the mesh: its
+// self-test checks the ambient rules without the guard and passes, so the
+// node loses its startup taint, and says that ambient pods are refused.
 func (a *Agent) SelfTest() error {
+	backend := a.backend
+	if g, ok := a.backend.(interface {
+		Unguardable() error
+		Unwrap() redirect.Backend
+	}); ok {
+		if err := g.Unguardable(); err != nil {
+			a.log.Warn("self-test without the port guard: this node refuses every ambient pod; sidecar pods and pods outside the mesh run", "err", err)
+			backend = g.Unwrap()
+		}
+	}
 	f, err := throwawayNetns()
 	if err != nil {
 		return fmt.Errorf("self-test: %w", err)
@@ -32,16 +48,16 @@ func (a *Agent) SelfTest() error {
 	}
 	var verr error
 	for _, cfg := range cfgs {
-		if err := a.backend.Enroll(path, cfg); err != nil {
+		if err := backend.Enroll(path, cfg); err != nil {
 			verr = fmt.Errorf("enroll %s: %w", modeOf(cfg), err)
 			break
 		}
-		if err := a.backend.Verify(path, cfg); err != nil {
+		if err := backend.Verify(path, cfg); err != nil {
 			verr = fmt.Errorf("verify %s: %w", modeOf(cfg), err)
 			break
 		}
 	}
-	if uerr := a.backend.Unenroll(path); verr != nil || uerr != nil {
+	if uerr := backend.Unenroll(path); verr != nil || uerr != nil {
 		return fmt.Errorf("self-test: %w", errors.Join(verr, uerr))
 	}
 	return nil

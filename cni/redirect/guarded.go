@@ -77,6 +77,16 @@ func (g Guarded) Unenroll(netnsPath string) error {
 	return g.Guard.Unguard(netnsPath)
 }
 
+// Unguardable reports why the node cannot guard (the Unguardable guard's
+// Err), nil when it can: what the agent's self-test must not fail the
+// node for, since it refuses only ambient pods.
+func (g Guarded) Unguardable() error {
+	if u, ok := g.Guard.(Unguardable); ok {
+		return u.Err
+	}
+	return nil
+}
+
 // PruneGuards forgets the guarded namespaces whose inode is not in live,
 // when the guard can (PortGuard.Prune).
 func (g Guarded) PruneGuards(live []uint64) (int, error) {
