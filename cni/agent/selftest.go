@@ -41,6 +41,8 @@ func (a *Agent) SelfTest() error {
 		return fmt.Errorf("self-test: %w", err)
 	}
 	defer f.Close()
+	// Guarded like a pod's, which no pass may forget meanwhile.
+	defer a.beginEnrolling(f)()
 	path := fmt.Sprintf("/proc/self/fd/%d", f.Fd())
 	cfgs := []redirect.PodConfig{a.cfg.selfTestPod()}
 	if a.cfg.Enroll.SidecarCapture {
