@@ -499,10 +499,12 @@ func readNetns(path string, reserve bool) (netnsState, error) {
 }
 
 // Prune forgets the guarded namespaces whose inode is not in live: pods
-// that went away while no agent ran, whose Unguard never came. A cookie
-// is never reused, so such an entry guards nothing; pruning only keeps
-// the map from filling. An inode reused by a live namespace keeps the
-// entry, equally harmless. live must hold every namespace the caller has
+// that went away while no agent ran, whose Unguard never came (a cookie
+// is never reused, so such an entry guards nothing; pruning keeps the map
+// from filling), and live namespaces the caller holds no pod in (one
+// whose enrollment failed after Guard, which no proxy serves, guarded
+// again when it is tried again). An inode reused by a live namespace
+// keeps the entry, which is harmless. live must hold every namespace the caller has
 // a pod in and every one it is guarding (an enrollment under way, whose
 // pod the caller does not count yet), and no Guard may start between the
 // caller's reading of them and Prune's return: an entry left out guards a
