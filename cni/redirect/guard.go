@@ -967,6 +967,9 @@ func listGuardedSockets() ([]guardedSocket, error) {
 		}
 		out = append(out, tcp...)
 		udp, err := netlink.SocketDiagUDP(fam)
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EAFNOSUPPORT) {
+			continue
+		}
 		if err != nil {
 			return nil, fmt.Errorf("sock_diag udp: %w", err)
 		}
