@@ -25,15 +25,22 @@ type Share struct {
 	// resources, so the second need not be generated. Empty: the share
 	// reads too much to tell, and is generated for every Mesh.
 	Deps string
-	// Absent: the Mesh has nothing under the share's name (no service,
-	// port or subset of it). Generate then answers a function of the
-	// name alone, for the client's kind: nothing, or the placeholder that
-	// tells a client to stop waiting (an assignment without endpoints, a
-	// route configuration without virtual hosts), the same in every Mesh
-	// the name is absent from. A client may name any number of these, so
-	// a control plane neither caches nor holds what they generate.
-	Absent bool
+	// Absent tells whether the Mesh has nothing under the share's name
+	// (no service, port or subset of it); nil: never. Generate then
+	// answers a function of the name alone, for the client's kind:
+	// nothing, or the placeholder that tells a client to stop waiting (an
+	// assignment without endpoints, a route configuration without virtual
+	// hosts), the same in every Mesh the name is absent from. A client may
+	// name any number of these, so a control plane neither caches nor
+	// holds what they generate. It is a function, asked only when needed,
+	// because it costs the lookups the generator makes: a control plane
+	// that already holds the share's resources need not ask.
+	Absent func() bool
 }
+
+// IsAbsent reports whether the Mesh has nothing under the share's name
+// (Absent).
+func (s Share) IsAbsent() bool { return s.Absent != nil && s.Absent() }
 
 // SidecarShares splits what GenerateSidecar answers into shares. A
 // wildcard type has two: the outbound share (clusters or listeners of the
@@ -47,13 +54,13 @@ func (m *Mesh) SidecarShares(p Proxy, typeURL string, names []string) []Share {
 	switch typeURL {
 	case ClusterType:
 		return []Share{
-			{m.key(p, "out").scope(m.SidecarScope(p)).String(), "", func() []Named { return m.sidecarOutboundClusters(p) }, m.deps(clusterConfig), false},
-			{m.key(p, "own").labels(p.Labels).ips(p).String(), "", func() []Named { return m.sidecarInboundClusters(p) }, m.ownDeps(p), false},
+			{m.key(p, "out").scope(m.SidecarScope(p)).String(), "", func() []Named { return m.sidecarOutboundClusters(p) }, m.deps(clusterConfig), nil},
+			{m.key(p, "own").labels(p.Labels).ips(p).String(), "", func() []Named { return m.sidecarInboundClusters(p) }, m.ownDeps(p), nil},
 		}
 	case ListenerType:
 		return []Share{
-			{m.key(p, "out").scope(m.SidecarScope(p)).String(), "", func() []Named { return m.sidecarOutboundListeners(p) }, m.deps(listenerConfig), false},
-			{m.key(p, "own").labels(p.Labels).ips(p).String(), "", func() []Named { return []Named{{VirtualInbound, m.virtualInbound(p)}} }, m.ownDeps(p), false},
+			{m.key(p, "out").scope(m.SidecarScope(p)).String(), "", func() []Named { return m.sidecarOutboundListeners(p) }, m.deps(listenerConfig), nil},
+			{m.key(p, "own").labels(p.Labels).ips(p).String(), "", func() []Named { return []Named{{VirtualInbound, m.virtualInbound(p)}} }, m.ownDeps(p), nil},
 		}
 	case EndpointType:
 		return m.endpointShares(p, names)
@@ -78,14 +85,10 @@ func (m *Mesh) GRPCShares(p Proxy, typeURL string, names []string) []Share {
 		clientKey, clientDeps := m.key(p, "name").String(), m.deps(allConfig)
 		for _, name := range names {
 			key, deps := clientKey, clientDeps
-			var absent bool
+			absent := func() bool { _, _, _, ok := m.grpcClientTarget(p, name); return !ok }
 			if addr, ok := strings.CutPrefix(name, ServerListenerPrefix); ok {
 				key, deps = m.key(p, "name").labels(p.Labels).ips(p).String(), m.ownDeps(p)
-				_, _, ok = m.grpcServerAddr(p, addr)
-				absent = !ok
-			} else {
-				_, _, _, ok := m.grpcClientTarget(p, name)
-				absent = !ok
+				absent = func() bool { _, _, ok := m.grpcServerAddr(p, addr); return !ok }
 			}
 			out = append(out, Share{key, name, func() []Named { return m.GRPCListeners(p, []string{name}) }, deps, absent})
 		}
@@ -127,7 +130,7 @@ func (m *Mesh) perName(p Proxy, names []string, gen func(Proxy, []string) []Name
 	with(k)
 	key := k.String()
 	for _, name := range names {
-		out = append(out, Share{key, name, func() []Named { return gen(p, []string{name}) }, deps, absent(p, name)})
+		out = append(out, Share{key, name, func() []Named { return gen(p, []string{name}) }, deps, func() bool { return absent(p, name) }})
 	}
 	return out
 }
@@ -142,7 +145,7 @@ func (m *Mesh) endpointShares(p Proxy, names []string) []Share {
 		if !ok {
 			d = deps // a name that is no service's cluster is answered with nothing
 		}
-		out = append(out, Share{key, name, func() []Named { return m.Endpoints(p, []string{name}) }, d, m.noCluster(p, name)})
+		out = append(out, Share{key, name, func() []Named { return m.Endpoints(p, []string{name}) }, d, func() bool { return m.noCluster(p, name) }})
 	}
 	return out
 }

@@ -324,7 +324,7 @@ func TestAbsentSharesAreTheirNamesAlone(t *testing.T) {
 			for pname, p := range shareProxies {
 				got, placeholders := tt.shares(m, p, tt.typ, names), tt.shares(empty, p, tt.typ, names)
 				for i, sh := range got {
-					if !sh.Absent {
+					if !sh.IsAbsent() {
 						continue
 					}
 					if diff := cmp.Diff(placeholders[i].Generate(), sh.Generate(), cmp.Comparer(proto.Equal)); diff != "" {
@@ -336,7 +336,7 @@ func TestAbsentSharesAreTheirNamesAlone(t *testing.T) {
 				}
 				var gotAbsent []string
 				for _, sh := range got {
-					if sh.Absent {
+					if sh.IsAbsent() {
 						gotAbsent = append(gotAbsent, sh.Name)
 					}
 				}

@@ -143,6 +143,15 @@ func (g *generation) entry(key cacheKey, deps string) *cached {
 	return e
 }
 
+// holds reports whether the generation itself (not its predecessor)
+// has an entry for key with deps.
+func (g *generation) holds(key cacheKey, deps string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	e := g.entries[key]
+	return e != nil && e.deps == deps
+}
+
 // cacheKey is a share's key in its generation's cache: the kind of
 // client (sidecar and proxyless resources are never shared), the type and
 // the share's own key.
@@ -425,11 +434,11 @@ type envoySet struct {
 	// same by name: shared, cached for the generation.
 	list   []*Resource
 	byName map[string]*Resource
-	// shares are the watch's shares. Those Absent, of names the mesh has
-	// nothing under, are answered with what placeholders builds for the
-	// response that carries it, never cached or held: a client may name
-	// any number of them.
-	shares []sidecar.Share
+	// absent are the watch's shares of names the mesh has nothing under
+	// (sidecar.Share.Absent), answered with what placeholders builds for
+	// the response that carries it, never cached or held: a client may
+	// name any number of them.
+	absent []sidecar.Share
 }
 
 // envoyGenerate returns what the watch covers now. The caller holds c.mu.
@@ -444,18 +453,16 @@ func (s *Server) envoyGenerate(c *envoyConn, typ string, w *envoyWatch) (envoySe
 	if err != nil {
 		return envoySet{}, err
 	}
-	present := 0
+	set := envoySet{gen: gen, byName: make(map[string]*Resource, len(shares))}
 	for _, sh := range shares {
-		if !sh.Absent {
-			present++
-		}
-	}
-	set := envoySet{gen: gen, byName: make(map[string]*Resource, present), shares: shares}
-	for _, sh := range shares {
-		if sh.Absent {
+		key := cacheKey{c.sidecar, typ, sh.Key, sh.Name}
+		// A share this generation holds is present (nothing absent is
+		// held): only the first proxy to ask pays for the lookups.
+		if !g.holds(key, sh.Deps) && sh.IsAbsent() {
+			set.absent = append(set.absent, sh)
 			continue
 		}
-		e := g.entry(cacheKey{c.sidecar, typ, sh.Key, sh.Name}, sh.Deps)
+		e := g.entry(key, sh.Deps)
 		e.once.Do(func() { e.res, e.err = s.generate(c.proxy, typ, sh.Name, sh.Generate, NewResource) })
 		if e.err != nil {
 			return envoySet{}, e.err
@@ -477,8 +484,8 @@ func (s *Server) envoyGenerate(c *envoyConn, typ string, w *envoyWatch) (envoySe
 // or a placeholder that tells the client to stop waiting for it.
 func (s *Server) placeholders(c *envoyConn, typ string, set envoySet, due func(name string) bool) ([]*Resource, error) {
 	var out []*Resource
-	for _, sh := range set.shares {
-		if !sh.Absent || !due(sh.Name) {
+	for _, sh := range set.absent {
+		if !due(sh.Name) {
 			continue
 		}
 		rs, err := s.generate(c.proxy, typ, sh.Name, sh.Generate, newBareResource)
