@@ -45,11 +45,12 @@ func (m *mesh) silentProxies(t *testing.T, sa string, n int) {
 	}
 }
 
-func heapInUse() uint64 {
+// liveHeap is the heap's live bytes after a collection.
+func liveHeap() uint64 {
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return ms.HeapInuse
+	return ms.HeapAlloc
 }
 
 // pushes counts responses handed to gRPC, of every type.
@@ -77,7 +78,7 @@ func TestSilentProxiesHoldOnlyTheBudget(t *testing.T) {
 	if n := len(fast.table.Snapshot().Workloads); n != 1500 {
 		t.Fatalf("proxy holds %d workloads, want 1500", n)
 	}
-	before, pushed := heapInUse(), pushes(t, m)
+	before, pushed := liveHeap(), pushes(t, m)
 
 	const silent = 8
 	for i := range silent {
@@ -100,10 +101,12 @@ func TestSilentProxiesHoldOnlyTheBudget(t *testing.T) {
 	if sent >= silent {
 		t.Errorf("%d of %d silent proxies have their table queued: the budget did not bound them", sent, silent)
 	}
-	grown := int64(heapInUse()) - int64(before)
-	// Each queued response is ~0.4 MB: eight of them, unbounded, grow the
-	// heap by about 4 MB.
-	bound := int64(3 << 20)
+	grown := int64(liveHeap()) - int64(before)
+	// Measured as live heap (HeapAlloc after a collection; HeapInuse
+	// counts whole spans and swung by 1.5 MB between runs): with the
+	// budget 2.1 to 3.8 MB, the test's own eight clients included;
+	// unbounded, all eight responses queued, about 9.3 MB.
+	bound := int64(6 << 20)
 	if raceBuild {
 		bound *= 3
 	}

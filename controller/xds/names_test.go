@@ -100,7 +100,7 @@ func (p *proxylessStream) ask(typ string, names []string) (*discoveryv3.Discover
 // keep since the last collection, is collected.
 func settledHeap() uint64 {
 	runtime.GC()
-	return heapInUse()
+	return liveHeap()
 }
 
 // TestMadeUpNamesCostOnlyTheirCaller is the attack: one caller's token
