@@ -211,15 +211,21 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 }
 
 // newBackend makes the configured redirection backend. The eBPF one is
-// checked against the kernel first, so that an agent on a kernel without
-// what it needs fails at start, naming it, rather than at each pod; and
-// its pins need the node's BPF filesystem.
+// checked against the kernel first, and the iptables one for its
+// binaries, so that an agent without what it needs fails at start,
+// naming it, rather than at each pod; the eBPF one's pins need the node's
+// BPF filesystem.
 func newBackend(cfg config) (redirect.Backend, error) {
 	switch cfg.backend {
 	case "nftables", "iptables":
 		var b redirect.Backend = redirect.Nftables{}
 		if cfg.backend == "iptables" {
-			b = redirect.Iptables{}
+			ipt := redirect.Iptables{}
+			if err := ipt.Probe(); err != nil {
+				// Canopy's own agent image carries no iptables.
+				return nil, fmt.Errorf("%w (the nftables backend needs no binary)", err)
+			}
+			b = ipt
 		}
 		// Pods the eBPF backend enrolled before the node changed backend
 		// keep its programs until they are enrolled again, and then lose

@@ -119,6 +119,21 @@ func (t ipt) load(netnsPath string) (saved, error) {
 	return parseSave(out), nil
 }
 
+// Probe reports what the backend needs and the node (or the agent's
+// image) lacks: the IPv4 iptables-restore and iptables-save. Without them
+// every pod's enrollment would fail, so an agent checks at start and
+// names what is missing. The IPv6 pair is optional: without it, pods with
+// IPv6 addresses are refused (ErrIPv6Uncaptured).
+func (b Iptables) Probe() error {
+	v4 := b.v4()
+	for _, bin := range []string{v4.restore, v4.save} {
+		if _, err := exec.LookPath(bin); err != nil {
+			return fmt.Errorf("the iptables backend runs %s: %w", bin, err)
+		}
+	}
+	return nil
+}
+
 // Enroll implements Backend. IPv6 goes first, so a pod refused for its
 // IPv6 gets no rules at all.
 func (b Iptables) Enroll(netnsPath string, cfg PodConfig) error {
