@@ -11,6 +11,11 @@ declare -A pkg_for=(
 	# and their IPv6 twins with ip6tables-restore (same package).
 	[iptables-restore]=iptables
 	[ip6tables-restore]=iptables
+	# The real nodes' containers: containerd's runc shim runs Debian's runc.
+	[runc]=runc
+	# Entering a real node's mount, UTS and network namespaces (util-linux,
+	# essential in Debian; listed for minimal roots).
+	[nsenter]=util-linux
 )
 # apt brings their libraries along (libnftables1, libnftnl11, libip6tc2,
 # libnetfilter-conntrack3, libnfnetlink0): hack/fresh-machine-check.sh

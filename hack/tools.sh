@@ -3,12 +3,15 @@
 # each pinned in its own Go module under tools/, into a cache outside the
 # repo, and prints the directory that holds them:
 #
-#   hack/tools.sh kube      kube-apiserver, kube-controller-manager, kube-proxy, kubectl
+#   hack/tools.sh kube      kube-apiserver, kube-controller-manager, kube-proxy, kubectl,
+#                           kubelet and kube-scheduler (the real nodes)
 #   hack/tools.sh coredns   coredns (cluster DNS)
 #   hack/tools.sh cni       ptp, host-local, loopback (CNI reference plugins)
 #   hack/tools.sh buf       buf (compiles, lints and checks the protos)
 #   hack/tools.sh istio     pilot-discovery (istiod), istioctl (the parity test's reference),
 #                           pilot-agent (the proxyv2 image's agent on the local cluster)
+#   hack/tools.sh containerd containerd, containerd-shim-runc-v2, ctr (the real nodes' runtime)
+#   hack/tools.sh registry  registry (distribution: the OCI registry the real nodes pull from)
 #
 # A cold build prints one line per binary with its share of the wait; Go's
 # own output goes to a log in the cache and is shown only when a build fails.
@@ -19,7 +22,7 @@
 # a relink, not a full build.
 set -euo pipefail
 
-name=${1:?usage: hack/tools.sh kube|coredns|cni|buf|istio}
+name=${1:?usage: hack/tools.sh kube|coredns|cni|buf|istio|containerd|registry}
 root=$(cd "$(dirname "$0")/.." && pwd)
 mod="$root/tools/$name"
 [ -f "$mod/go.mod" ] || { echo "tools: no module tools/$name" >&2; exit 1; }
@@ -44,12 +47,15 @@ kube)
 		-X $v.buildDate=1970-01-01T00:00:00Z"
 	cold=([kube-apiserver]="cold: about 6 of the 10 minutes this module takes, with the module fetch"
 		[kube-controller-manager]="cold: about 2 of the 10 minutes"
-		[kube-proxy]="cold: under a minute" [kubectl]="cold: under a minute")
+		[kube-proxy]="cold: under a minute" [kubectl]="cold: under a minute"
+		[kubelet]="cold: about 2 minutes" [kube-scheduler]="cold: under a minute")
 	binaries=(
 		"kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver"
 		"kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager"
 		"kube-proxy k8s.io/kubernetes/cmd/kube-proxy"
 		"kubectl k8s.io/kubernetes/cmd/kubectl"
+		"kubelet k8s.io/kubernetes/cmd/kubelet"
+		"kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler"
 	)
 	;;
 coredns)
@@ -84,6 +90,24 @@ istio)
 		"istioctl istio.io/istio/istioctl/cmd/istioctl"
 		"pilot-agent istio.io/istio/pilot/cmd/pilot-agent"
 	)
+	;;
+containerd)
+	version=$(pin github.com/containerd/containerd/v2)
+	# Without it containerd reports "<version>+unknown" to the kubelet.
+	ldflags="$ldflags -X github.com/containerd/containerd/v2/version.Version=$version
+		-X github.com/containerd/containerd/v2/version.Revision=canopy-tools"
+	cold=([containerd]="cold: about 4 minutes, with the module fetch"
+		[containerd-shim-runc-v2]="cold: under a minute" [ctr]="cold: under a minute")
+	binaries=(
+		"containerd github.com/containerd/containerd/v2/cmd/containerd"
+		"containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"
+		"ctr github.com/containerd/containerd/v2/cmd/ctr"
+	)
+	;;
+registry)
+	version=$(pin github.com/distribution/distribution/v3)
+	cold=([registry]="cold: about 2 minutes, with the module fetch")
+	binaries=("registry github.com/distribution/distribution/v3/cmd/registry")
 	;;
 *)
 	echo "tools: unknown tool module $name" >&2

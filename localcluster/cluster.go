@@ -177,12 +177,28 @@ func (u *upper) run(ctx context.Context) error {
 	if err := u.startDNS(ctx); err != nil {
 		return err
 	}
+	st.Runtime = cfg.Runtime
+	if cfg.Runtime == RuntimeContainerd {
+		st.NodeCgroup = cfg.cgroup()
+		if err := u.startRegistry(ctx); err != nil {
+			return err
+		}
+		if err := u.grantKubeletAPI(ctx); err != nil {
+			return err
+		}
+	}
 	for i := 1; i <= cfg.Nodes; i++ {
 		if err := u.startNode(ctx, i); err != nil {
 			return fmt.Errorf("node %s: %w", cfg.nodeName(i), err)
 		}
 	}
-	if err := u.spawn("scheduler", "", cfg.Binaries.Self, "scheduler", "--kubeconfig", st.Kubeconfig); err != nil {
+	scheduler := []string{cfg.Binaries.Self, "scheduler", "--kubeconfig", st.Kubeconfig}
+	if cfg.Runtime == RuntimeContainerd {
+		// Real nodes get the real scheduler; it leads alone.
+		scheduler = []string{filepath.Join(cfg.Binaries.KubeDir, "kube-scheduler"), "--kubeconfig=" + st.Kubeconfig,
+			"--leader-elect=false", "--bind-address=" + cfg.hostIP().String(), "--secure-port=10259"}
+	}
+	if err := u.spawn("scheduler", "", scheduler...); err != nil {
 		return err
 	}
 	if err := u.waitReady(ctx); err != nil {
@@ -341,6 +357,12 @@ func (u *upper) startNode(ctx context.Context, i int) error {
 	if err := addHostRoute(cfg.nodePodCIDR(i), cfg.nodeIP(i)); err != nil {
 		return err
 	}
+	if cfg.Runtime == RuntimeContainerd {
+		if err := u.startRealNode(ctx, i, node); err != nil {
+			return err
+		}
+		return u.startKubeProxy(name, path, node.IP)
+	}
 
 	dir := filepath.Join(cfg.StateDir, "nodes", name)
 	confDir, binDir := filepath.Join(dir, "cni", "net.d"), filepath.Join(dir, "cni", "bin")
@@ -392,14 +414,21 @@ func (u *upper) startNode(ctx context.Context, i int) error {
 	if err := u.spawn("kubelet-"+name, path, cfg.Binaries.Self, "kubelet", "--config", kcPath); err != nil {
 		return err
 	}
-	return u.spawn("kube-proxy-"+name, path, filepath.Join(cfg.Binaries.KubeDir, "kube-proxy"),
+	return u.startKubeProxy(name, path, node.IP)
+}
+
+// startKubeProxy runs a node's kube-proxy in the node's network namespace,
+// a process as clusters without a kube-proxy DaemonSet run it.
+func (u *upper) startKubeProxy(name, netnsPath, nodeIP string) error {
+	cfg, st := u.cfg, u.st
+	return u.spawn("kube-proxy-"+name, netnsPath, filepath.Join(cfg.Binaries.KubeDir, "kube-proxy"),
 		"--kubeconfig="+st.Kubeconfig,
 		"--hostname-override="+name,
 		"--proxy-mode=nftables",
 		"--cluster-cidr="+cfg.PodCIDR.String(),
-		"--bind-address="+node.IP,
-		"--healthz-bind-address="+node.IP+":10256",
-		"--metrics-bind-address="+node.IP+":10249",
+		"--bind-address="+nodeIP,
+		"--healthz-bind-address="+nodeIP+":10256",
+		"--metrics-bind-address="+nodeIP+":10249",
 		// Leave the host-wide conntrack settings alone.
 		"--conntrack-max-per-core=0",
 		"--conntrack-tcp-timeout-established=0",

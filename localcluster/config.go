@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"net/netip"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 
@@ -46,9 +47,28 @@ type Config struct {
 	// NodeTaints are the taints every node registers with, as a kubelet's
 	// --register-with-taints: a CNI agent's startup taint, say.
 	NodeTaints []corev1.Taint
-	Binaries   Binaries
-	Log        *slog.Logger
+	// Runtime chooses the nodes: RuntimeContainerd (real kubelets and
+	// containerd, images pulled from the cluster's registry) or
+	// RuntimeStandIn (the kubelet stand-in running Images' programs).
+	// Default RuntimeStandIn.
+	Runtime  Runtime
+	Binaries Binaries
+	Log      *slog.Logger
 }
+
+// Runtime is what runs a cluster's pods.
+type Runtime string
+
+const (
+	// RuntimeStandIn: the kubelet stand-in (localcluster/kubelet) maps
+	// image names to programs on the host and runs them in the pods'
+	// namespaces; no container, no image, no runtime.
+	RuntimeStandIn Runtime = "stand-in"
+	// RuntimeContainerd: real nodes (localcluster/realnode), the kubelet
+	// and containerd with runc, pulling images from the cluster's OCI
+	// registry on the bridge.
+	RuntimeContainerd Runtime = "containerd"
+)
 
 // Binaries are the programs a cluster runs.
 type Binaries struct {
@@ -65,6 +85,17 @@ type Binaries struct {
 	CNIDir string
 	// Etcd is the etcd binary; default from PATH.
 	Etcd string
+
+	// For RuntimeContainerd only (KubeDir then also holds kubelet and
+	// kube-scheduler):
+	// ContainerdDir holds containerd and containerd-shim-runc-v2.
+	ContainerdDir string
+	// Registry is distribution's registry binary.
+	Registry string
+	// Pause is canopy-pause, the pods' sandbox process.
+	Pause string
+	// Runc is the OCI runtime; default runc from PATH.
+	Runc string
 }
 
 var validName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,9}[a-z0-9])?$`)
@@ -110,6 +141,27 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
 	}
+	switch c.Runtime {
+	case "":
+		c.Runtime = RuntimeStandIn
+	case RuntimeStandIn:
+	case RuntimeContainerd:
+		if c.Binaries.Runc == "" {
+			runc, err := exec.LookPath("runc")
+			if err != nil {
+				return c, errors.New("runc is not installed (hack/install-deps.sh installs Debian's)")
+			}
+			c.Binaries.Runc = runc
+		}
+		for name, path := range map[string]string{"containerd dir": c.Binaries.ContainerdDir,
+			"registry": c.Binaries.Registry, "pause": c.Binaries.Pause, "runc": c.Binaries.Runc} {
+			if path == "" || !filepath.IsAbs(path) {
+				return c, fmt.Errorf("binary %s: %q is not an absolute path", name, path)
+			}
+		}
+	default:
+		return c, fmt.Errorf("runtime %q: want %q or %q", c.Runtime, RuntimeContainerd, RuntimeStandIn)
+	}
 	for name, path := range map[string]string{"self": c.Binaries.Self, "echo": c.Binaries.Echo, "kube dir": c.Binaries.KubeDir,
 		"coredns": c.Binaries.CoreDNS, "cni dir": c.Binaries.CNIDir} {
 		if path == "" || !filepath.IsAbs(path) {
@@ -138,6 +190,21 @@ func (b *Binaries) FindTools() error {
 	return nil
 }
 
+// FindNodeTools fills in what real nodes run beyond FindTools: containerd
+// and the registry, through internal/tools.
+func (b *Binaries) FindNodeTools() error {
+	var err error
+	if b.ContainerdDir, err = tools.Dir("containerd"); err != nil {
+		return err
+	}
+	reg, err := tools.Dir("registry")
+	if err != nil {
+		return err
+	}
+	b.Registry = filepath.Join(reg, "registry")
+	return nil
+}
+
 // DefaultStateDir is where a cluster called name keeps its state.
 func DefaultStateDir(name string) string {
 	return filepath.Join(defaultStateRoot, name)
@@ -163,6 +230,8 @@ func (c Config) nodeName(i int) string          { return fmt.Sprintf("node-%d", 
 func (c Config) nodeZone(i int) string          { return c.Zones[(i-1)%len(c.Zones)] }
 func (c Config) nodeNetns(i int) string         { return fmt.Sprintf("%s-node-%d", c.Name, i) }
 func (c Config) bridge() string                 { return "cnp-" + c.Name }
+func (c Config) registry() string               { return c.hostIP().String() + ":5000" }
+func (c Config) cgroup() string                 { return "canopy-local-" + c.Name }
 func (c Config) nodePodCIDR(i int) netip.Prefix { return netip.PrefixFrom(nth(c.PodCIDR, i*256), 24) }
 
 // hostLink names a node's veth on the host, within the 15 characters a

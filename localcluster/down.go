@@ -12,6 +12,7 @@ import (
 	"github.com/canopy-mesh/canopy/internal/netns"
 	"github.com/canopy-mesh/canopy/internal/procs"
 	"github.com/canopy-mesh/canopy/localcluster/kubelet"
+	"github.com/canopy-mesh/canopy/localcluster/realnode"
 )
 
 // Down removes everything Up recorded in dir: processes (the recorded ones,
@@ -40,6 +41,14 @@ func Down(_ context.Context, dir string) error {
 	procs.KillInNetns(namespaces...)
 
 	var errs []error
+	// Real nodes: containers, shims and whatever a daemon left, in every
+	// cgroup hierarchy. The nodes' mounts go with their mount namespaces
+	// once their last process is gone.
+	if st.NodeCgroup != "" {
+		if err := realnode.RemoveCgroup(st.NodeCgroup); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	// Whatever a pod left in its cgroup, wherever its network.
 	if st.Cgroup != "" {
 		if err := cgroup.Remove(st.Cgroup); err != nil {
@@ -68,6 +77,11 @@ func Down(_ context.Context, dir string) error {
 		return fmt.Errorf("remove state directory: %w", err)
 	}
 	removeLeftovers(dir, defaultStateRoot, cniHostPaths)
+	// The real nodes' mount points the host lacked, deepest first; a
+	// directory something else filled meanwhile stays.
+	for i := len(st.Mountpoints) - 1; i >= 0; i-- {
+		_ = os.Remove(st.Mountpoints[i])
+	}
 	return nil
 }
 

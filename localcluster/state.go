@@ -18,7 +18,17 @@ type State struct {
 	HostLinks []string `json:"hostLinks,omitempty"`
 	Netns     []string `json:"netns,omitempty"` // node namespaces' pin paths
 	// Cgroup is the cgroup v2 directory holding every node's pods.
-	Cgroup    string    `json:"cgroup,omitempty"`
+	Cgroup string `json:"cgroup,omitempty"`
+	// Runtime is what runs the pods (Config.Runtime).
+	Runtime Runtime `json:"runtime,omitempty"`
+	// NodeCgroup is, with real nodes, the cgroup (relative to each
+	// hierarchy's root) of every node's daemons, containers and pods.
+	NodeCgroup string `json:"nodeCgroup,omitempty"`
+	// Mountpoints are directories real nodes' binds needed that the host
+	// lacked; Down removes those left empty.
+	Mountpoints []string `json:"mountpoints,omitempty"`
+	// Registry is host:port of the cluster's OCI registry.
+	Registry  string    `json:"registry,omitempty"`
 	Processes []Process `json:"processes,omitempty"`
 	// Kubeconfig is the admin kubeconfig; APIServer the server URL.
 	Kubeconfig string `json:"kubeconfig,omitempty"`

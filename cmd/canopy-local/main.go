@@ -10,6 +10,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -26,6 +28,7 @@ import (
 	"github.com/canopy-mesh/canopy/internal/version"
 	"github.com/canopy-mesh/canopy/localcluster"
 	"github.com/canopy-mesh/canopy/localcluster/containerinit"
+	"github.com/canopy-mesh/canopy/localcluster/realnode"
 )
 
 func main() {
@@ -91,6 +94,8 @@ func newRootCommand() *cobra.Command {
 	upCmd.Flags().IntVar(&up.nodes, "nodes", 2, "number of nodes")
 	upCmd.Flags().StringArrayVar(&up.images, "image", nil, "extra image table entry repository=/path/to/program (repeatable)")
 	upCmd.Flags().StringVar(&up.echo, "echo", "", "canopy-echo binary (default: next to canopy-local, else on PATH)")
+	upCmd.Flags().StringVar(&up.runtime, "runtime", string(localcluster.RuntimeStandIn),
+		"what runs pods: containerd (real kubelets and containerd pulling from the cluster's registry) or stand-in (the kubelet stand-in; --image programs)")
 
 	downCmd := &cobra.Command{
 		Use:   "down",
@@ -132,20 +137,64 @@ func newRootCommand() *cobra.Command {
 	}
 	schedulerCmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the cluster")
 
-	root.AddCommand(upCmd, downCmd, statusCmd, kubeletCmd, schedulerCmd)
+	var nodeSpec string
+	nodeInitCmd := &cobra.Command{
+		Use:    "node-init",
+		Short:  "Hold a real node's namespaces and mounts (started by up, in the node's namespaces)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runNodeInit(nodeSpec)
+		},
+	}
+	nodeInitCmd.Flags().StringVar(&nodeSpec, "spec", "", "the node's spec, written by up")
+
+	root.AddCommand(upCmd, downCmd, statusCmd, kubeletCmd, schedulerCmd, nodeInitCmd)
 	return root
 }
 
+// runNodeInit runs a real node's init; up reads its one line of readiness
+// from file descriptor 3.
+func runNodeInit(specPath string) error {
+	ready := os.NewFile(3, "ready")
+	if ready == nil {
+		return errors.New("node-init: no readiness pipe on file descriptor 3")
+	}
+	b, err := os.ReadFile(specPath)
+	if err != nil {
+		return fmt.Errorf("node-init: %w", err)
+	}
+	var s realnode.Spec
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("node-init: spec %s: %w", specPath, err)
+	}
+	return realnode.Init(s, ready)
+}
+
 type upOptions struct {
-	nodes  int
-	images []string
-	echo   string
+	nodes   int
+	images  []string
+	echo    string
+	runtime string
 }
 
 func runUp(ctx context.Context, g globalOptions, o upOptions, out, errOut io.Writer) error {
+	rt := localcluster.Runtime(o.runtime)
 	bins, err := findBinaries(o.echo)
 	if err != nil {
 		return err
+	}
+	if rt == localcluster.RuntimeContainerd {
+		if len(o.images) > 0 {
+			return errors.New("--image is for the stand-in runtime; real nodes pull images from the cluster's registry")
+		}
+		bins.Pause = filepath.Join(filepath.Dir(bins.Self), "canopy-pause")
+		if _, err := os.Stat(bins.Pause); err != nil {
+			return fmt.Errorf("canopy-pause not found next to %s: make build", bins.Self)
+		}
+		if err := bins.FindNodeTools(); err != nil {
+			return err
+		}
 	}
 	images := map[string]string{}
 	for _, e := range o.images {
@@ -161,6 +210,7 @@ func runUp(ctx context.Context, g globalOptions, o upOptions, out, errOut io.Wri
 		Nodes:    o.nodes,
 		StateDir: g.stateDir,
 		Images:   images,
+		Runtime:  rt,
 		Binaries: bins,
 		// up prints its own summary; its components' lifecycle lines
 		// are for --verbose, and warnings always show.
@@ -171,6 +221,9 @@ func runUp(ctx context.Context, g globalOptions, o upOptions, out, errOut io.Wri
 	}
 	fmt.Fprintf(out, "cluster %q is ready in %.1fs with %d nodes\nexport KUBECONFIG=%s\n",
 		g.name, time.Since(start).Seconds(), len(c.State.Nodes), c.State.Kubeconfig)
+	if c.State.Registry != "" {
+		fmt.Fprintf(out, "registry: %s (plain HTTP; every node pulls every image from it)\n", c.State.Registry)
+	}
 	return nil
 }
 

@@ -2,6 +2,13 @@
 // build, without a container engine, and writes each as <repository>.tar,
 // which docker load and ctr images import accept. make images runs it.
 //
+// With --push REGISTRY it also pushes each to REGISTRY/<hub>/<repository>:<tag>
+// (plain HTTP for a private or loopback address), the echo app also as
+// REGISTRY/canopy/echo:latest (the name deploy/examples use), and with
+// --pilot-agent, Istio's pilot-agent as the proxyv2 image the chart's
+// injector names (REGISTRY/<injection.proxy.hub>/proxyv2:<tag>, from the
+// chart's values): the local cluster's real nodes pull all of these.
+//
 // The images are reproducible: the same binaries, tag and
 // SOURCE_DATE_EPOCH (default: the Unix epoch) give the same digests.
 package main
@@ -19,6 +26,13 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/canopy-mesh/canopy/deploy/charts"
+	"github.com/canopy-mesh/canopy/internal/chart"
 	"github.com/canopy-mesh/canopy/internal/ociimage"
 )
 
@@ -60,7 +74,10 @@ func (im image) labels(version string) map[string]string {
 
 type config struct {
 	binDir, out, hub, tag string
-	created               time.Time
+	// push is the registry (host:port) to push to; pilotAgent Istio's
+	// agent binary for the proxyv2 image.
+	push, pilotAgent string
+	created          time.Time
 }
 
 func parseFlags(args []string, getenv func(string) string) (config, error) {
@@ -70,6 +87,8 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	flags.StringVar(&c.out, "out", "", "the directory to write <repository>.tar to")
 	flags.StringVar(&c.hub, "hub", "canopy", "the images' repository prefix")
 	flags.StringVar(&c.tag, "tag", "dev", "the images' tag, normally the version")
+	flags.StringVar(&c.push, "push", "", "also push the images to this registry (host:port)")
+	flags.StringVar(&c.pilotAgent, "pilot-agent", "", "with --push: Istio's pilot-agent binary, pushed as the injector's proxyv2 image")
 	if err := flags.Parse(args); err != nil {
 		return config{}, err
 	}
@@ -78,6 +97,9 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	}
 	if c.binDir == "" || c.out == "" {
 		return config{}, errors.New("--bin-dir and --out are required")
+	}
+	if c.pilotAgent != "" && c.push == "" {
+		return config{}, errors.New("--pilot-agent needs --push")
 	}
 	var err error
 	if c.created, err = ociimage.ParseSourceDateEpoch(getenv("SOURCE_DATE_EPOCH")); err != nil {
@@ -115,45 +137,111 @@ func run(cfg config, w io.Writer) error {
 	for _, im := range images {
 		ref := cfg.hub + "/" + im.repo + ":" + cfg.tag
 		p := filepath.Join(cfg.out, im.repo+".tar")
-		digest, size, err := writeImage(cfg, im, ref, p)
+		img, size, err := writeImage(cfg, im, ref, p)
 		if err != nil {
 			return fmt.Errorf("image %s: %w", ref, err)
 		}
+		digest, err := img.Digest()
+		if err != nil {
+			return fmt.Errorf("image %s: digest: %w", ref, err)
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%.1f MiB\n", ref, digest, float64(size)/(1<<20))
+		if cfg.push == "" {
+			continue
+		}
+		refs := []string{cfg.push + "/" + ref}
+		if im.repo == "echo" {
+			refs = append(refs, cfg.push+"/canopy/echo:latest")
+		}
+		for _, r := range refs {
+			if err := push(r, img); err != nil {
+				return err
+			}
+			fmt.Fprintf(tw, "pushed %s\n", r)
+		}
+	}
+	if cfg.pilotAgent != "" {
+		ref, err := pushProxyv2(cfg)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(tw, "pushed %s\n", ref)
 	}
 	return tw.Flush()
 }
 
-func writeImage(cfg config, im image, ref, p string) (digest string, size int64, err error) {
+// push writes img to the registry under ref.
+func push(ref string, img v1.Image) error {
+	r, err := name.ParseReference(ref, name.Insecure)
+	if err != nil {
+		return fmt.Errorf("push %s: %w", ref, err)
+	}
+	if err := remote.Write(r, img); err != nil {
+		return fmt.Errorf("push %s: %w", ref, err)
+	}
+	return nil
+}
+
+// pushProxyv2 pushes Istio's pilot-agent as the proxyv2 image the chart's
+// injector puts in pods (without Envoy: the local cluster runs it for
+// proxyless gRPC only), where Istio's own image has it.
+func pushProxyv2(cfg config) (string, error) {
+	b, err := fs.ReadFile(charts.Canopy(), "values.yaml")
+	if err != nil {
+		return "", err
+	}
+	values, err := chart.ParseValues(b)
+	if err != nil {
+		return "", err
+	}
+	hub, _, _ := unstructured.NestedString(values, "injection", "proxy", "hub")
+	tag, _, _ := unstructured.NestedString(values, "injection", "proxy", "tag")
+	if hub == "" || tag == "" {
+		return "", errors.New("the chart's values name no injection.proxy.hub and tag")
+	}
+	arch, err := goarch(cfg.pilotAgent)
+	if err != nil {
+		return "", err
+	}
+	img, err := ociimage.Build(ociimage.Spec{
+		Files:      []ociimage.File{{Path: binDir + "/pilot-agent", Source: cfg.pilotAgent, Mode: 0o755}},
+		Entrypoint: []string{binDir + "/pilot-agent"},
+		Arch:       arch,
+		Created:    cfg.created,
+	})
+	if err != nil {
+		return "", fmt.Errorf("proxyv2 image: %w", err)
+	}
+	ref := cfg.push + "/" + hub + "/proxyv2:" + tag
+	return ref, push(ref, img)
+}
+
+func writeImage(cfg config, im image, ref, p string) (_ v1.Image, size int64, err error) {
 	spec := ociimage.Spec{Entrypoint: im.entrypoint(), Labels: im.labels(cfg.tag), Created: cfg.created}
 	for _, b := range im.binaries {
 		src := filepath.Join(cfg.binDir, b)
 		arch, err := goarch(src)
 		if err != nil {
-			return "", 0, err
+			return nil, 0, err
 		}
 		if spec.Arch != "" && arch != spec.Arch {
-			return "", 0, fmt.Errorf("%s is built for %s, the image's other binaries for %s", src, arch, spec.Arch)
+			return nil, 0, fmt.Errorf("%s is built for %s, the image's other binaries for %s", src, arch, spec.Arch)
 		}
 		spec.Arch = arch
 		spec.Files = append(spec.Files, ociimage.File{Path: binDir + "/" + b, Source: src, Mode: 0o755})
 	}
 	img, err := ociimage.Build(spec)
 	if err != nil {
-		return "", 0, err
+		return nil, 0, err
 	}
 	if err := ociimage.WriteTarball(p, ref, img); err != nil {
-		return "", 0, err
-	}
-	d, err := img.Digest()
-	if err != nil {
-		return "", 0, fmt.Errorf("digest: %w", err)
+		return nil, 0, err
 	}
 	fi, err := os.Stat(p)
 	if err != nil {
-		return "", 0, err
+		return nil, 0, err
 	}
-	return d.String(), fi.Size(), nil
+	return img, fi.Size(), nil
 }
 
 // checkBinaries names every missing binary at once, so one make build

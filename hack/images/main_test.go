@@ -3,7 +3,11 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"io"
+	"log"
+	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -11,6 +15,9 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
 // dockerfile is what a test checks of a Dockerfile.
@@ -156,5 +163,52 @@ func TestParseFlags(t *testing.T) {
 				t.Errorf("parseFlags() mismatch (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestPushNamesWhatNodesPull: with --push, every image lands in the
+// registry under the names the chart, deploy/examples and the injector
+// use, pullable as pushed.
+func TestPushNamesWhatNodesPull(t *testing.T) {
+	t.Parallel()
+	bin := t.TempDir()
+	// Any static Go program stands in for each binary.
+	build := exec.Command("go", "build", "-o", filepath.Join(bin, "prog"), "../../cmd/canopy-pause")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build a static program: %v\n%s", err, out)
+	}
+	prog, err := os.ReadFile(filepath.Join(bin, "prog"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []string{"canopy-controller", "canopy-node", "canopy-cni-agent", "canopy-cni", "canopy-echo", "pilot-agent"} {
+		if err := os.WriteFile(filepath.Join(bin, b), prog, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	t.Cleanup(reg.Close)
+	host := strings.TrimPrefix(reg.URL, "http://")
+	err = run(config{binDir: bin, out: t.TempDir(), hub: "canopy", tag: "v9", push: host,
+		pilotAgent: filepath.Join(bin, "pilot-agent"), created: time.Unix(0, 0)}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ref := range []string{"canopy/canopy-controller:v9", "canopy/canopy-node:v9", "canopy/canopy-cni-agent:v9",
+		"canopy/echo:v9", "canopy/echo:latest", "istio/proxyv2:1.32.0"} {
+		r, err := name.ParseReference(host+"/"+ref, name.Insecure)
+		if err != nil {
+			t.Fatal(err)
+		}
+		img, err := remote.Image(r)
+		if err != nil {
+			t.Errorf("%s: %v", ref, err)
+			continue
+		}
+		cf, err := img.ConfigFile()
+		if err != nil || len(cf.Config.Entrypoint) == 0 {
+			t.Errorf("%s: no entrypoint (%v)", ref, err)
+		}
 	}
 }

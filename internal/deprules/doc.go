@@ -77,6 +77,13 @@ var Binaries = map[string][]Rule{
 		Forbid:   []string{"k8s.io", "./workloadapi", "./controller", "./node", "./cni", "./ca"},
 		Reason:   "the test app is an application of the mesh (HTTP, TCP, proxyless gRPC), not part of it",
 	}},
+	// Every pod's first process on the local cluster's real nodes: the
+	// standard library only, so it starts in no time and holds nothing.
+	"canopy-pause": {{
+		Packages: []string{"./cmd/canopy-pause"},
+		Allow:    []string{"./cmd/canopy-pause"},
+		Reason:   "the sandbox process links nothing but the standard library",
+	}},
 }
 
 // Rules apply to every package of the module they match.

@@ -51,7 +51,9 @@ type File struct {
 type Spec struct {
 	Files      []File
 	Entrypoint []string
-	Labels     map[string]string
+	// User is the image's user, "uid:gid"; empty means root.
+	User   string
+	Labels map[string]string
 	// Arch is the GOARCH the files were built for; the OS is always linux.
 	Arch string
 	// Created dates the layer's entries and the config, in whole seconds.
@@ -100,6 +102,7 @@ func Build(s Spec) (v1.Image, error) {
 	cf.Architecture = s.Arch
 	cf.Created = v1.Time{Time: created}
 	cf.Config.Entrypoint = slices.Clone(s.Entrypoint)
+	cf.Config.User = s.User
 	cf.Config.Labels = maps.Clone(s.Labels)
 	img, err = mutate.ConfigFile(img, cf)
 	if err != nil {

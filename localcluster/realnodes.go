@@ -1,0 +1,164 @@
+package localcluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/canopy-mesh/canopy/internal/ociimage"
+	"github.com/canopy-mesh/canopy/localcluster/realnode"
+)
+
+// PauseImage is the sandbox image of real nodes, under the cluster's
+// registry; the tag is the upstream pause image's whose contract it keeps.
+const PauseImage = "canopy/pause:3.10.2"
+
+// startRegistry runs distribution's registry on the bridge address, where
+// both the host and every node's containerd reach it (loopback inside a
+// node is the node's own), and pushes the pause image every pod needs.
+func (u *upper) startRegistry(ctx context.Context) error {
+	cfg, st := u.cfg, u.st
+	st.Registry = cfg.registry()
+	if err := st.save(); err != nil {
+		return err
+	}
+	dir := filepath.Join(cfg.StateDir, "registry")
+	conf := fmt.Sprintf(`version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: %s
+  delete:
+    enabled: true
+http:
+  addr: %s
+`, filepath.Join(dir, "data"), st.Registry)
+	confPath := filepath.Join(dir, "config.yml")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
+		return fmt.Errorf("write registry config: %w", err)
+	}
+	if err := u.spawn("registry", "", cfg.Binaries.Registry, "serve", confPath); err != nil {
+		return err
+	}
+	httpc := &http.Client{Timeout: time.Second}
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		return httpOK(ctx, httpc, "http://"+st.Registry+"/v2/"), nil
+	}); err != nil {
+		return fmt.Errorf("registry on %s does not answer (log: %s): %w", st.Registry, filepath.Join(cfg.StateDir, "logs", "registry.log"), err)
+	}
+	img, err := ociimage.Build(ociimage.Spec{
+		Files:      []ociimage.File{{Path: "/pause", Source: cfg.Binaries.Pause, Mode: 0o755}},
+		Entrypoint: []string{"/pause"},
+		// As Kubernetes' pause: no privilege to hold namespaces.
+		User: "65535:65535",
+		Arch: runtime.GOARCH,
+	})
+	if err != nil {
+		return fmt.Errorf("build the pause image: %w", err)
+	}
+	ref, err := name.ParseReference(st.Registry+"/"+PauseImage, name.Insecure)
+	if err != nil {
+		return err
+	}
+	if err := remote.Write(ref, img, remote.WithContext(ctx)); err != nil {
+		return fmt.Errorf("push %s: %w", ref, err)
+	}
+	return nil
+}
+
+// grantKubeletAPI lets the API server's kubelet client identity call the
+// kubelets' API (logs, exec, port-forward), which the kubelets authorize
+// by SubjectAccessReview, as kubeadm's cluster does.
+func (u *upper) grantKubeletAPI(ctx context.Context) error {
+	_, err := u.client.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "kube-apiserver-kubelet-api-admin"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:kubelet-api-admin"},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "kube-apiserver-kubelet-client"}},
+	}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("grant the API server the kubelets' API: %w", err)
+	}
+	return nil
+}
+
+// startRealNode boots node i (its network namespace already connected):
+// containerd and the kubelet in the node's namespaces and cgroup, with the
+// primary CNI a plain cluster has (ptp with host-local IPAM).
+func (u *upper) startRealNode(ctx context.Context, i int, node Node) error {
+	cfg, st := u.cfg, u.st
+	nodeIP := cfg.nodeIP(i)
+	s := realnode.Spec{
+		Name:   node.Name,
+		Dir:    filepath.Join(cfg.StateDir, "nodes", node.Name, "disk"),
+		Netns:  node.Netns,
+		Cgroup: st.NodeCgroup + "/" + node.Name,
+		IP:     nodeIP,
+		Labels: map[string]string{
+			corev1.LabelTopologyRegion: cfg.Region,
+			corev1.LabelTopologyZone:   node.Zone,
+		},
+		Taints:        cfg.NodeTaints,
+		Registry:      st.Registry,
+		SandboxImage:  st.Registry + "/" + PauseImage,
+		Nameserver:    cfg.hostIP(),
+		ClusterDNS:    cfg.dnsServiceIP(),
+		ClusterDomain: "cluster.local",
+		Kubeconfig:    st.Kubeconfig,
+		ClientCAFile:  u.kubeletClientCA,
+		Binaries: realnode.Binaries{
+			Containerd: cfg.Binaries.ContainerdDir,
+			Kubelet:    filepath.Join(cfg.Binaries.KubeDir, "kubelet"),
+			Runc:       cfg.Binaries.Runc,
+			CNI:        cfg.Binaries.CNIDir,
+		},
+	}
+	conf, err := json.MarshalIndent(map[string]any{
+		"cniVersion": "1.0.0",
+		"name":       "canopy-local",
+		"plugins": []any{map[string]any{
+			"type":   "ptp",
+			"ipMasq": false,
+			"mtu":    1500,
+			"ipam": map[string]any{
+				"type":   "host-local",
+				"ranges": [][]map[string]string{{{"subnet": node.PodCIDR}}},
+				"routes": []map[string]string{{"dst": "0.0.0.0/0"}},
+			},
+		}},
+	}, "", "  ")
+	if err != nil {
+		return err
+	}
+	confPath := s.HostPath("/etc/cni/net.d/10-canopy-local.conflist")
+	if err := os.MkdirAll(filepath.Dir(confPath), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(confPath, conf, 0o644); err != nil {
+		return fmt.Errorf("write the node's CNI config: %w", err)
+	}
+	n, err := realnode.Boot(ctx, s, cfg.Binaries.Self, filepath.Join(cfg.StateDir, "logs"), st.addProcess)
+	if n != nil {
+		st.Mountpoints = append(st.Mountpoints, n.Mountpoints...)
+		if serr := st.save(); serr != nil && err == nil {
+			err = serr
+		}
+	}
+	return err
+}
