@@ -1,5 +1,6 @@
-// Module kube pins the Kubernetes control-plane binaries that Canopy's test
-// environment runs (kube-apiserver, kube-controller-manager). It is a separate
+// Module kube pins the Kubernetes binaries that Canopy's test environment
+// runs (kube-apiserver, kube-controller-manager) and the local cluster's real
+// nodes add (kubelet, kube-scheduler, kube-proxy). It is a separate
 // module so that the main module never depends on k8s.io/kubernetes.
 module github.com/canopy-mesh/canopy/tools/kube
 
@@ -116,6 +117,7 @@ require (
 	go.etcd.io/etcd/client/pkg/v3 v3.7.0 // indirect
 	go.etcd.io/etcd/client/v3 v3.7.0 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
+	go.opentelemetry.io/contrib/instrumentation/github.com/emicklei/go-restful/otelrestful v0.69.0 // indirect
 	go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc v0.68.0 // indirect
 	go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp v0.69.0 // indirect
 	go.opentelemetry.io/otel v1.44.0 // indirect
@@ -160,6 +162,7 @@ require (
 	k8s.io/controller-manager v0.37.2 // indirect
 	k8s.io/cri-api v0.37.2 // indirect
 	k8s.io/cri-client v0.0.0 // indirect
+	k8s.io/cri-streaming v0.0.0 // indirect
 	k8s.io/csi-translation-lib v0.0.0 // indirect
 	k8s.io/dynamic-resource-allocation v0.37.2 // indirect
 	k8s.io/endpointslice v0.0.0 // indirect

@@ -1,6 +1,7 @@
 //go:build tools
 
-// Package kube lists the Kubernetes commands the test environment builds, so
+// Package kube lists the Kubernetes commands the test environment and the
+// local cluster's real nodes build, so
 // that go mod tidy keeps their dependencies in this module.
 package kube
 
@@ -8,5 +9,7 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-proxy"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )
