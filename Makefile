@@ -39,8 +39,8 @@ modules: ## download Canopy's Go modules (once; quiet)
 		echo "go: fetching Canopy's Go modules (cold: about $(COLD_MODULES))"; \
 		$(GO) mod download; }
 
-tools: ## build (once) the pinned third-party binaries into the cache: Kubernetes, CoreDNS, CNI plugins, buf, Istio (istiod, istioctl)
-	@for t in kube coredns cni buf istio; do hack/tools.sh $$t >/dev/null; done
+tools: ## build (once) the pinned third-party binaries into the cache: Kubernetes, CoreDNS, CNI plugins, buf, Istio (istiod, istioctl), containerd, the registry
+	@for t in kube coredns cni buf istio containerd registry; do hack/tools.sh $$t >/dev/null; done
 
 build: modules ## static binaries with version ldflags into $(OUT)
 	@mkdir -p $(OUT)
@@ -49,8 +49,12 @@ build: modules ## static binaries with version ldflags into $(OUT)
 		CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(OUT)/$$b ./cmd/$$b; \
 	done
 
-images: build ## reproducible image tarballs (docker load, ctr images import) into $(OUT)/images, no Docker needed
-	$(GO) run ./hack/images --bin-dir $(OUT) --out $(OUT)/images --tag $(VERSION)
+# REGISTRY (host:port) also pushes them there, with Istio's pilot-agent as
+# the injector's proxyv2 image: the local cluster's registry, say.
+REGISTRY ?=
+images: build ## reproducible image tarballs (docker load, ctr images import) into $(OUT)/images, no Docker needed; REGISTRY=host:port pushes them too
+	$(GO) run ./hack/images --bin-dir $(OUT) --out $(OUT)/images --tag $(VERSION) \
+		$(if $(REGISTRY),--push $(REGISTRY) --pilot-agent $$(hack/tools.sh istio)/pilot-agent)
 
 # TOOLS_ENV points tests and the local cluster at the pinned third-party
 # binaries, building them first when the cache lacks them (before go test

@@ -104,6 +104,14 @@ func (u *upper) grantKubeletAPI(ctx context.Context) error {
 func (u *upper) startRealNode(ctx context.Context, i int, node Node) error {
 	cfg, st := u.cfg, u.st
 	nodeIP := cfg.nodeIP(i)
+	lowerOOM, err := realnode.CanLowerOOMScore()
+	if err != nil {
+		return err
+	}
+	if !lowerOOM {
+		u.cfg.Log.Warn("this host's root lacks CAP_SYS_RESOURCE: containerd keeps every container's oom_score_adj at or above its own",
+			"node", node.Name)
+	}
 	s := realnode.Spec{
 		Name:   node.Name,
 		Dir:    filepath.Join(cfg.StateDir, "nodes", node.Name, "disk"),
@@ -114,14 +122,15 @@ func (u *upper) startRealNode(ctx context.Context, i int, node Node) error {
 			corev1.LabelTopologyRegion: cfg.Region,
 			corev1.LabelTopologyZone:   node.Zone,
 		},
-		Taints:        cfg.NodeTaints,
-		Registry:      st.Registry,
-		SandboxImage:  st.Registry + "/" + PauseImage,
-		Nameserver:    cfg.hostIP(),
-		ClusterDNS:    cfg.dnsServiceIP(),
-		ClusterDomain: "cluster.local",
-		Kubeconfig:    st.Kubeconfig,
-		ClientCAFile:  u.kubeletClientCA,
+		Taints:              cfg.NodeTaints,
+		Registry:            st.Registry,
+		SandboxImage:        st.Registry + "/" + PauseImage,
+		Nameserver:          cfg.hostIP(),
+		ClusterDNS:          cfg.dnsServiceIP(),
+		ClusterDomain:       "cluster.local",
+		Kubeconfig:          st.Kubeconfig,
+		ClientCAFile:        u.kubeletClientCA,
+		RestrictOOMScoreAdj: !lowerOOM,
 		Binaries: realnode.Binaries{
 			Containerd: cfg.Binaries.ContainerdDir,
 			Kubelet:    filepath.Join(cfg.Binaries.KubeDir, "kubelet"),

@@ -38,8 +38,16 @@ type Node struct {
 }
 
 // nofile is containerd's (and so the shims' and containers') open file
-// limit, as containerd's own service unit sets it.
-const nofile = "1048576"
+// limit: as high as this host lets it go (containerd's own service unit
+// asks for no limit at all), where Go programs start with a soft limit of
+// 1024 handed down from their parent.
+func nofile() string {
+	var l syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
+		return "65536"
+	}
+	return strconv.FormatUint(l.Max, 10)
+}
 
 // Boot writes the node's files under s.Dir, makes its cgroups and starts
 // init, containerd and the kubelet, each recorded as it starts. self is a
@@ -207,7 +215,7 @@ func (n *Node) inNode(argv ...string) *exec.Cmd {
 // StartContainerd starts the node's containerd and waits until its socket
 // answers: at boot, or again after it was stopped.
 func (n *Node) StartContainerd(ctx context.Context) error {
-	cmd := n.inNode("prlimit", "--nofile="+nofile+":"+nofile, "--",
+	cmd := n.inNode("prlimit", "--nofile="+nofile()+":"+nofile(), "--",
 		filepath.Join(n.Spec.Binaries.Containerd, "containerd"), "--config", containerdConfigPath)
 	if _, err := n.spawn("containerd", cmd, cmd.Start); err != nil {
 		return err

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // hierarchy is a mounted cgroup hierarchy: a cgroup v1 controller set or
@@ -187,4 +189,24 @@ func rmdirRetry(dir string) error {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return fmt.Errorf("remove cgroup %s: %w", dir, err)
+}
+
+// CanLowerOOMScore reports whether this process may lower an oom_score_adj
+// (CAP_SYS_RESOURCE in its effective set), as runc does for the kubelet's
+// sandboxes and Guaranteed pods.
+func CanLowerOOMScore() (bool, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			if err != nil {
+				return false, fmt.Errorf("CapEff %q: %w", v, err)
+			}
+			return caps&(1<<unix.CAP_SYS_RESOURCE) != 0, nil
+		}
+	}
+	return false, errors.New("/proc/self/status has no CapEff line")
 }

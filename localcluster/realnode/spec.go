@@ -55,6 +55,12 @@ type Spec struct {
 	// ClientCAFile verifies the API server's client certificate when it
 	// calls the kubelet (logs, exec, port-forward).
 	ClientCAFile string `json:"clientCAFile"`
+	// RestrictOOMScoreAdj makes containerd raise a container's
+	// oom_score_adj to its own where the kubelet asks for less (-998 for
+	// sandboxes, -997 for Guaranteed pods): a host whose root lacks
+	// CAP_SYS_RESOURCE (a VM sandbox, a rootless or nested node) may not
+	// lower it, and runc fails every container that asks.
+	RestrictOOMScoreAdj bool `json:"restrictOOMScoreAdj,omitempty"`
 	// Binaries are host paths of the node's programs.
 	Binaries Binaries `json:"binaries"`
 }
@@ -166,6 +172,7 @@ func (s Spec) ContainerdConfig() ([]byte, error) {
 				"registry":      map[string]any{"config_path": certsDir},
 			},
 			"io.containerd.cri.v1.runtime": map[string]any{
+				"restrict_oom_score_adj": s.RestrictOOMScoreAdj,
 				"containerd": map[string]any{
 					"default_runtime_name": "runc",
 					"runtimes": map[string]any{"runc": map[string]any{
