@@ -70,7 +70,7 @@ test: deps modules lint ## every test level: unit, kube (real API server), root-
 	@env $(TOOLS_ENV) $(GO) test -p $(GOTESTP) -count=1 -timeout 40m $(GOTESTFLAGS) ./...
 
 demo: deps build ## a local cluster with the sample app (needs root); see canopy-local status
-	@OUT=$(OUT) hack/demo.sh
+	@OUT=$(OUT) VERSION=$(VERSION) hack/demo.sh
 
 demo-down: ## remove the demo cluster
 	$(OUT)/canopy-local --name demo down

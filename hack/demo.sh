@@ -1,49 +1,57 @@
 #!/usr/bin/env bash
-# make demo: a two-node local cluster (canopy-local), Canopy installed from
-# its Helm chart by canopyctl install (the components run as the chart's
-# pods, service accounts and RBAC), the sample app of deploy/examples, then
-# what a user asks first: which workloads are in the mesh, and is their
-# traffic carried over mutual TLS between the right identities; last, the
-# proxyless gRPC sample in sidecar mode.
+# make demo: a two-node local cluster of real nodes (canopy-local: a kubelet
+# and containerd per node, images pulled from the cluster's registry),
+# Canopy's images pushed there and installed from its Helm chart by
+# canopyctl install (the components run as the chart's pods, service
+# accounts and RBAC, each in its container), the sample app of
+# deploy/examples, then what a user asks first: which workloads are in the
+# mesh, and is their traffic carried over mutual TLS between the right
+# identities; last, the proxyless gRPC sample in sidecar mode.
 # Reuses a running demo cluster.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:?OUT (the build directory) must be set; run make demo}
+version=${VERSION:?VERSION (the image tag) must be set; run make demo}
 # Assigned before export: a failed build must stop the script (set -e).
 kubedir=$("$root/hack/tools.sh" kube)
 cnidir=$("$root/hack/tools.sh" cni)
 corednsdir=$("$root/hack/tools.sh" coredns)
-# Istio's pilot-agent runs for the proxyv2 image the injector puts in pods.
+containerddir=$("$root/hack/tools.sh" containerd)
+registrydir=$("$root/hack/tools.sh" registry)
+# Istio's pilot-agent is the proxyv2 image the injector puts in pods.
 istiodir=$("$root/hack/tools.sh" istio)
-export CANOPY_KUBE_BIN_DIR=$kubedir CANOPY_CNI_BIN_DIR=$cnidir CANOPY_COREDNS_BIN_DIR=$corednsdir
-export KUBECONFIG=/var/lib/canopy-local/demo/control-plane/admin.kubeconfig
+export CANOPY_KUBE_BIN_DIR=$kubedir CANOPY_CNI_BIN_DIR=$cnidir CANOPY_COREDNS_BIN_DIR=$corednsdir \
+	CANOPY_CONTAINERD_BIN_DIR=$containerddir CANOPY_REGISTRY_BIN_DIR=$registrydir
+state=/var/lib/canopy-local/demo
+export KUBECONFIG=$state/control-plane/admin.kubeconfig
 local=("$out/canopy-local" --name demo)
 kubectl() { "$kubedir/kubectl" "$@"; }
 canopyctl() { "$out/canopyctl" "$@"; }
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
-step "local cluster: 2 nodes as network namespaces"
-# A demo cluster started before its image table had Istio's proxyv2 cannot
-# run the proxyless sample: start it again.
-if "${local[@]}" status >/dev/null 2>&1 &&
-	! grep -qs 'istio/proxyv2' /var/lib/canopy-local/demo/nodes/node-1/kubelet.json; then
-	echo "the running demo cluster cannot run Istio's agent; starting it again"
+step "local cluster: 2 real nodes (kubelet, containerd and runc in namespaces of their own)"
+# A demo cluster of an earlier release ran the kubelet stand-in: start it
+# again on real nodes.
+if "${local[@]}" status >/dev/null 2>&1 && ! grep -qs '"runtime": "containerd"' "$state/state.json"; then
+	echo "the running demo cluster has no real nodes; starting it again"
 	"${local[@]}" down >/dev/null
 fi
 if ! "${local[@]}" status >/dev/null 2>&1; then
-	# The chart's images run as the binaries make build produced.
-	"${local[@]}" up --nodes 2 --echo "$out/canopy-echo" \
-		--image "canopy/canopy-controller=$out/canopy-controller" \
-		--image "canopy/canopy-cni-agent=$out/canopy-cni-agent" \
-		--image "canopy/canopy-node=$out/canopy-node" \
-		--image "istio/proxyv2=$istiodir/pilot-agent"
+	"${local[@]}" up --nodes 2 --runtime containerd
 else
 	echo "reusing the running demo cluster"
 fi
+registry=$(sed -n 's/.*"registry": "\([^"]*\)".*/\1/p' "$state/state.json")
+kubectl get nodes -o wide
 
-step "canopyctl install (the Helm chart, local-cluster values)"
-canopyctl install -f "$root/deploy/examples/local-values.yaml"
+step "images: Canopy's, the sample app's and Istio's agent, pushed to the cluster's registry $registry"
+(cd "$root" && go run ./hack/images --bin-dir "$out" --out "$out/images" --tag "$version" \
+	--push "$registry" --pilot-agent "$istiodir/pilot-agent")
+
+step "canopyctl install (the Helm chart, images from $registry)"
+canopyctl install -f "$root/deploy/examples/local-values.yaml" --set "image.hub=$registry/canopy" --version "$version"
+kubectl -n istio-system get pods -o wide
 
 step "sample app: client and echo in the ambient namespace demo, legacy outside the mesh"
 kubectl apply -f "$root/deploy/examples/echo.yaml"

@@ -1,5 +1,7 @@
 // Command canopy-local runs a Kubernetes cluster on one Linux machine out of
-// network namespaces and processes, for Canopy's end-to-end tests and demos:
+// namespaces and processes, for Canopy's end-to-end tests and demos: real
+// nodes (a kubelet and containerd each, pulling from the cluster's own
+// registry) or, with --runtime stand-in, the kubelet stand-in:
 //
 //	canopy-local up [--nodes N]   start a cluster, print its kubeconfig path
 //	canopy-local status           components, nodes and pods
@@ -94,7 +96,7 @@ func newRootCommand() *cobra.Command {
 	upCmd.Flags().IntVar(&up.nodes, "nodes", 2, "number of nodes")
 	upCmd.Flags().StringArrayVar(&up.images, "image", nil, "extra image table entry repository=/path/to/program (repeatable)")
 	upCmd.Flags().StringVar(&up.echo, "echo", "", "canopy-echo binary (default: next to canopy-local, else on PATH)")
-	upCmd.Flags().StringVar(&up.runtime, "runtime", string(localcluster.RuntimeStandIn),
+	upCmd.Flags().StringVar(&up.runtime, "runtime", string(localcluster.RuntimeContainerd),
 		"what runs pods: containerd (real kubelets and containerd pulling from the cluster's registry) or stand-in (the kubelet stand-in; --image programs)")
 
 	downCmd := &cobra.Command{
