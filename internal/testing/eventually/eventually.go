@@ -38,8 +38,16 @@ func True(t TB, what string, f func() bool) {
 
 // Within is True with its own timeout, for conditions that need longer
 // (a built binary starting, a proxy connecting through the API server).
+//
+// A test's context ends just before its Cleanup functions run, so a wait
+// that starts with the context already ended is a cleanup's: it waits for
+// its condition until the timeout instead of failing at the first poll.
 func Within(t TB, timeout time.Duration, what string, f func() bool) {
 	t.Helper()
+	ended := t.Context().Done()
+	if t.Context().Err() != nil {
+		ended = nil
+	}
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	interval := firstInterval
@@ -59,7 +67,7 @@ func Within(t TB, timeout time.Duration, what string, f func() bool) {
 			}
 			t.Fatalf("%s: not true after %s", what, timeout)
 			return
-		case <-t.Context().Done():
+		case <-ended:
 			poll.Stop()
 			t.Fatalf("%s: test ended while waiting: %v", what, context.Cause(t.Context()))
 			return

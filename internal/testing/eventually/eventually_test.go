@@ -43,25 +43,31 @@ func TestWithin(t *testing.T) {
 		name      string
 		trueAfter int32 // calls of f that return false first; -1: never true
 		timeout   time.Duration
-		cancel    bool
+		cancel    int32 // the test's context ends at this call of f; 0: never
 		wantCalls func(int32) bool
 		wantFail  string // substring; "" means pass
 	}{
 		{name: "true at once", trueAfter: 0, timeout: time.Minute, wantCalls: func(n int32) bool { return n == 1 }},
 		{name: "true after polls", trueAfter: 3, timeout: time.Minute, wantCalls: func(n int32) bool { return n == 4 }},
 		{name: "never true", trueAfter: -1, timeout: 30 * time.Millisecond, wantCalls: func(n int32) bool { return n > 1 }, wantFail: "pod enrolled: not true after 30ms"},
-		{name: "test ended", trueAfter: -1, timeout: time.Minute, cancel: true, wantCalls: func(n int32) bool { return n >= 1 }, wantFail: "pod enrolled: test ended while waiting"},
+		{name: "test ended", trueAfter: -1, timeout: time.Minute, cancel: 2, wantCalls: func(n int32) bool { return n == 2 }, wantFail: "pod enrolled: test ended while waiting"},
+		// A Cleanup function's wait: the context ended before it began.
+		{name: "in a cleanup", trueAfter: 3, timeout: time.Minute, cancel: -1, wantCalls: func(n int32) bool { return n == 4 }},
+		{name: "in a cleanup, never true", trueAfter: -1, timeout: 30 * time.Millisecond, cancel: -1, wantCalls: func(n int32) bool { return n > 1 }, wantFail: "pod enrolled: not true after 30ms"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
-			if tt.cancel {
+			if tt.cancel < 0 {
 				cancel()
 			}
 			var calls atomic.Int32
 			got := run(ctx, tt.timeout, "pod enrolled", func() bool {
 				n := calls.Add(1)
+				if n == tt.cancel {
+					cancel()
+				}
 				return tt.trueAfter >= 0 && n > tt.trueAfter
 			})
 			if tt.wantFail == "" && got != "" {
