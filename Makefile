@@ -62,7 +62,9 @@ images: build ## reproducible image tarballs (docker load, ctr images import) in
 TOOLS_ENV = CANOPY_KUBE_BIN_DIR=$$(hack/tools.sh kube) \
 	CANOPY_CNI_BIN_DIR=$$(hack/tools.sh cni) \
 	CANOPY_COREDNS_BIN_DIR=$$(hack/tools.sh coredns) \
-	CANOPY_ISTIO_BIN_DIR=$$(hack/tools.sh istio)
+	CANOPY_ISTIO_BIN_DIR=$$(hack/tools.sh istio) \
+	CANOPY_CONTAINERD_BIN_DIR=$$(hack/tools.sh containerd) \
+	CANOPY_REGISTRY_BIN_DIR=$$(hack/tools.sh registry)
 
 # The end-to-end suite runs its scenario once per redirection backend, longer
 # than go test's default timeout of 10 minutes for one package on 2 cores.

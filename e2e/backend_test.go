@@ -2,7 +2,6 @@ package e2e_test
 
 import (
 	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/canopy-mesh/canopy/internal/sockmap"
@@ -18,12 +17,20 @@ func testBackend(t *testing.T, m *mesh) {
 		if p.Annotations["ambient.istio.io/redirection"] != "enabled" {
 			t.Fatalf("%s is not enrolled", p.Name)
 		}
-		// The local cluster's kubelet names each pod's namespace so.
-		ns, err := os.Open(filepath.Join("/run/netns", "cpod-"+string(p.UID)))
+		nsPath, err := m.local.PodNetns(&p)
 		if err != nil {
 			t.Fatal(err)
 		}
-		sm, err := sockmap.Open(sockmap.DefaultRoot, ns)
+		ns, err := os.Open(nsPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Pinned on the pod's node's own BPF file system.
+		root, err := m.local.NodePath(p.Spec.NodeName, sockmap.DefaultRoot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sm, err := sockmap.Open(root, ns)
 		ns.Close()
 		if err != nil {
 			t.Fatalf("%s: %v", p.Name, err)

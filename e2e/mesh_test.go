@@ -50,10 +50,12 @@ type mesh struct {
 	backend string
 }
 
-// TestMesh runs the scenario in order on one cluster per redirection
-// backend (CANOPY_E2E_BACKENDS, comma-separated; default nftables, the
-// chart's default, then ebpf): each step builds on the state the previous
-// one left, as a user's session would.
+// TestMesh runs the scenario in order on one cluster of real nodes
+// (kubelets, containerd, images pulled from the cluster's registry) per
+// redirection backend (CANOPY_E2E_BACKENDS, comma-separated; default
+// nftables, the chart's default, then ebpf and iptables, whose agent image
+// carries its own iptables): each step builds on the state the previous one
+// left, as a user's session would.
 func TestMesh(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end test: skipped in -short mode")
@@ -61,7 +63,7 @@ func TestMesh(t *testing.T) {
 	if os.Geteuid() != 0 {
 		ci.Unavailable(t, "the local cluster needs root")
 	}
-	backends := []string{"nftables", "ebpf"}
+	backends := []string{"nftables", "ebpf", "iptables"}
 	if v := os.Getenv("CANOPY_E2E_BACKENDS"); v != "" {
 		backends = strings.Split(v, ",")
 	}
@@ -99,6 +101,10 @@ func testMesh(t *testing.T, backend string) {
 	}
 }
 
+// imageTags are the versions the scenario installs: install, then two
+// upgrades.
+var imageTags = []string{"e2e", "e2e-v2", "e2e-v3"}
+
 // startupTaint is the CNI agent's startup taint, which the cluster's nodes
 // register with.
 var startupTaint = corev1.Taint{Key: "cni.canopy.dev/not-ready", Effect: corev1.TaintEffectNoSchedule}
@@ -115,9 +121,10 @@ func up(t *testing.T, backend string) *mesh {
 	}
 	bin := t.TempDir()
 	args := []string{"build", "-o", bin}
-	// What the local cluster runs: its own binary, the sample app and
-	// Canopy's components (under their image names, below).
-	for _, c := range []string{"canopy-local", "canopy-echo", "canopy-controller", "canopy-cni-agent", "canopy-cni", "canopy-node"} {
+	// What the local cluster runs: its own binary and the pods' sandbox;
+	// and what its registry serves as images: the sample app and
+	// Canopy's components.
+	for _, c := range []string{"canopy-local", "canopy-pause", "canopy-echo", "canopy-controller", "canopy-cni-agent", "canopy-cni", "canopy-node"} {
 		args = append(args, "./cmd/"+c)
 	}
 	build := exec.Command("go", args...)
@@ -126,12 +133,16 @@ func up(t *testing.T, backend string) *mesh {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
-	b := localcluster.Binaries{Self: filepath.Join(bin, "canopy-local"), Echo: filepath.Join(bin, "canopy-echo")}
+	b := localcluster.Binaries{Self: filepath.Join(bin, "canopy-local"), Echo: filepath.Join(bin, "canopy-echo"),
+		Pause: filepath.Join(bin, "canopy-pause")}
 	if err := b.FindTools(); err != nil {
 		ci.Unavailable(t, "local cluster tools: %v", err)
 	}
-	// Istio's proxyv2 image, which the injector puts in sidecar pods, runs
-	// as Istio's pilot-agent (no Envoy exists here: the sample's pods use
+	if err := b.FindNodeTools(); err != nil {
+		ci.Unavailable(t, "real nodes' tools: %v", err)
+	}
+	// Istio's proxyv2 image, which the injector puts in sidecar pods, is
+	// Istio's pilot-agent (no Envoy exists here: the sample's pods use
 	// the grpc-agent template, which runs the agent alone).
 	istio, err := istiod.FindBinaries("")
 	if err != nil {
@@ -140,18 +151,13 @@ func up(t *testing.T, backend string) *mesh {
 	// Addresses no other test's cluster uses: packages run in parallel
 	// (localcluster's own tests have 10.98/10.246 and 10.97/10.247).
 	cfg := localcluster.Config{
-		Name:     "e2e-mesh",
-		Nodes:    2,
-		StateDir: filepath.Join(os.TempDir(), "canopy-local-e2e-mesh"),
-		Underlay: netip.MustParsePrefix("10.95.0.0/24"),
-		PodCIDR:  netip.MustParsePrefix("10.248.0.0/16"),
-		Binaries: b,
-		Images: map[string]string{
-			"canopy/canopy-controller": filepath.Join(bin, "canopy-controller"),
-			"canopy/canopy-cni-agent":  filepath.Join(bin, "canopy-cni-agent"),
-			"canopy/canopy-node":       filepath.Join(bin, "canopy-node"),
-			"istio/proxyv2":            istio.PilotAgent,
-		},
+		Name:       "e2e-mesh",
+		Nodes:      2,
+		StateDir:   filepath.Join(os.TempDir(), "canopy-local-e2e-mesh"),
+		Underlay:   netip.MustParsePrefix("10.95.0.0/24"),
+		PodCIDR:    netip.MustParsePrefix("10.248.0.0/16"),
+		Runtime:    localcluster.RuntimeContainerd,
+		Binaries:   b,
 		NodeTaints: []corev1.Taint{startupTaint},
 		Log:        slog.New(slog.DiscardHandler),
 	}
@@ -174,11 +180,29 @@ func up(t *testing.T, backend string) *mesh {
 			t.Errorf("down: %v", err)
 		}
 	})
+	// The images every install and upgrade of the scenario names, pushed
+	// as make images pushes them.
+	for _, tag := range imageTags {
+		push := exec.Command("go", "run", "./hack/images", "--bin-dir", bin, "--out", t.TempDir(), "--tag", tag,
+			"--push", local.State.Registry, "--pilot-agent", istio.PilotAgent)
+		push.Dir = root
+		if out, err := push.CombinedOutput(); err != nil {
+			t.Fatalf("push the images tagged %s: %v\n%s", tag, err, out)
+		}
+	}
 	c, err := cluster.Connect(t.Context(), local.State.Kubeconfig, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &mesh{local: local, c: c, root: root, backend: backend, values: []string{filepath.Join(root, "deploy/examples/local-values.yaml")}}
+	// Canopy's images come from the cluster's registry, as a user's from
+	// theirs; the sample app and Istio's agent keep the names users give
+	// them (the nodes mirror every registry to the cluster's).
+	hub := filepath.Join(t.TempDir(), "hub-values.yaml")
+	if err := os.WriteFile(hub, []byte("image:\n  hub: "+local.State.Registry+"/canopy\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m := &mesh{local: local, c: c, root: root, backend: backend,
+		values: []string{filepath.Join(root, "deploy/examples/local-values.yaml"), hub}}
 	if backend != "nftables" {
 		f := filepath.Join(t.TempDir(), "backend-values.yaml")
 		if err := os.WriteFile(f, []byte("cniAgent:\n  backend: "+backend+"\n"), 0o644); err != nil {
@@ -246,7 +270,10 @@ func testFreshNodes(t *testing.T, m *mesh) {
 	m.waitEnrolled(t, "demo", "app")
 	for _, ns := range []string{"demo", "legacy"} {
 		for _, p := range m.pods(t, ns, "app") {
-			record := filepath.Join(m.local.State.Dir, "nodes", p.Spec.NodeName, "root", "var", "run", "canopy", "pods", string(p.UID)+".json")
+			record, err := m.local.NodePath(p.Spec.NodeName, "/var/run/canopy/pods/"+string(p.UID)+".json")
+			if err != nil {
+				t.Fatal(err)
+			}
 			if _, err := os.Stat(record); err != nil {
 				t.Errorf("pod %s/%s did not start through canopy-cni: %v", ns, p.Name, err)
 			}
@@ -612,9 +639,17 @@ func testDeleteAtOnce(t *testing.T, m *mesh) {
 // scaled to replicas comes up.
 func (m *mesh) checkPluginGone(t *testing.T, replicas int32) {
 	t.Helper()
-	confs, err := filepath.Glob(filepath.Join(m.local.State.Dir, "nodes", "*", "cni", "net.d", "*"))
-	if err != nil || len(confs) == 0 {
-		t.Fatalf("no CNI configuration found: %v", err)
+	var confs []string
+	for _, n := range m.local.State.Nodes {
+		dir, err := m.local.NodePath(n.Name, "/etc/cni/net.d")
+		if err != nil {
+			t.Fatal(err)
+		}
+		files, err := filepath.Glob(filepath.Join(dir, "*"))
+		if err != nil || len(files) == 0 {
+			t.Fatalf("no CNI configuration found on %s: %v", n.Name, err)
+		}
+		confs = append(confs, files...)
 	}
 	for _, f := range confs {
 		b, err := os.ReadFile(f)

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -164,10 +166,87 @@ func (u *upper) startRealNode(ctx context.Context, i int, node Node) error {
 	}
 	n, err := realnode.Boot(ctx, s, cfg.Binaries.Self, filepath.Join(cfg.StateDir, "logs"), st.addProcess)
 	if n != nil {
+		st.Nodes[i-1].InitPID = n.InitPID
 		st.Mountpoints = append(st.Mountpoints, n.Mountpoints...)
 		if serr := st.save(); serr != nil && err == nil {
 			err = serr
 		}
 	}
 	return err
+}
+
+// node returns the state of the node called name.
+func (c *Cluster) node(name string) (Node, error) {
+	for _, n := range c.State.Nodes {
+		if n.Name == name {
+			return n, nil
+		}
+	}
+	return Node{}, fmt.Errorf("no node %q in cluster %s", name, c.State.Name)
+}
+
+// NodePath is where the host finds path p as node sees it (a real node's
+// own /etc/cni/net.d, /var/run, /sys/fs/bpf, ...): under its init's root,
+// with symbolic links resolved inside the node (/var/run is a link to /run,
+// which the kernel would follow to the host's /run).
+func (c *Cluster) NodePath(node, p string) (string, error) {
+	if c.State.Runtime != RuntimeContainerd {
+		return "", fmt.Errorf("cluster %s has no real nodes: the stand-in shares the host's file system", c.State.Name)
+	}
+	n, err := c.node(node)
+	if err != nil {
+		return "", err
+	}
+	return resolveIn(filepath.Join("/proc", strconv.Itoa(n.InitPID), "root"), p)
+}
+
+// resolveIn returns root joined with p after resolving every symbolic link
+// on the way as if root were "/". A missing component ends the resolution:
+// the rest is joined as it is.
+func resolveIn(root, p string) (string, error) {
+	rest := strings.Split(strings.Trim(filepath.Clean("/"+p), "/"), "/")
+	cur := "/"
+	for links := 0; len(rest) > 0; {
+		part := rest[0]
+		rest = rest[1:]
+		if part == "" || part == "." {
+			continue
+		}
+		next := filepath.Join(cur, part)
+		fi, err := os.Lstat(filepath.Join(root, next))
+		if err != nil || fi.Mode()&os.ModeSymlink == 0 {
+			cur = next
+			continue
+		}
+		if links++; links > 40 {
+			return "", fmt.Errorf("%s: too many levels of symbolic links in %s", p, root)
+		}
+		target, err := os.Readlink(filepath.Join(root, next))
+		if err != nil {
+			return "", err
+		}
+		if !filepath.IsAbs(target) {
+			target = filepath.Join(cur, target)
+		}
+		rest = append(strings.Split(strings.Trim(filepath.Clean(target), "/"), "/"), rest...)
+		cur = "/"
+	}
+	return filepath.Join(root, cur), nil
+}
+
+// PodNetns returns a path that opens the network namespace of a running
+// pod: the stand-in's pin, or on a real node that of a process in the
+// pod's cgroup (the sandbox's, or a container's).
+func (c *Cluster) PodNetns(pod *corev1.Pod) (string, error) {
+	if c.State.Runtime != RuntimeContainerd {
+		return filepath.Join("/run/netns", "cpod-"+string(pod.UID)), nil
+	}
+	pids, err := realnode.PodPIDs(c.State.NodeCgroup+"/"+pod.Spec.NodeName, string(pod.UID))
+	if err != nil {
+		return "", err
+	}
+	if len(pids) == 0 {
+		return "", fmt.Errorf("pod %s/%s has no process on %s", pod.Namespace, pod.Name, pod.Spec.NodeName)
+	}
+	return filepath.Join("/proc", strconv.Itoa(pids[0]), "ns", "net"), nil
 }

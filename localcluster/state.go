@@ -50,6 +50,9 @@ type Node struct {
 	PodCIDR string `json:"podCIDR"`
 	Netns   string `json:"netns"`
 	Zone    string `json:"zone"`
+	// InitPID is a real node's init, which holds its mount namespace:
+	// /proc/<InitPID>/root is the node's file system.
+	InitPID int `json:"initPID,omitempty"`
 }
 
 const stateFile = "state.json"

@@ -47,6 +47,8 @@ type image struct {
 	// binaries go to binDir. The first is the entrypoint, and
 	// cmd/<first>/Dockerfile describes the same image for Docker users.
 	binaries []string
+	// iptables adds iptables (iptablesFiles): a program the image runs.
+	iptables bool
 }
 
 // canopyImages is the image table.
@@ -55,7 +57,8 @@ func canopyImages() []image {
 		{repo: "canopy-controller", binaries: []string{"canopy-controller"}},
 		{repo: "canopy-node", binaries: []string{"canopy-node"}},
 		// The agent installs the plugin from beside itself onto the node.
-		{repo: "canopy-cni-agent", binaries: []string{"canopy-cni-agent", "canopy-cni"}},
+		// Its iptables backend runs iptables-restore and iptables-save.
+		{repo: "canopy-cni-agent", binaries: []string{"canopy-cni-agent", "canopy-cni"}, iptables: true},
 		// deploy/examples and the local cluster already call the sample
 		// app canopy/echo.
 		{repo: "echo", binaries: []string{"canopy-echo"}},
@@ -229,6 +232,13 @@ func writeImage(cfg config, im image, ref, p string) (_ v1.Image, size int64, er
 		}
 		spec.Arch = arch
 		spec.Files = append(spec.Files, ociimage.File{Path: binDir + "/" + b, Source: src, Mode: 0o755})
+	}
+	if im.iptables {
+		files, err := iptablesFiles("/", spec.Arch)
+		if err != nil {
+			return nil, 0, err
+		}
+		spec.Files = append(spec.Files, files...)
 	}
 	img, err := ociimage.Build(spec)
 	if err != nil {

@@ -1,14 +1,17 @@
 package main
 
 import (
+	"archive/tar"
 	"bufio"
 	"encoding/json"
 	"io"
+	"io/fs"
 	"log"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -17,7 +20,11 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"github.com/canopy-mesh/canopy/internal/ociimage"
+	"github.com/canopy-mesh/canopy/internal/testing/ci"
 )
 
 // dockerfile is what a test checks of a Dockerfile.
@@ -27,6 +34,9 @@ type dockerfile struct {
 	CopySrc    []string
 	CopyDest   string
 	Entrypoint []string
+	// CopyFrom are the final stage's COPY --from=<stage> lines, as
+	// "<stage> <src> <dest>".
+	CopyFrom []string
 }
 
 // parseDockerfile reads the few instructions Canopy's Dockerfiles use.
@@ -39,15 +49,25 @@ func parseDockerfile(t *testing.T, p string) dockerfile {
 	defer f.Close()
 	var d dockerfile
 	sc := bufio.NewScanner(f)
+	continued := false
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
+		// A RUN's continuation lines belong to a build stage's RUN.
+		wasContinued := continued
+		continued = strings.HasSuffix(line, "\\")
+		if wasContinued || line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
 		instr, rest, _ := strings.Cut(line, " ")
+		if from, ok := strings.CutPrefix(rest, "--from="); ok && instr == "COPY" {
+			d.CopyFrom = append(d.CopyFrom, strings.Join(strings.Fields(from), " "))
+			continue
+		}
 		switch instr {
 		case "FROM":
-			d.From = rest
+			// Each stage starts afresh: the final one is the image.
+			d = dockerfile{From: rest}
+		case "RUN":
 		case "ARG":
 		case "LABEL":
 			d.Labels = map[string]string{}
@@ -89,6 +109,9 @@ func TestDockerfilesMatchImages(t *testing.T) {
 				CopySrc:    slices.Sorted(slices.Values(im.binaries)),
 				CopyDest:   binDir + "/",
 				Entrypoint: im.entrypoint(),
+			}
+			if im.iptables {
+				want.CopyFrom = []string{"iptables /out/ /"}
 			}
 			if diff := cmp.Diff(want, got); diff != "" {
 				t.Errorf("Dockerfile mismatch (-want +got):\n%s", diff)
@@ -210,5 +233,82 @@ func TestPushNamesWhatNodesPull(t *testing.T) {
 		if err != nil || len(cf.Config.Entrypoint) == 0 {
 			t.Errorf("%s: no entrypoint (%v)", ref, err)
 		}
+	}
+}
+
+// TestAgentImageRunsIptables: the CNI agent's image runs what its iptables
+// backend execs. Its files alone (no host file system) are unpacked and
+// iptables-restore, by each name the backend uses, parses rules with the
+// extensions the capture rules name, in a network namespace of its own.
+// The image was FROM scratch with two Go binaries before: "no such file".
+func TestAgentImageRunsIptables(t *testing.T) {
+	if os.Geteuid() != 0 {
+		ci.Unavailable(t, "chroot needs root")
+	}
+	files, err := iptablesFiles("/", runtime.GOARCH)
+	if err != nil {
+		ci.Unavailable(t, "%v", err)
+	}
+	img, err := ociimage.Build(ociimage.Spec{Files: files, Arch: runtime.GOARCH})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	rc := mutate.Extract(img)
+	defer rc.Close()
+	tr := tar.NewReader(rc)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, h.Name)
+		switch h.Typeflag {
+		case tar.TypeDir:
+			err = os.MkdirAll(p, 0o755)
+		case tar.TypeSymlink:
+			err = os.Symlink(h.Linkname, p)
+		case tar.TypeReg:
+			var b []byte
+			if b, err = io.ReadAll(tr); err == nil {
+				err = os.WriteFile(p, b, fs.FileMode(h.Mode))
+			}
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	rules := "*mangle\n:PREROUTING ACCEPT [0:0]\n" +
+		"-A PREROUTING -p tcp -m mark --mark 0x111/0xfff -m socket --transparent -j TPROXY --on-port 15006 --tproxy-mark 0x111/0xfff\n" +
+		"-A PREROUTING -m conntrack --ctstate RELATED,ESTABLISHED -j CONNMARK --restore-mark\nCOMMIT\n"
+	for _, cmd := range []string{"iptables-restore", "ip6tables-restore"} {
+		c := exec.Command("unshare", "--net", "chroot", dir, "/usr/sbin/"+cmd, "--test")
+		c.Stdin = strings.NewReader(rules)
+		if out, err := c.CombinedOutput(); err != nil {
+			t.Errorf("%s in the agent's image: %v\n%s", cmd, err, out)
+		}
+	}
+	for _, cmd := range []string{"iptables-save", "ip6tables-save"} {
+		if out, err := exec.Command("unshare", "--net", "chroot", dir, "/usr/sbin/"+cmd).CombinedOutput(); err != nil {
+			t.Errorf("%s in the agent's image: %v\n%s", cmd, err, out)
+		}
+	}
+}
+
+// TestIptablesOfAnotherArchitectureIsRefused: the build machine's iptables
+// never goes into an image for another architecture, where it could not run.
+func TestIptablesOfAnotherArchitectureIsRefused(t *testing.T) {
+	if _, err := iptablesFiles("/", runtime.GOARCH); err != nil {
+		ci.Unavailable(t, "%v", err)
+	}
+	other := map[string]string{"amd64": "arm64", "arm64": "amd64"}[runtime.GOARCH]
+	if other == "" {
+		t.Skipf("no other architecture known for %s", runtime.GOARCH)
+	}
+	if _, err := iptablesFiles("/", other); err == nil || !strings.Contains(err.Error(), "is for") {
+		t.Errorf("iptablesFiles for %s on %s = %v, want a refusal naming the architectures", other, runtime.GOARCH, err)
 	}
 }

@@ -34,13 +34,16 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
-// File is one regular file of an image.
+// File is one regular file, or symbolic link, of an image.
 type File struct {
 	// Path is where the file is in the image: absolute and clean, such as
 	// /usr/local/bin/canopy-node.
 	Path string
 	// Source is the file on the host whose bytes the image holds.
 	Source string
+	// Link, instead of Source, makes the file a symbolic link to Link
+	// (a multi-call binary's names, say).
+	Link string
 	// Mode holds the permission bits in the image, such as 0o755; the
 	// host file's own mode is ignored so that a umask cannot change the
 	// digest.
@@ -111,11 +114,13 @@ func Build(s Spec) (v1.Image, error) {
 	return img, nil
 }
 
-// entry is one tar entry of the layer; data is nil for a directory.
+// entry is one tar entry of the layer; data is nil for a directory or a
+// link.
 type entry struct {
 	name string
 	mode fs.FileMode
 	data []byte
+	link string
 }
 
 // buildLayer returns the uncompressed layer: files and their parent
@@ -136,6 +141,13 @@ func buildLayer(files []File, mtime time.Time) ([]byte, error) {
 		if _, dup := entries[name]; dup {
 			return nil, fmt.Errorf("image path %s is given twice", f.Path)
 		}
+		if f.Link != "" {
+			if f.Source != "" {
+				return nil, fmt.Errorf("image file %s has both a source and a link", f.Path)
+			}
+			entries[name] = entry{name: name, mode: 0o777, link: f.Link}
+			continue
+		}
 		data, err := readRegular(f.Source)
 		if err != nil {
 			return nil, fmt.Errorf("image file %s: %w", f.Path, err)
@@ -144,7 +156,7 @@ func buildLayer(files []File, mtime time.Time) ([]byte, error) {
 	}
 	for name := range entries {
 		for dir := path.Dir(name); dir != "."; dir = path.Dir(dir) {
-			if e, ok := entries[dir]; ok && e.data != nil {
+			if e, ok := entries[dir]; ok && (e.data != nil || e.link != "") {
 				return nil, fmt.Errorf("image path /%s is a file and the directory of /%s", dir, name)
 			}
 			entries[dir] = entry{name: dir + "/", mode: dirMode}
@@ -161,7 +173,10 @@ func buildLayer(files []File, mtime time.Time) ([]byte, error) {
 	for _, n := range names {
 		e := entries[n]
 		h := &tar.Header{Name: e.name, Mode: int64(e.mode), ModTime: mtime, Typeflag: tar.TypeDir}
-		if e.data != nil {
+		switch {
+		case e.link != "":
+			h.Typeflag, h.Linkname = tar.TypeSymlink, e.link
+		case e.data != nil:
 			h.Typeflag, h.Size = tar.TypeReg, int64(len(e.data))
 		}
 		if err := tw.WriteHeader(h); err != nil {

@@ -117,6 +117,7 @@ type layerEntry struct {
 	Gname      string
 	ModTime    time.Time
 	Content    string
+	Linkname   string
 	PAXRecords map[string]string
 }
 
@@ -149,7 +150,7 @@ func layerEntries(t *testing.T, img v1.Image) []layerEntry {
 			t.Fatalf("read layer entry %s: %v", h.Name, err)
 		}
 		got = append(got, layerEntry{Name: h.Name, Type: h.Typeflag, Mode: h.Mode, UID: h.Uid, GID: h.Gid,
-			Uname: h.Uname, Gname: h.Gname, ModTime: h.ModTime.UTC(), Content: string(content), PAXRecords: h.PAXRecords})
+			Uname: h.Uname, Gname: h.Gname, ModTime: h.ModTime.UTC(), Content: string(content), Linkname: h.Linkname, PAXRecords: h.PAXRecords})
 	}
 }
 
@@ -187,6 +188,18 @@ func TestBuildLayer(t *testing.T) {
 				dirEntry("usr/", epoch), dirEntry("usr/local/", epoch), dirEntry("usr/local/bin/", epoch),
 				{Name: "usr/local/bin/agent", Type: tar.TypeReg, Mode: 0o755, ModTime: epoch, Content: "agent bytes"},
 				{Name: "usr/local/bin/plugin", Type: tar.TypeReg, Mode: 0o555, ModTime: epoch, Content: "plugin bytes"},
+			},
+		},
+		{
+			name: "a multi-call binary's names as links",
+			files: []File{
+				{Path: "/usr/sbin/multi", Source: filepath.Join(dir, "agent"), Mode: 0o755},
+				{Path: "/usr/sbin/restore", Link: "multi"},
+			},
+			want: []layerEntry{
+				dirEntry("usr/", epoch), dirEntry("usr/sbin/", epoch),
+				{Name: "usr/sbin/multi", Type: tar.TypeReg, Mode: 0o755, ModTime: epoch, Content: "agent bytes"},
+				{Name: "usr/sbin/restore", Type: tar.TypeSymlink, Mode: 0o777, ModTime: epoch, Linkname: "multi"},
 			},
 		},
 		{

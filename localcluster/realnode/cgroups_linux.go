@@ -210,3 +210,28 @@ func CanLowerOOMScore() (bool, error) {
 	}
 	return false, errors.New("/proc/self/status has no CapEff line")
 }
+
+// PodPIDs lists the processes of the pod with uid on the node whose cgroup
+// is nodeCgroup: the kubelet's cgroupfs driver names a pod's cgroup
+// pod<uid> under <nodeCgroup>/pods/kubepods (and its QoS class).
+func PodPIDs(nodeCgroup, uid string) ([]int, error) {
+	hs, err := hierarchies()
+	if err != nil {
+		return nil, err
+	}
+	var found []string
+	for _, h := range hs {
+		root := filepath.Join(h.mount, nodeCgroup, "pods")
+		_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+			if err == nil && d.IsDir() && d.Name() == "pod"+uid {
+				found = append(found, strings.TrimPrefix(p, h.mount+"/"))
+				return fs.SkipDir
+			}
+			return nil
+		})
+		if len(found) > 0 {
+			return cgroupPIDs(hs, found[0]), nil
+		}
+	}
+	return nil, nil
+}
