@@ -39,8 +39,8 @@ modules: ## download Canopy's Go modules (once; quiet)
 		echo "go: fetching Canopy's Go modules (cold: about $(COLD_MODULES))"; \
 		$(GO) mod download; }
 
-tools: ## build (once) the pinned third-party binaries into the cache: Kubernetes, CoreDNS, CNI plugins, buf, Istio (istiod, istioctl), containerd, the registry
-	@for t in kube coredns cni buf istio containerd registry; do hack/tools.sh $$t >/dev/null; done
+tools: ## build (once) the pinned third-party binaries into the cache: Kubernetes, CoreDNS, CNI plugins, buf, Istio (istiod, istioctl), containerd, the registry, helm
+	@for t in kube coredns cni buf istio containerd registry helm; do hack/tools.sh $$t >/dev/null; done
 
 build: modules ## static binaries with version ldflags into $(OUT)
 	@mkdir -p $(OUT)
@@ -64,7 +64,8 @@ TOOLS_ENV = CANOPY_KUBE_BIN_DIR=$$(hack/tools.sh kube) \
 	CANOPY_COREDNS_BIN_DIR=$$(hack/tools.sh coredns) \
 	CANOPY_ISTIO_BIN_DIR=$$(hack/tools.sh istio) \
 	CANOPY_CONTAINERD_BIN_DIR=$$(hack/tools.sh containerd) \
-	CANOPY_REGISTRY_BIN_DIR=$$(hack/tools.sh registry)
+	CANOPY_REGISTRY_BIN_DIR=$$(hack/tools.sh registry) \
+	CANOPY_HELM_BIN_DIR=$$(hack/tools.sh helm)
 
 # The end-to-end suite runs its scenario once per redirection backend, longer
 # than go test's default timeout of 10 minutes for one package on 2 cores.

@@ -12,6 +12,7 @@
 #                           pilot-agent (the proxyv2 image's agent on the local cluster)
 #   hack/tools.sh containerd containerd, containerd-shim-runc-v2, ctr (the real nodes' runtime)
 #   hack/tools.sh registry  registry (distribution: the OCI registry the real nodes pull from)
+#   hack/tools.sh helm      helm (the CLI the chart's test installs, upgrades and uninstalls with)
 #
 # A cold build prints one line per binary with its share of the wait; Go's
 # own output goes to a log in the cache and is shown only when a build fails.
@@ -22,7 +23,7 @@
 # a relink, not a full build.
 set -euo pipefail
 
-name=${1:?usage: hack/tools.sh kube|coredns|cni|buf|istio|containerd|registry}
+name=${1:?usage: hack/tools.sh kube|coredns|cni|buf|istio|containerd|registry|helm}
 root=$(cd "$(dirname "$0")/.." && pwd)
 mod="$root/tools/$name"
 [ -f "$mod/go.mod" ] || { echo "tools: no module tools/$name" >&2; exit 1; }
@@ -108,6 +109,13 @@ registry)
 	version=$(pin github.com/distribution/distribution/v3)
 	cold=([registry]="cold: about 2 minutes, with the module fetch")
 	binaries=("registry github.com/distribution/distribution/v3/cmd/registry")
+	;;
+helm)
+	version=$(pin helm.sh/helm/v4)
+	# helm version prints it; charts may require a helm version.
+	ldflags="$ldflags -X helm.sh/helm/v4/internal/version.version=$version"
+	cold=([helm]="cold: under a minute after the kube tools, whose packages it shares")
+	binaries=("helm helm.sh/helm/v4/cmd/helm")
 	;;
 *)
 	echo "tools: unknown tool module $name" >&2
