@@ -180,6 +180,7 @@ func (u *upper) run(ctx context.Context) error {
 	st.Runtime = cfg.Runtime
 	if cfg.Runtime == RuntimeContainerd {
 		st.NodeCgroup = cfg.cgroup()
+		st.Self = cfg.Binaries.Self
 		if err := u.startRegistry(ctx); err != nil {
 			return err
 		}

@@ -116,7 +116,7 @@ func (u *upper) startRealNode(ctx context.Context, i int, node Node) error {
 	}
 	s := realnode.Spec{
 		Name:   node.Name,
-		Dir:    filepath.Join(cfg.StateDir, "nodes", node.Name, "disk"),
+		Dir:    filepath.Join(st.Dir, "nodes", node.Name, "disk"),
 		Netns:  node.Netns,
 		Cgroup: st.NodeCgroup + "/" + node.Name,
 		IP:     nodeIP,
@@ -140,29 +140,8 @@ func (u *upper) startRealNode(ctx context.Context, i int, node Node) error {
 			CNI:        cfg.Binaries.CNIDir,
 		},
 	}
-	conf, err := json.MarshalIndent(map[string]any{
-		"cniVersion": "1.0.0",
-		"name":       "canopy-local",
-		"plugins": []any{map[string]any{
-			"type":   "ptp",
-			"ipMasq": false,
-			"mtu":    1500,
-			"ipam": map[string]any{
-				"type":   "host-local",
-				"ranges": [][]map[string]string{{{"subnet": node.PodCIDR}}},
-				"routes": []map[string]string{{"dst": "0.0.0.0/0"}},
-			},
-		}},
-	}, "", "  ")
-	if err != nil {
+	if err := writePrimaryCNIConfig(s, node.PodCIDR); err != nil {
 		return err
-	}
-	confPath := s.HostPath("/etc/cni/net.d/10-canopy-local.conflist")
-	if err := os.MkdirAll(filepath.Dir(confPath), 0o755); err != nil {
-		return err
-	}
-	if err := os.WriteFile(confPath, conf, 0o644); err != nil {
-		return fmt.Errorf("write the node's CNI config: %w", err)
 	}
 	n, err := realnode.Boot(ctx, s, cfg.Binaries.Self, filepath.Join(cfg.StateDir, "logs"), st.addProcess)
 	if n != nil {
@@ -173,6 +152,109 @@ func (u *upper) startRealNode(ctx context.Context, i int, node Node) error {
 		}
 	}
 	return err
+}
+
+// primaryCNIConfig is the node's own CNI configuration, as a plain
+// cluster's primary CNI writes it: ptp with host-local IPAM over the node's
+// pod CIDR. A CNI agent chains itself in by editing this file.
+const primaryCNIConfig = "/etc/cni/net.d/10-canopy-local.conflist"
+
+// writePrimaryCNIConfig writes the primary CNI's configuration of the node
+// with spec s, whatever was chained into it.
+func writePrimaryCNIConfig(s realnode.Spec, podCIDR string) error {
+	conf, err := json.MarshalIndent(map[string]any{
+		"cniVersion": "1.0.0",
+		"name":       "canopy-local",
+		"plugins": []any{map[string]any{
+			"type":   "ptp",
+			"ipMasq": false,
+			"mtu":    1500,
+			"ipam": map[string]any{
+				"type":   "host-local",
+				"ranges": [][]map[string]string{{{"subnet": podCIDR}}},
+				"routes": []map[string]string{{"dst": "0.0.0.0/0"}},
+			},
+		}},
+	}, "", "  ")
+	if err != nil {
+		return err
+	}
+	p := s.HostPath(primaryCNIConfig)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return err
+	}
+	// Replaced whole, as CNI daemons write their file: the kubelet's
+	// runtime never reads half of it.
+	tmp := filepath.Join(filepath.Dir(p), ".10-canopy-local.conflist.tmp")
+	if err := os.WriteFile(tmp, conf, 0o644); err != nil {
+		return fmt.Errorf("write the node's CNI config: %w", err)
+	}
+	return os.Rename(tmp, p)
+}
+
+// attach returns the real node called name, for restarting its parts.
+func (c *Cluster) attach(name string) (*realnode.Node, Node, error) {
+	if c.State.Runtime != RuntimeContainerd {
+		return nil, Node{}, fmt.Errorf("cluster %s has no real nodes", c.State.Name)
+	}
+	node, err := c.node(name)
+	if err != nil {
+		return nil, Node{}, err
+	}
+	n, err := realnode.Attach(c.nodeDisk(name), node.InitPID, c.State.Self, filepath.Join(c.State.Dir, "logs"), c.State.addProcess)
+	return n, node, err
+}
+
+// nodeDisk is the host directory holding a real node's persistent files.
+func (c *Cluster) nodeDisk(name string) string {
+	return filepath.Join(c.State.Dir, "nodes", name, "disk")
+}
+
+// RestartContainerd restarts the container runtime of a real node, as a
+// runtime upgrade or a crash does, with its pods running.
+func (c *Cluster) RestartContainerd(ctx context.Context, name string) error {
+	n, _, err := c.attach(name)
+	if err != nil {
+		return err
+	}
+	return n.RestartContainerd(ctx)
+}
+
+// RebootNode powers a real node off (every process of it ends at once) and
+// boots it again: the kubelet recreates its pods' sandboxes. With
+// rewriteCNI the node's primary CNI configuration is written again while
+// the node is down, as a CNI daemon that owns the file does at its start:
+// whatever was chained into it is gone when the kubelet starts.
+func (c *Cluster) RebootNode(ctx context.Context, name string, rewriteCNI bool) error {
+	n, node, err := c.attach(name)
+	if err != nil {
+		return err
+	}
+	var whileDown func() error
+	if rewriteCNI {
+		whileDown = func() error { return c.RewritePrimaryCNIConfig(name) }
+	}
+	err = n.Reboot(ctx, whileDown)
+	for i := range c.State.Nodes {
+		if c.State.Nodes[i].Name == node.Name {
+			c.State.Nodes[i].InitPID = n.InitPID
+		}
+	}
+	if serr := c.State.save(); serr != nil && err == nil {
+		err = serr
+	}
+	return err
+}
+
+// RewritePrimaryCNIConfig writes a real node's primary CNI configuration
+// again as the primary CNI first wrote it, dropping whatever a CNI agent
+// chained into it: what Cilium, say, does each time its agent starts.
+func (c *Cluster) RewritePrimaryCNIConfig(name string) error {
+	n, node, err := c.attach(name)
+	if err != nil {
+		return err
+	}
+	return writePrimaryCNIConfig(n.Spec, node.PodCIDR)
 }
 
 // node returns the state of the node called name.

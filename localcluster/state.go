@@ -24,6 +24,9 @@ type State struct {
 	// NodeCgroup is, with real nodes, the cgroup (relative to each
 	// hierarchy's root) of every node's daemons, containers and pods.
 	NodeCgroup string `json:"nodeCgroup,omitempty"`
+	// Self is, with real nodes, the canopy-local binary whose node-init
+	// holds each node's namespaces: a reboot starts it again.
+	Self string `json:"self,omitempty"`
 	// Mountpoints are directories real nodes' binds needed that the host
 	// lacked; Down removes those left empty.
 	Mountpoints []string `json:"mountpoints,omitempty"`

@@ -44,6 +44,7 @@ type config struct {
 	kubeconfig      string
 	nodeName        string
 	confDir, binDir string
+	confFile        string
 	pluginBinary    string
 	pluginSocket    string
 	zdsSocket       string
@@ -73,6 +74,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node (default $NODE_NAME)")
 	fs.StringVar(&c.confDir, "cni-conf-dir", "/etc/cni/net.d", "the node's CNI configuration directory")
 	fs.StringVar(&c.binDir, "cni-bin-dir", "/opt/cni/bin", "the node's CNI plugin directory")
+	fs.StringVar(&c.confFile, "cni-conf-file", "", "Canopy's own CNI configuration file in --cni-conf-dir, a .conflist named to sort before the primary CNI's (the primary's plugins and canopy-cni; it survives the primary rewriting its file at a node's boot); empty chains canopy-cni into the primary's file")
 	exe, _ := os.Executable()
 	fs.StringVar(&c.pluginBinary, "plugin-binary", filepath.Join(filepath.Dir(exe), "canopy-cni"), "the canopy-cni binary to install")
 	fs.StringVar(&c.pluginSocket, "plugin-socket", "/var/run/canopy/cni.sock", "where the plugin reaches the agent")
@@ -189,7 +191,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if cfg.namespaceRecord != "" {
 		entry["namespaceRecord"] = cfg.namespaceRecord
 	}
-	installer := install.Installer{ConfDir: cfg.confDir, BinDir: cfg.binDir, PluginBinary: cfg.pluginBinary, Entry: entry, Log: log}
+	installer := install.Installer{ConfDir: cfg.confDir, BinDir: cfg.binDir, OwnedFile: cfg.confFile, PluginBinary: cfg.pluginBinary, Entry: entry, Log: log}
 	var startupTaint agent.StartupTaint
 	if cfg.startupTaint != "" {
 		startupTaint = taint.Remover{Kube: kube, Node: cfg.nodeName, Key: cfg.startupTaint}

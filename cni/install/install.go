@@ -1,10 +1,20 @@
 // Package install puts the canopy-cni plugin on a node and keeps it there:
-// the binary into the CNI bin dir, an entry at the end of the primary
-// network configuration's plugin chain, and a watch that puts the entry
-// back when another CNI rewrites the file (the way pods silently lose
-// redirection after a node reboot). The primary configuration is another
-// vendor's file: it is edited as bytes (conflist.go), so that no other
-// byte of it changes, nor its mode or owner, and uninstalling restores it.
+// the binary into the CNI bin dir, an entry at the end of the network
+// configuration's plugin chain, and a watch that puts the entry back when
+// another CNI rewrites its file.
+//
+// The chain lives in one of two places. By default (Installer.OwnedFile)
+// in a file of Canopy's own, named to come before the primary CNI's, which
+// the container runtime then uses: the primary's plugins followed by the
+// entry, written again whenever the primary's file changes. It persists
+// across node reboots while the primary CNI may rewrite its own file at
+// boot before the agent runs, so a pod's sandbox is never set up without
+// the plugin (which fails closed until the agent answers). Otherwise the
+// entry is chained into the primary's file itself, edited as bytes
+// (conflist.go) so that no other byte of it changes, nor its mode or owner,
+// and uninstalling restores it; a primary CNI that rewrites its file while
+// the agent is down then starts pods outside the mesh until the agent is
+// back.
 package install
 
 import (
@@ -38,6 +48,10 @@ type Installer struct {
 	PluginBinary string
 	// Entry is the plugin's configuration in the chain; "type" is set.
 	Entry map[string]any
+	// OwnedFile, when set, is the name of Canopy's own configuration
+	// file in ConfDir (a .conflist that sorts before the primary's, such
+	// as 02-canopy-cni.conflist); empty chains into the primary's file.
+	OwnedFile string
 	// Recheck is how often the configuration is checked even without a
 	// file event (default 10s).
 	Recheck time.Duration
@@ -69,16 +83,23 @@ func (i Installer) copyBinary() error {
 	return atomicfile.Write(dst, src, 0o755)
 }
 
-// primary returns the configuration file the runtime uses: the first
-// .conflist or .conf in name order, as kubelet and containerd pick it.
+// primary returns the primary CNI's configuration file: the first
+// .conflist, .conf or .json in name order, as kubelet and containerd pick
+// it, other than Canopy's own file.
 func (i Installer) primary() (string, error) {
+	return i.first(i.OwnedFile)
+}
+
+// first returns the first configuration file in name order, skipping the
+// name skip ("" skips none): the one the runtime uses.
+func (i Installer) first(skip string) (string, error) {
 	entries, err := os.ReadDir(i.ConfDir)
 	if err != nil {
 		return "", fmt.Errorf("read %s: %w", i.ConfDir, err)
 	}
 	for _, e := range entries {
 		name := e.Name()
-		if e.IsDir() || strings.HasPrefix(name, ".") {
+		if e.IsDir() || strings.HasPrefix(name, ".") || (skip != "" && name == skip) {
 			continue
 		}
 		if ext := filepath.Ext(name); ext == ".conflist" || ext == ".conf" || ext == ".json" {
@@ -86,6 +107,73 @@ func (i Installer) primary() (string, error) {
 		}
 	}
 	return "", ErrNoPrimary
+}
+
+// checkOwnedFile refuses an owned file name the runtime would not use or
+// that could name a file elsewhere.
+func (i Installer) checkOwnedFile() error {
+	n := i.OwnedFile
+	if n != filepath.Base(n) || strings.HasPrefix(n, ".") || filepath.Ext(n) != ".conflist" {
+		return fmt.Errorf("CNI configuration file name %q: want a .conflist name without a directory, not hidden", n)
+	}
+	return nil
+}
+
+// owned returns what Canopy's own file holds given the primary's file:
+// the primary's plugin list (without the entry, which an earlier chained
+// install may have left in it) with the entry last. primary is the
+// primary's path, for errors and order.
+func (i Installer) owned(primary string, raw, entry []byte) ([]byte, error) {
+	if err := i.checkOwnedFile(); err != nil {
+		return nil, err
+	}
+	if i.OwnedFile >= filepath.Base(primary) {
+		return nil, fmt.Errorf("%s does not sort before the primary CNI's %s: the runtime would not use it (choose a name that does)", i.OwnedFile, filepath.Base(primary))
+	}
+	base, _, err := unchain(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", primary, err)
+	}
+	if base == nil {
+		base = raw
+	}
+	out, _, err := chain(base, entry)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", primary, err)
+	}
+	if out == nil {
+		out = base
+	}
+	return out, nil
+}
+
+// ensureOwned writes Canopy's own file from the primary's when it differs.
+func (i Installer) ensureOwned() error {
+	path, err := i.primary()
+	if err != nil {
+		return err
+	}
+	raw, _, err := readConfig(path)
+	if err != nil {
+		return err
+	}
+	entry, err := i.entry()
+	if err != nil {
+		return err
+	}
+	want, err := i.owned(path, raw, entry)
+	if err != nil {
+		return err
+	}
+	dst := filepath.Join(i.ConfDir, i.OwnedFile)
+	if cur, _, err := readConfig(dst); err == nil && bytes.Equal(cur, want) {
+		return nil
+	}
+	if err := atomicfile.Write(dst, want, 0o644); err != nil {
+		return err
+	}
+	i.Log.Info("wrote the CNI chain", "file", dst, "primary", path)
+	return nil
 }
 
 // entry returns the plugin's configuration as it goes into the chain.
@@ -137,10 +225,14 @@ func readConfig(path string) ([]byte, os.FileInfo, error) {
 	return raw, info, nil
 }
 
-// ensureEntry makes the primary configuration a plugin list whose last
-// plugin is exactly the entry, changing no other byte of the file, nor its
-// mode or owner (see chain).
+// ensureEntry makes the configuration the runtime uses a plugin list
+// whose last plugin is exactly the entry: Canopy's own file, or the
+// primary's, changing no other byte of it, nor its mode or owner (see
+// chain).
 func (i Installer) ensureEntry() error {
+	if i.OwnedFile != "" {
+		return i.ensureOwned()
+	}
 	path, err := i.primary()
 	if err != nil {
 		return err
@@ -207,6 +299,9 @@ func removeIfSame(path string, read os.FileInfo) error {
 // plugin list ending with the entry, and the binary is in BinDir.
 // Otherwise it says what is missing.
 func (i Installer) InChain() error {
+	if i.OwnedFile != "" {
+		return i.ownedInChain()
+	}
 	path, err := i.primary()
 	if err != nil {
 		return err
@@ -229,6 +324,43 @@ func (i Installer) InChain() error {
 	}
 	if len(plugins) == 0 || !sameJSON(d.bytes(plugins[len(plugins)-1]), entry) {
 		return fmt.Errorf("%s does not end with %s", path, PluginType)
+	}
+	if _, err := os.Stat(filepath.Join(i.BinDir, PluginType)); err != nil {
+		return fmt.Errorf("plugin binary: %w", err)
+	}
+	return nil
+}
+
+// ownedInChain checks Canopy's own file: the runtime uses it (it comes
+// first), it holds the primary's current plugins and the entry, and the
+// binary is in BinDir.
+func (i Installer) ownedInChain() error {
+	path, err := i.primary()
+	if err != nil {
+		return err
+	}
+	raw, _, err := readConfig(path)
+	if err != nil {
+		return err
+	}
+	entry, err := i.entry()
+	if err != nil {
+		return err
+	}
+	want, err := i.owned(path, raw, entry)
+	if err != nil {
+		return err
+	}
+	dst := filepath.Join(i.ConfDir, i.OwnedFile)
+	if first, err := i.first(""); err != nil || first != dst {
+		return fmt.Errorf("the runtime uses %s, not %s", first, dst)
+	}
+	cur, _, err := readConfig(dst)
+	if err != nil {
+		return err
+	}
+	if !bytes.Equal(cur, want) {
+		return fmt.Errorf("%s does not hold %s's plugins followed by %s", dst, path, PluginType)
 	}
 	if _, err := os.Stat(filepath.Join(i.BinDir, PluginType)); err != nil {
 		return fmt.Errorf("plugin binary: %w", err)
@@ -271,11 +403,19 @@ func (i Installer) Watch(ctx context.Context) error {
 	}
 }
 
-// Uninstall removes the entry and the binary. The primary configuration
-// is left as it was before Install, byte for byte, with its mode and
-// owner; a .conf that Install converted is a .conf again.
+// Uninstall removes the entry and the binary: Canopy's own file, and the
+// entry from the primary configuration, which is left as it was before
+// Install, byte for byte, with its mode and owner; a .conf that Install
+// converted is a .conf again.
 func (i Installer) Uninstall() error {
 	var errs []error
+	if i.OwnedFile != "" {
+		if err := i.checkOwnedFile(); err != nil {
+			errs = append(errs, err)
+		} else if err := os.Remove(filepath.Join(i.ConfDir, i.OwnedFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
 	if path, err := i.primary(); err == nil {
 		if err := removeEntry(path); err != nil {
 			errs = append(errs, err)

@@ -37,6 +37,10 @@ type Node struct {
 	record      Recorder
 }
 
+// specFile is where Boot keeps the node's spec, in the node's directory,
+// for init and for Attach.
+const specFile = "node.json"
+
 // nofile is containerd's (and so the shims' and containers') open file
 // limit: as high as this host lets it go (containerd's own service unit
 // asks for no limit at all), where Go programs start with a soft limit of
@@ -78,6 +82,107 @@ func Boot(ctx context.Context, s Spec, self, logDir string, record Recorder) (*N
 		return n, err
 	}
 	return n, n.StartKubelet()
+}
+
+// Attach returns the node that Boot started from the spec it wrote under
+// dir, whose init is initPID, so that a later process (a test, canopy-local)
+// can restart its parts. self, logDir and record are as for Boot.
+func Attach(dir string, initPID int, self, logDir string, record Recorder) (*Node, error) {
+	b, err := os.ReadFile(filepath.Join(dir, specFile))
+	if err != nil {
+		return nil, fmt.Errorf("the node's spec: %w", err)
+	}
+	var s Spec
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("the node's spec %s: %w", filepath.Join(dir, specFile), err)
+	}
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	return &Node{Spec: s, InitPID: initPID, logDir: logDir, self: self, record: record}, nil
+}
+
+// RestartContainerd stops the node's containerd as its service manager
+// does on a restart (SIGTERM; the shims, and so the containers, go on
+// running) and starts it again.
+func (n *Node) RestartContainerd(ctx context.Context) error {
+	hs, err := hierarchies()
+	if err != nil {
+		return err
+	}
+	var daemon []int
+	for _, pid := range cgroupPIDs(hs, n.Spec.runtimeCgroup()) {
+		if comm, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm")); err == nil && strings.TrimSpace(string(comm)) == "containerd" {
+			daemon = append(daemon, pid)
+		}
+	}
+	if len(daemon) != 1 {
+		return fmt.Errorf("%s: want one containerd process in cgroup %s, found %v", n.Spec.Name, n.Spec.runtimeCgroup(), daemon)
+	}
+	if err := syscall.Kill(daemon[0], syscall.SIGTERM); err != nil {
+		return fmt.Errorf("stop containerd of %s: %w", n.Spec.Name, err)
+	}
+	if err := waitGone(ctx, daemon[0]); err != nil {
+		return fmt.Errorf("containerd of %s: %w", n.Spec.Name, err)
+	}
+	return n.StartContainerd(ctx)
+}
+
+// Reboot ends every process of the node at once, as a power cut does (its
+// containers, the shims, containerd, the kubelet and init, and with init
+// the node's mounts: /run and /sys/fs/bpf start empty again; its cgroups
+// are removed), runs
+// whileDown (to change the node's disk as something on it would at boot),
+// and boots it again from the same spec. The node's network namespace, with
+// its links, routes and kube-proxy's rules, outlives the reboot here.
+func (n *Node) Reboot(ctx context.Context, whileDown func() error) error {
+	// The node's cgroups go too, as the cgroup file systems start empty
+	// at boot: the kubelet's cAdvisor would otherwise spend 3 s on each
+	// dead container's cgroup before the kubelet syncs a pod (90 s here).
+	if err := RemoveCgroup(n.Spec.Cgroup); err != nil {
+		return fmt.Errorf("power off %s: %w", n.Spec.Name, err)
+	}
+	if err := waitGone(ctx, n.InitPID); err != nil {
+		return fmt.Errorf("power off %s: %w", n.Spec.Name, err)
+	}
+	if whileDown != nil {
+		if err := whileDown(); err != nil {
+			return err
+		}
+	}
+	booted, err := Boot(ctx, n.Spec, n.self, n.logDir, n.record)
+	if booted != nil {
+		n.InitPID = booted.InitPID
+	}
+	return err
+}
+
+// waitGone waits until process pid has exited (and is reaped, or is not our
+// child).
+func waitGone(ctx context.Context, pid int) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+			return nil
+		}
+		if state, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat")); err == nil && zombie(state) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("process %d did not exit: %w", pid, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// zombie reports whether a /proc/<pid>/stat line is a process that exited
+// and waits for its parent to reap it: after the command name, in
+// parentheses that the name itself may contain, comes the state.
+func zombie(stat []byte) bool {
+	i := strings.LastIndexByte(string(stat), ')')
+	return i >= 0 && i+2 < len(stat) && stat[i+2] == 'Z'
 }
 
 // writeFiles writes what a node image and its provisioning would put on the
@@ -164,7 +269,7 @@ func createMountpoints(binds []Bind) ([]string, error) {
 // startInit starts the node's init and waits for its mounts.
 func (n *Node) startInit(ctx context.Context) error {
 	s := n.Spec
-	specPath := filepath.Join(s.Dir, "node.json")
+	specPath := filepath.Join(s.Dir, specFile)
 	b, err := json.MarshalIndent(s, "", "  ")
 	if err != nil {
 		return err

@@ -141,19 +141,8 @@ func RemoveCgroup(rel string) error {
 	if err != nil {
 		return err
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		pids := cgroupPIDs(hs, rel)
-		if len(pids) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("cgroup %s: processes %v do not die", rel, pids)
-		}
-		for _, pid := range pids {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := killCgroup(hs, rel); err != nil {
+		return err
 	}
 	var errs []error
 	for _, h := range hs {
@@ -173,6 +162,25 @@ func RemoveCgroup(rel string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// killCgroup kills every process in rel and below until none is left: a
+// process forked meanwhile is killed on the next round.
+func killCgroup(hs []hierarchy, rel string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		pids := cgroupPIDs(hs, rel)
+		if len(pids) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cgroup %s: processes %v do not die", rel, pids)
+		}
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // rmdirRetry removes an empty cgroup; the kernel reports EBUSY for a moment
