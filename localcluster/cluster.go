@@ -462,22 +462,9 @@ func writeCNI(cfg Config, i int, dir, confDir, binDir string) error {
 			return fmt.Errorf("install CNI plugin %s: %w", plugin, err)
 		}
 	}
-	conf := map[string]any{
-		"cniVersion": "1.0.0",
-		"name":       "canopy-local",
-		"plugins": []any{map[string]any{
-			"type":   "ptp",
-			"ipMasq": false,
-			"mtu":    1500,
-			"ipam": map[string]any{
-				"type":    "host-local",
-				"ranges":  [][]map[string]string{{{"subnet": cfg.nodePodCIDR(i).String()}}},
-				"routes":  []map[string]string{{"dst": "0.0.0.0/0"}},
-				"dataDir": filepath.Join(dir, "cni", "ipam"),
-			},
-		}},
-	}
-	b, err := json.MarshalIndent(conf, "", "  ")
+	// The stand-in's nodes share the host's file system: IPAM state per
+	// node.
+	b, err := primaryCNIConfig(cfg.nodePodCIDR(i).String(), filepath.Join(dir, "cni", "ipam"))
 	if err != nil {
 		return err
 	}

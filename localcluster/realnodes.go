@@ -154,32 +154,37 @@ func (u *upper) startRealNode(ctx context.Context, i int, node Node) error {
 	return err
 }
 
-// primaryCNIConfig is the node's own CNI configuration, as a plain
-// cluster's primary CNI writes it: ptp with host-local IPAM over the node's
-// pod CIDR. A CNI agent chains itself in by editing this file.
-const primaryCNIConfig = "/etc/cni/net.d/10-canopy-local.conflist"
+// primaryCNIConfigPath is the node's own CNI configuration, as a plain
+// cluster's primary CNI writes it. A CNI agent chains itself after it.
+const primaryCNIConfigPath = "/etc/cni/net.d/10-canopy-local.conflist"
 
-// writePrimaryCNIConfig writes the primary CNI's configuration of the node
-// with spec s, whatever was chained into it.
-func writePrimaryCNIConfig(s realnode.Spec, podCIDR string) error {
-	conf, err := json.MarshalIndent(map[string]any{
+// primaryCNIConfig is the primary CNI's configuration of a node: ptp with
+// host-local IPAM over the node's pod CIDR, its state in dataDir ("" for
+// host-local's default, /var/lib/cni/networks).
+func primaryCNIConfig(podCIDR, dataDir string) ([]byte, error) {
+	ipam := map[string]any{
+		"type":   "host-local",
+		"ranges": [][]map[string]string{{{"subnet": podCIDR}}},
+		"routes": []map[string]string{{"dst": "0.0.0.0/0"}},
+	}
+	if dataDir != "" {
+		ipam["dataDir"] = dataDir
+	}
+	return json.MarshalIndent(map[string]any{
 		"cniVersion": "1.0.0",
 		"name":       "canopy-local",
-		"plugins": []any{map[string]any{
-			"type":   "ptp",
-			"ipMasq": false,
-			"mtu":    1500,
-			"ipam": map[string]any{
-				"type":   "host-local",
-				"ranges": [][]map[string]string{{{"subnet": podCIDR}}},
-				"routes": []map[string]string{{"dst": "0.0.0.0/0"}},
-			},
-		}},
+		"plugins":    []any{map[string]any{"type": "ptp", "ipMasq": false, "mtu": 1500, "ipam": ipam}},
 	}, "", "  ")
+}
+
+// writePrimaryCNIConfig writes the primary CNI's configuration of the real
+// node with spec s, whatever was chained into it.
+func writePrimaryCNIConfig(s realnode.Spec, podCIDR string) error {
+	conf, err := primaryCNIConfig(podCIDR, "")
 	if err != nil {
 		return err
 	}
-	p := s.HostPath(primaryCNIConfig)
+	p := s.HostPath(primaryCNIConfigPath)
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return err
 	}

@@ -147,21 +147,27 @@ func (i Installer) owned(primary string, raw, entry []byte) ([]byte, error) {
 	return out, nil
 }
 
-// ensureOwned writes Canopy's own file from the primary's when it differs.
-func (i Installer) ensureOwned() error {
-	path, err := i.primary()
-	if err != nil {
-		return err
+// wantOwned returns the primary's path and what Canopy's own file must
+// hold now.
+func (i Installer) wantOwned() (primary string, want []byte, err error) {
+	if primary, err = i.primary(); err != nil {
+		return "", nil, err
 	}
-	raw, _, err := readConfig(path)
+	raw, _, err := readConfig(primary)
 	if err != nil {
-		return err
+		return "", nil, err
 	}
 	entry, err := i.entry()
 	if err != nil {
-		return err
+		return "", nil, err
 	}
-	want, err := i.owned(path, raw, entry)
+	want, err = i.owned(primary, raw, entry)
+	return primary, want, err
+}
+
+// ensureOwned writes Canopy's own file from the primary's when it differs.
+func (i Installer) ensureOwned() error {
+	path, want, err := i.wantOwned()
 	if err != nil {
 		return err
 	}
@@ -335,19 +341,7 @@ func (i Installer) InChain() error {
 // first), it holds the primary's current plugins and the entry, and the
 // binary is in BinDir.
 func (i Installer) ownedInChain() error {
-	path, err := i.primary()
-	if err != nil {
-		return err
-	}
-	raw, _, err := readConfig(path)
-	if err != nil {
-		return err
-	}
-	entry, err := i.entry()
-	if err != nil {
-		return err
-	}
-	want, err := i.owned(path, raw, entry)
+	path, want, err := i.wantOwned()
 	if err != nil {
 		return err
 	}
