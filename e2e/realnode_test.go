@@ -143,12 +143,24 @@ func testPodDeletedWhileAgentDown(t *testing.T, m *mesh) {
 	m.waitDeployment(t, "demo", "echo")
 	m.waitEnrolled(t, "demo", "")
 
-	poll(t, time.Minute, "nothing of "+victim.Name+" left on "+node, func(context.Context) (bool, error) {
+	// What is left of the pod, if anything: its record and the
+	// processes holding its network namespace.
+	leftovers := func() []string {
+		left := holders(st.Dev, st.Ino)
 		if _, err := os.Stat(record); !errors.Is(err, fs.ErrNotExist) {
-			return false, nil
+			left = append(left, "record "+record)
 		}
-		return len(holders(st.Dev, st.Ino)) == 0, nil
-	})
+		return left
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(500 * time.Millisecond) {
+		left := leftovers()
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("left of %s on %s a minute after its CNI agent came back: %v", victim.Name, node, left)
+		}
+	}
 	// The new echo pod is served: calls reach both replicas again.
 	client := m.pods(t, "demo", "app=client")[0]
 	seen := map[string]bool{}
