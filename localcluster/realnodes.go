@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/canopy-mesh/canopy/internal/atomicfile"
 	"github.com/canopy-mesh/canopy/internal/ociimage"
 	"github.com/canopy-mesh/canopy/localcluster/realnode"
 )
@@ -190,11 +191,7 @@ func writePrimaryCNIConfig(s realnode.Spec, podCIDR string) error {
 	}
 	// Replaced whole, as CNI daemons write their file: the kubelet's
 	// runtime never reads half of it.
-	tmp := filepath.Join(filepath.Dir(p), ".10-canopy-local.conflist.tmp")
-	if err := os.WriteFile(tmp, conf, 0o644); err != nil {
-		return fmt.Errorf("write the node's CNI config: %w", err)
-	}
-	return os.Rename(tmp, p)
+	return atomicfile.Write(p, conf, 0o644)
 }
 
 // attach returns the real node called name, for restarting its parts.

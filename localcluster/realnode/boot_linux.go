@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/canopy-mesh/canopy/internal/atomicfile"
 	"github.com/canopy-mesh/canopy/internal/netns"
 )
 
@@ -232,11 +233,7 @@ func writeFile(p string, b []byte, mode os.FileMode) error {
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return err
 	}
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, b, mode); err != nil {
-		return err
-	}
-	return os.Rename(tmp, p)
+	return atomicfile.Write(p, b, mode)
 }
 
 // createMountpoints makes the bind targets the host lacks and returns
