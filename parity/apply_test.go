@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	k8stypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/discovery"
@@ -203,4 +204,34 @@ func waitAdopted(ctx context.Context, client kubernetes.Interface, namespaces ..
 
 func hashed(p corev1.Pod) bool {
 	return p.Labels["pod-template-hash"] != "" || p.Labels["rollouts-pod-template-hash"] != ""
+}
+
+// annotationResync is written onto every EndpointSlice by
+// resyncEndpointSlices.
+const annotationResync = "parity.canopy.dev/resync"
+
+// resyncEndpointSlices writes an annotation onto every EndpointSlice of the
+// namespaces, so that istiod handles each slice again. istiod decides an
+// endpoint's health when it handles the slice, and a not-ready endpoint
+// counts as terminating only if the slice's Service is already in its
+// registry; a Service handled later does not rebuild its endpoints
+// (addOrUpdateService in pilot/pkg/serviceregistry/kube/controller), so
+// when the two informers deliver in the other order, the terminating pod
+// of the fixture stays an UNHEALTHY endpoint in istiod's EDS (seen once in
+// a clean-clone CI run, for apps/nearby). The second handling, with every
+// Service known, gives the reference its intended, deterministic answer.
+func resyncEndpointSlices(ctx context.Context, client kubernetes.Interface, namespaces ...string) error {
+	patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q}}}`, annotationResync, time.Now().Format(time.RFC3339Nano))
+	for _, ns := range namespaces {
+		slices, err := client.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return fmt.Errorf("list EndpointSlices of %s: %w", ns, err)
+		}
+		for _, s := range slices.Items {
+			if _, err := client.DiscoveryV1().EndpointSlices(ns).Patch(ctx, s.Name, k8stypes.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+				return fmt.Errorf("annotate EndpointSlice %s/%s: %w", ns, s.Name, err)
+			}
+		}
+	}
+	return nil
 }

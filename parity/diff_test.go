@@ -304,7 +304,18 @@ type view interface {
 // waitQuiet waits until every view has been unchanged for quiet.
 func waitQuiet(t *testing.T, what string, views ...view) {
 	t.Helper()
+	waitQuietAfter(t, what, time.Time{}, views...)
+}
+
+// waitQuietAfter waits until every view has been unchanged for quiet, all
+// of it after after: a change made at after (which neither view may show)
+// has had the time of a debounce to reach each control plane.
+func waitQuietAfter(t *testing.T, what string, after time.Time, views ...view) {
+	t.Helper()
 	eventually.Within(t, settle, fmt.Sprintf("%s unchanged for %s", what, quiet), func() bool {
+		if time.Since(after) < quiet {
+			return false
+		}
 		for _, v := range views {
 			ok, err := v.quietFor(quiet)
 			if err != nil {
