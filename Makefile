@@ -39,8 +39,11 @@ modules: ## download Canopy's Go modules (once; quiet)
 		echo "go: fetching Canopy's Go modules (cold: about $(COLD_MODULES))"; \
 		$(GO) mod download; }
 
-tools: ## build (once) the pinned third-party binaries into the cache: Kubernetes, CoreDNS, CNI plugins, buf, Istio (istiod, istioctl), containerd, the registry, helm
-	@for t in kube coredns cni buf istio containerd registry helm; do hack/tools.sh $$t >/dev/null; done
+# Two tool modules build at a time, the longest first: one go command
+# leaves a core idle while it links or fetches modules.
+TOOL_MODULES := kube istio buf coredns helm containerd registry cni
+tools: ## build (once) the pinned third-party binaries into the cache: Kubernetes, Istio (istiod, istioctl, pilot-agent), buf, CoreDNS, helm, containerd, the registry, CNI plugins
+	@printf '%s\n' $(TOOL_MODULES) | xargs -P 2 -I{} hack/tools.sh {} >/dev/null
 
 build: modules ## static binaries with version ldflags into $(OUT)
 	@mkdir -p $(OUT)
@@ -67,9 +70,12 @@ TOOLS_ENV = CANOPY_KUBE_BIN_DIR=$$(hack/tools.sh kube) \
 	CANOPY_REGISTRY_BIN_DIR=$$(hack/tools.sh registry) \
 	CANOPY_HELM_BIN_DIR=$$(hack/tools.sh helm)
 
-# The end-to-end suite runs its scenario once per redirection backend, longer
-# than go test's default timeout of 10 minutes for one package on 2 cores.
-test: deps modules lint ## every test level: unit, kube (real API server), root-level and e2e (local cluster)
+# Lint and the tools build side by side: cold, each leaves idle time (links,
+# module fetches) that the other fills. The end-to-end suite runs its
+# scenario once per redirection backend, longer than go test's default
+# timeout of 10 minutes for one package on 2 cores.
+test: deps modules ## every test level: unit, kube (real API server), root-level and e2e (local cluster)
+	@$(MAKE) --no-print-directory -j 2 --output-sync=line lint tools
 	@env $(TOOLS_ENV) $(GO) test -p $(GOTESTP) -count=1 -timeout 40m $(GOTESTFLAGS) ./...
 
 demo: deps build ## a local cluster with the sample app (needs root); see canopy-local status

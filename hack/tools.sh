@@ -14,8 +14,10 @@
 #   hack/tools.sh registry  registry (distribution: the OCI registry the real nodes pull from)
 #   hack/tools.sh helm      helm (the CLI the chart's test installs, upgrades and uninstalls with)
 #
-# A cold build prints one line per binary with its share of the wait; Go's
-# own output goes to a log in the cache and is shown only when a build fails.
+# A cold build prints what it builds and how long that took cold; Go's own
+# output goes to a log in the cache and is shown only when a build fails.
+# A module's binaries build in one go command, which links one while it
+# compiles the next: on 2 cores that is faster than one command each.
 #
 # The directory is keyed by the module's version pin and a hash of its files,
 # ldflags and binaries: a second run reuses the binaries, a changed pin
@@ -33,10 +35,9 @@ pin() {
 	awk -v m="$1" '$1 == "require" && $2 == m {print $3} $1 == m && $2 ~ /^v/ {print $2}' "$mod/go.mod" | head -n 1
 }
 ldflags="-s -w"
-# cold says what a cold build of each binary costs on 2 cores (measured on
-# an otherwise idle machine; later binaries of a module reuse the packages
-# the first one compiled).
-declare -A cold=()
+# cold says what a cold build of the module's binaries costs on 2 cores
+# (measured with a warm module cache and nothing else running).
+cold="a minute or two"
 case "$name" in
 kube)
 	version=$(pin k8s.io/kubernetes)
@@ -46,10 +47,7 @@ kube)
 	ldflags="$ldflags -X $v.gitVersion=$version -X $v.gitMajor=1 -X $v.gitMinor=$minor
 		-X $v.gitCommit=0000000000000000000000000000000000000000 -X $v.gitTreeState=clean
 		-X $v.buildDate=1970-01-01T00:00:00Z"
-	cold=([kube-apiserver]="cold: about 6 of the 10 minutes this module takes, with the module fetch"
-		[kube-controller-manager]="cold: about 2 of the 10 minutes"
-		[kube-proxy]="cold: under a minute" [kubectl]="cold: under a minute"
-		[kubelet]="cold: about 2 minutes" [kube-scheduler]="cold: under a minute")
+	cold="about 9 minutes"
 	binaries=(
 		"kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver"
 		"kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager"
@@ -61,18 +59,18 @@ kube)
 	;;
 coredns)
 	version=$(pin github.com/coredns/coredns)
-	cold=([coredns]="cold: about 3 minutes")
+	cold="about 2 minutes"
 	binaries=("coredns github.com/coredns/coredns")
 	;;
 cni)
 	version=$(pin github.com/containernetworking/plugins)
 	p=github.com/containernetworking/plugins/plugins
-	cold=([ptp]="cold: seconds" [loopback]="cold: seconds" [host-local]="cold: seconds")
+	cold="seconds"
 	binaries=("ptp $p/main/ptp" "loopback $p/main/loopback" "host-local $p/ipam/host-local")
 	;;
 buf)
 	version=$(pin github.com/bufbuild/buf)
-	cold=([buf]="cold: about 2 minutes")
+	cold="about 2 minutes"
 	binaries=("buf github.com/bufbuild/buf/cmd/buf")
 	;;
 istio)
@@ -81,11 +79,7 @@ istio)
 	# istiod reports this version to proxies and istioctl prints it.
 	ldflags="$ldflags -X $v.buildVersion=$version -X $v.buildGitRevision=${version##*-}
 		-X $v.buildStatus=Clean -X $v.buildTag=$version"
-	# Measured with other builds sharing the 2 cores (load about 6): less on
-	# an idle machine.
-	cold=([pilot-discovery]="cold: about 13 of the 15 minutes this module takes, with the module fetch"
-		[istioctl]="cold: about 2 of the 15 minutes"
-		[pilot-agent]="cold: about a minute, sharing most of istiod's packages")
+	cold="about 5 minutes"
 	binaries=(
 		"pilot-discovery istio.io/istio/pilot/cmd/pilot-discovery"
 		"istioctl istio.io/istio/istioctl/cmd/istioctl"
@@ -97,8 +91,7 @@ containerd)
 	# Without it containerd reports "<version>+unknown" to the kubelet.
 	ldflags="$ldflags -X github.com/containerd/containerd/v2/version.Version=$version
 		-X github.com/containerd/containerd/v2/version.Revision=canopy-tools"
-	cold=([containerd]="cold: about 4 minutes, with the module fetch"
-		[containerd-shim-runc-v2]="cold: under a minute" [ctr]="cold: under a minute")
+	cold="about a minute and a half"
 	binaries=(
 		"containerd github.com/containerd/containerd/v2/cmd/containerd"
 		"containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"
@@ -107,14 +100,14 @@ containerd)
 	;;
 registry)
 	version=$(pin github.com/distribution/distribution/v3)
-	cold=([registry]="cold: about 2 minutes, with the module fetch")
+	cold="about a minute and a half"
 	binaries=("registry github.com/distribution/distribution/v3/cmd/registry")
 	;;
 helm)
 	version=$(pin helm.sh/helm/v4)
 	# helm version prints it; charts may require a helm version.
 	ldflags="$ldflags -X helm.sh/helm/v4/internal/version.version=$version"
-	cold=([helm]="cold: under a minute after the kube tools, whose packages it shares")
+	cold="about 2 minutes"
 	binaries=("helm helm.sh/helm/v4/cmd/helm")
 	;;
 *)
@@ -149,18 +142,25 @@ if [ ${#todo[@]} -gt 0 ]; then
 	start=$SECONDS
 	echo "tools: $name $version: fetching its Go modules" >&2
 	(cd "$mod" && go mod download) >>"$log" 2>&1 || { cat "$log" >&2; exit 1; }
-	i=0
+	bins=() pkgs=()
 	for entry in "${todo[@]}"; do
 		read -r bin pkg <<<"$entry"
-		i=$((i + 1))
-		echo "tools: $name $version: building $bin ($i of ${#todo[@]}; ${cold[$bin]:-cold: a minute or two})" >&2
-		if ! (cd "$mod" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out/$bin.tmp" "$pkg") >>"$log" 2>&1; then
-			echo "tools: building $bin failed:" >&2
-			cat "$log" >&2
-			exit 1
-		fi
-		mv "$out/$bin.tmp" "$out/$bin"
+		bins+=("$bin") pkgs+=("$pkg")
 	done
+	echo "tools: $name $version: building ${bins[*]} (cold: $cold)" >&2
+	# go build -o names each binary after its package's last element, which
+	# is how binaries names them; a failed build leaves none in $out.
+	tmp="$out/.build"
+	rm -rf "$tmp" && mkdir -p "$tmp"
+	if ! (cd "$mod" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$tmp/" "${pkgs[@]}") >>"$log" 2>&1; then
+		echo "tools: building ${bins[*]} failed:" >&2
+		cat "$log" >&2
+		exit 1
+	fi
+	for bin in "${bins[@]}"; do
+		mv "$tmp/$bin" "$out/$bin"
+	done
+	rmdir "$tmp"
 	echo "tools: $name $version ready in $((SECONDS - start)) s" >&2
 fi
 echo "$out"
