@@ -75,7 +75,7 @@ TOOLS_ENV = CANOPY_KUBE_BIN_DIR=$$(hack/tools.sh kube) \
 # scenario once per redirection backend, longer than go test's default
 # timeout of 10 minutes for one package on 2 cores.
 test: deps modules ## every test level: unit, kube (real API server), root-level and e2e (local cluster)
-	@$(MAKE) --no-print-directory -j 2 --output-sync=line lint tools
+	@$(MAKE) --no-print-directory -j 2 lint tools
 	@env $(TOOLS_ENV) $(GO) test -p $(GOTESTP) -count=1 -timeout 40m $(GOTESTFLAGS) ./...
 
 demo: deps build ## a local cluster with the sample app (needs root); see canopy-local status
