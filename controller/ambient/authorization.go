@@ -13,7 +13,7 @@ import (
 	securityapi "istio.io/api/security/v1beta1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 
-	"github.com/canopy-mesh/canopy/controller/authzpolicy"
+	"github.com/canopy-mesh/canopy/controller/securitypolicy"
 	"github.com/canopy-mesh/canopy/workloadapi/security"
 )
 
@@ -34,11 +34,11 @@ type PolicyResult struct {
 // GLOBAL), from/to/when into clauses, wildcard strings into prefix, suffix or
 // presence. Rules with HTTP attributes are dropped from ALLOW policies (the
 // stricter choice) and reduced to their L4 part in DENY policies. A CUSTOM
-// policy is a DENY policy of its rules (authzpolicy.CustomAsDeny), with a
+// policy is a DENY policy of its rules (securitypolicy.CustomAsDeny), with a
 // warning: istiod leaves it out of node proxies' tables, which lets
 // through everything the policy was written to check. An AUDIT policy
 // is an error with no Authorization (it never changes a decision). The
-// dry-run annotation is read as istiod reads it (authzpolicy.DryRun).
+// dry-run annotation is read as istiod reads it (securitypolicy.DryRun).
 // A value that does not parse is an error too, but the result then fails
 // closed: an ALLOW policy with no rules (it allows nothing) or a DENY policy
 // that denies everything, rather than no policy at all.
@@ -49,7 +49,7 @@ func BuildAuthorization(p *securityv1.AuthorizationPolicy, cfg Config) (PolicyRe
 		return PolicyResult{}, nil
 	}
 	var res PolicyResult
-	dryRun, err := authzpolicy.DryRun(p)
+	dryRun, err := securitypolicy.DryRun(p)
 	if err != nil {
 		res.Warnings = append(res.Warnings, err.Error())
 	}
@@ -58,7 +58,7 @@ func BuildAuthorization(p *securityv1.AuthorizationPolicy, cfg Config) (PolicyRe
 		Namespace: p.Namespace,
 		DryRun:    dryRun,
 	}
-	switch authzpolicy.EnforcedAction(p) {
+	switch securitypolicy.EnforcedAction(p) {
 	case securityapi.AuthorizationPolicy_ALLOW:
 		out.Action = security.Action_ALLOW
 	case securityapi.AuthorizationPolicy_DENY:
@@ -67,7 +67,7 @@ func BuildAuthorization(p *securityv1.AuthorizationPolicy, cfg Config) (PolicyRe
 		return PolicyResult{}, fmt.Errorf("%w: action %s", ErrUnsupportedPolicy, spec.GetAction())
 	}
 	if spec.GetAction() == securityapi.AuthorizationPolicy_CUSTOM {
-		res.Warnings = append(res.Warnings, authzpolicy.CustomAsDeny)
+		res.Warnings = append(res.Warnings, securitypolicy.CustomAsDeny)
 	}
 	switch {
 	case spec.GetSelector() != nil:

@@ -13,7 +13,7 @@ import (
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/canopy-mesh/canopy/controller/authzpolicy"
+	"github.com/canopy-mesh/canopy/controller/securitypolicy"
 	"github.com/canopy-mesh/canopy/workloadapi/security"
 )
 
@@ -100,24 +100,24 @@ func TestBuildAuthorization(t *testing.T) {
 		})},
 		{name: "dry run", policy: func() *securityv1.AuthorizationPolicy {
 			p := policy("shop", deny, true, &securityapi.Rule{})
-			p.Annotations = map[string]string{authzpolicy.AnnotationDryRun: "true"}
+			p.Annotations = map[string]string{securitypolicy.AnnotationDryRun: "true"}
 			return p
 		}()},
 		// The attack: an allow-all trial marked "True" was enforced (and
 		// opened the workload) where istiod only logs it.
 		{name: "dry run True", policy: func() *securityv1.AuthorizationPolicy {
 			p := policy("shop", allow, true, &securityapi.Rule{})
-			p.Annotations = map[string]string{authzpolicy.AnnotationDryRun: "True"}
+			p.Annotations = map[string]string{securitypolicy.AnnotationDryRun: "True"}
 			return p
 		}()},
 		{name: "dry run 1", policy: func() *securityv1.AuthorizationPolicy {
 			p := policy("shop", allow, true, &securityapi.Rule{})
-			p.Annotations = map[string]string{authzpolicy.AnnotationDryRun: "1"}
+			p.Annotations = map[string]string{securitypolicy.AnnotationDryRun: "1"}
 			return p
 		}()},
 		{name: "dry run unparsable is enforced", wantWarnings: 1, policy: func() *securityv1.AuthorizationPolicy {
 			p := policy("shop", allow, true, &securityapi.Rule{})
-			p.Annotations = map[string]string{authzpolicy.AnnotationDryRun: "yes"}
+			p.Annotations = map[string]string{securitypolicy.AnnotationDryRun: "yes"}
 			return p
 		}()},
 		// The attack: /admin* protected by a CUSTOM policy was open, since
@@ -213,28 +213,28 @@ func TestBuildPeerAuthentication(t *testing.T) {
 	}
 }
 
-func TestPeerAuthenticationsModeAndKey(t *testing.T) {
+func TestMTLSPolicyKey(t *testing.T) {
 	t.Parallel()
 	const strict, permissive, unset = securityapi.PeerAuthentication_MutualTLS_STRICT, securityapi.PeerAuthentication_MutualTLS_PERMISSIVE, securityapi.PeerAuthentication_MutualTLS_UNSET
 	mesh := peerAuth("istio-system", false, strict, nil)
 	for _, tt := range []struct {
 		name    string
-		p       PeerAuthentications
+		p       securitypolicy.PeerAuthentications
 		wantKey string
 	}{
-		{"nothing is permissive", PeerAuthentications{}, ""},
-		{"mesh strict", PeerAuthentications{Mesh: mesh}, "istio-system/istio_converted_static_strict"},
-		{"namespace permissive relaxes mesh strict", PeerAuthentications{Mesh: mesh, Namespace: peerAuth("shop", false, permissive, nil)}, ""},
-		{"namespace unset inherits", PeerAuthentications{Mesh: mesh, Namespace: peerAuth("shop", false, unset, nil)}, "istio-system/istio_converted_static_strict"},
-		{"workload strict in permissive namespace", PeerAuthentications{Workload: peerAuth("shop", true, strict, nil), Namespace: peerAuth("shop", false, permissive, nil)}, "istio-system/istio_converted_static_strict"},
-		{"workload permissive in strict mesh", PeerAuthentications{Workload: peerAuth("shop", true, permissive, nil), Mesh: mesh}, ""},
-		{"workload port-level uses its converted policy", PeerAuthentications{Mesh: mesh,
+		{"nothing is permissive", securitypolicy.PeerAuthentications{}, ""},
+		{"mesh strict", securitypolicy.PeerAuthentications{Mesh: mesh}, "istio-system/istio_converted_static_strict"},
+		{"namespace permissive relaxes mesh strict", securitypolicy.PeerAuthentications{Mesh: mesh, Namespace: peerAuth("shop", false, permissive, nil)}, ""},
+		{"namespace unset inherits", securitypolicy.PeerAuthentications{Mesh: mesh, Namespace: peerAuth("shop", false, unset, nil)}, "istio-system/istio_converted_static_strict"},
+		{"workload strict in permissive namespace", securitypolicy.PeerAuthentications{Workload: peerAuth("shop", true, strict, nil), Namespace: peerAuth("shop", false, permissive, nil)}, "istio-system/istio_converted_static_strict"},
+		{"workload permissive in strict mesh", securitypolicy.PeerAuthentications{Workload: peerAuth("shop", true, permissive, nil), Mesh: mesh}, ""},
+		{"workload port-level uses its converted policy", securitypolicy.PeerAuthentications{Mesh: mesh,
 			Workload: peerAuth("shop", true, unset, map[uint32]securityapi.PeerAuthentication_MutualTLS_Mode{9090: permissive})}, "shop/converted_peer_authentication_mtls"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			if got := tt.p.PolicyKey(Config{}); got != tt.wantKey {
-				t.Errorf("PolicyKey() = %q, want %q", got, tt.wantKey)
+			if got := MTLSPolicyKey(tt.p, Config{}); got != tt.wantKey {
+				t.Errorf("MTLSPolicyKey() = %q, want %q", got, tt.wantKey)
 			}
 		})
 	}

@@ -6,8 +6,8 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 	securityapi "istio.io/api/security/v1beta1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
-	"k8s.io/apimachinery/pkg/labels"
 
+	"github.com/canopy-mesh/canopy/controller/securitypolicy"
 	"github.com/canopy-mesh/canopy/workloadapi/security"
 )
 
@@ -29,38 +29,19 @@ func StaticStrictPolicy(cfg Config) *security.Authorization {
 	return denyPlaintext(StaticStrictPolicyName, cfg.RootNamespace, &security.Match{})
 }
 
-// PeerAuthentications are what decides one workload's mTLS mode: the
-// selector-bound policy that picks it (in its namespace), its namespace's
-// policy and the mesh's (no selector, in the root namespace). Any may be
-// nil.
-type PeerAuthentications struct {
-	Workload, Namespace, Mesh *securityv1.PeerAuthentication
-}
-
-// Mode is the effective mTLS mode: the workload's policy, else the
-// namespace's, else the mesh's, each only if it sets a mode (UNSET
-// inherits); PERMISSIVE by default.
-func (p PeerAuthentications) Mode() securityapi.PeerAuthentication_MutualTLS_Mode {
-	for _, pa := range []*securityv1.PeerAuthentication{p.Workload, p.Namespace, p.Mesh} {
-		if m := mtlsMode(pa); m != securityapi.PeerAuthentication_MutualTLS_UNSET {
-			return m
-		}
-	}
-	return securityapi.PeerAuthentication_MutualTLS_PERMISSIVE
-}
-
-// PolicyKey returns the Authorization a workload lists to enforce its
-// mTLS mode: its own policy's converted form when that sets port-level
-// modes, else the static strict policy when its mode is STRICT, else "".
-func (p PeerAuthentications) PolicyKey(cfg Config) string {
+// MTLSPolicyKey returns the Authorization a workload lists to enforce the
+// mTLS mode p decides: its own policy's converted form when that sets
+// port-level modes, else the static strict policy when its mode is
+// STRICT, else "".
+func MTLSPolicyKey(p securitypolicy.PeerAuthentications, cfg Config) string {
 	cfg = cfg.WithDefaults()
 	if w := p.Workload; w != nil && len(w.Spec.GetPortLevelMtls()) > 0 {
-		if BuildPeerAuthentication(w, p.inherited()) != nil {
+		if BuildPeerAuthentication(w, p.Inherited()) != nil {
 			return w.Namespace + "/" + convertedPeerAuthPolicyPrefix + w.Name
 		}
 		return ""
 	}
-	if p.Mode() == securityapi.PeerAuthentication_MutualTLS_STRICT {
+	if p.Mode() == securitypolicy.Strict {
 		return cfg.RootNamespace + "/" + StaticStrictPolicyName
 	}
 	return ""
@@ -78,25 +59,6 @@ func workloadPolicies(authz []string, mtls string) []string {
 	return out
 }
 
-func mtlsMode(pa *securityv1.PeerAuthentication) securityapi.PeerAuthentication_MutualTLS_Mode {
-	if pa == nil {
-		return securityapi.PeerAuthentication_MutualTLS_UNSET
-	}
-	return pa.Spec.GetMtls().GetMode()
-}
-
-// inherited is the mode a workload policy with mode UNSET takes.
-func (p PeerAuthentications) inherited() securityapi.PeerAuthentication_MutualTLS_Mode {
-	return PeerAuthentications{Namespace: p.Namespace, Mesh: p.Mesh}.Mode()
-}
-
-// PeerAuthSelects reports whether a selector-bound PeerAuthentication picks
-// a workload with these labels.
-func PeerAuthSelects(pa *securityv1.PeerAuthentication, lbls map[string]string) bool {
-	sel := pa.Spec.GetSelector()
-	return sel != nil && labels.SelectorFromValidatedSet(sel.GetMatchLabels()).Matches(labels.Set(lbls))
-}
-
 // BuildPeerAuthentication converts a selector-bound PeerAuthentication with
 // port-level modes into converted_peer_authentication_<name>
 // (wire contract §1.8), a DENY to peers without an identity. inherited is
@@ -110,7 +72,7 @@ func PeerAuthSelects(pa *securityv1.PeerAuthentication, lbls map[string]string) 
 // changes nothing). Otherwise it has one rule per STRICT port: a
 // connection without an identity to that port. Ports come in ascending
 // order. It returns nil for any other policy, or when no port differs from
-// the policy's mode: those act through StaticStrictPolicy and PolicyKey.
+// the policy's mode: those act through StaticStrictPolicy and MTLSPolicyKey.
 func BuildPeerAuthentication(pa *securityv1.PeerAuthentication, inherited securityapi.PeerAuthentication_MutualTLS_Mode) *security.Authorization {
 	spec := &pa.Spec
 	if spec.GetSelector() == nil || len(spec.GetPortLevelMtls()) == 0 {

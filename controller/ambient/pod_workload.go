@@ -27,7 +27,7 @@ type PodInput struct {
 	// authorization policies that select the pod.
 	Policies []string
 	// MTLSPolicy is the key of the Authorization that enforces the pod's
-	// PeerAuthentication mode (PeerAuthentications.PolicyKey), or empty.
+	// PeerAuthentication mode (MTLSPolicyKey), or empty.
 	MTLSPolicy string
 	// Waypoint is the pod's resolved workload waypoint, or nil.
 	Waypoint *workloadapi.GatewayAddress

@@ -99,7 +99,7 @@ func (x *Index) recomputeServiceEntry(c *change, k key) {
 		}
 		// Its endpoints are selected by the ServiceEntry's labels.
 		in.Policies = x.entryPolicies(k.namespace, se.Labels)
-		in.MTLSPolicy = x.peerAuthsFor(k.namespace, se.Labels).PolicyKey(x.cfg)
+		in.MTLSPolicy = ambient.MTLSPolicyKey(x.peerAuthsFor(k.namespace, se.Labels), x.cfg)
 		x.addProblem(owner, ambient.ServiceEntryExport(se, x.cfg).Warning)
 		svcs, wls := ambient.BuildServiceEntry(in, x.cfg)
 		claim.Created = se.CreationTimestamp.Time
@@ -157,6 +157,6 @@ func (x *Index) recomputeWorkloadEntry(c *change, k key) {
 	}
 	sort.Slice(in.ServiceEntries, func(i, j int) bool { return in.ServiceEntries[i].Name < in.ServiceEntries[j].Name })
 	in.Policies = x.entryPolicies(k.namespace, lbls)
-	in.MTLSPolicy = x.peerAuthsFor(k.namespace, lbls).PolicyKey(cfg)
+	in.MTLSPolicy = ambient.MTLSPolicyKey(x.peerAuthsFor(k.namespace, lbls), cfg)
 	x.setAddress(c, uid, &workloadapi.Address{Type: &workloadapi.Address_Workload{Workload: ambient.BuildWorkloadEntry(in, cfg)}})
 }

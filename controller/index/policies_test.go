@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/canopy-mesh/canopy/controller/ambient"
-	"github.com/canopy-mesh/canopy/controller/authzpolicy"
+	"github.com/canopy-mesh/canopy/controller/securitypolicy"
 	"github.com/canopy-mesh/canopy/workloadapi/security"
 )
 
@@ -175,7 +175,7 @@ func TestIndexCustomPolicyFailsClosed(t *testing.T) {
 	if got := x.Authorization("shop/ext-authz").GetAction(); got != security.Action_DENY {
 		t.Errorf("action %s, want DENY", got)
 	}
-	if msg := x.Problems()["AuthorizationPolicy shop/ext-authz"]; !strings.Contains(msg, authzpolicy.CustomAsDeny) {
-		t.Errorf("problem %q, want it to say %q", msg, authzpolicy.CustomAsDeny)
+	if msg := x.Problems()["AuthorizationPolicy shop/ext-authz"]; !strings.Contains(msg, securitypolicy.CustomAsDeny) {
+		t.Errorf("problem %q, want it to say %q", msg, securitypolicy.CustomAsDeny)
 	}
 }

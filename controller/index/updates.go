@@ -8,11 +8,10 @@ import (
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
-	"k8s.io/apimachinery/pkg/labels"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/canopy-mesh/canopy/controller/ambient"
-	"github.com/canopy-mesh/canopy/controller/authzpolicy"
+	"github.com/canopy-mesh/canopy/controller/securitypolicy"
 	"github.com/canopy-mesh/canopy/workloadapi"
 	"github.com/canopy-mesh/canopy/workloadapi/security"
 )
@@ -256,7 +255,7 @@ func (x *Index) policyChanged(k key, old, cur *securityv1.AuthorizationPolicy) C
 	}
 	// Workloads list selector-bound policies: recompute those selected
 	// before or after. A root-namespace policy selects in every namespace.
-	if hasSelector(old) || hasSelector(cur) {
+	if securitypolicy.HasSelector(old) || securitypolicy.HasSelector(cur) {
 		for pk := range x.podsInScope(k.namespace) {
 			pod := x.pods[pk]
 			if policySelects(old, pod.Labels) || policySelects(cur, pod.Labels) {
@@ -264,7 +263,7 @@ func (x *Index) policyChanged(k key, old, cur *securityv1.AuthorizationPolicy) C
 			}
 		}
 		for ns, entries := range x.workloadEntriesByNamespace {
-			if ns != k.namespace && k.namespace != x.cfg.RootNamespace {
+			if !securitypolicy.InScope(k.namespace, ns, x.cfg.RootNamespace) {
 				continue
 			}
 			for wk := range entries {
@@ -276,7 +275,7 @@ func (x *Index) policyChanged(k key, old, cur *securityv1.AuthorizationPolicy) C
 		}
 		// ServiceEntries' endpoints, by the ServiceEntry's labels.
 		for ns, entries := range x.serviceEntriesByNamespace {
-			if ns != k.namespace && k.namespace != x.cfg.RootNamespace {
+			if !securitypolicy.InScope(k.namespace, ns, x.cfg.RootNamespace) {
 				continue
 			}
 			for sk := range entries {
@@ -300,7 +299,7 @@ func sidecarPolicyChanged(old, cur *securityv1.AuthorizationPolicy) bool {
 	if old == nil || cur == nil {
 		return true
 	}
-	const dryRun = authzpolicy.AnnotationDryRun
+	const dryRun = securitypolicy.AnnotationDryRun
 	return !proto.Equal(&old.Spec, &cur.Spec) || old.Annotations[dryRun] != cur.Annotations[dryRun]
 }
 
@@ -308,7 +307,7 @@ func rbacAction(p *securityv1.AuthorizationPolicy) bool {
 	if p == nil {
 		return false
 	}
-	a := authzpolicy.EnforcedAction(p)
+	a := securitypolicy.EnforcedAction(p)
 	return a == securityapi.AuthorizationPolicy_ALLOW || a == securityapi.AuthorizationPolicy_DENY
 }
 
@@ -360,18 +359,11 @@ func (x *Index) podsInScope(ns string) map[key]bool {
 	return all
 }
 
-func hasSelector(p *securityv1.AuthorizationPolicy) bool {
-	return p != nil && p.Spec.GetSelector() != nil
-}
-
-// policySelects reports whether a selector-bound policy picks a pod: in its
-// namespace, or anywhere for the root namespace. An empty selector picks
-// every pod in scope.
+// policySelects reports whether a selector-bound policy picks a workload
+// with labels lbls (its scope aside): those are the policies a workload
+// lists.
 func policySelects(p *securityv1.AuthorizationPolicy, lbls map[string]string) bool {
-	if !hasSelector(p) {
-		return false
-	}
-	return labels.SelectorFromValidatedSet(p.Spec.GetSelector().GetMatchLabels()).Matches(labels.Set(lbls))
+	return securitypolicy.HasSelector(p) && securitypolicy.Selects(p, lbls)
 }
 
 // entryPolicySelects is policySelects for a WorkloadEntry or a
@@ -382,7 +374,7 @@ func policySelects(p *securityv1.AuthorizationPolicy, lbls map[string]string) bo
 // decision of a node proxy, which enforces policies for its own pods only.
 func entryPolicySelects(p *securityv1.AuthorizationPolicy, lbls map[string]string) bool {
 	if len(lbls) == 0 {
-		return hasSelector(p)
+		return securitypolicy.HasSelector(p)
 	}
 	return policySelects(p, lbls)
 }
@@ -459,40 +451,21 @@ func (x *Index) peerAuthChanged(namespace string) ChangeSet {
 
 // peerAuthsFor gathers the PeerAuthentications that decide the mTLS mode
 // of a workload with labels lbls in namespace ns (nil labels: the
-// namespace's own mode). Of several candidates the oldest wins, as in
-// Istio.
-func (x *Index) peerAuthsFor(ns string, lbls map[string]string) ambient.PeerAuthentications {
-	var out ambient.PeerAuthentications
-	for pk := range x.peerAuthsByNamespace[ns] {
-		pa := x.peerAuths[pk]
-		switch {
-		case pa.Spec.GetSelector() == nil:
-			out.Namespace = older(out.Namespace, pa)
-		case lbls != nil && ambient.PeerAuthSelects(pa, lbls):
-			out.Workload = older(out.Workload, pa)
+// namespace's own mode), as istiod does for ztunnel.
+func (x *Index) peerAuthsFor(ns string, lbls map[string]string) securitypolicy.PeerAuthentications {
+	candidates := func(yield func(*securityv1.PeerAuthentication) bool) {
+		for _, n := range []string{ns, x.cfg.RootNamespace} {
+			for pk := range x.peerAuthsByNamespace[n] {
+				if !yield(x.peerAuths[pk]) {
+					return
+				}
+			}
+			if n == x.cfg.RootNamespace {
+				return
+			}
 		}
 	}
-	for pk := range x.peerAuthsByNamespace[x.cfg.RootNamespace] {
-		if pa := x.peerAuths[pk]; pa.Spec.GetSelector() == nil {
-			out.Mesh = older(out.Mesh, pa)
-		}
-	}
-	if ns == x.cfg.RootNamespace {
-		out.Namespace = nil // the root namespace's policy is the mesh's
-	}
-	return out
-}
-
-func older(a, b *securityv1.PeerAuthentication) *securityv1.PeerAuthentication {
-	switch {
-	case a == nil:
-		return b
-	case b.CreationTimestamp.Before(&a.CreationTimestamp),
-		b.CreationTimestamp.Equal(&a.CreationTimestamp) && b.Name < a.Name:
-		return b
-	default:
-		return a
-	}
+	return securitypolicy.Decide(candidates, x.cfg.RootNamespace, ns, lbls, securitypolicy.EmptySelectorSelectsAll)
 }
 
 // UpsertGateway records a Gateway; waypoints' addresses come from it.
@@ -588,7 +561,7 @@ func (x *Index) recomputePod(c *change, k key) {
 	}
 	sort.Slice(in.ServiceEntries, func(i, j int) bool { return in.ServiceEntries[i].Name < in.ServiceEntries[j].Name })
 	in.Policies = x.selectingPolicies(k.namespace, pod.Labels)
-	in.MTLSPolicy = x.peerAuthsFor(k.namespace, pod.Labels).PolicyKey(x.cfg)
+	in.MTLSPolicy = ambient.MTLSPolicyKey(x.peerAuthsFor(k.namespace, pod.Labels), x.cfg)
 	in.Waypoint = x.waypoint("Pod "+k.String(), k.namespace, pod.Labels, true)
 	w := ambient.BuildPodWorkload(in, x.cfg)
 	if w == nil {

@@ -20,7 +20,7 @@ import (
 	securityapi "istio.io/api/security/v1beta1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 
-	"github.com/canopy-mesh/canopy/controller/authzpolicy"
+	"github.com/canopy-mesh/canopy/controller/securitypolicy"
 )
 
 // RBAC filter names on a proxyless server's chain: the DENY filter runs
@@ -40,7 +40,7 @@ var errUnsupported = errors.New("not supported by gRPC")
 type Policies struct {
 	// Custom are the CUSTOM policies. Canopy implements no external
 	// authorizer, so they are enforced as DENY policies of their rules
-	// (authzpolicy.CustomAsDeny), which is what istiod does for a CUSTOM
+	// (securitypolicy.CustomAsDeny), which is what istiod does for a CUSTOM
 	// policy whose provider it cannot use. istiod gives proxyless servers
 	// nothing for them, which leaves what they protect open; Canopy denies
 	// there too.
@@ -58,13 +58,7 @@ type Policies struct {
 func (m *Mesh) AuthorizationPolicies(ns string, lbls map[string]string) Policies {
 	var out Policies
 	for _, ap := range m.authorizationPolicies {
-		if ap.Namespace != ns && ap.Namespace != m.RootNamespace {
-			continue
-		}
-		if len(ap.Spec.GetTargetRefs()) > 0 || ap.Spec.GetTargetRef() != nil || authzpolicy.IsDryRun(ap) {
-			continue
-		}
-		if !selects(ap.Spec.GetSelector().GetMatchLabels(), lbls) {
+		if !securitypolicy.AppliesTo(ap, m.RootNamespace, ns, lbls) || securitypolicy.IsDryRun(ap) {
 			continue
 		}
 		switch ap.Spec.GetAction() {
@@ -82,7 +76,7 @@ func (m *Mesh) AuthorizationPolicies(ns string, lbls map[string]string) Policies
 // grpcRBACFilters are the RBAC filters for a proxyless server: a DENY
 // filter when a DENY or CUSTOM policy has a rule, then an ALLOW filter
 // when an ALLOW policy applies. Each rule i of policy ns/name is the RBAC
-// policy "<ns>-<name>-<i>", with authzpolicy.CustomDeniedSuffix for a
+// policy "<ns>-<name>-<i>", with securitypolicy.CustomDeniedSuffix for a
 // CUSTOM policy's.
 //
 // A DENY policy without rules denies nothing, so it adds no RBAC policy
@@ -95,7 +89,7 @@ func (m *Mesh) grpcRBACFilters(p Proxy) []*hcmv3.HttpFilter {
 	var out []*hcmv3.HttpFilter
 	rules := rbacRules(rbacv3.RBAC_DENY, ps.Deny, rbacPolicyName)
 	for name, pol := range rbacRules(rbacv3.RBAC_DENY, ps.Custom, rbacPolicyName).Policies {
-		rules.Policies[name+authzpolicy.CustomDeniedSuffix] = pol
+		rules.Policies[name+securitypolicy.CustomDeniedSuffix] = pol
 	}
 	if len(rules.Policies) > 0 {
 		out = append(out, rbacFilter(RBACDenyFilter, rules))
@@ -110,7 +104,7 @@ func (m *Mesh) grpcRBACFilters(p Proxy) []*hcmv3.HttpFilter {
 // sidecar, one RBAC per extension provider named in them (sorted), as
 // istiod builds them for a provider it cannot use: each rule i of policy
 // ns/name is "istio-ext-authz-[<provider>-]ns[<ns>]-policy[<name>]-rule[<i>]"
-// with authzpolicy.CustomDeniedSuffix. translate turns the policies into
+// with securitypolicy.CustomDeniedSuffix. translate turns the policies into
 // rules, for HTTP or TCP chains.
 func customDenyRules(custom []*securityv1.AuthorizationPolicy, translate func([]*securityv1.AuthorizationPolicy) []*securityv1.AuthorizationPolicy) []*rbacv3.RBAC {
 	byProvider := map[string][]*securityv1.AuthorizationPolicy{}
@@ -125,7 +119,7 @@ func customDenyRules(custom []*securityv1.AuthorizationPolicy, translate func([]
 			prefix += provider + "-"
 		}
 		named := func(ap *securityv1.AuthorizationPolicy, i int) string {
-			return prefix + envoyPolicyName(ap, i) + authzpolicy.CustomDeniedSuffix
+			return prefix + envoyPolicyName(ap, i) + securitypolicy.CustomDeniedSuffix
 		}
 		out = append(out, rbacRules(rbacv3.RBAC_DENY, translate(byProvider[provider]), named))
 	}

@@ -19,7 +19,7 @@ import (
 	securityapi "istio.io/api/security/v1beta1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 
-	"github.com/canopy-mesh/canopy/controller/authzpolicy"
+	"github.com/canopy-mesh/canopy/controller/securitypolicy"
 )
 
 func TestAuthorizationPoliciesSelection(t *testing.T) {
@@ -372,7 +372,7 @@ func TestCustomPoliciesFailClosed(t *testing.T) {
 			}
 		}
 	}
-	if got := deny.GetPolicies()["default-custom-0"+authzpolicy.CustomDeniedSuffix]; got == nil {
+	if got := deny.GetPolicies()["default-custom-0"+securitypolicy.CustomDeniedSuffix]; got == nil {
 		t.Errorf("proxyless server: no DENY rule for the CUSTOM policy in %v", deny)
 	}
 }
@@ -435,7 +435,7 @@ func TestDryRunAsIstiodReadsIt(t *testing.T) {
 		{"false", true}, {"0", true}, {"", true}, {"yes", true},
 	} {
 		ap := &securityv1.AuthorizationPolicy{ObjectMeta: meta("shop", "trial", time.Hour)}
-		ap.Annotations = map[string]string{authzpolicy.AnnotationDryRun: tt.value}
+		ap.Annotations = map[string]string{securitypolicy.AnnotationDryRun: tt.value}
 		ap.Spec.Rules = []*securityapi.Rule{{}}
 		m := NewMesh(Inputs{AuthorizationPolicies: []*securityv1.AuthorizationPolicy{ap}})
 		if got := len(m.AuthorizationPolicies("shop", nil).Allow) == 1; got != tt.enforced {

@@ -7,6 +7,8 @@ import (
 	networkingapi "istio.io/api/networking/v1"
 	securityapi "istio.io/api/security/v1beta1"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+
+	"github.com/canopy-mesh/canopy/controller/securitypolicy"
 )
 
 // portPolicy is a traffic policy as it applies to port. Port-level
@@ -84,34 +86,13 @@ func subset(dr *networkingv1.DestinationRule, name string) *networkingapi.Subset
 }
 
 // MTLSMode is the PeerAuthentication mode of target port port of a
-// workload with labels lbls in namespace ns: the oldest policy that
-// selects the workload (its port-level mode first), then the namespace's,
-// then the root namespace's, each UNSET deferring to the next; PERMISSIVE
-// when none decides.
+// workload with labels lbls in namespace ns, as istiod decides it for
+// sidecars (securitypolicy.EmptySelectorNamespaceWide): the oldest policy
+// that selects the workload (its port-level mode first), then the
+// namespace's, then the root namespace's, each UNSET deferring to the
+// next; PERMISSIVE when none decides.
 func (m *Mesh) MTLSMode(ns string, lbls map[string]string, port uint32) securityapi.PeerAuthentication_MutualTLS_Mode {
-	var workload, namespace, mesh *securityapi.PeerAuthentication
-	for _, pa := range m.peerAuthentications {
-		sel := pa.Spec.GetSelector().GetMatchLabels()
-		switch {
-		case pa.Namespace == ns && len(sel) > 0 && selects(sel, lbls) && workload == nil:
-			workload = &pa.Spec
-		case pa.Namespace == ns && len(sel) == 0 && namespace == nil:
-			namespace = &pa.Spec
-		case pa.Namespace == m.RootNamespace && len(sel) == 0 && mesh == nil:
-			mesh = &pa.Spec
-		}
-	}
-	if workload != nil {
-		if pm, ok := workload.GetPortLevelMtls()[port]; ok && pm.GetMode() != securityapi.PeerAuthentication_MutualTLS_UNSET {
-			return pm.GetMode()
-		}
-	}
-	for _, pa := range []*securityapi.PeerAuthentication{workload, namespace, mesh} {
-		if mode := pa.GetMtls().GetMode(); pa != nil && mode != securityapi.PeerAuthentication_MutualTLS_UNSET {
-			return mode
-		}
-	}
-	return securityapi.PeerAuthentication_MutualTLS_PERMISSIVE
+	return securitypolicy.Decide(slices.Values(m.peerAuthentications), m.RootNamespace, ns, lbls, securitypolicy.EmptySelectorNamespaceWide).PortMode(port)
 }
 
 func selects(sel, lbls map[string]string) bool {

@@ -1,4 +1,4 @@
-package authzpolicy
+package securitypolicy
 
 import (
 	"fmt"
@@ -56,4 +56,51 @@ func EnforcedAction(p *securityv1.AuthorizationPolicy) securityapi.Authorization
 		return a
 	}
 	return securityapi.AuthorizationPolicy_DENY
+}
+
+// InScope reports whether a policy of namespace policyNS may apply to a
+// workload of namespace ns: a namespace's policies apply there, the root
+// namespace's everywhere.
+func InScope(policyNS, ns, rootNS string) bool {
+	return policyNS == ns || policyNS == rootNS
+}
+
+// BindsToWorkloads reports whether a policy applies to workloads through
+// its selector. One with targetRef or targetRefs binds to the gateways,
+// waypoints or services they name instead, and applies to no workload of
+// its own (istiod sends ztunnel nothing for it, and sidecars no RBAC).
+func BindsToWorkloads(p *securityv1.AuthorizationPolicy) bool {
+	return p.Spec.GetTargetRef() == nil && len(p.Spec.GetTargetRefs()) == 0
+}
+
+// HasSelector reports whether a policy has a selector, even an empty one:
+// such a policy is listed on each workload it selects (scope
+// WORKLOAD_SELECTOR for node proxies), one without applies to its
+// namespace, or from the root namespace to the mesh, as a whole.
+func HasSelector(p *securityv1.AuthorizationPolicy) bool {
+	return p != nil && p.Spec.GetSelector() != nil
+}
+
+// Selects reports whether a policy selects a workload with labels lbls,
+// its scope aside: one without a selector, or with `selector: {}`, selects
+// every workload; otherwise the workload has every label of matchLabels.
+func Selects(p *securityv1.AuthorizationPolicy, lbls map[string]string) bool {
+	return matchLabels(p.Spec.GetSelector().GetMatchLabels(), lbls)
+}
+
+// AppliesTo reports whether a policy applies to a workload of namespace ns
+// with labels lbls: in scope, bound to workloads and selecting it. Dry
+// runs apply too; whether they are enforced is DryRun's to say.
+func AppliesTo(p *securityv1.AuthorizationPolicy, rootNS, ns string, lbls map[string]string) bool {
+	return InScope(p.Namespace, ns, rootNS) && BindsToWorkloads(p) && Selects(p, lbls)
+}
+
+// matchLabels reports whether lbls has every label of sel.
+func matchLabels(sel, lbls map[string]string) bool {
+	for k, v := range sel {
+		if got, ok := lbls[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
 }

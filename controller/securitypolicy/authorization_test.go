@@ -1,9 +1,10 @@
-package authzpolicy
+package securitypolicy
 
 import (
 	"testing"
 
 	securityapi "istio.io/api/security/v1beta1"
+	typeapi "istio.io/api/type/v1beta1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -51,5 +52,50 @@ func TestEnforcedAction(t *testing.T) {
 		if got := EnforcedAction(p); got != want {
 			t.Errorf("EnforcedAction(%s) = %s, want %s", in, got, want)
 		}
+	}
+}
+
+func TestAppliesTo(t *testing.T) {
+	t.Parallel()
+	const root = "istio-system"
+	web := map[string]string{"app": "web", "version": "v1"}
+	policy := func(ns string, sel map[string]string, targeted bool) *securityv1.AuthorizationPolicy {
+		p := &securityv1.AuthorizationPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "p"}}
+		if sel != nil {
+			p.Spec.Selector = &typeapi.WorkloadSelector{MatchLabels: sel}
+		}
+		if targeted {
+			p.Spec.TargetRefs = []*typeapi.PolicyTargetReference{{Kind: "Service", Name: "web"}}
+		}
+		return p
+	}
+	for _, tt := range []struct {
+		name        string
+		p           *securityv1.AuthorizationPolicy
+		ns          string
+		want        bool
+		hasSelector bool
+	}{
+		{"no selector: the whole namespace", policy("shop", nil, false), "shop", true, false},
+		{"selector {}: every workload, listed on each", policy("shop", map[string]string{}, false), "shop", true, true},
+		{"a selector the workload matches", policy("shop", map[string]string{"app": "web"}, false), "shop", true, true},
+		{"a selector the workload does not match", policy("shop", map[string]string{"app": "db"}, false), "shop", false, true},
+		{"a label the workload lacks", policy("shop", map[string]string{"app": "web", "tier": "front"}, false), "shop", false, true},
+		{"another namespace's", policy("other", nil, false), "shop", false, false},
+		{"the root namespace's, in every namespace", policy(root, map[string]string{"app": "web"}, false), "shop", true, true},
+		{"targetRefs bind to what they name, no workload", policy("shop", nil, true), "shop", false, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if got := AppliesTo(tt.p, root, tt.ns, web); got != tt.want {
+				t.Errorf("AppliesTo = %v, want %v", got, tt.want)
+			}
+			if got := HasSelector(tt.p); got != tt.hasSelector {
+				t.Errorf("HasSelector = %v, want %v", got, tt.hasSelector)
+			}
+		})
+	}
+	if HasSelector(nil) {
+		t.Error("HasSelector(nil) = true")
 	}
 }
