@@ -56,6 +56,7 @@ type Policies struct {
 // (logging only; neither data plane here logs them) and dry-run policies
 // (Canopy generates no shadow rules) are left out.
 func (m *Mesh) AuthorizationPolicies(ns string, lbls map[string]string) Policies {
+	m.readKind(authorizationPolicies)
 	var out Policies
 	for _, ap := range m.authorizationPolicies {
 		if !securitypolicy.AppliesTo(ap, m.RootNamespace, ns, lbls) || securitypolicy.IsDryRun(ap) {

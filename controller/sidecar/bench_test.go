@@ -77,14 +77,22 @@ func newPushBench(in sidecar.Inputs) pushBench {
 	return pb
 }
 
+// heldShare is what a push holds of a share: what its generation read,
+// and the Mesh's dependencies for that then.
+type heldShare struct {
+	reads *sidecar.Reads
+	deps  string
+}
+
 // push builds a Mesh of in and generates and marshals every share the
 // sidecars ask for once per distinct key, as the controller's cache
-// does, except shares of prev's keys and Deps (nil: none), which it
-// takes over; it returns how many resources it generated and what it
-// holds. perProxy keys every share by its proxy too: nothing is shared.
-func (pb pushBench) push(b *testing.B, in sidecar.Inputs, prev map[string]string, perProxy bool) (int, map[string]string) {
+// does, except shares of prev's keys whose dependencies are unchanged
+// (nil: none), which it takes over; it returns how many resources it
+// generated and what it holds. perProxy keys every share by its proxy
+// too: nothing is shared.
+func (pb pushBench) push(b *testing.B, in sidecar.Inputs, prev map[string]heldShare, perProxy bool) (int, map[string]heldShare) {
 	m := sidecar.NewMesh(in)
-	held := map[string]string{}
+	held := map[string]heldShare{}
 	generated := 0
 	for k, p := range pb.proxies {
 		for typ, names := range pb.asked {
@@ -96,11 +104,14 @@ func (pb pushBench) push(b *testing.B, in sidecar.Inputs, prev map[string]string
 				if _, done := held[key]; done {
 					continue
 				}
-				held[key] = sh.Deps
-				if d, ok := prev[key]; ok && d == sh.Deps && d != "" {
+				if h, ok := prev[key]; ok && m.DepsOf(h.reads) == h.deps {
+					held[key] = h
 					continue
 				}
-				for _, n := range sh.Generate() {
+				r := &sidecar.Reads{}
+				named := sh.Generate(r)
+				held[key] = heldShare{r, m.DepsOf(r)}
+				for _, n := range named {
 					if _, err := (proto.MarshalOptions{Deterministic: true}).Marshal(n.Resource); err != nil {
 						b.Fatal(err)
 					}
@@ -136,7 +147,7 @@ func BenchmarkSidecarPush(b *testing.B) {
 
 // BenchmarkSidecarEndpointChange: what one pod turning not ready costs
 // pushBench's sidecars once the previous push is held: the Mesh rebuilt,
-// every share's key and Deps worked out, and only what changed (the
+// every share's key and dependencies worked out, and only what changed (the
 // service's assignments) generated.
 func BenchmarkSidecarEndpointChange(b *testing.B) {
 	in := sidecartest.Mesh(1000, 10)

@@ -3,8 +3,8 @@ package sidecar
 import (
 	"encoding/binary"
 	"maps"
+	"net/netip"
 	"slices"
-	"strings"
 
 	"github.com/cespare/xxhash/v2"
 	"google.golang.org/protobuf/proto"
@@ -17,8 +17,9 @@ import (
 // turning Ready changes one service's endpoints and nothing a cluster,
 // listener or route says. fingerprints summarise what the generators read
 // in parts (settings, each kind of configuration, services, each
-// hostname's endpoints), so that a share whose parts are unchanged can be taken
-// from the last Mesh instead of generated again (Share.Deps).
+// hostname's endpoints), so that a share whose parts, as its generation
+// recorded them (Reads), are unchanged can be taken from the last Mesh
+// instead of generated again (DepsOf).
 type fingerprints struct {
 	// settings covers the mesh's settings (domain suffix, trust domain…).
 	settings string
@@ -28,11 +29,9 @@ type fingerprints struct {
 	// it: the table's service, what the index adds (ServiceInfo), and its
 	// endpoints' identities (a cluster's subject alt names).
 	services string
-	// endpointDeps are, by hostname, the Deps of its endpoint
-	// assignments: what they read of the configuration and the services,
-	// and the endpoints of the services of that name. Made once per Mesh
-	// rather than for every proxy and name.
-	endpointDeps map[string]string
+	// endpoints cover, by hostname, the endpoints of the services of that
+	// name.
+	endpoints map[string]string
 }
 
 // configKind is a kind of Istio configuration a share may read.
@@ -46,9 +45,6 @@ const (
 	sidecarResources
 	numConfigKinds
 )
-
-// allConfig: every kind.
-var allConfig = []configKind{virtualServices, destinationRules, peerAuthentications, authorizationPolicies, sidecarResources}
 
 // fingerprinter hashes the generators' inputs: xxHash-64 (as resource
 // versions are) over deterministic protobuf encodings and length-prefixed
@@ -156,8 +152,7 @@ func (m *Mesh) fingerprint() {
 	}
 	fp.services = f.sum()
 
-	base := m.deps(endpointsConfig)
-	fp.endpointDeps = make(map[string]string, len(hosts))
+	fp.endpoints = make(map[string]string, len(hosts))
 	for _, h := range hosts {
 		for _, s := range m.services[h] {
 			f.str(s.GetNamespace())
@@ -166,7 +161,7 @@ func (m *Mesh) fingerprint() {
 				f.endpoint(ep)
 			}
 		}
-		fp.endpointDeps[h] = base + f.sum()
+		fp.endpoints[h] = f.sum()
 	}
 }
 
@@ -222,28 +217,15 @@ func configsSum[T any](f *fingerprinter, cs []T, parts func(T) (metav1.ObjectMet
 	return f.sum()
 }
 
-// deps are a share's Deps: the fingerprints of the settings, of the
-// kinds of configuration it reads and of the services.
-func (m *Mesh) deps(kinds []configKind) string {
-	var b strings.Builder
-	b.WriteString(m.fp.settings)
-	for _, k := range kinds {
-		b.WriteByte(byte(k))
-		b.WriteString(m.fp.configs[k])
-	}
-	b.WriteString(m.fp.services)
-	return b.String()
-}
-
-// ownDeps are the Deps of a proxy's own share (its inbound side): all of
-// the configuration and the services, and of the endpoints only which of
-// its own serve which service ports at which target ports.
-func (m *Mesh) ownDeps(p Proxy) string {
+// ownSum covers the endpoints at addresses ips: which services (by
+// namespace and hostname) they serve, and all of each endpoint, as a
+// proxy's own inbound side reads them.
+func (m *Mesh) ownSum(ips []netip.Addr) string {
 	f := newFingerprinter()
-	for _, ref := range m.ownEndpoints(p) {
+	for _, ref := range m.endpointsAt(ips) {
 		f.str(ref.svc.GetNamespace())
 		f.str(ref.svc.GetHostname())
-		f.ports(ref.ep.Ports)
+		f.endpoint(*ref.ep)
 	}
-	return m.deps(allConfig) + f.sum()
+	return f.sum()
 }

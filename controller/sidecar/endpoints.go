@@ -63,7 +63,7 @@ func (m *Mesh) clusterTarget(p Proxy, name string) (clusterTarget, bool) {
 		return clusterTarget{}, false
 	}
 	dr := m.DestinationRule(p, k.Hostname, svc.GetNamespace())
-	if m.refusedRules[dr] {
+	if m.refused(dr) {
 		return clusterTarget{}, false
 	}
 	policy, ok := clusterPolicy(dr, k.Port, k.Subset)
@@ -89,7 +89,7 @@ func (m *Mesh) assignment(p Proxy, name string, k ClusterKey) *endpointv3.Cluste
 	// percentage would then route to them below its panic threshold.
 	withUnhealthy := policy.GetOutlierDetection().GetMinHealthPercent() <= 0
 	byLocality := map[string]*endpointv3.LocalityLbEndpoints{}
-	for _, ep := range svc.Endpoints {
+	for _, ep := range m.endpointsOf(svc) {
 		target, ok := ep.Ports[k.Port]
 		if !ok || ep.Terminating || !selects(sel, ep.Labels) {
 			continue

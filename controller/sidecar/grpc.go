@@ -339,6 +339,7 @@ func (m *Mesh) grpcCluster(name string, svc *Service, policy *networkingapi.Traf
 // serviceAccounts are the identities of a service's endpoints, which a
 // client checks the server's certificate against.
 func (m *Mesh) serviceAccounts(svc *Service) []string {
+	m.readServices() // the services' fingerprint covers their identities
 	var out []string
 	for _, ep := range svc.Endpoints {
 		if ep.GetServiceAccount() == "" {

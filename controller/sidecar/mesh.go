@@ -45,8 +45,11 @@ type Mesh struct {
 	// sourceLabelKeys are the label keys VirtualService matches name as
 	// source labels: routes depend on a proxy's labels only through them.
 	sourceLabelKeys map[string]bool
-	// fp summarises the inputs for Share.Deps.
+	// fp summarises the inputs for DepsOf.
 	fp fingerprints
+	// reads records what a generation reads, in a view of the Mesh
+	// (reading); nil in the Mesh itself.
+	reads *Reads
 	// endpointRefs are every service's endpoints, in order of hostname,
 	// service and endpoint; byAddress indexes them by workload address,
 	// so a proxy's own endpoints are found without a walk of the mesh.
@@ -264,8 +267,28 @@ func (m *Mesh) indexEndpoints() {
 // ownEndpoints are the endpoints of proxy p's workloads (one of its
 // addresses), in order of hostname, service and endpoint.
 func (m *Mesh) ownEndpoints(p Proxy) []endpointRef {
+	m.readOwn(p.IPs)
+	return m.endpointsAt(p.IPs)
+}
+
+// refused reports whether Istio's rules refuse a DestinationRule
+// (valid.go).
+func (m *Mesh) refused(dr *networkingv1.DestinationRule) bool {
+	m.readKind(destinationRules)
+	return m.refusedRules[dr]
+}
+
+// endpointsOf are a service's endpoints.
+func (m *Mesh) endpointsOf(svc *Service) []Endpoint {
+	m.readEndpoints(svc.GetHostname())
+	return svc.Endpoints
+}
+
+// endpointsAt are the endpoints at addresses ips, in order of hostname,
+// service and endpoint; nothing is recorded.
+func (m *Mesh) endpointsAt(ips []netip.Addr) []endpointRef {
 	var idx []int
-	for _, ip := range p.IPs {
+	for _, ip := range ips {
 		idx = append(idx, m.byAddress[ip.Unmap()]...)
 	}
 	slices.Sort(idx)
@@ -353,6 +376,7 @@ type Proxy struct {
 // has no Service of that name; with one, the Service is canonical and
 // comes first for every proxy.
 func (m *Mesh) Service(p Proxy, hostname string) *Service {
+	m.readServices()
 	for _, s := range m.services[hostname] {
 		if !visible(s.Service, p.Namespace) || (s.foreign && s.GetNamespace() != p.Namespace) {
 			continue
@@ -394,6 +418,7 @@ func exported(exportTo []string, cfgNS, ns string) bool {
 // p's namespace first, then one in the service's namespace, then any other
 // exported to p (Istio's lookup order, without merging).
 func (m *Mesh) DestinationRule(p Proxy, hostname, serviceNS string) *networkingv1.DestinationRule {
+	m.readKind(destinationRules)
 	var own, svc, other *networkingv1.DestinationRule
 	for _, dr := range m.drsByHost[hostname] {
 		if dr.Spec.GetWorkloadSelector() != nil || !exported(dr.Spec.GetExportTo(), dr.Namespace, p.Namespace) {
@@ -415,6 +440,7 @@ func (m *Mesh) DestinationRule(p Proxy, hostname, serviceNS string) *networkingv
 // proxy p, in namespace and name order: those that name the host, apply
 // to sidecars ("mesh" gateway, the default), and are exported to p.
 func (m *Mesh) VirtualServices(p Proxy, hostname string) []*networkingv1.VirtualService {
+	m.readKind(virtualServices)
 	idx := m.vssByHost[hostname]
 	for _, w := range m.wildcardVSs {
 		if hostMatches(w.pattern, hostname) {

@@ -92,6 +92,7 @@ func subset(dr *networkingv1.DestinationRule, name string) *networkingapi.Subset
 // namespace's, then the root namespace's, each UNSET deferring to the
 // next; PERMISSIVE when none decides.
 func (m *Mesh) MTLSMode(ns string, lbls map[string]string, port uint32) securityapi.PeerAuthentication_MutualTLS_Mode {
+	m.readKind(peerAuthentications)
 	return securitypolicy.Decide(slices.Values(m.peerAuthentications), m.RootNamespace, ns, lbls, securitypolicy.EmptySelectorNamespaceWide).PortMode(port)
 }
 

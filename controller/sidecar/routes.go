@@ -461,7 +461,7 @@ func (m *Mesh) destinationHash(p Proxy, host string, port uint32, subsetName str
 		svcNS = svc.GetNamespace()
 	}
 	dr := m.DestinationRule(p, host, svcNS)
-	if dr == nil || m.refusedRules[dr] {
+	if dr == nil || m.refused(dr) {
 		return nil
 	}
 	if subsetName != "" {

@@ -12,6 +12,7 @@ import (
 // the root namespace without a selector; nil when none applies (p sees
 // every service exported to it).
 func (m *Mesh) SidecarScope(p Proxy) *networkingv1.Sidecar {
+	m.readKind(sidecarResources)
 	var own, root *networkingv1.Sidecar
 	for _, sc := range m.sidecars {
 		sel := sc.Spec.GetWorkloadSelector().GetLabels()

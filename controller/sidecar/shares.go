@@ -18,13 +18,11 @@ type Share struct {
 	// type: only those parts of the proxy that its generator reads, and
 	// for a share per name, the name (else "").
 	Key, Name string
-	// Generate returns the share's resources.
-	Generate func() []Named
-	// Deps summarises what of the Mesh the share reads: two shares of the
-	// same Key and the same Deps, from two Meshes, generate the same
-	// resources, so the second need not be generated. Empty: the share
-	// reads too much to tell, and is generated for every Mesh.
-	Deps string
+	// Generate returns the share's resources, recording what it read of
+	// the Mesh into r (nil: nothing is recorded). Two shares of the same
+	// Key, from two Meshes that DepsOf(r) finds the same, generate the
+	// same resources, so the second need not be generated.
+	Generate func(r *Reads) []Named
 	// Absent tells whether the Mesh has nothing under the share's name
 	// (no service, port or subset of it); nil: never. Generate then
 	// answers a function of the name alone, for the client's kind:
@@ -54,18 +52,20 @@ func (m *Mesh) SidecarShares(p Proxy, typeURL string, names []string) []Share {
 	switch typeURL {
 	case ClusterType:
 		return []Share{
-			{m.key(p, "out").scope(m.SidecarScope(p)).String(), "", func() []Named { return m.sidecarOutboundClusters(p) }, m.deps(clusterConfig), nil},
-			{m.key(p, "own").labels(p.Labels).ips(p).String(), "", func() []Named { return m.sidecarInboundClusters(p) }, m.ownDeps(p), nil},
+			{m.key(p, "out").scope(m.SidecarScope(p)).String(), "", func(r *Reads) []Named { return m.reading(r).sidecarOutboundClusters(p) }, nil},
+			{m.key(p, "own").labels(p.Labels).ips(p).String(), "", func(r *Reads) []Named { return m.reading(r).sidecarInboundClusters(p) }, nil},
 		}
 	case ListenerType:
 		return []Share{
-			{m.key(p, "out").scope(m.SidecarScope(p)).String(), "", func() []Named { return m.sidecarOutboundListeners(p) }, m.deps(listenerConfig), nil},
-			{m.key(p, "own").labels(p.Labels).ips(p).String(), "", func() []Named { return []Named{{VirtualInbound, m.virtualInbound(p)}} }, m.ownDeps(p), nil},
+			{m.key(p, "out").scope(m.SidecarScope(p)).String(), "", func(r *Reads) []Named { return m.reading(r).sidecarOutboundListeners(p) }, nil},
+			{m.key(p, "own").labels(p.Labels).ips(p).String(), "", func(r *Reads) []Named {
+				return []Named{{VirtualInbound, m.reading(r).virtualInbound(p)}}
+			}, nil},
 		}
 	case EndpointType:
 		return m.endpointShares(p, names)
 	case RouteType:
-		return m.perName(p, names, m.SidecarRoutes, m.sidecarRouteAbsent, allConfig, func(k *shareKey) { k.scope(m.SidecarScope(p)).labels(m.routeLabels(p.Labels)) })
+		return m.perName(p, names, (*Mesh).SidecarRoutes, m.sidecarRouteAbsent, func(k *shareKey) { k.scope(m.SidecarScope(p)).labels(m.routeLabels(p.Labels)) })
 	}
 	return nil
 }
@@ -77,27 +77,27 @@ func (m *Mesh) SidecarShares(p Proxy, typeURL string, names []string) []Share {
 func (m *Mesh) GRPCShares(p Proxy, typeURL string, names []string) []Share {
 	switch typeURL {
 	case ClusterType:
-		return m.perName(p, names, m.GRPCClusters, m.noCluster, clusterConfig, func(k *shareKey) {})
+		return m.perName(p, names, (*Mesh).GRPCClusters, m.noCluster, func(k *shareKey) {})
 	case EndpointType:
 		return m.endpointShares(p, names)
 	case ListenerType:
 		var out []Share
-		clientKey, clientDeps := m.key(p, "name").String(), m.deps(allConfig)
+		clientKey := m.key(p, "name").String()
 		for _, name := range names {
-			key, deps := clientKey, clientDeps
+			key := clientKey
 			absent := func() bool { _, _, _, ok := m.grpcClientTarget(p, name); return !ok }
 			if addr, ok := strings.CutPrefix(name, ServerListenerPrefix); ok {
-				key, deps = m.key(p, "name").labels(p.Labels).ips(p).String(), m.ownDeps(p)
+				key = m.key(p, "name").labels(p.Labels).ips(p).String()
 				absent = func() bool { _, _, ok := m.grpcServerAddr(p, addr); return !ok }
 			}
-			out = append(out, Share{key, name, func() []Named { return m.GRPCListeners(p, []string{name}) }, deps, absent})
+			out = append(out, Share{key, name, func(r *Reads) []Named { return m.reading(r).GRPCListeners(p, []string{name}) }, absent})
 		}
 		return out
 	case RouteType:
-		return m.perName(p, names, m.GRPCRoutes, func(p Proxy, name string) bool {
+		return m.perName(p, names, (*Mesh).GRPCRoutes, func(p Proxy, name string) bool {
 			_, ok := m.grpcRouteService(p, name)
 			return !ok
-		}, allConfig, func(k *shareKey) { k.labels(m.routeLabels(p.Labels)) })
+		}, func(k *shareKey) { k.labels(m.routeLabels(p.Labels)) })
 	}
 	return nil
 }
@@ -108,61 +108,33 @@ func (m *Mesh) noCluster(p Proxy, name string) bool {
 	return !ok
 }
 
-// What the shares read of the Istio configuration, besides the services:
-// clusters the DestinationRules (and a sidecar's, its Sidecar resource),
-// outbound listeners the Sidecar resources, endpoint assignments the
-// DestinationRules (subsets) and PeerAuthentications (whether an
-// endpoint takes mutual TLS), the rest (routes, a proxyless client's
-// listeners) everything.
-var (
-	clusterConfig   = []configKind{destinationRules, sidecarResources}
-	listenerConfig  = []configKind{sidecarResources}
-	endpointsConfig = []configKind{destinationRules, peerAuthentications}
-)
-
 // perName is a share per name, keyed by the namespace, what with adds,
-// and the name; it reads no endpoints, and of the configuration only
-// kinds. absent tells the names the Mesh has nothing under.
-func (m *Mesh) perName(p Proxy, names []string, gen func(Proxy, []string) []Named, absent func(Proxy, string) bool, kinds []configKind, with func(*shareKey)) []Share {
+// and the name. absent tells the names the Mesh has nothing under.
+func (m *Mesh) perName(p Proxy, names []string, gen func(*Mesh, Proxy, []string) []Named, absent func(Proxy, string) bool, with func(*shareKey)) []Share {
 	out := make([]Share, 0, len(names))
-	deps := m.deps(kinds)
 	k := m.key(p, "name")
 	with(k)
 	key := k.String()
 	for _, name := range names {
-		out = append(out, Share{key, name, func() []Named { return gen(p, []string{name}) }, deps, func() bool { return absent(p, name) }})
+		out = append(out, Share{key, name, func(r *Reads) []Named { return gen(m.reading(r), p, []string{name}) }, func() bool { return absent(p, name) }})
 	}
 	return out
 }
 
-// endpointShares are a share per cluster name, which reads the endpoints
-// of the cluster's hostname only.
+// endpointShares are a share per cluster name.
 func (m *Mesh) endpointShares(p Proxy, names []string) []Share {
 	out := make([]Share, 0, len(names))
-	key, deps := m.key(p, "name").String(), m.deps(endpointsConfig)
+	key := m.key(p, "name").String()
 	for _, name := range names {
-		d, ok := m.fp.endpointDeps[clusterHostname(name)]
-		if !ok {
-			d = deps // a name that is no service's cluster is answered with nothing
-		}
-		out = append(out, Share{key, name, func() []Named { return m.Endpoints(p, []string{name}) }, d, func() bool { return m.noCluster(p, name) }})
+		out = append(out, Share{key, name, func(r *Reads) []Named { return m.reading(r).Endpoints(p, []string{name}) }, func() bool { return m.noCluster(p, name) }})
 	}
 	return out
-}
-
-// clusterHostname is the hostname of a cluster name of ClusterName's
-// form ("outbound|port|subset|hostname"), else "".
-func clusterHostname(name string) string {
-	i := strings.LastIndexByte(name, '|')
-	if i < 0 || strings.Count(name[:i], "|") != 2 {
-		return ""
-	}
-	return name[i+1:]
 }
 
 // routeLabels are the labels of lbls that some VirtualService's match
 // names as a source label: the only ones routes depend on.
 func (m *Mesh) routeLabels(lbls map[string]string) map[string]string {
+	m.readKind(virtualServices)
 	var out map[string]string
 	for k, v := range lbls {
 		if m.sourceLabelKeys[k] {

@@ -102,7 +102,7 @@ func TestSharesEqualWhereKeysAre(t *testing.T) {
 		owner := map[string]string{}
 		for name, p := range shareProxies {
 			for _, sh := range m.SidecarShares(p, tt.typ, tt.names) {
-				got, id := sh.Generate(), sh.Key+"\x00"+sh.Name
+				got, id := sh.Generate(nil), sh.Key+"\x00"+sh.Name
 				want, seen := byKey[id]
 				if !seen {
 					byKey[id], owner[id] = got, name
@@ -155,10 +155,10 @@ func TestSharesAreShared(t *testing.T) {
 	}
 }
 
-// TestDepsTellWhatChanged: after a change, a share whose key and Deps are
-// as before generates what it did before (the property, over every
-// proxy, type and share), and a change leaves the Deps of what it does
-// not touch alone: a pod's readiness only its service's endpoints, a
+// TestDepsTellWhatChanged: after a change, a share whose key and what its
+// generation read (DepsOf its Reads) are as before generates what it did
+// before (the property, over every proxy, type and share), and a change
+// leaves the dependencies of what it does not touch alone: a pod's readiness only its service's endpoints, a
 // VirtualService only routes.
 func TestDepsTellWhatChanged(t *testing.T) {
 	workload := func(in Inputs, ns, name string) *workloadapi.Workload {
@@ -173,15 +173,17 @@ func TestDepsTellWhatChanged(t *testing.T) {
 	for _, tt := range []struct {
 		name   string
 		change func(in *Inputs)
-		// changed are the shares whose Deps change: "clusters",
+		// changed are the shares whose dependencies change: "clusters",
 		// "listeners", "routes", "endpoints" (every proxy's), "own" (every
-		// proxy's inbound side), "endpoints of <host>", "own of <proxy>".
+		// proxy's inbound side), "own clusters", "own listeners",
+		// "endpoints of <host>", "own of <proxy>", "own clusters of
+		// <proxy>".
 		changed []string
 	}{
 		{
 			name:    "a pod of web.a not ready",
 			change:  func(in *Inputs) { workload(*in, "a", "web-v1").Status = workloadapi.WorkloadStatus_UNHEALTHY },
-			changed: []string{"endpoints of web.a"},
+			changed: []string{"endpoints of web.a", "own of a web-v1"},
 		},
 		{
 			name: "a pod of web.b moves zone",
@@ -201,7 +203,7 @@ func TestDepsTellWhatChanged(t *testing.T) {
 					return old(uid)
 				}
 			},
-			changed: []string{"endpoints of web.a"},
+			changed: []string{"endpoints of web.a", "own of a web-v2"},
 		},
 		{
 			name:    "a pod's service account: clusters' subject alt names",
@@ -218,7 +220,7 @@ func TestDepsTellWhatChanged(t *testing.T) {
 		{
 			name:    "a VirtualService",
 			change:  func(in *Inputs) { in.VirtualServices[0].Spec.Http[1].Timeout = durationpb.New(time.Second) },
-			changed: []string{"routes", "own"},
+			changed: []string{"routes"},
 		},
 		{
 			name: "a DestinationRule",
@@ -227,7 +229,9 @@ func TestDepsTellWhatChanged(t *testing.T) {
 					Host: "web", Subsets: []*networkingapi.Subset{{Name: "v2", Labels: map[string]string{"version": "v2"}}},
 				}})
 			},
-			changed: []string{"clusters", "routes", "endpoints", "own"},
+			// The inbound clusters of the proxies that serve a service read
+			// the DestinationRules.
+			changed: []string{"clusters", "routes", "endpoints", "own clusters of a web-v1", "own clusters of a web-v2", "own clusters of b web-v1"},
 		},
 		{
 			name: "a PeerAuthentication",
@@ -236,14 +240,14 @@ func TestDepsTellWhatChanged(t *testing.T) {
 					Mtls: &securityapi.PeerAuthentication_MutualTLS{Mode: securityapi.PeerAuthentication_MutualTLS_DISABLE},
 				}})
 			},
-			changed: []string{"routes", "endpoints", "own"},
+			changed: []string{"endpoints", "own listeners"},
 		},
 		{
 			name: "a Sidecar resource",
 			change: func(in *Inputs) {
 				in.Sidecars = append(in.Sidecars, sidecarResource("a", "default", time.Hour, nil, "b/*"))
 			},
-			changed: []string{"clusters", "listeners", "routes", "own"},
+			changed: []string{"clusters", "listeners", "routes"},
 		},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -258,20 +262,21 @@ func TestDepsTellWhatChanged(t *testing.T) {
 						if was[i].Key != is[i].Key || was[i].Name != is[i].Name {
 							continue // another share (a Sidecar resource scopes the proxy now)
 						}
-						if is[i].Deps == "" {
-							t.Errorf("%s %s share %d: no Deps", pname, shortName(st.typ), i)
-						}
-						same := was[i].Deps == is[i].Deps
+						var r Reads
+						generated := was[i].Generate(&r)
+						same := before.DepsOf(&r) == after.DepsOf(&r)
 						if same {
-							if diff := cmp.Diff(was[i].Generate(), is[i].Generate(), cmp.Comparer(proto.Equal)); diff != "" {
-								t.Errorf("%s %s share %d: same Deps, other resources (-before +after):\n%s", pname, shortName(st.typ), i, diff)
+							if diff := cmp.Diff(generated, is[i].Generate(nil), cmp.Comparer(proto.Equal)); diff != "" {
+								t.Errorf("%s %s share %d: what it read is unchanged, what it generates is not (-before +after):\n%s", pname, shortName(st.typ), i, diff)
 							}
 						}
 						kind := map[string]string{ClusterType: "clusters", ListenerType: "listeners", RouteType: "routes", EndpointType: "endpoints"}[st.typ]
+						wantChanged := slices.Contains(tt.changed, kind)
 						if IsWildcard(st.typ) && i == 1 {
-							kind = "own"
+							wantChanged = slices.ContainsFunc([]string{"own", "own " + kind, "own of " + pname, "own " + kind + " of " + pname}, func(s string) bool {
+								return slices.Contains(tt.changed, s)
+							})
 						}
-						wantChanged := slices.Contains(tt.changed, kind) || kind == "own" && slices.Contains(tt.changed, "own of "+pname)
 						if st.typ == EndpointType {
 							host := strings.TrimSuffix(strings.Split(st.names[i], "|")[3], ".svc.cluster.local")
 							wantChanged = wantChanged || slices.Contains(tt.changed, "endpoints of "+host)
@@ -327,7 +332,7 @@ func TestAbsentSharesAreTheirNamesAlone(t *testing.T) {
 					if !sh.IsAbsent() {
 						continue
 					}
-					if diff := cmp.Diff(placeholders[i].Generate(), sh.Generate(), cmp.Comparer(proto.Equal)); diff != "" {
+					if diff := cmp.Diff(placeholders[i].Generate(nil), sh.Generate(nil), cmp.Comparer(proto.Equal)); diff != "" {
 						t.Errorf("%s: %q is absent but not its name alone (-no services +sharesMesh):\n%s", pname, sh.Name, diff)
 					}
 				}

@@ -13,7 +13,7 @@ func (m *Mesh) GenerateSidecar(p Proxy, typeURL string, names []string) []Named 
 func generateAll(shares []Share) []Named {
 	var out []Named
 	for _, sh := range shares {
-		out = append(out, sh.Generate()...)
+		out = append(out, sh.Generate(nil)...)
 	}
 	return out
 }

@@ -93,6 +93,7 @@ func http2(protocol string) bool {
 // hosts import.
 func (m *Mesh) visibleServices(p Proxy) []*Service {
 	scope := m.SidecarScope(p)
+	m.readServices()
 	var out []*Service
 	for _, h := range slices.Sorted(maps.Keys(m.services)) {
 		if s := m.Service(p, h); s != nil && egressAllows(scope, h, s.GetNamespace()) {
@@ -126,7 +127,7 @@ func (m *Mesh) sidecarOutboundClusters(p Proxy) []Named {
 	var out []Named
 	for _, svc := range m.visibleServices(p) {
 		dr := m.DestinationRule(p, svc.GetHostname(), svc.GetNamespace())
-		if m.refusedRules[dr] {
+		if m.refused(dr) {
 			continue // never a cluster without what its rule asked for
 		}
 		for _, port := range sortedPorts(svc) {
@@ -172,7 +173,7 @@ func (m *Mesh) sidecarInboundClusters(p Proxy) []Named {
 	for _, in := range m.inboundPorts(p) {
 		name := ClusterName(Inbound, in.target, "", "")
 		dr := m.DestinationRule(p, in.svc.GetHostname(), in.svc.GetNamespace())
-		if m.refusedRules[dr] {
+		if m.refused(dr) {
 			// The workload's own port, to its own application: served
 			// with the defaults rather than not at all.
 			dr = nil

@@ -32,9 +32,11 @@
 //   - envoyConn: one Envoy client's stream. Each generation of the mesh
 //     builds one Generator, shared by all; what it generates is cached per
 //     share (sidecar.Share: keyed by only what its generator reads of the
-//     proxy) and taken over by the next generation when the share's Deps
-//     are unchanged; a response is the watch's whole set, sent when it
-//     differs from what was sent.
+//     proxy) and taken over by the next generation when what its
+//     generation read of the mesh (sidecar.Reads) is unchanged there
+//     (DepsOf); in tests every share taken over is generated again and
+//     compared; a response is the watch's whole set, sent when it differs
+//     from what was sent.
 //   - admission: what a stream must pass once its caller is authenticated
 //     (from its headers, before any message is read): caps on the streams
 //     open in total and per caller, and a budget of new streams per

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -37,6 +38,9 @@ type Generator interface {
 	// SidecarShares answers an Envoy sidecar; names are ignored for the
 	// types sidecar.IsWildcard reports.
 	SidecarShares(p sidecar.Proxy, typeURL string, names []string) []sidecar.Share
+	// DepsOf summarises the parts of the Mesh a share's generation read
+	// (sidecar.Mesh.DepsOf).
+	DepsOf(r *sidecar.Reads) string
 }
 
 // newMeshGenerator is the default Config.NewGenerator.
@@ -64,14 +68,19 @@ const maxResourceNameLen = 1024
 // have the same key (sidecar.Share) get the same *Resource, generated and
 // marshalled once per generation.
 //
-// A share whose key and Deps are those of a share the previous generation
-// held is taken from it, not generated again: a pod turning Ready
-// regenerates one service's endpoints, not every sidecar's clusters.
+// A share the previous generation held is taken from it, not generated
+// again, when what its generation read (sidecar.Reads) is the same in the
+// new Mesh: a pod turning Ready regenerates one service's endpoints, not
+// every sidecar's clusters. With verify (on in tests), a share taken over
+// is generated again and compared, and a difference fails the stream: a
+// dependency the record missed would otherwise serve stale config
+// silently.
 type meshCache struct {
-	src   MeshSource
-	build func(sidecar.Inputs) Generator
-	mu    sync.Mutex
-	cur   *generation
+	src    MeshSource
+	build  func(sidecar.Inputs) Generator
+	verify bool
+	mu     sync.Mutex
+	cur    *generation
 }
 
 // maxCachedPerGeneration bounds what one generation keeps: past it,
@@ -92,10 +101,25 @@ type generation struct {
 
 // cached is one share's resources, for every generation that takes it.
 type cached struct {
-	deps string
 	once sync.Once
 	res  []*Resource
 	err  error
+	// reads are what generating it read, and deps what its Mesh's DepsOf
+	// said of them; set before done.
+	reads *sidecar.Reads
+	deps  string
+	done  atomic.Bool
+}
+
+// fill generates the entry's resources once, recording what gen reads of
+// mesh.
+func (e *cached) fill(mesh Generator, gen func(*sidecar.Reads) ([]*Resource, error)) {
+	e.once.Do(func() {
+		r := &sidecar.Reads{}
+		e.res, e.err = gen(r)
+		e.reads, e.deps = r, mesh.DepsOf(r)
+		e.done.Store(true)
+	})
 }
 
 func (c *meshCache) get(gen uint64) *generation {
@@ -118,38 +142,39 @@ func (c *meshCache) get(gen uint64) *generation {
 }
 
 // entry returns the cache entry of key: this generation's, else the
-// previous one's when its deps are the same, else a fresh one (not kept
-// when the generation holds too many).
-func (g *generation) entry(key cacheKey, deps string) *cached {
+// previous one's when what it read is the same in this generation's Mesh
+// (taken: true), else a fresh one (not kept when the generation holds too
+// many).
+func (g *generation) entry(key cacheKey) (e *cached, taken bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if e := g.entries[key]; e != nil && e.deps == deps {
-		return e
+	if e := g.entries[key]; e != nil {
+		return e, false
 	}
-	var e *cached
-	if g.prev != nil && deps != "" {
+	if g.prev != nil {
 		g.prev.mu.Lock()
-		if old := g.prev.entries[key]; old != nil && old.deps == deps {
-			e = old
-		}
+		old := g.prev.entries[key]
 		g.prev.mu.Unlock()
+		// An entry still being generated, or that failed, is not taken.
+		if old != nil && old.done.Load() && old.err == nil && g.mesh.DepsOf(old.reads) == old.deps {
+			e, taken = old, true
+		}
 	}
 	if e == nil {
-		e = &cached{deps: deps}
+		e = &cached{}
 	}
 	if len(g.entries) < maxCachedPerGeneration {
 		g.entries[key] = e
 	}
-	return e
+	return e, taken
 }
 
-// holds reports whether the generation itself (not its predecessor)
-// has an entry for key with deps.
-func (g *generation) holds(key cacheKey, deps string) bool {
+// holds reports whether the generation itself (not its predecessor) has
+// an entry for key.
+func (g *generation) holds(key cacheKey) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	e := g.entries[key]
-	return e != nil && e.deps == deps
+	return g.entries[key] != nil
 }
 
 // cacheKey is a share's key in its generation's cache: the kind of
@@ -458,14 +483,21 @@ func (s *Server) envoyGenerate(c *envoyConn, typ string, w *envoyWatch) (envoySe
 		key := cacheKey{c.sidecar, typ, sh.Key, sh.Name}
 		// A share this generation holds is present (nothing absent is
 		// held): only the first proxy to ask pays for the lookups.
-		if !g.holds(key, sh.Deps) && sh.IsAbsent() {
+		if !g.holds(key) && sh.IsAbsent() {
 			set.absent = append(set.absent, sh)
 			continue
 		}
-		e := g.entry(key, sh.Deps)
-		e.once.Do(func() { e.res, e.err = s.generate(c.proxy, typ, sh.Name, sh.Generate, NewResource) })
+		e, taken := g.entry(key)
+		e.fill(g.mesh, func(r *sidecar.Reads) ([]*Resource, error) {
+			return s.generate(c.proxy, typ, sh.Name, func() []sidecar.Named { return sh.Generate(r) }, NewResource)
+		})
 		if e.err != nil {
 			return envoySet{}, e.err
+		}
+		if taken && s.mesh.verify {
+			if err := s.verifyTaken(c, typ, sh, e); err != nil {
+				return envoySet{}, err
+			}
 		}
 		for _, r := range e.res {
 			if _, dup := set.byName[r.Name]; dup {
@@ -488,7 +520,7 @@ func (s *Server) placeholders(c *envoyConn, typ string, set envoySet, due func(n
 		if !due(sh.Name) {
 			continue
 		}
-		rs, err := s.generate(c.proxy, typ, sh.Name, sh.Generate, newBareResource)
+		rs, err := s.generate(c.proxy, typ, sh.Name, func() []sidecar.Named { return sh.Generate(nil) }, newBareResource)
 		if err != nil {
 			return nil, err
 		}
@@ -499,6 +531,26 @@ func (s *Server) placeholders(c *envoyConn, typ string, set envoySet, due func(n
 		}
 	}
 	return out, nil
+}
+
+// verifyTaken generates a share taken over from the previous generation
+// again and compares it with what was taken: a difference means the
+// share read something its Reads did not record, and would be served
+// stale. It fails the stream and is logged as the bug it is.
+func (s *Server) verifyTaken(c *envoyConn, typ string, sh sidecar.Share, e *cached) error {
+	fresh, err := s.generate(c.proxy, typ, sh.Name, func() []sidecar.Named { return sh.Generate(nil) }, newBareResource)
+	if err != nil {
+		return err
+	}
+	same := len(fresh) == len(e.res)
+	for i := 0; same && i < len(fresh); i++ {
+		same = fresh[i].Name == e.res[i].Name && fresh[i].Version == e.res[i].Version
+	}
+	if same {
+		return nil
+	}
+	s.log.Error("a cached share differs from what its generator makes now: a dependency was not recorded", "proxy", c.proxy.ProxyID, "type", shortType(typ), "share", sh.Name)
+	return s.streamError("internal", codes.Internal, "cached %s share %q is stale", shortType(typ), sh.Name)
 }
 
 func sameVersion(a, b *Resource) bool { return a.Version == b.Version }

@@ -86,6 +86,10 @@ type fakeGenerator struct {
 	panicOn  string
 }
 
+// DepsOf implements xds.Generator: each generation's are its own, so
+// nothing is taken over from the last one.
+func (g fakeGenerator) DepsOf(*sidecar.Reads) string { return fmt.Sprintf("%p", g.versions) }
+
 // GRPCShares implements xds.Generator: a share per name.
 func (g fakeGenerator) GRPCShares(_ sidecar.Proxy, typ string, names []string) []sidecar.Share {
 	return g.perName("proxyless", typ, names)
@@ -103,7 +107,7 @@ func (g fakeGenerator) SidecarShares(p sidecar.Proxy, typ string, names []string
 		ips = append(ips, ip.String())
 	}
 	who := "sidecar " + strings.Join(ips, ",")
-	return []sidecar.Share{{Key: who, Generate: func() []sidecar.Named {
+	return []sidecar.Share{{Key: who, Generate: func(*sidecar.Reads) []sidecar.Named {
 		return g.answer(who, typ, slices.Sorted(maps.Keys(g.versions[typ])))
 	}}}
 }
@@ -111,7 +115,7 @@ func (g fakeGenerator) SidecarShares(p sidecar.Proxy, typ string, names []string
 func (g fakeGenerator) perName(who, typ string, names []string) []sidecar.Share {
 	var out []sidecar.Share
 	for _, n := range names {
-		out = append(out, sidecar.Share{Name: n, Generate: func() []sidecar.Named { return g.answer(who, typ, []string{n}) }})
+		out = append(out, sidecar.Share{Name: n, Generate: func(*sidecar.Reads) []sidecar.Named { return g.answer(who, typ, []string{n}) }})
 	}
 	return out
 }

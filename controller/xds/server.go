@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -212,7 +213,9 @@ func New(cfg Config, source Source, auth Authenticator, log *slog.Logger) (*Serv
 	}
 	s.admission = newAdmission(s.cfg)
 	if cfg.Mesh != nil {
-		s.mesh = &meshCache{src: cfg.Mesh, build: cfg.NewGenerator}
+		// Tests check every share the cache takes over; production trusts
+		// the record.
+		s.mesh = &meshCache{src: cfg.Mesh, build: cfg.NewGenerator, verify: testing.Testing()}
 		if s.mesh.build == nil {
 			s.mesh.build = newMeshGenerator
 		}
