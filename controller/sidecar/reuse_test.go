@@ -71,7 +71,10 @@ var reuseChanges = []func(m *reuseModel, r *rand.Rand) string{
 		m.zones[p] = fmt.Sprintf("z%d", r.IntN(3))
 		return "zone of " + p
 	},
-	func(m *reuseModel, _ *rand.Rand) string { m.vsTimeout = !m.vsTimeout; return "a VirtualService's timeout" },
+	func(m *reuseModel, _ *rand.Rand) string {
+		m.vsTimeout = !m.vsTimeout
+		return "a VirtualService's timeout"
+	},
 	func(m *reuseModel, _ *rand.Rand) string { m.vsGone = !m.vsGone; return "a VirtualService's presence" },
 	func(m *reuseModel, r *rand.Rand) string {
 		m.dr = []string{"", "subsets", "tls-disable"}[r.IntN(3)]
@@ -81,7 +84,10 @@ var reuseChanges = []func(m *reuseModel, r *rand.Rand) string{
 		m.paMode = securityapi.PeerAuthentication_MutualTLS_Mode(r.IntN(4))
 		return "namespace a's PeerAuthentication: " + m.paMode.String()
 	},
-	func(m *reuseModel, _ *rand.Rand) string { m.paPort = !m.paPort; return "a port-level PeerAuthentication" },
+	func(m *reuseModel, _ *rand.Rand) string {
+		m.paPort = !m.paPort
+		return "a port-level PeerAuthentication"
+	},
 	func(m *reuseModel, r *rand.Rand) string {
 		m.apSource = []string{"b", "a", "c"}[r.IntN(3)]
 		return "an AuthorizationPolicy's source namespace: " + m.apSource
