@@ -22,7 +22,7 @@ GOTESTP     ?= 2
 LDFLAGS := -s -w -X $(MODULE)/internal/version.version=$(VERSION)
 BINARIES := $(notdir $(patsubst %/,%,$(dir $(wildcard cmd/*/main.go))))
 
-.PHONY: all build images deps modules tools demo demo-down crds test test-unit lint proto bench clean help
+.PHONY: all build images deps modules tools demo demo-down crds test test-packages test-race test-e2e test-unit lint proto bench clean help
 
 all: build
 
@@ -70,13 +70,30 @@ TOOLS_ENV = CANOPY_KUBE_BIN_DIR=$$(hack/tools.sh kube) \
 	CANOPY_REGISTRY_BIN_DIR=$$(hack/tools.sh registry) \
 	CANOPY_HELM_BIN_DIR=$$(hack/tools.sh helm)
 
+# The packages of Canopy's own concurrent code (HTTP/2 framing, the xDS
+# send budget, the CNI agent's locks, ...) run under the race detector, and
+# only so: each package runs once.
+RACE_PKGS := ./node/hbone ./node/proxy ./node/inpod ./controller/xds ./ca/... ./cni/agent ./internal/xdsclient
+
 # Lint and the tools build side by side: cold, each leaves idle time (links,
-# module fetches) that the other fills. The end-to-end suite runs its
-# scenario once per redirection backend, longer than go test's default
-# timeout of 10 minutes for one package on 2 cores.
-test: deps modules ## every test level: unit, kube (real API server), root-level and e2e (local cluster)
+# module fetches) that the other fills. Then three go test runs side by
+# side: the end-to-end suite mostly waits (nodes booting, rollouts, drains)
+# while the others compile and run. The end-to-end suite runs its scenario
+# once per redirection backend, longer than go test's default timeout of
+# 10 minutes for one package on 2 cores.
+test: deps modules ## every test level: unit, kube (real API server), root-level and e2e (local cluster), RACE_PKGS under the race detector
 	@$(MAKE) --no-print-directory -j 2 lint tools
-	@env $(TOOLS_ENV) $(GO) test -p $(GOTESTP) -count=1 -timeout 40m $(GOTESTFLAGS) ./...
+	@$(MAKE) --no-print-directory -j 3 test-packages test-race test-e2e
+
+test-packages: # every package but the end-to-end suite and RACE_PKGS
+	@env $(TOOLS_ENV) $(GO) test -p $(GOTESTP) -count=1 -timeout 40m $(GOTESTFLAGS) \
+		$$($(GO) list ./... | grep -vxF -f <($(GO) list ./e2e $(RACE_PKGS)))
+
+test-race: # RACE_PKGS, one package at a time beside the others
+	@env $(TOOLS_ENV) $(GO) test -race -p 1 -count=1 -timeout 40m $(GOTESTFLAGS) $(RACE_PKGS)
+
+test-e2e:
+	@env $(TOOLS_ENV) $(GO) test -count=1 -timeout 40m $(GOTESTFLAGS) ./e2e/
 
 demo: deps build ## a local cluster with the sample app (needs root); see canopy-local status
 	@OUT=$(OUT) VERSION=$(VERSION) hack/demo.sh

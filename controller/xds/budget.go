@@ -113,12 +113,20 @@ type hold struct {
 	deadline *time.Timer
 }
 
-// release returns the share; only the first call counts.
+// release stops the deadline and returns the share; only the first
+// return counts.
 func (h *hold) release() {
+	if h.deadline != nil {
+		h.deadline.Stop()
+	}
+	h.returnShare()
+}
+
+// returnShare returns the share, once. The deadline's own function calls
+// it rather than release: it may run before settle has stored the timer
+// in h.deadline, and must not read that field.
+func (h *hold) returnShare() {
 	h.once.Do(func() {
-		if h.deadline != nil {
-			h.deadline.Stop()
-		}
 		h.give(h.charge)
 		if h.leaveShare != nil {
 			h.leaveShare()
@@ -202,7 +210,7 @@ func (h *hold) settle(ctx context.Context, msg proto.Message, timeout time.Durat
 		// The stream ends now, and gRPC drops what it still queues for
 		// it; the share does not wait for that.
 		tooSlow()
-		h.release()
+		h.returnShare()
 	})
 	h.b.out.Store(msg, h)
 	return nil

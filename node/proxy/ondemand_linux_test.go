@@ -24,11 +24,14 @@ func (s silentControlPlane) Lookup(ctx context.Context, key string) (bool, error
 // is refused. It used to be sent as plain TCP (unknown meant "outside
 // the mesh"), which a PERMISSIVE mesh pod accepted: mTLS silently lost.
 func TestOnDemandFailsClosed(t *testing.T) {
-	m := newMesh(t, "10.223.0.0/24")
+	asked := make(chan string, 16)
+	// Configured before the proxy serves, as its main does: its pods'
+	// goroutines read these.
+	m := newMesh(t, "10.223.0.0/24", func(p *Proxy) {
+		p.OnDemand, p.LookupTimeout = silentControlPlane{asked}, 200*time.Millisecond
+	})
 	// The client's proxy has not looked the server up yet.
 	m.table.Apply(workloadapi.AddressTypeURL, nil, []string{"s"})
-	asked := make(chan string, 16)
-	m.proxy.OnDemand, m.proxy.LookupTimeout = silentControlPlane{asked}, 200*time.Millisecond
 	refused := m.proxy.metrics.refused.WithLabelValues(reasonLookupFailed)
 	before, plain := testutil.ToFloat64(refused), packets(t, m.serverNS, 8080)
 
