@@ -46,31 +46,13 @@ var reusePods = []string{"a/web-v1", "a/web-v2", "b/web-v1", "b/web-v2"}
 // reuseChanges are the events, each changing the model and saying what
 // it did.
 var reuseChanges = []func(m *reuseModel, r *rand.Rand) string{
-	func(m *reuseModel, r *rand.Rand) string {
-		p := reusePods[r.IntN(len(reusePods))]
-		m.unhealthy[p] = map[string]string{"": "y", "y": ""}[m.unhealthy[p]]
-		return "readiness of " + p
-	},
-	func(m *reuseModel, r *rand.Rand) string {
-		p := reusePods[r.IntN(len(reusePods))]
-		m.versions[p] = fmt.Sprintf("v%d", r.IntN(3))
-		return "version label of " + p
-	},
-	func(m *reuseModel, r *rand.Rand) string {
-		p := reusePods[r.IntN(len(reusePods))]
-		m.accounts[p] = fmt.Sprintf("sa%d", r.IntN(3))
-		return "service account of " + p
-	},
-	func(m *reuseModel, r *rand.Rand) string {
-		p := reusePods[r.IntN(len(reusePods))]
-		m.ports[p] = fmt.Sprint(8080 + r.IntN(2))
-		return "target port of " + p
-	},
-	func(m *reuseModel, r *rand.Rand) string {
-		p := reusePods[r.IntN(len(reusePods))]
-		m.zones[p] = fmt.Sprintf("z%d", r.IntN(3))
-		return "zone of " + p
-	},
+	podChange("readiness", func(m *reuseModel) map[string]string { return m.unhealthy }, func(_ *rand.Rand, was string) string {
+		return map[string]string{"": "y", "y": ""}[was]
+	}),
+	podChange("version label", func(m *reuseModel) map[string]string { return m.versions }, pick("v%d", 3)),
+	podChange("service account", func(m *reuseModel) map[string]string { return m.accounts }, pick("sa%d", 3)),
+	podChange("target port", func(m *reuseModel) map[string]string { return m.ports }, pick("808%d", 2)),
+	podChange("zone", func(m *reuseModel) map[string]string { return m.zones }, pick("z%d", 3)),
 	func(m *reuseModel, _ *rand.Rand) string {
 		m.vsTimeout = !m.vsTimeout
 		return "a VirtualService's timeout"
@@ -94,6 +76,22 @@ var reuseChanges = []func(m *reuseModel, r *rand.Rand) string{
 	},
 	func(m *reuseModel, _ *rand.Rand) string { m.sidecarA = !m.sidecarA; return "a Sidecar resource in a" },
 	func(m *reuseModel, _ *rand.Rand) string { m.apiService = !m.apiService; return "service api.a" },
+}
+
+// podChange changes one field of a random pod: what field's map holds for
+// it becomes next of what it was.
+func podChange(what string, field func(*reuseModel) map[string]string, next func(r *rand.Rand, was string) string) func(*reuseModel, *rand.Rand) string {
+	return func(m *reuseModel, r *rand.Rand) string {
+		p := reusePods[r.IntN(len(reusePods))]
+		f := field(m)
+		f[p] = next(r, f[p])
+		return what + " of " + p
+	}
+}
+
+// pick is a next value for podChange: format with one of n numbers.
+func pick(format string, n int) func(*rand.Rand, string) string {
+	return func(r *rand.Rand, _ string) string { return fmt.Sprintf(format, r.IntN(n)) }
 }
 
 // inputs are sharesInputs changed as the model says.
