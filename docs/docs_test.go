@@ -78,8 +78,10 @@ func (r repo) packages() []string {
 }
 
 // exists reports whether p, relative to dir (or to the root), names a
-// file, a folder, files of a glob, or a package's identifier.
+// file, a folder, files of a glob, a package pattern (ca/...) or a
+// package's identifier.
 func (r repo) exists(dir, p string) bool {
+	p = strings.TrimSuffix(p, "/...")
 	for _, base := range []string{dir, "."} {
 		full := filepath.Join(r.root, base, strings.TrimSuffix(p, "/"))
 		if m, _ := filepath.Glob(full); len(m) > 0 {
