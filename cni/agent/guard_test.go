@@ -173,10 +173,14 @@ func TestPruneSparesPodBeingEnrolled(t *testing.T) {
 	const wait = 1500 * time.Millisecond // seven passes
 	var binds, taken int
 	var firstTaken time.Duration
+	// held closes once the binds are over: the ADD's answer follows them
+	// only through sockets, which the race detector does not see.
+	held := make(chan struct{})
 	proxy := &nodeProxy{hold: func(uid string) {
 		if uid != string(pod.UID) {
 			return
 		}
+		defer close(held)
 		start := time.Now()
 		for time.Since(start) < wait {
 			binds++
@@ -198,6 +202,11 @@ func TestPruneSparesPodBeingEnrolled(t *testing.T) {
 		ContainerID: "c1", Netns: pair.A, PodName: pod.Name, PodNamespace: ns, PodUID: string(pod.UID), IPs: []string{pair.AddrA.String()},
 	}); err != nil {
 		t.Fatal(err)
+	}
+	select {
+	case <-held:
+	case <-time.After(settle):
+		t.Fatal("the node proxy never held the pod")
 	}
 	if taken > 0 {
 		t.Errorf("the pod's process bound 15001 %d times of %d while its ADD waited for the node proxy (first after %v): the pass pruned its guard", taken, binds, firstTaken)
