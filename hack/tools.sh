@@ -147,7 +147,7 @@ if [ ${#todo[@]} -gt 0 ]; then
 		read -r bin pkg <<<"$entry"
 		bins+=("$bin") pkgs+=("$pkg")
 	done
-	echo "tools: $name $version: building ${bins[*]} (cold: $cold)" >&2
+	echo "tools: $name $version: building ${bins[*]} (cold: $cold on 2 idle cores; longer beside other builds)" >&2
 	# go build -o names each binary after its package's last element, which
 	# is how binaries names them; a failed build leaves none in $out.
 	tmp="$out/.build"
