@@ -1,7 +1,6 @@
 package sidecar
 
 import (
-	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -21,8 +20,9 @@ import (
 type Reads struct {
 	kinds    [numConfigKinds]bool
 	services bool
-	// hosts are the hostnames whose services' endpoints were read.
-	hosts map[string]bool
+	// hosts are the hostnames whose services' endpoints were read,
+	// sorted.
+	hosts []string
 	// own are the addresses whose endpoints were read as a proxy's own.
 	own []netip.Addr
 }
@@ -53,10 +53,9 @@ func (m *Mesh) readEndpoints(hostname string) {
 		return
 	}
 	m.readServices()
-	if m.reads.hosts == nil {
-		m.reads.hosts = map[string]bool{}
+	if i, found := slices.BinarySearch(m.reads.hosts, hostname); !found {
+		m.reads.hosts = slices.Insert(m.reads.hosts, i, hostname)
 	}
-	m.reads.hosts[hostname] = true
 }
 
 func (m *Mesh) readOwn(ips []netip.Addr) {
@@ -77,7 +76,13 @@ func (m *Mesh) readOwn(ips []netip.Addr) {
 // one Mesh, recording r, generates the same from another Mesh whose
 // DepsOf(r) is the same.
 func (m *Mesh) DepsOf(r *Reads) string {
+	// Every fingerprint is 8 bytes; each part has a tag byte.
+	n := 8 + 9*(int(numConfigKinds)+2)
+	for _, h := range r.hosts {
+		n += len(h) + 9
+	}
 	var b strings.Builder
+	b.Grow(n)
 	b.WriteString(m.fp.settings)
 	for k, read := range r.kinds {
 		if read {
@@ -89,7 +94,7 @@ func (m *Mesh) DepsOf(r *Reads) string {
 		b.WriteString("s")
 		b.WriteString(m.fp.services)
 	}
-	for _, h := range slices.Sorted(maps.Keys(r.hosts)) {
+	for _, h := range r.hosts {
 		b.WriteString("e")
 		b.WriteString(h)
 		b.WriteString(m.fp.endpoints[h])
