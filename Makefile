@@ -22,7 +22,7 @@ GOTESTP     ?= 2
 LDFLAGS := -s -w -X $(MODULE)/internal/version.version=$(VERSION)
 BINARIES := $(notdir $(patsubst %/,%,$(dir $(wildcard cmd/*/main.go))))
 
-.PHONY: all build images deps modules tools demo demo-down crds test test-packages test-race test-e2e test-unit lint proto bench clean help
+.PHONY: all build images deps modules tools test-tools demo demo-down crds test test-packages test-race test-e2e test-unit lint proto bench clean help
 
 all: build
 
@@ -40,10 +40,14 @@ modules: ## download Canopy's Go modules (once; quiet)
 		$(GO) mod download; }
 
 # Two tool modules build at a time, the longest first: one go command
-# leaves a core idle while it links or fetches modules.
-TOOL_MODULES := kube istio buf coredns helm containerd registry cni
-tools: ## build (once) the pinned third-party binaries into the cache: Kubernetes, Istio (istiod, istioctl, pilot-agent), buf, CoreDNS, helm, containerd, the registry, CNI plugins
-	@printf '%s\n' $(TOOL_MODULES) | xargs -P 2 -I{} hack/tools.sh {} >/dev/null
+# leaves a core idle while it links or fetches modules. The tests need all
+# but buf, which only lint runs (and builds when it gets there).
+TEST_TOOL_MODULES := kube istio coredns helm containerd registry cni
+tools: test-tools ## build (once) the pinned third-party binaries into the cache: Kubernetes, Istio (istiod, istioctl, pilot-agent), buf, CoreDNS, helm, containerd, the registry, CNI plugins
+	@hack/tools.sh buf >/dev/null
+
+test-tools: # the pinned binaries the tests run
+	@printf '%s\n' $(TEST_TOOL_MODULES) | xargs -P 2 -I{} hack/tools.sh {} >/dev/null
 
 build: modules ## static binaries with version ldflags into $(OUT)
 	@mkdir -p $(OUT)
@@ -75,24 +79,29 @@ TOOLS_ENV = CANOPY_KUBE_BIN_DIR=$$(hack/tools.sh kube) \
 # only so: each package runs once.
 RACE_PKGS := ./node/hbone ./node/proxy ./node/inpod ./controller/xds ./ca/... ./cni/agent ./internal/xdsclient
 
-# Lint and the tools build side by side: cold, each leaves idle time (links,
-# module fetches) that the other fills. Then three go test runs side by
-# side: the end-to-end suite mostly waits (nodes booting, rollouts, drains)
-# while the others compile and run. The end-to-end suite runs its scenario
-# once per redirection backend, longer than go test's default timeout of
-# 10 minutes for one package on 2 cores.
+# Lint runs beside everything else; the tests start once the tools are
+# built. Cold, the tools build (two modules at a time) and lint keep both
+# cores busy; after that three go test runs and the rest of lint share them:
+# the end-to-end suite mostly waits (nodes booting, rollouts, drains) while
+# the others compile and run. The end-to-end suite runs its scenario once
+# per redirection backend, longer than go test's default timeout of 10
+# minutes for one package on 2 cores.
 test: deps modules ## every test level: unit, kube (real API server), root-level and e2e (local cluster), RACE_PKGS under the race detector
-	@$(MAKE) --no-print-directory -j 2 lint tools
-	@$(MAKE) --no-print-directory -j 3 test-packages test-race test-e2e
+	@$(MAKE) --no-print-directory -j 4 lint test-packages test-race test-e2e
 
-test-packages: # every package but the end-to-end suite and RACE_PKGS
+test-packages: test-tools # every package but the end-to-end suite and RACE_PKGS
 	@env $(TOOLS_ENV) $(GO) test -p $(GOTESTP) -count=1 -timeout 40m $(GOTESTFLAGS) \
 		$$($(GO) list ./... | grep -vxF -f <($(GO) list ./e2e $(RACE_PKGS)))
 
-test-race: # RACE_PKGS, one package at a time beside the others
+# The race run's tests go one package at a time beside the others, but
+# -p 1 would also compile one package at a time: the race-instrumented build
+# of everything they import (the standard library, client-go, the Envoy
+# protos) comes first, two compilers at a time, and is cached.
+test-race: test-tools # RACE_PKGS under the race detector
+	@$(GO) build -race $$($(GO) list -deps -test $(RACE_PKGS) | grep -v -e '\.test$$' -e ' \[')
 	@env $(TOOLS_ENV) $(GO) test -race -p 1 -count=1 -timeout 40m $(GOTESTFLAGS) $(RACE_PKGS)
 
-test-e2e:
+test-e2e: test-tools
 	@env $(TOOLS_ENV) $(GO) test -count=1 -timeout 40m $(GOTESTFLAGS) ./e2e/
 
 demo: deps build ## a local cluster with the sample app (needs root); see canopy-local status
