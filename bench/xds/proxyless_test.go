@@ -262,7 +262,7 @@ func BenchmarkProxylessChange(b *testing.B) {
 		}},
 		{"virtualservice", sidecar.RouteType, func(bn *proxylessBench, round int) index.ChangeSet {
 			bn.src.reweigh(round)
-			return index.ChangeSet{Traffic: true}
+			return index.ChangeSet{SidecarInputs: true}
 		}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {

@@ -16,8 +16,9 @@ import (
 // BuildPodWorkload only reads it.
 type PodInput struct {
 	Pod *corev1.Pod
-	// Node is the pod's node, for locality; nil when unknown.
-	Node *corev1.Node
+	// NodeLabels are the labels of the pod's node, for locality; empty
+	// when the node is unknown.
+	NodeLabels Labels
 	// Services are the Services the pod backs: in its namespace, selecting
 	// it, or selector-less with an EndpointSlice that targets it.
 	Services []*corev1.Service
@@ -58,7 +59,7 @@ func BuildPodWorkload(in PodInput, cfg Config) *workloadapi.Workload {
 		WorkloadName:          podWorkloadName(pod),
 		ClusterId:             cfg.ClusterID,
 		Status:                podStatus(pod),
-		Locality:              nodeLocality(in.Node),
+		Locality:              nodeLocality(in.NodeLabels),
 		AuthorizationPolicies: workloadPolicies(in.Policies, in.MTLSPolicy),
 		Services:              podServices(pod, in.Services, cfg),
 	}
@@ -129,14 +130,11 @@ func podStatus(pod *corev1.Pod) workloadapi.WorkloadStatus {
 	return workloadapi.WorkloadStatus_UNHEALTHY
 }
 
-func nodeLocality(node *corev1.Node) *workloadapi.Locality {
-	if node == nil {
-		return nil
-	}
+func nodeLocality(node Labels) *workloadapi.Locality {
 	l := &workloadapi.Locality{
-		Region:  node.Labels[corev1.LabelTopologyRegion],
-		Zone:    node.Labels[corev1.LabelTopologyZone],
-		Subzone: node.Labels[LabelSubzone],
+		Region:  node.Get(corev1.LabelTopologyRegion),
+		Zone:    node.Get(corev1.LabelTopologyZone),
+		Subzone: node.Get(LabelSubzone),
 	}
 	if l.Region == "" && l.Zone == "" && l.Subzone == "" {
 		return nil

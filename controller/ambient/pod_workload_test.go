@@ -86,7 +86,7 @@ func TestBuildPodWorkload(t *testing.T) {
 		in   PodInput
 		cfg  Config
 	}{
-		{name: "enrolled ready pod with node and service", in: PodInput{Pod: testPod(), Node: testNode(), Services: []*corev1.Service{testService("echo")}}},
+		{name: "enrolled ready pod with node and service", in: PodInput{Pod: testPod(), NodeLabels: ReadLabels(testNode().Labels, nil), Services: []*corev1.Service{testService("echo")}}},
 		{name: "not enrolled is plain TCP", in: PodInput{Pod: testPod(func(p *corev1.Pod) { p.Annotations = nil })}},
 		{name: "redirection pending is plain TCP", in: PodInput{Pod: testPod(func(p *corev1.Pod) { p.Annotations[AnnotationRedirection] = "pending" })}},
 		{name: "tunnel label is native HBONE", in: PodInput{Pod: testPod(func(p *corev1.Pod) {
@@ -152,7 +152,7 @@ func TestBuildPodWorkload(t *testing.T) {
 		{name: "default service account is sent as is", in: PodInput{Pod: testPod(func(p *corev1.Pod) { p.Spec.ServiceAccountName = "default" })}},
 		{name: "custom cluster network and trust domain", in: PodInput{Pod: testPod()},
 			cfg: Config{ClusterID: "east", Network: "net-1", TrustDomain: "example.org"}},
-		{name: "node without topology labels", in: PodInput{Pod: testPod(), Node: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}}}},
+		{name: "node without topology labels", in: PodInput{Pod: testPod(), NodeLabels: ReadLabels(map[string]string{"kubernetes.io/hostname": "node-1"}, nil)}},
 		{name: "workload waypoint", in: PodInput{Pod: testPod(), Waypoint: waypoint}},
 		{name: "waypoint pod never gets a waypoint", in: PodInput{Pod: testPod(func(p *corev1.Pod) {
 			p.Labels[LabelManagedGateway] = ManagedByMesh
@@ -191,9 +191,10 @@ func golden(name string) string {
 func TestBuildPodWorkloadDoesNotModifyInput(t *testing.T) {
 	t.Parallel()
 	pod, svc, node := testPod(), testService("echo"), testNode()
-	in := PodInput{Pod: pod.DeepCopy(), Services: []*corev1.Service{svc.DeepCopy()}, Node: node.DeepCopy(), Policies: []string{"b", "a"}}
+	nodeLabels := node.DeepCopy().Labels
+	in := PodInput{Pod: pod.DeepCopy(), Services: []*corev1.Service{svc.DeepCopy()}, NodeLabels: ReadLabels(nodeLabels, nil), Policies: []string{"b", "a"}}
 	BuildPodWorkload(in, Config{})
-	if !equalObjects(pod, in.Pod) || !equalObjects(svc, in.Services[0]) || !equalObjects(node, in.Node) || in.Policies[0] != "b" {
+	if !equalObjects(pod, in.Pod) || !equalObjects(svc, in.Services[0]) || !equalObjects(node.Labels, nodeLabels) || in.Policies[0] != "b" {
 		t.Error("BuildPodWorkload modified its input")
 	}
 }

@@ -22,10 +22,10 @@ type ServiceInput struct {
 	Service *corev1.Service
 	// NamespaceLabels are the labels of the Service's namespace, for
 	// istio.io/ingress-use-waypoint.
-	NamespaceLabels map[string]string
+	NamespaceLabels Labels
 	// NamespaceAnnotations are the annotations of the Service's namespace,
 	// for networking.istio.io/traffic-distribution.
-	NamespaceAnnotations map[string]string
+	NamespaceAnnotations Labels
 	// Waypoint is the Service's resolved waypoint, or nil.
 	Waypoint *workloadapi.GatewayAddress
 }
@@ -74,13 +74,13 @@ func BuildService(in ServiceInput, cfg Config) *workloadapi.Service {
 // without one there is nothing to send ingress traffic through. The value
 // is a boolean as strconv reads it ("true", "1", "T", ...); any other
 // value is false.
-func ingressUseWaypoint(waypoint *workloadapi.GatewayAddress, lbls, namespaceLabels map[string]string) bool {
+func ingressUseWaypoint(waypoint *workloadapi.GatewayAddress, lbls map[string]string, namespaceLabels Labels) bool {
 	if waypoint == nil {
 		return false
 	}
 	v, ok := lbls[LabelIngressUseWaypoint]
 	if !ok {
-		v = namespaceLabels[LabelIngressUseWaypoint]
+		v = namespaceLabels.Get(LabelIngressUseWaypoint)
 	}
 	b, err := strconv.ParseBool(v)
 	return err == nil && b
@@ -107,7 +107,7 @@ func serviceAddresses(svc *corev1.Service, network string) []*workloadapi.Networ
 // loadBalancing maps traffic policies to routing preferences
 // (wire contract §7.2): internalTrafficPolicy Local first, then the
 // traffic distribution (see distribution), then publishNotReadyAddresses.
-func loadBalancing(svc *corev1.Service, namespaceAnnotations map[string]string) *workloadapi.LoadBalancing {
+func loadBalancing(svc *corev1.Service, namespaceAnnotations Labels) *workloadapi.LoadBalancing {
 	var lb *workloadapi.LoadBalancing
 	if svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal {
 		lb = &workloadapi.LoadBalancing{
@@ -131,14 +131,14 @@ func loadBalancing(svc *corev1.Service, namespaceAnnotations map[string]string) 
 // networking.istio.io/traffic-distribution annotation of the object, else
 // of its namespace, decides (its value compared without case; an unknown
 // value means any endpoint, and the namespace's is not read then).
-func distribution(spec *string, annotations, namespaceAnnotations map[string]string) *workloadapi.LoadBalancing {
+func distribution(spec *string, annotations map[string]string, namespaceAnnotations Labels) *workloadapi.LoadBalancing {
 	value := ""
 	if spec != nil && knownDistribution(*spec) {
 		value = *spec
 	} else if v := annotations[AnnotationTrafficDistribution]; v != "" {
 		value = v
 	} else {
-		value = namespaceAnnotations[AnnotationTrafficDistribution]
+		value = namespaceAnnotations.Get(AnnotationTrafficDistribution)
 	}
 	switch {
 	case strings.EqualFold(value, corev1.ServiceTrafficDistributionPreferSameZone),

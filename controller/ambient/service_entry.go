@@ -17,7 +17,7 @@ type ServiceEntryInput struct {
 	// NamespaceLabels and NamespaceAnnotations are those of the
 	// ServiceEntry's namespace, for istio.io/ingress-use-waypoint and
 	// networking.istio.io/traffic-distribution.
-	NamespaceLabels, NamespaceAnnotations map[string]string
+	NamespaceLabels, NamespaceAnnotations Labels
 	// Policies are the keys of the selector-bound authorization policies
 	// that select the ServiceEntry's labels, every one in scope when it has
 	// none. Its endpoints list them: istiod

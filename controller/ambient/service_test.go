@@ -70,11 +70,11 @@ func TestBuildService(t *testing.T) {
 				{Name: "HTTP2", Port: 85},
 			}
 		})}},
-		{name: "ingress use waypoint from namespace", in: ServiceInput{Service: testService("echo"), Waypoint: waypoint, NamespaceLabels: map[string]string{LabelIngressUseWaypoint: "true"}}},
+		{name: "ingress use waypoint from namespace", in: ServiceInput{Service: testService("echo"), Waypoint: waypoint, NamespaceLabels: ReadLabels(map[string]string{LabelIngressUseWaypoint: "true"}, nil)}},
 		{name: "service label overrides namespace ingress use waypoint", in: ServiceInput{
 			Service:         testService("echo", func(s *corev1.Service) { s.Labels = map[string]string{LabelIngressUseWaypoint: "false"} }),
 			Waypoint:        waypoint,
-			NamespaceLabels: map[string]string{LabelIngressUseWaypoint: "true"},
+			NamespaceLabels: ReadLabels(map[string]string{LabelIngressUseWaypoint: "true"}, nil),
 		}},
 		{name: "service waypoint", in: ServiceInput{Service: testService("echo"), Waypoint: waypoint}},
 		{name: "the service of a waypoint gets no waypoint", in: ServiceInput{Service: testService("waypoint", func(s *corev1.Service) {
@@ -145,7 +145,7 @@ func TestServiceLoadBalancing(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			got := BuildService(ServiceInput{Service: tt.svc, NamespaceAnnotations: tt.nsAnn}, Config{}).GetLoadBalancing()
+			got := BuildService(ServiceInput{Service: tt.svc, NamespaceAnnotations: ReadLabels(tt.nsAnn, nil)}, Config{}).GetLoadBalancing()
 			if diff := cmp.Diff(tt.want, got, protocmp.Transform()); diff != "" {
 				t.Errorf("load_balancing mismatch (-want +got):\n%s", diff)
 			}
@@ -180,11 +180,11 @@ func TestIngressUseWaypoint(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			svc := testService("echo", func(s *corev1.Service) { s.Labels = tt.lbls })
-			if got := BuildService(ServiceInput{Service: svc, Waypoint: tt.waypoint, NamespaceLabels: tt.nsLbls}, Config{}).GetIngressUseWaypoint(); got != tt.want {
+			if got := BuildService(ServiceInput{Service: svc, Waypoint: tt.waypoint, NamespaceLabels: ReadLabels(tt.nsLbls, nil)}, Config{}).GetIngressUseWaypoint(); got != tt.want {
 				t.Errorf("Service ingress_use_waypoint = %v, want %v", got, tt.want)
 			}
 			se := serviceEntry(func(se *networkingv1.ServiceEntry) { se.Labels = tt.lbls })
-			svcs, _ := BuildServiceEntry(ServiceEntryInput{ServiceEntry: se, Waypoint: tt.waypoint, NamespaceLabels: tt.nsLbls}, Config{})
+			svcs, _ := BuildServiceEntry(ServiceEntryInput{ServiceEntry: se, Waypoint: tt.waypoint, NamespaceLabels: ReadLabels(tt.nsLbls, nil)}, Config{})
 			if got := svcs[0].GetIngressUseWaypoint(); got != tt.want {
 				t.Errorf("ServiceEntry ingress_use_waypoint = %v, want %v", got, tt.want)
 			}
@@ -220,7 +220,7 @@ func TestServiceEntryLoadBalancing(t *testing.T) {
 				se.Spec.Resolution = tt.resolution
 				se.Annotations = tt.ann
 			})
-			svcs, _ := BuildServiceEntry(ServiceEntryInput{ServiceEntry: se, NamespaceAnnotations: tt.nsAnn}, Config{})
+			svcs, _ := BuildServiceEntry(ServiceEntryInput{ServiceEntry: se, NamespaceAnnotations: ReadLabels(tt.nsAnn, nil)}, Config{})
 			for _, s := range svcs {
 				if diff := cmp.Diff(tt.want, s.GetLoadBalancing(), protocmp.Transform()); diff != "" {
 					t.Errorf("%s load_balancing mismatch (-want +got):\n%s", s.GetHostname(), diff)

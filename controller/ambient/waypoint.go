@@ -21,16 +21,16 @@ type WaypointRef struct {
 // (istio.io/use-waypoint-namespace on the same object), by default the
 // object's. The value "none" opts out, and on the object it overrides the
 // namespace's waypoint. ok is false when there is no waypoint.
-func WaypointBinding(namespace string, labels, namespaceLabels map[string]string) (WaypointRef, bool) {
-	for _, l := range []map[string]string{labels, namespaceLabels} {
-		name, set := l[LabelUseWaypoint]
+func WaypointBinding(namespace string, labels map[string]string, namespaceLabels Labels) (WaypointRef, bool) {
+	for _, l := range []Labels{ReadLabels(labels, nil), namespaceLabels} {
+		name, set := l.Lookup(LabelUseWaypoint)
 		if !set || name == "" {
 			continue
 		}
 		if name == NoWaypoint {
 			return WaypointRef{}, false
 		}
-		ns := l[LabelUseWaypointNamespace]
+		ns := l.Get(LabelUseWaypointNamespace)
 		if ns == "" {
 			ns = namespace
 		}

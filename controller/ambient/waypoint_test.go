@@ -32,7 +32,7 @@ func TestWaypointBinding(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			got, ok := WaypointBinding("shop", tt.labels, tt.nsLabel)
+			got, ok := WaypointBinding("shop", tt.labels, ReadLabels(tt.nsLabel, nil))
 			if got != tt.want || ok != tt.wantOK {
 				t.Errorf("WaypointBinding() = %v, %v; want %v, %v", got, ok, tt.want, tt.wantOK)
 			}

@@ -35,6 +35,7 @@ func (x *Index) DeleteServiceEntry(namespace, name string) ChangeSet {
 
 func (x *Index) serviceEntryChanged(k key, old, cur *networkingv1.ServiceEntry) ChangeSet {
 	var c change
+	c.cs.SidecarInputs = setObject(&x.sidecar.serviceEntries, k, cur)
 	x.recomputeServiceEntry(&c, k)
 	for wk := range x.workloadEntriesByNamespace[k.namespace] {
 		we := x.workloadEntries[wk]
@@ -59,6 +60,7 @@ func (x *Index) UpsertWorkloadEntry(we *networkingv1.WorkloadEntry) ChangeSet {
 	k := key{we.Namespace, we.Name}
 	put(x.workloadEntries, x.workloadEntriesByNamespace, k, we)
 	var c change
+	c.cs.SidecarInputs = x.sidecar.setWorkloadEntry(k, we)
 	x.recomputeWorkloadEntry(&c, k)
 	return c.cs
 }
@@ -70,6 +72,7 @@ func (x *Index) DeleteWorkloadEntry(namespace, name string) ChangeSet {
 	k := key{namespace, name}
 	drop(x.workloadEntries, x.workloadEntriesByNamespace, k)
 	var c change
+	c.cs.SidecarInputs = x.sidecar.setWorkloadEntry(k, nil)
 	x.recomputeWorkloadEntry(&c, k)
 	return c.cs
 }
@@ -94,9 +97,7 @@ func (x *Index) recomputeServiceEntry(c *change, k key) {
 	if se != nil {
 		in := ambient.ServiceEntryInput{ServiceEntry: se,
 			Waypoint: x.waypoint(owner, k.namespace, se.Labels, false)}
-		if ns := x.namespaces[k.namespace]; ns != nil {
-			in.NamespaceLabels, in.NamespaceAnnotations = ns.Labels, ns.Annotations
-		}
+		in.NamespaceLabels, in.NamespaceAnnotations = x.namespaceView(k.namespace)
 		// Its endpoints are selected by the ServiceEntry's labels.
 		in.Policies = x.entryPolicies(k.namespace, se.Labels)
 		in.MTLSPolicy = ambient.MTLSPolicyKey(x.peerAuthsFor(k.namespace, se.Labels), x.cfg)

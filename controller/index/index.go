@@ -43,14 +43,16 @@ type ChangeSet struct {
 	Addresses Changes
 	// Authorizations are "<namespace>/<name>" policy keys.
 	Authorizations Changes
-	// Traffic: a VirtualService, DestinationRule or PeerAuthentication
-	// changed, which only sidecar xDS reads as such, or an
-	// AuthorizationPolicy changed, which sidecar xDS reads as written.
-	Traffic bool
+	// SidecarInputs: what sidecar xDS reads of an object beyond the tables
+	// changed (its sidecar part: sidecar_parts.go), such as a
+	// VirtualService, a pod's labels or a PeerAuthentication as written.
+	SidecarInputs bool
 }
 
 // Empty reports whether nothing changed.
-func (c ChangeSet) Empty() bool { return c.Addresses.Empty() && c.Authorizations.Empty() && !c.Traffic }
+func (c ChangeSet) Empty() bool {
+	return c.Addresses.Empty() && c.Authorizations.Empty() && !c.SidecarInputs
+}
 
 type key struct{ namespace, name string }
 
@@ -63,9 +65,13 @@ type Index struct {
 	// namespace's topology.istio.io/network label when it has one.
 	network string
 
-	mu              sync.RWMutex
-	namespaces      map[string]*corev1.Namespace
-	nodes           map[string]*corev1.Node
+	mu         sync.RWMutex
+	namespaces map[string]*corev1.Namespace
+	nodes      map[string]*corev1.Node
+	// namespaceReads and nodeReads are the keys of their labels and
+	// annotations that the builders have read (reads.go).
+	namespaceReads  map[string]*keysRead
+	nodeReads       map[string]*keysRead
 	pods            map[key]*corev1.Pod
 	services        map[key]*corev1.Service
 	policies        map[key]*securityv1.AuthorizationPolicy
@@ -119,8 +125,14 @@ type Index struct {
 	portProblems map[key]string
 	dirtyPorts   map[key]bool
 
-	// traffic holds what only sidecar xDS reads (traffic.go).
-	traffic traffic
+	// sidecar holds what sidecar xDS reads of the objects beyond the
+	// tables (sidecar_parts.go).
+	sidecar sidecarParts
+	// configProblems are what sidecars do not get of an object (Istio's
+	// rules refuse it, or part of it), by "<kind> <namespace>/<name>": the
+	// sidecar generators' own verdicts (sidecar.VirtualServiceProblem and
+	// its kin), so that what is reported is what is left out.
+	configProblems map[string]string
 }
 
 // New returns an empty Index.
@@ -130,6 +142,8 @@ func New(cfg ambient.Config) *Index {
 		network:                    cfg.Network,
 		namespaces:                 map[string]*corev1.Namespace{},
 		nodes:                      map[string]*corev1.Node{},
+		namespaceReads:             map[string]*keysRead{},
+		nodeReads:                  map[string]*keysRead{},
 		pods:                       map[key]*corev1.Pod{},
 		services:                   map[key]*corev1.Service{},
 		policies:                   map[key]*securityv1.AuthorizationPolicy{},

@@ -82,7 +82,6 @@ func TestIndexServiceEntryEndpointPolicies(t *testing.T) {
 	check(t, "policy selecting the entry's labels", x.UpsertAuthorizationPolicy(selectorPolicy("shop", "allow-ext", lbls)), ChangeSet{
 		Addresses:      Changes{Updated: []string{ep}},
 		Authorizations: Changes{Added: []string{"shop/allow-ext"}},
-		Traffic:        true,
 	})
 	ns := &securityv1.PeerAuthentication{ObjectMeta: metav1.ObjectMeta{Name: "strict", Namespace: "shop"}}
 	ns.Spec.Mtls = &securityapi.PeerAuthentication_MutualTLS{Mode: securityapi.PeerAuthentication_MutualTLS_STRICT}
@@ -93,7 +92,6 @@ func TestIndexServiceEntryEndpointPolicies(t *testing.T) {
 	check(t, "policy deleted", x.DeleteAuthorizationPolicy("shop", "allow-ext"), ChangeSet{
 		Addresses:      Changes{Updated: []string{ep}},
 		Authorizations: Changes{Removed: []string{"shop/allow-ext"}},
-		Traffic:        true,
 	})
 	x.DeletePeerAuthentication("shop", "strict")
 	if got := policies(); len(got) != 0 {
@@ -126,7 +124,6 @@ func TestIndexUnlabelledEntryPolicies(t *testing.T) {
 	check(t, "policy selecting other labels", x.UpsertAuthorizationPolicy(selectorPolicy("shop", "allow-web", map[string]string{"app": "web"})), ChangeSet{
 		Addresses:      Changes{Updated: []string{epUID, weUID}},
 		Authorizations: Changes{Added: []string{"shop/allow-web"}},
-		Traffic:        true,
 	})
 	x.UpsertAuthorizationPolicy(selectorPolicy("istio-system", "root-web", map[string]string{"app": "web"}))
 	// Policies without a selector are not listed on any workload.
@@ -149,12 +146,11 @@ func TestIndexUnlabelledEntryPolicies(t *testing.T) {
 	check(t, "policy deleted", x.DeleteAuthorizationPolicy("shop", "allow-web"), ChangeSet{
 		Addresses:      Changes{Updated: []string{epUID, weUID}},
 		Authorizations: Changes{Removed: []string{"shop/allow-web"}},
-		Traffic:        true,
 	})
 }
 
 // TestIndexCustomPolicyFailsClosed, written as the attack: a CUSTOM policy
-// protecting a pod reached no node proxy and no sidecar (no Traffic
+// protecting a pod reached no node proxy and no sidecar (no sidecar
 // change), so what it protects was open. Now the pod lists it, its
 // Authorization denies, the sidecar tables are recomputed, and the
 // policy's problem says why.
@@ -166,7 +162,7 @@ func TestIndexCustomPolicyFailsClosed(t *testing.T) {
 	p.Spec.Action = securityapi.AuthorizationPolicy_CUSTOM
 	p.Spec.Rules = []*securityapi.Rule{{To: []*securityapi.Rule_To{{Operation: &securityapi.Operation{Paths: []string{"/admin*"}}}}}}
 	cs := x.UpsertAuthorizationPolicy(p)
-	if !cs.Traffic {
+	if !cs.SidecarInputs {
 		t.Error("a CUSTOM policy did not recompute sidecar tables")
 	}
 	if diff := cmp.Diff([]string{"shop/ext-authz"}, x.Address(podA).GetWorkload().GetAuthorizationPolicies()); diff != "" {

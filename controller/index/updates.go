@@ -3,8 +3,6 @@ package index
 import (
 	"sort"
 
-	"google.golang.org/protobuf/proto"
-	securityapi "istio.io/api/security/v1beta1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -26,8 +24,7 @@ func (x *Index) UpsertNamespace(ns *corev1.Namespace) ChangeSet {
 	defer x.mu.Unlock()
 	old := x.namespaces[ns.Name]
 	x.namespaces[ns.Name] = ns
-	if old != nil && sameLabels(old.Labels, ns.Labels, namespaceLabels) &&
-		sameLabels(old.Annotations, ns.Annotations, namespaceAnnotations) {
+	if old != nil && !x.namespaceReads[ns.Name].changed(old.Labels, ns.Labels, old.Annotations, ns.Annotations) {
 		return ChangeSet{} // nothing the tables read changed
 	}
 	if cs, changed := x.updateNetwork(); changed {
@@ -41,6 +38,7 @@ func (x *Index) DeleteNamespace(name string) ChangeSet {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	delete(x.namespaces, name)
+	delete(x.namespaceReads, name)
 	if cs, changed := x.updateNetwork(); changed {
 		return cs
 	}
@@ -52,8 +50,8 @@ func (x *Index) DeleteNamespace(name string) ChangeSet {
 // all outputs change.
 func (x *Index) updateNetwork() (ChangeSet, bool) {
 	network := x.network
-	if ns := x.namespaces[x.cfg.SystemNamespace]; ns != nil && ns.Labels[ambient.LabelNetwork] != "" {
-		network = ns.Labels[ambient.LabelNetwork]
+	if lbls, _ := x.namespaceView(x.cfg.SystemNamespace); lbls.Get(ambient.LabelNetwork) != "" {
+		network = lbls.Get(ambient.LabelNetwork)
 	}
 	if network == x.cfg.Network {
 		return ChangeSet{}, false
@@ -62,6 +60,8 @@ func (x *Index) updateNetwork() (ChangeSet, bool) {
 	return x.recomputeAll(), true
 }
 
+// recomputeNamespace rebuilds every output of a namespace: each kind
+// recomputeAll rebuilds.
 func (x *Index) recomputeNamespace(name string) ChangeSet {
 	var c change
 	for k := range x.podsByNamespace[name] {
@@ -76,6 +76,13 @@ func (x *Index) recomputeNamespace(name string) ChangeSet {
 	for k := range x.workloadEntriesByNamespace[name] {
 		x.recomputeWorkloadEntry(&c, k)
 	}
+	for svc, slices := range x.slicesByService {
+		if svc.namespace == name {
+			for k := range slices {
+				x.recomputeSliceWorkloads(&c, k)
+			}
+		}
+	}
 	return c.cs
 }
 
@@ -85,8 +92,9 @@ func (x *Index) UpsertNode(n *corev1.Node) ChangeSet {
 	defer x.mu.Unlock()
 	old := x.nodes[n.Name]
 	x.nodes[n.Name] = n
-	// Nodes update their status every few seconds; only locality matters.
-	if old != nil && sameLabels(old.Labels, n.Labels, nodeLabels) {
+	// Nodes update their status every few seconds; only the labels the
+	// tables read matter.
+	if old != nil && !x.nodeReads[n.Name].changed(old.Labels, n.Labels, nil, nil) {
 		return ChangeSet{}
 	}
 	return x.recomputeNode(n.Name)
@@ -108,27 +116,12 @@ func drop[T any](objs map[key]T, byNamespace map[string]map[key]bool, k key) T {
 	return old
 }
 
-// The labels and annotations the tables read from namespaces and nodes.
-var (
-	namespaceLabels      = []string{ambient.LabelUseWaypoint, ambient.LabelUseWaypointNamespace, ambient.LabelIngressUseWaypoint, ambient.LabelNetwork}
-	namespaceAnnotations = []string{ambient.AnnotationTrafficDistribution}
-	nodeLabels           = []string{corev1.LabelTopologyRegion, corev1.LabelTopologyZone, ambient.LabelSubzone}
-)
-
-func sameLabels(a, b map[string]string, keys []string) bool {
-	for _, k := range keys {
-		if a[k] != b[k] {
-			return false
-		}
-	}
-	return true
-}
-
 // DeleteNode forgets a node.
 func (x *Index) DeleteNode(name string) ChangeSet {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	delete(x.nodes, name)
+	delete(x.nodeReads, name)
 	return x.recomputeNode(name)
 }
 
@@ -152,6 +145,7 @@ func (x *Index) UpsertPod(p *corev1.Pod) ChangeSet {
 	add(x.podsByNamespace, p.Namespace, k)
 	add(x.podsByNode, p.Spec.NodeName, k)
 	var c change
+	c.cs.SidecarInputs = x.sidecar.setPod(k, p)
 	x.recomputePod(&c, k)
 	return c.cs
 }
@@ -167,6 +161,7 @@ func (x *Index) DeletePod(namespace, name string) ChangeSet {
 	delete(x.pods, k)
 	remove(x.podsByNamespace, namespace, k)
 	var c change
+	c.cs.SidecarInputs = x.sidecar.setPod(k, nil)
 	x.recomputePod(&c, k)
 	return c.cs
 }
@@ -192,6 +187,7 @@ func (x *Index) DeleteService(namespace, name string) ChangeSet {
 
 func (x *Index) serviceChanged(k key, old, cur *corev1.Service) ChangeSet {
 	var c change
+	c.cs.SidecarInputs = x.sidecar.setService(k, cur)
 	x.recomputeService(&c, k)
 	for pk := range x.podsByNamespace[k.namespace] {
 		pod := x.pods[pk]
@@ -248,11 +244,9 @@ func (x *Index) policyChanged(k key, old, cur *securityv1.AuthorizationPolicy) C
 		}
 		x.setAuthorization(&c, k.String(), res.Authorization)
 	}
-	// Proxyless servers enforce the policy as written, HTTP fields too,
-	// which its Authorization may not show.
-	if sidecarPolicyChanged(old, cur) {
-		c.cs.Traffic = true
-	}
+	// Sidecars and proxyless servers enforce the policy as written, HTTP
+	// fields too, which its Authorization may not show.
+	c.cs.SidecarInputs = setObject(&x.sidecar.authorizationPolicies, k, cur)
 	// Workloads list selector-bound policies: recompute those selected
 	// before or after. A root-namespace policy selects in every namespace.
 	if securitypolicy.HasSelector(old) || securitypolicy.HasSelector(cur) {
@@ -287,28 +281,6 @@ func (x *Index) policyChanged(k key, old, cur *securityv1.AuthorizationPolicy) C
 		}
 	}
 	return c.cs
-}
-
-// sidecarPolicyChanged reports whether the RBAC filters built from an
-// ALLOW, DENY or CUSTOM policy (enforced as DENY) may differ: it came,
-// went, or its spec or dry-run mark changed.
-func sidecarPolicyChanged(old, cur *securityv1.AuthorizationPolicy) bool {
-	if !rbacAction(old) && !rbacAction(cur) {
-		return false
-	}
-	if old == nil || cur == nil {
-		return true
-	}
-	const dryRun = securitypolicy.AnnotationDryRun
-	return !proto.Equal(&old.Spec, &cur.Spec) || old.Annotations[dryRun] != cur.Annotations[dryRun]
-}
-
-func rbacAction(p *securityv1.AuthorizationPolicy) bool {
-	if p == nil {
-		return false
-	}
-	a := securitypolicy.EnforcedAction(p)
-	return a == securityapi.AuthorizationPolicy_ALLOW || a == securityapi.AuthorizationPolicy_DENY
 }
 
 func joinWarnings(w []string) string {
@@ -385,19 +357,25 @@ func entryPolicySelects(p *securityv1.AuthorizationPolicy, lbls map[string]strin
 func (x *Index) UpsertPeerAuthentication(pa *securityv1.PeerAuthentication) ChangeSet {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	put(x.peerAuths, x.peerAuthsByNamespace, key{pa.Namespace, pa.Name}, pa)
-	return x.peerAuthChanged(pa.Namespace)
+	k := key{pa.Namespace, pa.Name}
+	put(x.peerAuths, x.peerAuthsByNamespace, k, pa)
+	cs := x.peerAuthChanged(pa.Namespace)
+	// Sidecars read it as written.
+	cs.SidecarInputs = setObject(&x.sidecar.peerAuthentications, k, pa)
+	return cs
 }
 
 // DeletePeerAuthentication forgets a PeerAuthentication.
 func (x *Index) DeletePeerAuthentication(namespace, name string) ChangeSet {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	drop(x.peerAuths, x.peerAuthsByNamespace, key{namespace, name})
+	k := key{namespace, name}
+	drop(x.peerAuths, x.peerAuthsByNamespace, k)
 	var c change
 	x.setAuthorization(&c, namespace+"/"+convertedName(name), nil)
 	cs := x.peerAuthChanged(namespace)
 	cs.Authorizations.Removed = append(cs.Authorizations.Removed, c.cs.Authorizations.Removed...)
+	cs.SidecarInputs = setObject(&x.sidecar.peerAuthentications, k, nil)
 	return cs
 }
 
@@ -511,6 +489,8 @@ func (x *Index) DeleteGateway(namespace, name string) ChangeSet {
 	return x.recomputeAll()
 }
 
+// recomputeAll rebuilds every output (recomputeNamespace rebuilds the
+// same kinds).
 func (x *Index) recomputeAll() ChangeSet {
 	var c change
 	for k := range x.pods {
@@ -544,7 +524,7 @@ func (x *Index) recomputePod(c *change, k key) {
 		x.setAddress(c, uid, nil)
 		return
 	}
-	in := ambient.PodInput{Pod: pod, Node: x.nodes[pod.Spec.NodeName]}
+	in := ambient.PodInput{Pod: pod, NodeLabels: x.nodeView(pod.Spec.NodeName)}
 	for sk := range x.servicesByNamespace[k.namespace] {
 		svc := x.services[sk]
 		// Members: selected by the Service, or, for a selector-less
@@ -585,9 +565,7 @@ func (x *Index) recomputeService(c *change, k key) {
 	}
 	in := ambient.ServiceInput{Service: svc, Waypoint: x.waypoint(owner, k.namespace, svc.Labels, false)}
 	x.addProblem(owner, ambient.ServiceExport(svc, x.cfg).Warning)
-	if ns := x.namespaces[k.namespace]; ns != nil {
-		in.NamespaceLabels, in.NamespaceAnnotations = ns.Labels, ns.Annotations
-	}
+	in.NamespaceLabels, in.NamespaceAnnotations = x.namespaceView(k.namespace)
 	claim.Created = svc.CreationTimestamp.Time
 	x.publishService(c, name, serviceSource{service: ambient.BuildService(in, x.cfg), claim: claim})
 }
@@ -607,10 +585,7 @@ func (x *Index) addProblem(object, msg string) {
 // could not be used.
 func (x *Index) waypoint(object, namespace string, lbls map[string]string, forWorkload bool) *workloadapi.GatewayAddress {
 	delete(x.problems, object)
-	var nsLabels map[string]string
-	if ns := x.namespaces[namespace]; ns != nil {
-		nsLabels = ns.Labels
-	}
+	nsLabels, _ := x.namespaceView(namespace)
 	ref, ok := ambient.WaypointBinding(namespace, lbls, nsLabels)
 	if !ok {
 		return nil

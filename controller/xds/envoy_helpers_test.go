@@ -256,7 +256,7 @@ func startFakeMesh(t *testing.T, cfg xds.Config, fake *fakeMesh) *mesh {
 }
 
 // meshChanged tells the server the mesh changed, as the informers do.
-func (m *mesh) meshChanged() { m.server.Changed(index.ChangeSet{Traffic: true}) }
+func (m *mesh) meshChanged() { m.server.Changed(index.ChangeSet{SidecarInputs: true}) }
 
 // envoyNode is an Envoy client's node: nodeType "sidecar" or "router",
 // generator "grpc" for a proxyless client.
@@ -291,7 +291,13 @@ type adsStream[Req, Resp any] struct {
 
 func openADS[Req, Resp any](t *testing.T, m *mesh, open func(context.Context, discoveryv3.AggregatedDiscoveryServiceClient) (grpc.BidiStreamingClient[Req, Resp], error)) *adsStream[Req, Resp] {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	return openADSFor(t, m, time.Minute, open)
+}
+
+// openADSFor is openADS with a stream that lasts d.
+func openADSFor[Req, Resp any](t *testing.T, m *mesh, d time.Duration, open func(context.Context, discoveryv3.AggregatedDiscoveryServiceClient) (grpc.BidiStreamingClient[Req, Resp], error)) *adsStream[Req, Resp] {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), d)
 	t.Cleanup(cancel)
 	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+m.token(t))
 	st, err := open(ctx, discoveryv3.NewAggregatedDiscoveryServiceClient(dial(t, m.addr)))
