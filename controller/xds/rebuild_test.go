@@ -35,7 +35,7 @@ import (
 
 var (
 	rebuildSeed  = flag.Uint64("rebuild-seed", 0, "TestEventsMatchARebuild: the random sequence's seed (0: from the clock, logged)")
-	rebuildSteps = flag.Int("rebuild-steps", 200, "TestEventsMatchARebuild: events per run")
+	rebuildSteps = flag.Int("rebuild-steps", 400, "TestEventsMatchARebuild: events per run")
 )
 
 // TestEventsMatchARebuild drives a random sequence of Kubernetes events
@@ -64,6 +64,8 @@ func TestEventsMatchARebuild(t *testing.T) {
 	close(synced)
 	m.run(t, synced)
 	w := newWorld(m.ns)
+	w.populate(r)
+	w.applyAll(x, m.server.Changed)
 
 	ztunnel := m.connect(t, "ztunnel-1", "node-1", proxyOptions{})
 	sidecarProxy := sidecar.Proxy{Namespace: m.ns, Labels: map[string]string{"app": "client"}, IPs: []netip.Addr{netip.MustParseAddr(clientIP)}}
@@ -81,7 +83,7 @@ func TestEventsMatchARebuild(t *testing.T) {
 		m.server.Changed(w.apply(x, w.last, obj))
 
 		fresh := index.New(ambient.Config{})
-		w.applyAll(fresh)
+		w.applyAll(fresh, nil)
 		if diff := tablesDiff(fresh, x); diff != "" {
 			t.Fatalf("step %d (%s): the index's tables differ from a rebuild's (-rebuild +index):\n%s\nevents:\n%s", step, what, diff, strings.Join(history, "\n"))
 		}

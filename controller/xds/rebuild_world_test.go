@@ -93,7 +93,7 @@ func (w *world) meta(ns, name string) metav1.ObjectMeta {
 // it changed (its object now, or nil when deleted).
 func (w *world) change(r *rand.Rand) string {
 	events := []func(*rand.Rand) (string, any){
-		w.pod, w.pod, w.pod, w.service, w.namespace, w.namespace, w.namespace, w.node, w.slice, w.gateway,
+		w.pod, w.pod, w.pod, w.pod, w.service, w.namespace, w.namespace, w.namespace, w.node, w.slice, w.gateway,
 		w.authorizationPolicy, w.authorizationPolicy, w.peerAuthentication,
 		w.destinationRule, w.virtualService, w.sidecarResource, w.serviceEntry, w.workloadEntry,
 	}
@@ -119,34 +119,66 @@ func describe(obj any) string {
 	return strings.ReplaceAll(s, "\n", " ")
 }
 
+// pod creates a pod, or changes one thing of it as its controller or
+// the kubelet does: whether sidecars are told hinges on that one thing.
 func (w *world) pod(r *rand.Rand) (string, any) {
 	p := oneOf(r, w.pods()...)
-	lbls := map[string]string{"app": p.app}
-	if v := oneOf(r, "", "v1", "v2"); v != "" {
-		lbls[ambient.LabelVersion] = v
-	}
-	if tier := oneOf(r, "", "front", "back"); tier != "" {
-		lbls["tier"] = tier
-	}
-	if r.IntN(4) == 0 {
-		lbls[ambient.LabelUseWaypoint] = oneOf(r, "wp", ambient.NoWaypoint)
-	}
-	pod := &corev1.Pod{
-		ObjectMeta: w.meta(p.ns, p.name),
-		Spec: corev1.PodSpec{NodeName: oneOf(r, worldNodes...), ServiceAccountName: oneOf(r, "default", "sa-"+p.app),
-			Containers: []corev1.Container{{Name: "app", Ports: []corev1.ContainerPort{{Name: oneOf(r, "http", "web"), ContainerPort: 8080}}}}},
-		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: p.ip, PodIPs: []corev1.PodIP{{IP: p.ip}}},
-	}
-	pod.Labels = lbls
-	if r.IntN(3) > 0 {
+	k := "Pod " + p.ns + "/" + p.name
+	old, ok := w.objects[k].(*corev1.Pod)
+	if !ok {
+		pod := &corev1.Pod{
+			ObjectMeta: w.meta(p.ns, p.name),
+			Spec: corev1.PodSpec{NodeName: oneOf(r, worldNodes...), ServiceAccountName: "default",
+				Containers: []corev1.Container{{Name: "app", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}}}},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: p.ip, PodIPs: []corev1.PodIP{{IP: p.ip}},
+				Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
+		}
+		pod.Labels = map[string]string{"app": p.app, ambient.LabelVersion: "v1"}
 		pod.Annotations = map[string]string{ambient.AnnotationRedirection: "enabled"}
+		return k, pod
 	}
-	ready := oneOf(r, corev1.ConditionTrue, corev1.ConditionTrue, corev1.ConditionFalse)
-	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: ready}}
-	if r.IntN(8) == 0 {
-		pod.DeletionTimestamp = &metav1.Time{Time: w.created}
+	pod := old.DeepCopy()
+	toggle := func(m map[string]string, key string, values ...string) {
+		if _, set := m[key]; set && r.IntN(2) == 0 {
+			delete(m, key)
+			return
+		}
+		m[key] = oneOf(r, values...)
 	}
-	return "Pod " + p.ns + "/" + p.name, pod
+	switch r.IntN(10) {
+	case 0:
+		toggle(pod.Labels, ambient.LabelVersion, "v1", "v2")
+	case 1, 9:
+		// Only a DestinationRule's subset reads it (the "front" subset):
+		// nothing of the workload table changes.
+		if pod.Labels["tier"] == "" {
+			pod.Labels["tier"] = "front"
+		} else {
+			delete(pod.Labels, "tier")
+		}
+	case 2:
+		toggle(pod.Labels, ambient.LabelUseWaypoint, "wp", ambient.NoWaypoint)
+	case 3:
+		pod.Spec.NodeName = oneOf(r, worldNodes...)
+	case 4:
+		pod.Spec.ServiceAccountName = oneOf(r, "default", "sa-"+p.app)
+	case 5:
+		pod.Status.Conditions[0].Status = oneOf(r, corev1.ConditionTrue, corev1.ConditionFalse)
+	case 6:
+		if pod.DeletionTimestamp == nil {
+			pod.DeletionTimestamp = &metav1.Time{Time: w.created}
+		} else {
+			pod.DeletionTimestamp = nil
+		}
+	case 7:
+		if pod.Annotations == nil {
+			pod.Annotations = map[string]string{}
+		}
+		toggle(pod.Annotations, ambient.AnnotationRedirection, "enabled")
+	default:
+		pod.Spec.Containers[0].Ports[0].Name = oneOf(r, "http", "web")
+	}
+	return k, pod
 }
 
 func (w *world) service(r *rand.Rand) (string, any) {
@@ -371,12 +403,30 @@ func (w *world) workloadEntry(r *rand.Rand) (string, any) {
 var kindOrder = []string{"Namespace", "Node", "Gateway", "Service", "EndpointSlice", "Pod", "ServiceEntry", "WorkloadEntry",
 	"AuthorizationPolicy", "PeerAuthentication", "DestinationRule", "VirtualService", "Sidecar"}
 
-// applyAll gives x every object of the world.
-func (w *world) applyAll(x *index.Index) {
+// applyAll gives x every object of the world, telling changed (if not
+// nil) what each did.
+func (w *world) applyAll(x *index.Index, changed func(index.ChangeSet)) {
 	for _, kind := range kindOrder {
 		for _, k := range slices.Sorted(maps.Keys(w.objects)) {
 			if strings.HasPrefix(k, kind+" ") {
-				w.apply(x, k, w.objects[k])
+				cs := w.apply(x, k, w.objects[k])
+				if changed != nil {
+					changed(cs)
+				}
+			}
+		}
+	}
+}
+
+// populate creates every namespace, node, pod and Service of the world,
+// the waypoint and the DestinationRule, so that events from the first
+// one on change something that is there.
+func (w *world) populate(r *rand.Rand) {
+	want := len(worldNamespaces) + 1 + len(worldNodes) + len(w.pods()) + len(w.services()) + 2
+	for len(w.objects) < want {
+		for _, make := range []func(*rand.Rand) (string, any){w.namespace, w.node, w.pod, w.service, w.gateway, w.destinationRule} {
+			if k, obj := make(r); w.objects[k] == nil {
+				w.objects[k] = obj
 			}
 		}
 	}
