@@ -159,9 +159,12 @@ func normalize(m proto.Message) {
 	}
 }
 
+// endpointKey orders endpoints by address: a socket address, or the
+// endpoint ID of an internal address (a tunnel's destination).
 func endpointKey(e *endpointv3.LbEndpoint) string {
-	sa := e.GetEndpoint().GetAddress().GetSocketAddress()
-	return fmt.Sprintf("%s %d", sa.GetAddress(), sa.GetPortValue())
+	a := e.GetEndpoint().GetAddress()
+	sa := a.GetSocketAddress()
+	return fmt.Sprintf("%s %d %s", sa.GetAddress(), sa.GetPortValue(), a.GetEnvoyInternalAddress().GetEndpointId())
 }
 
 // fieldDiffs lists the paths of the fields in which two messages differ,

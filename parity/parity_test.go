@@ -91,7 +91,7 @@ func TestCanopyMatchesIstiod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{"cluster.yaml", "proxyless.yaml"} {
+	for _, f := range []string{"cluster.yaml", "proxyless.yaml", "traffic.yaml"} {
 		if err := a.applyFile(ctx, filepath.Join("testdata", f)); err != nil {
 			t.Fatalf("apply fixtures: %v", err)
 		}

@@ -6,19 +6,15 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
-	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tcpproxyv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -57,10 +53,9 @@ func sidecarNode(ns, pod, sa, ip string, labels map[string]string) (*corev3.Node
 }
 
 // compareSidecar subscribes to both control planes as the Envoy sidecar of
-// pod rpc/greeter-v2-0 and compares the names of all four types and their
-// key fields (keyFields): a sidecar's resources carry much that only
-// Istio's own Envoy extensions read (telemetry filters, peer metadata), so
-// only what decides where traffic goes and how it is secured is compared.
+// pod rpc/greeter-v2-0 and compares all four types whole, but for what only
+// telemetry reads (withoutTelemetry): Istio's own Envoy build has stats,
+// peer metadata and access log extensions Canopy does not configure.
 // Differences testdata/sidecar-allowlist.yaml does not list fail.
 func compareSidecar(t *testing.T, istiodAddr, canopyAddr string) {
 	allowPath := filepath.Join("testdata", "sidecar-allowlist.yaml")
@@ -91,7 +86,7 @@ func compareSidecar(t *testing.T, istiodAddr, canopyAddr string) {
 	if dir != "" {
 		dumpView(t, filepath.Join(dir, "canopy-sidecar.json"), fromCanopy)
 	}
-	compareViews(t, "sidecar ", envoyTypes, keyFields{fromIstiod}, keyFields{fromCanopy}, allowList, allowPath)
+	compareViews(t, "sidecar ", envoyTypes, withoutTelemetry{fromIstiod}, withoutTelemetry{fromCanopy}, allowList, allowPath)
 }
 
 // dumpView writes a view's resources as JSON, for a person reading them
@@ -122,19 +117,20 @@ func dumpView(t *testing.T, path string, v view) {
 	}
 }
 
-// keyFields is a view of only the fields the sidecar comparison covers:
-// a cluster's discovery type, load balancer, EDS service name and
-// transport sockets; a listener's address, filter chain names and
-// matches, transport sockets, network filter names, the route
-// configuration or cluster each chain sends to (not the HTTP filters:
-// Istio's own Envoy build has telemetry filters Canopy does not configure);
-// a route configuration's
-// virtual hosts (names, domains) and their routes' matches and
-// destinations; endpoint assignments whole.
-type keyFields struct{ view }
+// withoutTelemetry is a view of a sidecar's resources without what only
+// telemetry reads: stat prefixes, access logs, tracing and request IDs,
+// and Istio's own telemetry filters (stats, peer metadata, ALPN, gRPC
+// stats). Endpoints within a locality are in no particular order.
+type withoutTelemetry struct{ view }
 
-func (k keyFields) table(typ string) map[string]*anypb.Any {
-	full := k.view.table(typ)
+// Telemetry filters of Istio's Envoy build, by name.
+var (
+	telemetryHTTPFilters    = []string{"istio.metadata_exchange", "istio.stats", "istio.alpn", "envoy.filters.http.grpc_stats", "istio.peer_metadata"}
+	telemetryNetworkFilters = []string{"istio.stats"}
+)
+
+func (w withoutTelemetry) table(typ string) map[string]*anypb.Any {
+	full := w.view.table(typ)
 	out := make(map[string]*anypb.Any, len(full))
 	for name, a := range full {
 		m, err := decode(typ, a)
@@ -142,7 +138,7 @@ func (k keyFields) table(typ string) map[string]*anypb.Any {
 			out[name] = a // compareTables reports it
 			continue
 		}
-		p, err := anypb.New(project(m))
+		p, err := anypb.New(stripTelemetry(m))
 		if err != nil {
 			panic(err)
 		}
@@ -151,81 +147,41 @@ func (k keyFields) table(typ string) map[string]*anypb.Any {
 	return out
 }
 
-// project keeps a resource's key fields.
-func project(m proto.Message) proto.Message {
+// stripTelemetry removes what only telemetry reads from a resource.
+func stripTelemetry(m proto.Message) proto.Message {
 	switch r := m.(type) {
 	case *clusterv3.Cluster:
-		c := &clusterv3.Cluster{
-			Name: r.GetName(), ClusterDiscoveryType: r.GetClusterDiscoveryType(), LbPolicy: r.GetLbPolicy(),
-			TransportSocket: r.GetTransportSocket(), TransportSocketMatches: r.GetTransportSocketMatches(),
-		}
-		if r.GetEdsClusterConfig() != nil {
-			c.EdsClusterConfig = &clusterv3.Cluster_EdsClusterConfig{ServiceName: r.GetEdsClusterConfig().GetServiceName()}
-		}
-		return c
+		r.AltStatName = ""
 	case *listenerv3.Listener:
-		l := &listenerv3.Listener{Name: r.GetName(), Address: r.GetAddress(), TrafficDirection: r.GetTrafficDirection(),
-			UseOriginalDst: r.GetUseOriginalDst(), BindToPort: r.GetBindToPort()}
-		for _, lf := range r.GetListenerFilters() {
-			l.ListenerFilters = append(l.ListenerFilters, &listenerv3.ListenerFilter{Name: lf.GetName()})
-		}
-		for _, fc := range r.GetFilterChains() {
-			l.FilterChains = append(l.FilterChains, projectChain(fc))
-		}
-		if r.GetDefaultFilterChain() != nil {
-			l.DefaultFilterChain = projectChain(r.GetDefaultFilterChain())
-		}
-		return l
-	case *routev3.RouteConfiguration:
-		rc := &routev3.RouteConfiguration{Name: r.GetName()}
-		for _, vh := range r.GetVirtualHosts() {
-			v := &routev3.VirtualHost{Name: vh.GetName(), Domains: vh.GetDomains()}
-			for _, rt := range vh.GetRoutes() {
-				p := &routev3.Route{Name: rt.GetName(), Match: rt.GetMatch()}
-				switch a := rt.GetAction().(type) {
-				case *routev3.Route_Route:
-					p.Action = &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: a.Route.GetClusterSpecifier()}}
-				default:
-					p.Action = a
-				}
-				v.Routes = append(v.Routes, p)
+		r.AccessLog = nil
+		r.StatPrefix = ""
+		for _, fc := range append(slices.Clone(r.GetFilterChains()), r.GetDefaultFilterChain()) {
+			if fc != nil {
+				fc.Filters = stripFilters(fc.GetFilters())
 			}
-			rc.VirtualHosts = append(rc.VirtualHosts, v)
 		}
-		return rc
-	case *endpointv3.ClusterLoadAssignment:
-		// Within a locality the order of endpoints means nothing.
-		cla := proto.Clone(r).(*endpointv3.ClusterLoadAssignment)
-		for _, g := range cla.GetEndpoints() {
-			slices.SortFunc(g.LbEndpoints, func(a, b *endpointv3.LbEndpoint) int {
-				return strings.Compare(prototext.Format(a.GetEndpoint().GetAddress()), prototext.Format(b.GetEndpoint().GetAddress()))
-			})
-		}
-		return cla
 	}
 	return m
 }
 
-// projectChain keeps a filter chain's name, match, transport socket and
-// filter names, with the route configuration of a connection manager and
-// the cluster of a TCP proxy.
-func projectChain(fc *listenerv3.FilterChain) *listenerv3.FilterChain {
-	out := &listenerv3.FilterChain{Name: fc.GetName(), FilterChainMatch: fc.GetFilterChainMatch(), TransportSocket: fc.GetTransportSocket()}
-	for _, f := range fc.GetFilters() {
-		pf := &listenerv3.Filter{Name: f.GetName()}
+func stripFilters(filters []*listenerv3.Filter) []*listenerv3.Filter {
+	var out []*listenerv3.Filter
+	for _, f := range filters {
+		if slices.Contains(telemetryNetworkFilters, f.GetName()) {
+			continue
+		}
 		var hcm hcmv3.HttpConnectionManager
 		var tcp tcpproxyv3.TcpProxy
 		switch {
 		case f.GetTypedConfig().MessageIs(&hcm) && f.GetTypedConfig().UnmarshalTo(&hcm) == nil:
-			k := &hcmv3.HttpConnectionManager{}
-			if hcm.GetRds() != nil {
-				k.RouteSpecifier = &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{RouteConfigName: hcm.GetRds().GetRouteConfigName()}}
-			}
-			pf.ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: mustAnyOf(k)}
+			hcm.StatPrefix, hcm.AccessLog, hcm.Tracing, hcm.RequestIdExtension = "", nil, nil, nil
+			hcm.HttpFilters = slices.DeleteFunc(hcm.HttpFilters, func(h *hcmv3.HttpFilter) bool { return slices.Contains(telemetryHTTPFilters, h.GetName()) })
+			f = &listenerv3.Filter{Name: f.GetName(), ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAnyOf(&hcm)}}
 		case f.GetTypedConfig().MessageIs(&tcp) && f.GetTypedConfig().UnmarshalTo(&tcp) == nil:
-			pf.ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: mustAnyOf(&tcpproxyv3.TcpProxy{ClusterSpecifier: tcp.GetClusterSpecifier()})}
+			tcp.StatPrefix, tcp.AccessLog = "", nil
+			f = &listenerv3.Filter{Name: f.GetName(), ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAnyOf(&tcp)}}
 		}
-		out.Filters = append(out.Filters, pf)
+		out = append(out, f)
 	}
 	return out
 }

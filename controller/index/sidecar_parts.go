@@ -244,8 +244,13 @@ func serviceEntryInfo(se *networkingv1.ServiceEntry, hostname string) sidecar.Se
 		for _, p := range se.Spec.GetPorts() {
 			byName[p.GetName()] = p.GetNumber()
 		}
-		for _, ep := range se.Spec.GetEndpoints() {
-			h := sidecar.DNSHost{Host: ep.GetAddress(), Ports: map[uint32]uint32{}}
+		for i, ep := range se.Spec.GetEndpoints() {
+			// Named as telemetry names the endpoint: a WorkloadEntry
+			// "<serviceentry>-<index>" unless its labels name it.
+			name := cmp.Or(ep.GetLabels()[ambient.LabelWorkloadName], se.Name+"-"+strconv.Itoa(i))
+			canonical, rev := ambient.CanonicalNames(ep.GetLabels(), name)
+			h := sidecar.DNSHost{Host: ep.GetAddress(), Ports: map[uint32]uint32{}, Weight: ep.GetWeight(),
+				Entry: &sidecar.EntryEndpoint{Workload: name, CanonicalName: canonical, CanonicalRevision: rev}}
 			for name, target := range ep.GetPorts() {
 				if port, ok := byName[name]; ok {
 					h.Ports[port] = target
@@ -254,7 +259,8 @@ func serviceEntryInfo(se *networkingv1.ServiceEntry, hostname string) sidecar.Se
 			info.DNSHosts = append(info.DNSHosts, h)
 		}
 		if len(info.DNSHosts) == 0 {
-			info.DNSHosts = []sidecar.DNSHost{{Host: hostname}}
+			canonical, rev := ambient.CanonicalNames(nil, se.Name)
+			info.DNSHosts = []sidecar.DNSHost{{Host: hostname, Entry: &sidecar.EntryEndpoint{Workload: se.Name, CanonicalName: canonical, CanonicalRevision: rev}}}
 		}
 	}
 	return info

@@ -29,14 +29,15 @@ func (x *Index) DeleteDestinationRule(namespace, name string) ChangeSet {
 }
 
 // UpsertSidecar stores a Sidecar resource. A Sidecar Istio's rules refuse
-// is used as it is: it only narrows what a proxy sees.
+// is used as it is: it only narrows what a proxy sees. The fields Canopy
+// does not translate are said.
 func (x *Index) UpsertSidecar(sc *networkingv1.Sidecar) ChangeSet {
-	return setTraffic(x, &x.sidecar.sidecars, key{sc.Namespace, sc.Name}, sc, "Sidecar", nil)
+	return setTraffic(x, &x.sidecar.sidecars, key{sc.Namespace, sc.Name}, sc, "Sidecar", sidecar.SidecarProblem)
 }
 
 // DeleteSidecar forgets a Sidecar resource.
 func (x *Index) DeleteSidecar(namespace, name string) ChangeSet {
-	return setTraffic(x, &x.sidecar.sidecars, key{namespace, name}, nil, "Sidecar", nil)
+	return setTraffic(x, &x.sidecar.sidecars, key{namespace, name}, nil, "Sidecar", sidecar.SidecarProblem)
 }
 
 // setTraffic stores obj under k in *objs (nil forgets it), under x's lock,

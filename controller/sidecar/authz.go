@@ -3,10 +3,8 @@ package sidecar
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"net/netip"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -97,32 +95,6 @@ func (m *Mesh) grpcRBACFilters(p Proxy) []*hcmv3.HttpFilter {
 	}
 	if rules := rbacRules(rbacv3.RBAC_ALLOW, ps.Allow, rbacPolicyName); len(rules.Policies) > 0 {
 		out = append(out, rbacFilter(RBACAllowFilter, rules))
-	}
-	return out
-}
-
-// customDenyRules are the DENY rules of CUSTOM policies on an Envoy
-// sidecar, one RBAC per extension provider named in them (sorted), as
-// istiod builds them for a provider it cannot use: each rule i of policy
-// ns/name is "istio-ext-authz-[<provider>-]ns[<ns>]-policy[<name>]-rule[<i>]"
-// with securitypolicy.CustomDeniedSuffix. translate turns the policies into
-// rules, for HTTP or TCP chains.
-func customDenyRules(custom []*securityv1.AuthorizationPolicy, translate func([]*securityv1.AuthorizationPolicy) []*securityv1.AuthorizationPolicy) []*rbacv3.RBAC {
-	byProvider := map[string][]*securityv1.AuthorizationPolicy{}
-	for _, ap := range custom {
-		name := ap.Spec.GetProvider().GetName()
-		byProvider[name] = append(byProvider[name], ap)
-	}
-	var out []*rbacv3.RBAC
-	for _, provider := range slices.Sorted(maps.Keys(byProvider)) {
-		prefix := "istio-ext-authz-"
-		if provider != "" {
-			prefix += provider + "-"
-		}
-		named := func(ap *securityv1.AuthorizationPolicy, i int) string {
-			return prefix + envoyPolicyName(ap, i) + securitypolicy.CustomDeniedSuffix
-		}
-		out = append(out, rbacRules(rbacv3.RBAC_DENY, translate(byProvider[provider]), named))
 	}
 	return out
 }

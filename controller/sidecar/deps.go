@@ -148,6 +148,10 @@ func (m *Mesh) fingerprint() {
 				f.str(sa)
 			}
 			f.str("") // the end of the identities
+			f.uint(uint64(len(s.tunnelPorts)))
+			for _, p := range s.tunnelPorts {
+				f.uint(uint64(p))
+			}
 		}
 	}
 	fp.services = f.sum()
@@ -179,6 +183,13 @@ func (f *fingerprinter) info(in ServiceInfo) {
 	for _, d := range in.DNSHosts {
 		f.str(d.Host)
 		f.ports(d.Ports)
+		f.uint(uint64(d.Weight))
+		f.bool(d.Entry != nil)
+		if e := d.Entry; e != nil {
+			f.str(e.Workload)
+			f.str(e.CanonicalName)
+			f.str(e.CanonicalRevision)
+		}
 	}
 }
 

@@ -26,7 +26,9 @@ const tlsModeLabel = "security.istio.io/tlsMode"
 // wire contract §3): the workloads serving the service's port (and
 // carrying the subset's labels), at their target ports, HEALTHY or
 // UNHEALTHY but never terminating, grouped by locality with the
-// locality's weight the sum of its endpoints'. A name that is a valid
+// locality's weight the sum of its endpoints', and the localities
+// prioritised or weighed relative to the proxy's as the service's
+// DestinationRule or traffic distribution asks (locality.go). A name that is a valid
 // cluster name but matches no service gets an empty assignment, so a
 // client stops waiting for it.
 func (m *Mesh) Endpoints(p Proxy, names []string) []Named {
@@ -86,9 +88,11 @@ func (m *Mesh) assignment(p Proxy, name string, k ClusterKey) *endpointv3.Cluste
 	}
 	// Unhealthy endpoints are sent (a client counts them towards the
 	// cluster's health), unless outlier detection with a minimum health
-	// percentage would then route to them below its panic threshold.
-	withUnhealthy := policy.GetOutlierDetection().GetMinHealthPercent() <= 0
-	byLocality := map[string]*endpointv3.LocalityLbEndpoints{}
+	// percentage would then route to them below its panic threshold; a
+	// traffic distribution needs them to know when to spill over (its
+	// panic threshold stays 0).
+	withUnhealthy := locationAware(svc) || policy.GetOutlierDetection().GetMinHealthPercent() <= 0
+	byLocality := map[string]*localityGroup{}
 	for _, ep := range m.endpointsOf(svc) {
 		target, ok := ep.Ports[k.Port]
 		if !ok || ep.Terminating || !selects(sel, ep.Labels) {
@@ -105,16 +109,18 @@ func (m *Mesh) assignment(p Proxy, name string, k ClusterKey) *endpointv3.Cluste
 		}
 		loc := ep.GetLocality()
 		key := loc.GetRegion() + "/" + loc.GetZone() + "/" + loc.GetSubzone()
-		group := byLocality[key]
-		if group == nil {
+		g := byLocality[key]
+		if g == nil {
 			// Always a locality, if empty: a gRPC client rejects a group
 			// without one.
-			group = &endpointv3.LocalityLbEndpoints{
+			g = &localityGroup{lb: &endpointv3.LocalityLbEndpoints{
 				Locality:            &corev3.Locality{Region: loc.GetRegion(), Zone: loc.GetZone(), SubZone: loc.GetSubzone()},
 				LoadBalancingWeight: wrapperspb.UInt32(0),
-			}
-			byLocality[key] = group
+			}}
+			byLocality[key] = g
 		}
+		group := g.lb
+		g.endpoints = append(g.endpoints, ep)
 		switch {
 		case !healthy:
 			lbe.HealthStatus = corev3.HealthStatus_UNHEALTHY
@@ -127,9 +133,19 @@ func (m *Mesh) assignment(p Proxy, name string, k ClusterKey) *endpointv3.Cluste
 		// A client skips a locality without a weight: always set one.
 		group.LoadBalancingWeight = wrapperspb.UInt32(group.LoadBalancingWeight.GetValue() + lbe.GetLoadBalancingWeight().GetValue())
 	}
+	var groups []localityGroup
 	for _, key := range slices.Sorted(maps.Keys(byLocality)) {
-		cla.Endpoints = append(cla.Endpoints, byLocality[key])
+		groups = append(groups, *byLocality[key])
 	}
+	setting, ok := effectiveLocality(policy.GetLoadBalancer(), svc)
+	outlier := policy.GetOutlierDetection() != nil
+	if !ok || !setting.needsPlace(outlier) {
+		for _, g := range groups {
+			cla.Endpoints = append(cla.Endpoints, g.lb)
+		}
+		return cla
+	}
+	cla.Endpoints = applyLocality(groups, m.placeOf(p), setting, outlier)
 	return cla
 }
 

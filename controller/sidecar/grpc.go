@@ -319,10 +319,14 @@ func (m *Mesh) grpcCluster(name string, svc *Service, policy *networkingapi.Traf
 	if lb := policy.GetLoadBalancer(); lb != nil {
 		switch {
 		case lb.GetConsistentHash() != nil:
-			c.LbPolicy = clusterv3.Cluster_RING_HASH
-			c.LbConfig = &clusterv3.Cluster_RingHashLbConfig_{RingHashLbConfig: &clusterv3.Cluster_RingHashLbConfig{
-				MinimumRingSize: wrapperspb.UInt64(max(lb.GetConsistentHash().GetRingHash().GetMinimumRingSize(), 1024)),
-			}}
+			applyConsistentHash(c, lb.GetConsistentHash())
+			if c.LbPolicy == clusterv3.Cluster_MAGLEV {
+				// grpc-go has no Maglev and would refuse the cluster; a
+				// ring (of its default size) hashes the same requests
+				// onto the same endpoints as long as they do not change.
+				c.LbPolicy = clusterv3.Cluster_RING_HASH
+				c.LbConfig = nil
+			}
 		case lb.GetSimple() == networkingapi.LoadBalancerSettings_LEAST_REQUEST:
 			c.LbPolicy = clusterv3.Cluster_LEAST_REQUEST
 		}

@@ -77,8 +77,7 @@ func connectOriginateListener() *listenerv3.Listener {
 // port 15008 of the original destination, accepting any identity of the
 // trust domain (the destination's node proxy presents the workload's).
 func connectOriginateCluster(trustDomain string) *clusterv3.Cluster {
-	c := baseCluster(ConnectOriginate, nil)
-	c.CircuitBreakers.Thresholds[0].TrackRemaining = false
+	c := newClusterBuild(ConnectOriginate).c
 	c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST}
 	c.LbPolicy = clusterv3.Cluster_CLUSTER_PROVIDED
 	c.CleanupInterval = durationpb.New(time.Minute)

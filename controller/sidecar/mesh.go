@@ -42,9 +42,14 @@ type Mesh struct {
 	// that would use one gets no cluster of its host (valid.go).
 	refusedRules map[*networkingv1.DestinationRule]bool
 	sidecars     []*networkingv1.Sidecar
-	// sourceLabelKeys are the label keys VirtualService matches name as
-	// source labels: routes depend on a proxy's labels only through them.
-	sourceLabelKeys map[string]bool
+	// sourceLabelKeys are the label keys VirtualService HTTP matches name
+	// as source labels: routes depend on a proxy's labels only through
+	// them; l4SourceLabelKeys, those of tcp and tls matches: outbound
+	// listeners depend on a proxy's labels only through them.
+	sourceLabelKeys, l4SourceLabelKeys map[string]bool
+	// failoverLabels are the labels failover priorities compare
+	// (failoverKeys).
+	failoverLabels map[string]bool
 	// fp summarises the inputs for DepsOf.
 	fp fingerprints
 	// reads records what a generation reads, in a view of the Mesh
@@ -73,6 +78,9 @@ type Service struct {
 	// foreign: its hostname is another namespace's Service name
 	// (ambient.ForeignServiceHost), so only its namespace's proxies get it.
 	foreign bool
+	// tunnelPorts are its ports whose endpoints all take HBONE, sorted
+	// (indexTunnels).
+	tunnelPorts []uint32
 }
 
 // ServiceInfo is what a sidecar's configuration needs of a service beyond
@@ -109,10 +117,14 @@ const (
 	None
 )
 
-// DNSHost is an endpoint of a DNS-resolved service.
+// DNSHost is an endpoint of a DNS-resolved service: its name, its ports
+// by service port, and its weight (0: 1).
 type DNSHost struct {
-	Host  string
-	Ports map[uint32]uint32
+	Host   string
+	Ports  map[uint32]uint32
+	Weight uint32
+	// Entry names the endpoint for telemetry; nil: nothing is said.
+	Entry *EntryEndpoint
 }
 
 // Endpoint is one workload serving a Service.
@@ -179,7 +191,7 @@ func NewMesh(in Inputs) *Mesh {
 		peerAuthentications:   sortedConfigs(in.PeerAuthentications),
 		authorizationPolicies: sortedConfigs(in.AuthorizationPolicies),
 		services:              map[string][]*Service{},
-		virtualServices:       sortedConfigs(usableVirtualServices(in.VirtualServices)),
+		virtualServices:       mergeDelegates(sortedConfigs(usableVirtualServices(in.VirtualServices)), cmp.Or(in.DomainSuffix, "cluster.local")),
 		destinationRules:      sortedConfigs(in.DestinationRules),
 		sidecars:              sortedConfigs(in.Sidecars),
 		refusedRules:          refusedRules(in.DestinationRules),
@@ -240,6 +252,8 @@ func NewMesh(in Inputs) *Mesh {
 		})
 	}
 	m.indexEndpoints()
+	m.indexTunnels()
+	m.indexFailoverLabels()
 	m.fingerprint()
 	return m
 }
@@ -315,11 +329,26 @@ func (m *Mesh) indexRules() {
 	}
 	m.vssByHost = map[string][]int{}
 	m.sourceLabelKeys = map[string]bool{}
+	m.l4SourceLabelKeys = map[string]bool{}
 	for i, vs := range m.virtualServices {
 		for _, hr := range vs.Spec.GetHttp() {
 			for _, mr := range hr.GetMatch() {
 				for k := range mr.GetSourceLabels() {
 					m.sourceLabelKeys[k] = true
+				}
+			}
+		}
+		for _, tr := range vs.Spec.GetTcp() {
+			for _, mr := range tr.GetMatch() {
+				for k := range mr.GetSourceLabels() {
+					m.l4SourceLabelKeys[k] = true
+				}
+			}
+		}
+		for _, tr := range vs.Spec.GetTls() {
+			for _, mr := range tr.GetMatch() {
+				for k := range mr.GetSourceLabels() {
+					m.l4SourceLabelKeys[k] = true
 				}
 			}
 		}

@@ -30,7 +30,9 @@ func portPolicy(tp *networkingapi.TrafficPolicy, port uint32) (_ *networkingapi.
 
 // mergePolicy lays a subset's policy (for the port) over its rule's: each
 // field the subset sets replaces the rule's; with portLevel (the subset's
-// policy came from port-level settings) all four fields do.
+// policy came from port-level settings) the four fields port-level settings
+// have always do, and the rest (tunnel, PROXY protocol, retry budget), which
+// port-level settings cannot set, only when the subset sets them.
 func mergePolicy(base, over *networkingapi.TrafficPolicy, portLevel bool) *networkingapi.TrafficPolicy {
 	if over == nil {
 		return base
@@ -50,6 +52,15 @@ func mergePolicy(base, over *networkingapi.TrafficPolicy, portLevel bool) *netwo
 	}
 	if over.GetTls() != nil || portLevel {
 		out.Tls = over.GetTls()
+	}
+	if over.GetTunnel() != nil {
+		out.Tunnel = over.GetTunnel()
+	}
+	if over.GetProxyProtocol() != nil {
+		out.ProxyProtocol = over.GetProxyProtocol()
+	}
+	if over.GetRetryBudget() != nil {
+		out.RetryBudget = over.GetRetryBudget()
 	}
 	return out
 }

@@ -13,7 +13,7 @@ import (
 
 // Functions that build or summarise a Mesh: they read its inputs whole
 // and record nothing.
-var meshBuilders = []string{"NewMesh", "indexRules", "indexEndpoints", "fingerprint", "ownSum", "endpointsAt", "DepsOf", "reading"}
+var meshBuilders = []string{"NewMesh", "indexRules", "indexEndpoints", "indexTunnels", "indexFailoverLabels", "fingerprint", "ownSum", "endpointsAt", "DepsOf", "reading"}
 
 // TestGeneratorsReadThroughRecorders: a generator reads a Mesh's inputs
 // (its unexported fields, and a Service's Endpoints) only through a

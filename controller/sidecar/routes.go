@@ -1,7 +1,9 @@
 package sidecar
 
 import (
+	"cmp"
 	"maps"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -9,8 +11,10 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	commonfaultv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/fault/v3"
+	corsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/cors/v3"
 	faultv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/fault/v3"
 	previoushostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
+	previousprioritiesv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/priority/previous_priorities/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc/codes"
@@ -77,16 +81,6 @@ func (m *Mesh) defaultRoute(p Proxy, t routeTarget) *routev3.Route {
 	}
 }
 
-// setTimeout sets a route's timeout (0s: none); a proxyless client reads
-// it from max_stream_duration.
-func setTimeout(a *routev3.RouteAction, d *durationpb.Duration) {
-	if d == nil {
-		d = noTimeout
-	}
-	a.Timeout = d
-	a.MaxStreamDuration = &routev3.RouteAction_MaxStreamDuration{MaxStreamDuration: d}
-}
-
 // routes returns the routes of target for proxy p: those of the first
 // VirtualService for the host (oldest first, as Istio picks), else the
 // default route. A VirtualService's routes are all there is: a request
@@ -151,73 +145,291 @@ func isCatchAll(mr *networkingapi.HTTPMatchRequest) bool {
 		mr.GetMethod() == nil && mr.GetAuthority() == nil && mr.GetScheme() == nil && len(mr.GetQueryParams()) == 0
 }
 
-// translateRoute turns one HTTP route and one of its matches into a route.
+// translateRoute turns one HTTP route and one of its matches into a route,
+// as istiod does: its header operations, then a redirect, a direct
+// response or the destinations (with rewrites, mirrors, timeout and
+// retries), then fault injection and CORS.
 func (m *Mesh) translateRoute(p Proxy, vs *networkingv1.VirtualService, hr *networkingapi.HTTPRoute, mr *networkingapi.HTTPMatchRequest, t routeTarget) *routev3.Route {
 	name := hr.GetName()
 	if mr.GetName() != "" {
 		name += "." + mr.GetName()
 	}
 	out := &routev3.Route{
-		Name:     name,
-		Match:    translateMatch(mr),
-		Metadata: configMetadata(vs),
+		Name:       name,
+		Match:      translateMatch(mr),
+		Metadata:   configMetadata(vs),
+		StatPrefix: mr.GetStatPrefix(),
 	}
-	if rd := hr.GetRedirect(); rd != nil {
-		out.Action = &routev3.Route_Redirect{Redirect: translateRedirect(rd)}
-		return out
-	}
-	action := &routev3.RouteAction{}
-	var clusters []*routev3.WeightedCluster_ClusterWeight
-	hashed := false
-	for _, d := range hr.GetRoute() {
-		if len(hr.GetRoute()) > 1 && d.GetWeight() == 0 {
-			continue // a zero weight takes no traffic
-		}
-		host := fqdn(d.GetDestination().GetHost(), vs.Namespace, m.DomainSuffix)
-		port := t.port
-		if n := d.GetDestination().GetPort().GetNumber(); n != 0 {
-			port = n
-		}
-		clusters = append(clusters, &routev3.WeightedCluster_ClusterWeight{
-			Name:   ClusterName(Outbound, port, d.GetDestination().GetSubset(), host),
-			Weight: wrapperspb.UInt32(uint32(max(d.GetWeight(), 0))),
-		})
-		// A port-level hash counts only for a destination naming its port.
-		if hp := hashPolicy(m.destinationHash(p, host, d.GetDestination().GetPort().GetNumber(), d.GetDestination().GetSubset())); hp != nil {
-			action.HashPolicy = append(action.HashPolicy, hp)
-			hashed = len(hr.GetRoute()) == 1
-		}
-	}
+	ops := translateHeaders(hr.GetHeaders())
+	out.RequestHeadersToAdd, out.RequestHeadersToRemove = ops.requestAdd, ops.requestRemove
+	out.ResponseHeadersToAdd, out.ResponseHeadersToRemove = ops.responseAdd, ops.responseRemove
 	switch {
-	case len(clusters) == 0:
-		// No destination: nothing to route to.
-		out.Action = &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{Status: 500}}
-		return out
-	case len(hr.GetRoute()) == 1:
-		action.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: clusters[0].GetName()}
+	case hr.GetRedirect() != nil:
+		if rd := translateRedirect(hr.GetRedirect(), t.port); rd != nil {
+			out.Action = &routev3.Route_Redirect{Redirect: rd}
+		}
+	case hr.GetDirectResponse() != nil:
+		out.Action = &routev3.Route_DirectResponse{DirectResponse: translateDirectResponse(hr.GetDirectResponse())}
 	default:
-		// Weighted even when one destination is left (the others weigh 0).
-		action.ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: &routev3.WeightedCluster{Clusters: clusters}}
+		m.routeDestinations(p, vs, hr, out, ops.authority, t.port)
 	}
-	setTimeout(action, hr.GetTimeout())
-	action.RetryPolicy = translateRetry(hr.GetRetries(), hashed)
-	if rw := hr.GetRewrite(); rw != nil {
-		if rw.GetUri() != "" {
-			action.PrefixRewrite = rw.GetUri()
-		}
-		if rw.GetAuthority() != "" {
-			action.HostRewriteSpecifier = &routev3.RouteAction_HostRewriteLiteral{HostRewriteLiteral: rw.GetAuthority()}
+	if c := out.GetRoute().GetCluster(); c != "" {
+		if k, err := ParseClusterName(c); err == nil {
+			out.Decorator = &routev3.Decorator{Operation: k.Hostname + ":" + u32(k.Port) + pathOf(out.Match)}
 		}
 	}
-	out.Action = &routev3.Route_Route{Route: action}
+	if out.Decorator == nil {
+		out.Decorator = &routev3.Decorator{Operation: vs.Name + ":" + u32(t.port) + pathOf(out.Match)}
+	}
 	if f := translateFault(hr.GetFault()); f != nil {
 		out.TypedPerFilterConfig = map[string]*anypb.Any{"envoy.filters.http.fault": mustAny(f)}
 	}
-	if c := action.GetCluster(); c != "" {
-		k, _ := ParseClusterName(c)
-		out.Decorator = &routev3.Decorator{Operation: k.Hostname + ":" + u32(k.Port) + pathOf(out.Match)}
+	if c := hr.GetCorsPolicy(); c != nil {
+		if out.TypedPerFilterConfig == nil {
+			out.TypedPerFilterConfig = map[string]*anypb.Any{}
+		}
+		out.TypedPerFilterConfig["envoy.filters.http.cors"] = mustAny(translateCORS(c))
+	}
+	return out
+}
+
+// routeDestinations sets a route's action to its destinations: one
+// cluster (its header operations join the route's), or weighted clusters
+// without those of weight 0 (each with its own header operations); with
+// the rewrites, the authority (the rewrite's, else the headers'), mirrors,
+// timeout, retries and the destinations' consistent hashes.
+func (m *Mesh) routeDestinations(p Proxy, vs *networkingv1.VirtualService, hr *networkingapi.HTTPRoute, out *routev3.Route, authority string, port uint32) {
+	action := &routev3.RouteAction{}
+	m.setRouteTimeout(p, action, hr.GetTimeout())
+	out.Action = &routev3.Route_Route{Route: action}
+	if rw := hr.GetRewrite(); rw != nil {
+		if re := rw.GetUriRegexRewrite(); re != nil {
+			action.RegexRewrite = &matcherv3.RegexMatchAndSubstitute{Pattern: &matcherv3.RegexMatcher{Regex: re.GetMatch()}, Substitution: re.GetRewrite()}
+		} else if rw.GetUri() != "" {
+			action.PrefixRewrite = rw.GetUri()
+		}
+		if rw.GetAuthority() != "" {
+			authority = rw.GetAuthority()
+		}
+	}
+	if authority != "" {
+		action.HostRewriteSpecifier = &routev3.RouteAction_HostRewriteLiteral{HostRewriteLiteral: authority}
+	}
+	if hr.GetMirror() != nil {
+		if pct := mirrorPercent(hr); pct != nil {
+			action.RequestMirrorPolicies = append(action.RequestMirrorPolicies, mirrorPolicy(m.destinationCluster(p, hr.GetMirror(), vs.Namespace, port), pct))
+		}
+	}
+	for _, mp := range hr.GetMirrors() {
+		if pct := mirrorPolicyPercent(mp); pct != nil && mp.GetDestination() != nil {
+			action.RequestMirrorPolicies = append(action.RequestMirrorPolicies, mirrorPolicy(m.destinationCluster(p, mp.GetDestination(), vs.Namespace, port), pct))
+		}
+	}
+	hash := func(d *networkingapi.Destination) *networkingapi.LoadBalancerSettings_ConsistentHashLB {
+		// A port-level hash counts only for a destination naming its port.
+		return m.destinationHash(p, fqdn(d.GetHost(), vs.Namespace, m.DomainSuffix), d.GetPort().GetNumber(), d.GetSubset())
+	}
+	hashed := false
+	if routes := hr.GetRoute(); len(routes) == 1 {
+		d := routes[0]
+		action.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: m.destinationCluster(p, d.GetDestination(), vs.Namespace, port)}
+		if d.GetHeaders() != nil {
+			ops := translateHeaders(d.GetHeaders())
+			out.RequestHeadersToAdd = append(out.RequestHeadersToAdd, ops.requestAdd...)
+			out.RequestHeadersToRemove = append(out.RequestHeadersToRemove, ops.requestRemove...)
+			out.ResponseHeadersToAdd = append(out.ResponseHeadersToAdd, ops.responseAdd...)
+			out.ResponseHeadersToRemove = append(out.ResponseHeadersToRemove, ops.responseRemove...)
+			// The route's own authority wins, so that one destination
+			// and several behave alike.
+			if ops.authority != "" && action.HostRewriteSpecifier == nil {
+				action.HostRewriteSpecifier = &routev3.RouteAction_HostRewriteLiteral{HostRewriteLiteral: ops.authority}
+			}
+		}
+		if hp := hashPolicy(hash(d.GetDestination())); hp != nil {
+			action.HashPolicy = append(action.HashPolicy, hp)
+			hashed = true
+		}
 	} else {
-		out.Decorator = &routev3.Decorator{Operation: vs.Name + ":" + u32(t.port) + pathOf(out.Match)}
+		weighted := &routev3.WeightedCluster{}
+		for _, d := range routes {
+			if d.GetWeight() == 0 {
+				continue // a zero weight takes no traffic
+			}
+			cw := &routev3.WeightedCluster_ClusterWeight{
+				Name:   m.destinationCluster(p, d.GetDestination(), vs.Namespace, port),
+				Weight: wrapperspb.UInt32(uint32(d.GetWeight())),
+			}
+			if d.GetHeaders() != nil {
+				ops := translateHeaders(d.GetHeaders())
+				cw.RequestHeadersToAdd, cw.RequestHeadersToRemove = ops.requestAdd, ops.requestRemove
+				cw.ResponseHeadersToAdd, cw.ResponseHeadersToRemove = ops.responseAdd, ops.responseRemove
+				if ops.authority != "" {
+					cw.HostRewriteSpecifier = &routev3.WeightedCluster_ClusterWeight_HostRewriteLiteral{HostRewriteLiteral: ops.authority}
+				}
+			}
+			weighted.Clusters = append(weighted.Clusters, cw)
+			if hp := hashPolicy(hash(d.GetDestination())); hp != nil {
+				action.HashPolicy = append(action.HashPolicy, hp)
+			}
+		}
+		action.ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: weighted}
+	}
+	action.RetryPolicy = translateRetry(hr.GetRetries(), hashed)
+}
+
+// setRouteTimeout sets a route's timeout (none: 0s, no timeout). An Envoy
+// sidecar also takes it as the longest a gRPC call's own timeout may ask
+// for; a proxyless client reads it from max_stream_duration.
+func (m *Mesh) setRouteTimeout(p Proxy, a *routev3.RouteAction, d *durationpb.Duration) {
+	if d == nil {
+		d = noTimeout
+	}
+	a.Timeout = d
+	if p.HBONE {
+		//lint:ignore SA1019 the field Istio's sidecars are configured by
+		a.MaxGrpcTimeout = d
+		return
+	}
+	a.MaxStreamDuration = &routev3.RouteAction_MaxStreamDuration{MaxStreamDuration: d}
+}
+
+// headerOps are a Headers' operations as Envoy takes them, with the
+// authority it sets (":authority" or "host", which Envoy cannot set as a
+// header: the route rewrites the host instead).
+type headerOps struct {
+	requestAdd, responseAdd       []*corev3.HeaderValueOption
+	requestRemove, responseRemove []string
+	authority                     string
+}
+
+func translateHeaders(h *networkingapi.Headers) headerOps {
+	if h == nil {
+		return headerOps{}
+	}
+	req, resp := h.GetRequest(), h.GetResponse()
+	setReq, setAuthority := headerValues(req.GetSet(), false)
+	addReq, addAuthority := headerValues(req.GetAdd(), true)
+	setResp, _ := headerValues(resp.GetSet(), false)
+	addResp, _ := headerValues(resp.GetAdd(), true)
+	return headerOps{
+		requestAdd: append(setReq, addReq...), responseAdd: append(setResp, addResp...),
+		requestRemove: settableHeaders(req.GetRemove()), responseRemove: settableHeaders(resp.GetRemove()),
+		// "set" wins over "add".
+		authority: cmp.Or(setAuthority, addAuthority),
+	}
+}
+
+// headerValues are headers to set (or append to), sorted by name, with
+// the authority among them.
+func headerValues(headers map[string]string, appendValue bool) (_ []*corev3.HeaderValueOption, authority string) {
+	var out []*corev3.HeaderValueOption
+	for _, k := range slices.Sorted(maps.Keys(headers)) {
+		if strings.EqualFold(k, ":authority") || strings.EqualFold(k, "host") {
+			authority = headers[k]
+		}
+		if internalHeader(k) {
+			continue
+		}
+		action := corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
+		if appendValue {
+			action = corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD
+		}
+		out = append(out, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: k, Value: headers[k]}, AppendAction: action})
+	}
+	return out, authority
+}
+
+// internalHeader: a pseudo-header or host, which Envoy cannot set.
+func internalHeader(k string) bool { return strings.HasPrefix(k, ":") || strings.EqualFold(k, "host") }
+
+func settableHeaders(keys []string) []string {
+	var out []string
+	for _, k := range keys {
+		if !internalHeader(k) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// mirrorPercent is the share of a route's requests its mirror gets: all
+// unless set; nil (no mirroring) when set to 0.
+func mirrorPercent(hr *networkingapi.HTTPRoute) *corev3.RuntimeFractionalPercent {
+	//lint:ignore SA1019 the older field, which rules still set
+	old := hr.GetMirrorPercent()
+	switch {
+	case hr.GetMirrorPercentage() != nil:
+		if hr.GetMirrorPercentage().GetValue() <= 0 {
+			return nil
+		}
+		return &corev3.RuntimeFractionalPercent{DefaultValue: percentage(hr.GetMirrorPercentage(), 0)}
+	case old != nil:
+		if old.GetValue() == 0 {
+			return nil
+		}
+		return &corev3.RuntimeFractionalPercent{DefaultValue: percentage(nil, int32(old.GetValue()))}
+	}
+	return &corev3.RuntimeFractionalPercent{DefaultValue: percentage(nil, 100)}
+}
+
+// mirrorPolicyPercent is mirrorPercent for one of a route's mirrors.
+func mirrorPolicyPercent(mp *networkingapi.HTTPMirrorPolicy) *corev3.RuntimeFractionalPercent {
+	if p := mp.GetPercentage(); p != nil {
+		if p.GetValue() <= 0 {
+			return nil
+		}
+		return &corev3.RuntimeFractionalPercent{DefaultValue: percentage(p, 0)}
+	}
+	return &corev3.RuntimeFractionalPercent{DefaultValue: percentage(nil, 100)}
+}
+
+// mirrorPolicy copies a share of the requests to cluster, without
+// sampling the copies' traces, with the request's own host (no "-shadow"
+// suffix, which would miss the mirror's virtual host).
+func mirrorPolicy(cluster string, pct *corev3.RuntimeFractionalPercent) *routev3.RouteAction_RequestMirrorPolicy {
+	return &routev3.RouteAction_RequestMirrorPolicy{Cluster: cluster, RuntimeFraction: pct, TraceSampled: wrapperspb.Bool(false), DisableShadowHostSuffixAppend: true}
+}
+
+// translateCORS is a CORS policy as Envoy's CORS filter takes it per
+// route: origins as string matches, lists joined by commas, preflights
+// that match no origin passed on unless the policy ignores them.
+func translateCORS(in *networkingapi.CorsPolicy) *corsv3.CorsPolicy {
+	out := &corsv3.CorsPolicy{
+		ForwardNotMatchingPreflights: wrapperspb.Bool(in.GetUnmatchedPreflights() != networkingapi.CorsPolicy_IGNORE),
+		FilterEnabled:                &corev3.RuntimeFractionalPercent{DefaultValue: &typev3.FractionalPercent{Numerator: 100, Denominator: typev3.FractionalPercent_HUNDRED}},
+		AllowCredentials:             in.GetAllowCredentials(),
+		AllowHeaders:                 strings.Join(in.GetAllowHeaders(), ","),
+		AllowMethods:                 strings.Join(in.GetAllowMethods(), ","),
+		ExposeHeaders:                strings.Join(in.GetExposeHeaders(), ","),
+	}
+	//lint:ignore SA1019 the older field, which policies still set
+	old := in.GetAllowOrigin()
+	switch {
+	case in.GetAllowOrigins() != nil:
+		for _, sm := range in.GetAllowOrigins() {
+			if m := stringMatcher(sm); m != nil {
+				out.AllowOriginStringMatch = append(out.AllowOriginStringMatch, m)
+			}
+		}
+	case old != nil:
+		for _, o := range old {
+			out.AllowOriginStringMatch = append(out.AllowOriginStringMatch, &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: o}})
+		}
+	}
+	if in.GetMaxAge() != nil {
+		out.MaxAge = strconv.FormatInt(in.GetMaxAge().GetSeconds(), 10)
+	}
+	return out
+}
+
+// translateDirectResponse answers a request with a status and body.
+func translateDirectResponse(in *networkingapi.HTTPDirectResponse) *routev3.DirectResponseAction {
+	out := &routev3.DirectResponseAction{Status: in.GetStatus()}
+	switch b := in.GetBody().GetSpecifier().(type) {
+	case *networkingapi.HTTPBody_String_:
+		out.Body = &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: b.String_}}
+	case *networkingapi.HTTPBody_Bytes:
+		out.Body = &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: b.Bytes}}
 	}
 	return out
 }
@@ -261,26 +473,38 @@ func translateRetry(r *networkingapi.HTTPRetry, hashed bool) *routev3.RetryPolic
 				kinds = append(kinds, k)
 			}
 		}
-		if len(p.RetriableStatusCodes) > 0 && !slices.Contains(kinds, "retriable-status-codes") {
-			kinds = append(kinds, "retriable-status-codes")
-		}
 		p.RetryOn = strings.Join(kinds, ",")
+		if len(p.RetriableStatusCodes) > 0 && !strings.Contains(p.RetryOn, "retriable-status-codes") {
+			p.RetryOn += ",retriable-status-codes"
+		}
+	}
+	if ignore := r.GetRetryIgnorePreviousHosts(); ignore != nil {
+		p.RetryHostPredicate = nil
+		if ignore.GetValue() {
+			p.RetryHostPredicate = defaultRetry(false).RetryHostPredicate
+		}
+	}
+	if r.GetRetryRemoteLocalities().GetValue() {
+		// Each retry goes to the next priority (locality) in turn.
+		p.RetryPriority = &routev3.RetryPolicy_RetryPriority{
+			Name:       "envoy.retry_priorities.previous_priorities",
+			ConfigType: &routev3.RetryPolicy_RetryPriority_TypedConfig{TypedConfig: mustAny(&previousprioritiesv3.PreviousPrioritiesConfig{UpdateFrequency: 2})},
+		}
+	}
+	if b := r.GetBackoff(); b != nil {
+		p.RetryBackOff = &routev3.RetryPolicy_RetryBackOff{BaseInterval: b}
 	}
 	return p
 }
 
+// statusCode parses an HTTP status code among a retryOn's conditions:
+// a number that names a status.
 func statusCode(s string) (uint32, bool) {
-	if len(s) != 3 {
+	n, err := strconv.Atoi(s)
+	if err != nil || http.StatusText(n) == "" {
 		return 0, false
 	}
-	var n uint32
-	for _, c := range s {
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		n = n*10 + uint32(c-'0')
-	}
-	return n, true
+	return uint32(n), true
 }
 
 // translateMatch turns an HTTP match into a route match; nil matches all.
@@ -410,19 +634,33 @@ func percentage(p *networkingapi.Percent, percent int32) *typev3.FractionalPerce
 	return &typev3.FractionalPercent{Numerator: uint32(percent), Denominator: typev3.FractionalPercent_HUNDRED}
 }
 
-func translateRedirect(rd *networkingapi.HTTPRedirect) *routev3.RedirectAction {
-	out := &routev3.RedirectAction{}
-	if rd.GetUri() != "" {
+// translateRedirect redirects a request of port port: a prefix or path
+// rewrite, the authority, the scheme, the port (the request's own for
+// FROM_REQUEST_PORT; none when it is the scheme's default), the code. An
+// unsupported code redirects nothing (validation refuses it first).
+func translateRedirect(rd *networkingapi.HTTPRedirect, port uint32) *routev3.RedirectAction {
+	out := &routev3.RedirectAction{HostRedirect: rd.GetAuthority()}
+	if rd.GetPrefixRewrite() != "" {
+		out.PathRewriteSpecifier = &routev3.RedirectAction_PrefixRewrite{PrefixRewrite: rd.GetPrefixRewrite()}
+	} else {
 		out.PathRewriteSpecifier = &routev3.RedirectAction_PathRedirect{PathRedirect: rd.GetUri()}
-	}
-	if rd.GetAuthority() != "" {
-		out.HostRedirect = rd.GetAuthority()
-	}
-	if p := rd.GetPort(); p != 0 {
-		out.PortRedirect = p
 	}
 	if s := rd.GetScheme(); s != "" {
 		out.SchemeRewriteSpecifier = &routev3.RedirectAction_SchemeRedirect{SchemeRedirect: s}
+	}
+	if rd.GetRedirectPort() != nil {
+		switch rp := rd.GetRedirectPort().(type) {
+		case *networkingapi.HTTPRedirect_DerivePort:
+			if rp.DerivePort == networkingapi.HTTPRedirect_FROM_REQUEST_PORT {
+				out.PortRedirect = port
+			}
+		case *networkingapi.HTTPRedirect_Port:
+			out.PortRedirect = rp.Port
+		}
+		scheme := cmp.Or(rd.GetScheme(), "http")
+		if out.PortRedirect == 80 && scheme == "http" || out.PortRedirect == 443 && scheme == "https" {
+			out.PortRedirect = 0
+		}
 	}
 	switch rd.GetRedirectCode() {
 	case 0, 301:
@@ -435,6 +673,8 @@ func translateRedirect(rd *networkingapi.HTTPRedirect) *routev3.RedirectAction {
 		out.ResponseCode = routev3.RedirectAction_TEMPORARY_REDIRECT
 	case 308:
 		out.ResponseCode = routev3.RedirectAction_PERMANENT_REDIRECT
+	default:
+		return nil
 	}
 	return out
 }

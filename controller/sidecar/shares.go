@@ -57,7 +57,8 @@ func (m *Mesh) SidecarShares(p Proxy, typeURL string, names []string) []Share {
 		}
 	case ListenerType:
 		return []Share{
-			{m.key(p, "out").scope(m.SidecarScope(p)).String(), "", func(r *Reads) []Named { return m.reading(r).sidecarOutboundListeners(p) }, nil},
+			// VirtualServices' tcp and tls routes match on source labels.
+			{m.key(p, "out").scope(m.SidecarScope(p)).labels(m.listenerLabels(p.Labels)).String(), "", func(r *Reads) []Named { return m.reading(r).sidecarOutboundListeners(p) }, nil},
 			{m.key(p, "own").labels(p.Labels).ips(p).String(), "", func(r *Reads) []Named {
 				return []Named{{VirtualInbound, m.reading(r).virtualInbound(p)}}
 			}, nil},
@@ -121,10 +122,11 @@ func (m *Mesh) perName(p Proxy, names []string, gen func(*Mesh, Proxy, []string)
 	return out
 }
 
-// endpointShares are a share per cluster name.
+// endpointShares are a share per cluster name, for the proxies of one
+// namespace and place (locality load balancing orders endpoints by it).
 func (m *Mesh) endpointShares(p Proxy, names []string) []Share {
 	out := make([]Share, 0, len(names))
-	key := m.key(p, "name").String()
+	key := m.key(p, "name").place(m, p).String()
 	for _, name := range names {
 		out = append(out, Share{key, name, func(r *Reads) []Named { return m.reading(r).Endpoints(p, []string{name}) }, func() bool { return m.noCluster(p, name) }})
 	}
@@ -135,9 +137,20 @@ func (m *Mesh) endpointShares(p Proxy, names []string) []Share {
 // names as a source label: the only ones routes depend on.
 func (m *Mesh) routeLabels(lbls map[string]string) map[string]string {
 	m.readKind(virtualServices)
+	return labelsAmong(lbls, m.sourceLabelKeys)
+}
+
+// listenerLabels are the labels of lbls that tcp and tls routes match on,
+// which outbound listeners depend on.
+func (m *Mesh) listenerLabels(lbls map[string]string) map[string]string {
+	m.readKind(virtualServices)
+	return labelsAmong(lbls, m.l4SourceLabelKeys)
+}
+
+func labelsAmong(lbls map[string]string, keys map[string]bool) map[string]string {
 	var out map[string]string
 	for k, v := range lbls {
-		if m.sourceLabelKeys[k] {
+		if keys[k] {
 			if out == nil {
 				out = map[string]string{}
 			}
@@ -185,6 +198,17 @@ func (k *shareKey) labels(lbls map[string]string) *shareKey {
 		k.field(l + "=" + lbls[l])
 	}
 	return k.field("")
+}
+
+// place adds where the proxy is, as far as locality load balancing tells
+// proxies apart: its locality and network, and its labels that some
+// failover priority compares.
+func (k *shareKey) place(m *Mesh, p Proxy) *shareKey {
+	pl := m.placeOf(p)
+	loc := pl.locality
+	k.field(loc.GetRegion() + "/" + loc.GetZone() + "/" + loc.GetSubZone())
+	k.field(pl.labels[labelNetwork])
+	return k.labels(labelsAmong(pl.labels, m.failoverKeys()))
 }
 
 func (k *shareKey) ips(p Proxy) *shareKey {

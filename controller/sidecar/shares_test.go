@@ -247,7 +247,9 @@ func TestDepsTellWhatChanged(t *testing.T) {
 			change: func(in *Inputs) {
 				in.Sidecars = append(in.Sidecars, sidecarResource("a", "default", time.Hour, nil, "b/*"))
 			},
-			changed: []string{"clusters", "listeners", "routes"},
+			// A Sidecar's inbound connection pool shapes the inbound
+			// clusters of the workloads that serve.
+			changed: []string{"clusters", "listeners", "routes", "own clusters of a web-v1", "own clusters of a web-v2", "own clusters of b web-v1"},
 		},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

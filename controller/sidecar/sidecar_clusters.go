@@ -11,11 +11,10 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	caresv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/network/dns_resolver/cares/v3"
 	rawbufferv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/raw_buffer/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
-	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
-	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -179,7 +178,7 @@ func (m *Mesh) sidecarInboundClusters(p Proxy) []Named {
 			dr = nil
 		}
 		policy, _ := clusterPolicy(dr, in.port, "")
-		out = append(out, Named{name, m.inboundCluster(name, in, policy, dr)})
+		out = append(out, Named{name, m.inboundCluster(p, name, in, policy, dr)})
 	}
 	return out
 }
@@ -219,12 +218,17 @@ func (m *Mesh) inboundPorts(p Proxy) []inboundPort {
 const defaultConnectTimeout = 10 * time.Second
 
 func (m *Mesh) outboundCluster(p Proxy, name string, svc *Service, port uint32, subsetName, protocol string, policy *networkingapi.TrafficPolicy, dr *networkingv1.DestinationRule) *clusterv3.Cluster {
-	c := baseCluster(name, policy)
-	original := svc.Info.Resolution == None || m.isHeadless(svc)
+	b := newClusterBuild(name)
+	c := b.c
+	c.CommonLbConfig = &clusterv3.Cluster_CommonLbConfig{}
+	// A subset's own PASSTHROUGH load balancer makes its cluster an
+	// original destination from the start, as istiod builds it; the
+	// rule's makes it one when the load balancer is applied.
+	passthrough := subset(dr, subsetName).GetTrafficPolicy().GetLoadBalancer().GetSimple() == networkingapi.LoadBalancerSettings_PASSTHROUGH
+	original := svc.Info.Resolution == None || m.isHeadless(svc) || passthrough
 	switch {
 	case original:
 		c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST}
-		c.LbPolicy = clusterv3.Cluster_CLUSTER_PROVIDED
 	case svc.Info.Resolution == DNS || svc.Info.Resolution == DNSRoundRobin:
 		typ := clusterv3.Cluster_STRICT_DNS
 		if svc.Info.Resolution == DNSRoundRobin {
@@ -236,23 +240,48 @@ func (m *Mesh) outboundCluster(p Proxy, name string, svc *Service, port uint32, 
 		c.RespectDnsTtl = true
 		//lint:ignore SA1019 as above
 		c.DnsRefreshRate = durationpb.New(time.Minute)
-		c.LoadAssignment = dnsAssignment(name, svc, port)
-		applyLoadBalancer(c, policy)
+		c.LoadAssignment = m.dnsAssignment(name, svc, port)
+		// Periodic lookups spread over 100 ms; c-ares sends at most 100
+		// queries on one UDP socket before opening another.
+		c.DnsJitter = durationpb.New(100 * time.Millisecond)
+		c.TypedDnsResolverConfig = &corev3.TypedExtensionConfig{Name: "envoy.network.dns_resolver.cares", TypedConfig: mustAny(&caresv3.CaresDnsResolverConfig{
+			UdpMaxQueries: wrapperspb.UInt32(100),
+		})}
 	default:
 		c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS}
-		c.EdsClusterConfig = &clusterv3.Cluster_EdsClusterConfig{ServiceName: name, EdsConfig: adsSourceNoWait()}
-		applyLoadBalancer(c, policy)
 	}
-	c.CommonLbConfig = &clusterv3.Cluster_CommonLbConfig{}
+	b.setUpstreamProtocol(protocol)
+	pool := policy.GetConnectionPool()
+	b.applyH2Upgrade(pool)
+	b.applyConnectionPool(pool, policy.GetRetryBudget())
+	aware := locationAware(svc)
+	applyOutlierDetection(c, policy.GetOutlierDetection(), aware)
+	applyLoadBalancer(c, policy.GetLoadBalancer(), aware)
+	original = c.GetType() == clusterv3.Cluster_ORIGINAL_DST
+	if c.GetType() == clusterv3.Cluster_EDS {
+		c.EdsClusterConfig = &clusterv3.Cluster_EdsClusterConfig{ServiceName: name, EdsConfig: adsSourceNoWait()}
+	}
 	c.Filters = []*clusterv3.Filter{{Name: "istio.metadata_exchange", TypedConfig: metadataExchangeConfig()}}
-	setProtocolOptions(c, protocol)
 	c.Metadata = clusterMetadata(svc, m.DomainSuffix, dr, subsetName)
+	if subsetName == "" {
+		// Telemetry's peer metadata exchange is skipped for a service
+		// outside the mesh (if configured so) and always for one whose
+		// endpoints all take HBONE (their node proxies report).
+		// One key or the other, as istiod writes it.
+		istio := c.Metadata.FilterMetadata["istio"]
+		switch {
+		case m.allTunnel(svc, port):
+			istio.Fields["disable_mx"] = structpb.NewBoolValue(true)
+		case svc.Info.External:
+			istio.Fields["external"] = structpb.NewBoolValue(true)
+		}
+	}
 
 	// Mutual TLS: as the rule says, else automatically towards the
 	// endpoints labelled for it (not for a service outside the mesh, nor
 	// towards an original destination).
 	alpn := []string{"istio-peer-exchange", "istio"}
-	if http2(protocol) {
+	if http2(protocol) || b.http.GetExplicitHttpConfig().GetHttp2ProtocolOptions() != nil {
 		alpn = append(alpn, "h2")
 	}
 	tlsContext := func() *tlsv3.UpstreamTlsContext {
@@ -286,7 +315,8 @@ func (m *Mesh) outboundCluster(p Proxy, name string, svc *Service, port uint32, 
 		matches = append([]*clusterv3.Cluster_TransportSocketMatch{hboneMatch()}, matches...)
 	}
 	c.TransportSocketMatches = matches
-	return c
+	applyProxyProtocol(c, policy.GetProxyProtocol())
+	return b.finish()
 }
 
 // originationTLS is the TLS a rule's SIMPLE or MUTUAL mode originates:
@@ -347,6 +377,39 @@ func originationTLS(tls *networkingapi.ClientTLSSettings, hostname, protocol str
 	return &tlsv3.UpstreamTlsContext{CommonTlsContext: ctx, Sni: cmp.Or(tls.GetSni(), hostname)}
 }
 
+// allTunnel reports a service port whose endpoints (there are some) all
+// take HBONE. It is a property of the service (indexTunnels), so that
+// reading it does not make a cluster depend on every endpoint change.
+func (m *Mesh) allTunnel(svc *Service, port uint32) bool {
+	m.readServices()
+	return slices.Contains(svc.tunnelPorts, port)
+}
+
+// indexTunnels finds each service's ports whose endpoints all take HBONE.
+func (m *Mesh) indexTunnels() {
+	for _, svcs := range m.services {
+		for _, s := range svcs {
+			s.tunnelPorts = nil
+			for _, port := range sortedPorts(s) {
+				n, all := 0, true
+				for _, ep := range s.Endpoints {
+					// Every endpoint the registry holds, terminating
+					// ones too, as istiod counts them; a ServiceEntry
+					// selects only ready pods.
+					unready := ep.GetStatus() != workloadapi.WorkloadStatus_HEALTHY && isPod(ep) && !m.isKubernetesService(s.Service)
+					if _, ok := ep.Ports[port]; ok && !unready {
+						n++
+						all = all && ep.GetTunnelProtocol() == workloadapi.TunnelProtocol_HBONE
+					}
+				}
+				if n > 0 && all {
+					s.tunnelPorts = append(s.tunnelPorts, port)
+				}
+			}
+		}
+	}
+}
+
 // isHeadless reports a Kubernetes Service without a cluster IP.
 func (m *Mesh) isHeadless(svc *Service) bool {
 	return m.isKubernetesService(svc.Service) && len(svc.GetAddresses()) == 0
@@ -364,99 +427,6 @@ func rawBufferSocket() *corev3.TransportSocket {
 // "outbound_.<port>_.<subset>_.<hostname>".
 func sniName(port uint32, subsetName, hostname string) string {
 	return "outbound_." + u32(port) + "_." + subsetName + "_." + hostname
-}
-
-// baseCluster has what every cluster shares: its name, connect timeout and
-// circuit breakers (unlimited but for what the policy's connection pool
-// sets).
-func baseCluster(name string, policy *networkingapi.TrafficPolicy) *clusterv3.Cluster {
-	timeout := durationpb.New(defaultConnectTimeout)
-	if t := policy.GetConnectionPool().GetTcp().GetConnectTimeout(); t != nil {
-		timeout = t
-	}
-	limit := func(v int32) *wrapperspb.UInt32Value {
-		if v > 0 {
-			return wrapperspb.UInt32(uint32(v))
-		}
-		return wrapperspb.UInt32(math.MaxUint32)
-	}
-	pool := policy.GetConnectionPool()
-	return &clusterv3.Cluster{
-		Name: name, AltStatName: name + ";", ConnectTimeout: timeout,
-		CircuitBreakers: &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{{
-			MaxConnections:     limit(pool.GetTcp().GetMaxConnections()),
-			MaxPendingRequests: limit(pool.GetHttp().GetHttp1MaxPendingRequests()),
-			MaxRequests:        limit(pool.GetHttp().GetHttp2MaxRequests()),
-			MaxRetries:         limit(pool.GetHttp().GetMaxRetries()),
-			TrackRemaining:     true,
-		}}},
-	}
-}
-
-// applyLoadBalancer sets the policy's load balancer; Istio's default is
-// least request.
-func applyLoadBalancer(c *clusterv3.Cluster, policy *networkingapi.TrafficPolicy) {
-	c.LbPolicy = clusterv3.Cluster_LEAST_REQUEST
-	lb := policy.GetLoadBalancer()
-	switch {
-	case lb.GetConsistentHash() != nil:
-		if lb.GetConsistentHash().GetMaglev() != nil {
-			c.LbPolicy = clusterv3.Cluster_MAGLEV
-			return
-		}
-		c.LbPolicy = clusterv3.Cluster_RING_HASH
-		size := lb.GetConsistentHash().GetRingHash().GetMinimumRingSize()
-		if size == 0 {
-			//lint:ignore SA1019 the field Istio's rules still set
-			size = lb.GetConsistentHash().GetMinimumRingSize()
-		}
-		c.LbConfig = &clusterv3.Cluster_RingHashLbConfig_{RingHashLbConfig: &clusterv3.Cluster_RingHashLbConfig{
-			MinimumRingSize: wrapperspb.UInt64(max(size, 1024)),
-		}}
-	case lb.GetSimple() == networkingapi.LoadBalancerSettings_ROUND_ROBIN:
-		c.LbPolicy = clusterv3.Cluster_ROUND_ROBIN
-	case lb.GetSimple() == networkingapi.LoadBalancerSettings_RANDOM:
-		c.LbPolicy = clusterv3.Cluster_RANDOM
-	}
-	if od := policy.GetOutlierDetection(); od != nil {
-		o := &clusterv3.OutlierDetection{
-			Interval: od.GetInterval(), BaseEjectionTime: od.GetBaseEjectionTime(),
-			EnforcingSuccessRate: wrapperspb.UInt32(0),
-		}
-		if n := od.GetConsecutive_5XxErrors(); n != nil {
-			o.Consecutive_5Xx = wrapperspb.UInt32(n.GetValue())
-			o.EnforcingConsecutive_5Xx = wrapperspb.UInt32(100)
-		}
-		if n := od.GetConsecutiveGatewayErrors(); n != nil {
-			o.ConsecutiveGatewayFailure = wrapperspb.UInt32(n.GetValue())
-			o.EnforcingConsecutiveGatewayFailure = wrapperspb.UInt32(100)
-		}
-		if p := od.GetMaxEjectionPercent(); p > 0 {
-			o.MaxEjectionPercent = wrapperspb.UInt32(uint32(p))
-		}
-		c.OutlierDetection = o
-	}
-}
-
-// setProtocolOptions makes HTTP/2 and gRPC clusters speak HTTP/2, and
-// clusters of detected protocol speak what the client spoke.
-func setProtocolOptions(c *clusterv3.Cluster, protocol string) {
-	var opts *httpv3.HttpProtocolOptions
-	switch {
-	case http2(protocol):
-		opts = &httpv3.HttpProtocolOptions{UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{
-			ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
-				ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{Http2ProtocolOptions: &corev3.Http2ProtocolOptions{}},
-			}}}
-	case protocol == "":
-		opts = &httpv3.HttpProtocolOptions{UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_UseDownstreamProtocolConfig{
-			UseDownstreamProtocolConfig: &httpv3.HttpProtocolOptions_UseDownstreamHttpConfig{
-				HttpProtocolOptions: &corev3.Http1ProtocolOptions{}, Http2ProtocolOptions: &corev3.Http2ProtocolOptions{},
-			}}}
-	default:
-		return
-	}
-	c.TypedExtensionProtocolOptions = map[string]*anypb.Any{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": mustAny(opts)}
 }
 
 // clusterMetadata says which service (and rule, and subset) a cluster is
@@ -482,55 +452,100 @@ func clusterMetadata(svc *Service, domain string, dr *networkingv1.DestinationRu
 	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"istio": s}}
 }
 
-// dnsAssignment lists a DNS-resolved service's hosts for port.
-func dnsAssignment(name string, svc *Service, port uint32) *endpointv3.ClusterLoadAssignment {
-	la := &endpointv3.LocalityLbEndpoints{}
+// dnsAssignment lists a DNS-resolved service's hosts for port, each with
+// its weight and the workload telemetry names it by; the locality (none)
+// weighs their sum.
+func (m *Mesh) dnsAssignment(name string, svc *Service, port uint32) *endpointv3.ClusterLoadAssignment {
+	la := &endpointv3.LocalityLbEndpoints{Locality: &corev3.Locality{}}
+	total := uint32(0)
 	for _, h := range svc.Info.DNSHosts {
 		target := port
 		if t := h.Ports[port]; t != 0 {
 			target = t
 		}
-		la.LbEndpoints = append(la.LbEndpoints, &endpointv3.LbEndpoint{
+		weight := max(h.Weight, 1)
+		total += weight
+		lbe := &endpointv3.LbEndpoint{
 			HostIdentifier:      &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: socketAddress(h.Host, target)}},
-			LoadBalancingWeight: wrapperspb.UInt32(1),
-		})
+			LoadBalancingWeight: wrapperspb.UInt32(weight),
+		}
+		if e := h.Entry; e != nil {
+			rev := e.CanonicalRevision
+			if rev == "latest" {
+				rev = ""
+			}
+			workload := strings.Join([]string{e.Workload, svc.GetNamespace(), e.CanonicalName, rev, m.ClusterID}, ";")
+			lbe.Metadata = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
+				"istio": {Fields: map[string]*structpb.Value{"workload": structpb.NewStringValue(workload)}},
+			}}
+		}
+		la.LbEndpoints = append(la.LbEndpoints, lbe)
 	}
-	la.LoadBalancingWeight = wrapperspb.UInt32(uint32(max(len(la.LbEndpoints), 1)))
+	la.LoadBalancingWeight = wrapperspb.UInt32(max(total, 1))
 	return &endpointv3.ClusterLoadAssignment{ClusterName: name, Endpoints: []*endpointv3.LocalityLbEndpoints{la}}
 }
 
 // inboundCluster sends a target port's traffic on to the application at
-// the address it was sent to, from inboundBindAddress.
-func (m *Mesh) inboundCluster(name string, in inboundPort, policy *networkingapi.TrafficPolicy, dr *networkingv1.DestinationRule) *clusterv3.Cluster {
-	c := baseCluster(name, policy)
+// the address it was sent to, from inboundBindAddress. Of the rule's
+// policy for the service port only the connection pool applies, so that
+// the server takes what its clients may send; the Sidecar resource's
+// inbound connection pool for the port, if any, replaces it.
+func (m *Mesh) inboundCluster(p Proxy, name string, in inboundPort, policy *networkingapi.TrafficPolicy, dr *networkingv1.DestinationRule) *clusterv3.Cluster {
+	b := newClusterBuild(name)
+	c := b.c
 	c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST}
+	c.CommonLbConfig = &clusterv3.Cluster_CommonLbConfig{}
+	b.setUpstreamProtocol(in.protocol)
+	pool := policy.GetConnectionPool()
+	if scoped := inboundConnectionPool(m.SidecarScope(p), in.target); scoped != nil {
+		pool = scoped
+	}
+	b.applyConnectionPool(pool, policy.GetRetryBudget())
 	c.LbPolicy = clusterv3.Cluster_CLUSTER_PROVIDED
 	// Never: the original destinations are the application's own ports.
-	c.CleanupInterval = durationpb.New(math.MaxInt64)
+	// The longest whole seconds a Duration holds.
+	c.CleanupInterval = &durationpb.Duration{Seconds: (math.MaxInt64 - 999999999) / 1000000000}
 	c.UpstreamBindConfig = &corev3.BindConfig{SourceAddress: &corev3.SocketAddress{
 		Address: inboundBindAddress, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: 0},
 	}}
-	c.CommonLbConfig = &clusterv3.Cluster_CommonLbConfig{}
-	if http2(in.protocol) {
-		setProtocolOptions(c, in.protocol)
-	}
 	c.Metadata = clusterMetadata(in.svc, m.DomainSuffix, dr, "")
-	return c
+	return b.finish()
+}
+
+// inboundConnectionPool is a Sidecar resource's connection pool for target
+// port port: its ingress listener's for the port, else its own.
+func inboundConnectionPool(sc *networkingv1.Sidecar, port uint32) *networkingapi.ConnectionPoolSettings {
+	if sc == nil {
+		return nil
+	}
+	for _, in := range sc.Spec.GetIngress() {
+		if in.GetPort().GetNumber() == port && in.GetConnectionPool() != nil {
+			return in.GetConnectionPool()
+		}
+	}
+	return sc.Spec.GetInboundConnectionPool()
 }
 
 // passthroughCluster sends to the original destination; inbound, from
 // inboundBindAddress.
 func passthroughCluster(name string, inbound bool) *clusterv3.Cluster {
-	c := baseCluster(name, nil)
+	b := newClusterBuild(name)
+	c := b.c
 	c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST}
 	c.LbPolicy = clusterv3.Cluster_CLUSTER_PROVIDED
-	setProtocolOptions(c, "")
+	b.useDownstreamProtocol()
+	// An idle upstream connection to an arbitrary destination is closed
+	// after five minutes.
+	b.httpOptions().CommonHttpProtocolOptions = &corev3.HttpProtocolOptions{IdleTimeout: durationpb.New(5 * time.Minute)}
+	if !inbound {
+		c.Filters = []*clusterv3.Filter{{Name: "istio.metadata_exchange", TypedConfig: metadataExchangeConfig()}}
+	}
 	if inbound {
 		c.UpstreamBindConfig = &corev3.BindConfig{SourceAddress: &corev3.SocketAddress{
 			Address: inboundBindAddress, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: 0},
 		}}
 	}
-	return c
+	return b.finish()
 }
 
 // sds names a secret the sidecar's agent serves over its SDS socket

@@ -5,28 +5,29 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	udpatypev1 "github.com/cncf/xds/go/udpa/type/v1"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
-	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	corsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/cors/v3"
 	faultv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/fault/v3"
+	grpcwebv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/grpc_web/v3"
 	httpinspectorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/http_inspector/v3"
 	originaldstv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/original_dst/v3"
 	tlsinspectorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/tls_inspector/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
-	mongov3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/mongo_proxy/v3"
-	rbacnetv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/rbac/v3"
 	tcpproxyv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	securityapi "istio.io/api/security/v1beta1"
-	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 
 	"github.com/canopy-mesh/canopy/workloadapi"
 )
@@ -75,9 +76,9 @@ func (m *Mesh) sidecarOutboundListeners(p Proxy) []Named {
 			protocol := portProtocol(svc, port)
 			switch kindOf(protocol) {
 			case kindHTTP:
-				add(httpOutboundListener(port))
+				add(httpOutboundListener(port, protocol))
 			case kindTCP:
-				m.addTCPOutbound(add, svc, port, protocol)
+				m.addTCPOutbound(p, add, svc, port, protocol)
 			case kindSniffed:
 				ip, ok := netip.Addr{}, false
 				if addrs := sidecarAddresses(svc); len(addrs) > 0 {
@@ -87,7 +88,7 @@ func (m *Mesh) sidecarOutboundListeners(p Proxy) []Named {
 				if !ok {
 					// Without an address nothing tells its traffic apart
 					// from other services' on the port: HTTP by host.
-					add(httpOutboundListener(port))
+					add(httpOutboundListener(port, ""))
 					continue
 				}
 				add(sniffedOutboundListener(svc, ip, port))
@@ -98,6 +99,7 @@ func (m *Mesh) sidecarOutboundListeners(p Proxy) []Named {
 	for _, n := range order {
 		out = append(out, Named{n, byName[n]})
 	}
+	boundHandshakes(out)
 	out = append(out, Named{VirtualOutbound, virtualOutbound()})
 	if p.HBONE {
 		out = append(out, Named{ConnectOriginate, connectOriginateListener()})
@@ -113,46 +115,77 @@ func outboundListener(ip string, port uint32) *listenerv3.Listener {
 		Address:          socketAddress(ip, port),
 		TrafficDirection: corev3.TrafficDirection_OUTBOUND,
 		BindToPort:       wrapperspb.Bool(false),
+		// Listener filters (inspectors) wait for nothing: a client that
+		// speaks last is matched on what is known.
+		ListenerFiltersTimeout:           durationpb.New(0),
+		ContinueOnListenerFiltersTimeout: true,
+	}
+}
+
+// transportSocketConnectTimeout bounds a TLS handshake on an outbound
+// chain.
+const transportSocketConnectTimeout = 15 * time.Second
+
+// boundHandshakes gives every chain of the outbound listeners but the
+// passthrough ones a handshake deadline, as istiod does.
+func boundHandshakes(ls []Named) {
+	for _, n := range ls {
+		l := n.Resource.(*listenerv3.Listener)
+		for _, fc := range append(slices.Clone(l.GetFilterChains()), l.GetDefaultFilterChain()) {
+			if fc != nil && fc.GetName() != passthroughChainName {
+				fc.TransportSocketConnectTimeout = durationpb.New(transportSocketConnectTimeout)
+			}
+		}
 	}
 }
 
 // httpOutboundListener serves every HTTP service on port by host, over
 // the route configuration named after the port; anything not HTTP passes
 // through.
-func httpOutboundListener(port uint32) *listenerv3.Listener {
+func httpOutboundListener(port uint32, protocol string) *listenerv3.Listener {
 	l := outboundListener("0.0.0.0", port)
 	l.ListenerFilters = []*listenerv3.ListenerFilter{httpInspector()}
 	l.FilterChains = []*listenerv3.FilterChain{{
 		FilterChainMatch: &listenerv3.FilterChainMatch{TransportProtocol: "raw_buffer", ApplicationProtocols: plainHTTPProtocols},
-		Filters:          []*listenerv3.Filter{outboundHCM(u32(port), port)},
+		Filters:          []*listenerv3.Filter{outboundHCM(u32(port), port, protocol)},
 	}}
 	l.DefaultFilterChain = passthroughChain()
 	return l
 }
 
-// addTCPOutbound adds a TCP service's listener: on its address; else,
-// for a service of several addresses or ranges, on the port with a chain
-// matching them; else, for TLS, on the port with a chain matching its
-// hostname as SNI; else on the port for everything not matched otherwise.
-func (m *Mesh) addTCPOutbound(add func(*listenerv3.Listener) *listenerv3.Listener, svc *Service, port uint32, protocol string) {
-	cluster := ClusterName(Outbound, port, "", svc.GetHostname())
-	filters := []*listenerv3.Filter{tcpProxy(cluster)}
-	if protocol == "Mongo" {
-		filters = append([]*listenerv3.Filter{{Name: "envoy.filters.network.mongo_proxy", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(&mongov3.MongoProxy{
-			StatPrefix: cluster,
-		})}}}, filters...)
-	}
+// addTCPOutbound adds a TCP service's listener with the chains of its
+// VirtualServices' tcp or tls routes and its own (tcpChains): on its
+// address; else, for a service of several addresses or ranges, on the port
+// with chains matching them; else, for TLS, on the port with a chain
+// matching its hostname as SNI; else on the port for everything not
+// matched otherwise. A chain whose match another service's chain on the
+// port already has is left out (Envoy refuses two).
+func (m *Mesh) addTCPOutbound(p Proxy, add func(*listenerv3.Listener) *listenerv3.Listener, svc *Service, port uint32, protocol string) {
 	addrs := sidecarAddresses(svc)
 	if len(addrs) == 1 {
 		if ip, ok := netip.AddrFromSlice(addrs[0].GetAddress()); ok && (addrs[0].GetLength() == 0 || int(addrs[0].GetLength()) == ip.BitLen()) {
 			l := outboundListener(ip.Unmap().String(), port)
-			l.FilterChains = []*listenerv3.FilterChain{{Filters: filters}}
+			chains := m.tcpChains(p, svc, port, protocol, nil)
+			for i, c := range chains {
+				fc := &listenerv3.FilterChain{FilterChainMatch: c.match(), Filters: c.filters, Metadata: c.metadata()}
+				if len(c.serverNames) > 0 && !slices.ContainsFunc(l.ListenerFilters, func(f *listenerv3.ListenerFilter) bool { return f.GetName() == tlsInspectorName }) {
+					l.ListenerFilters = append(l.ListenerFilters, tlsInspector())
+				}
+				if fc.FilterChainMatch == nil && i > 0 {
+					// The rest, after chains that match: the default.
+					l.DefaultFilterChain = fc
+					continue
+				}
+				l.FilterChains = append(l.FilterChains, fc)
+			}
+			if l.DefaultFilterChain == nil && l.FilterChains[len(l.FilterChains)-1].FilterChainMatch != nil {
+				l.DefaultFilterChain = passthroughChain()
+			}
 			add(l)
 			return
 		}
 	}
-	l := add(outboundListener("0.0.0.0", port))
-	chain := &listenerv3.FilterChain{Filters: filters}
+	var prefixes []*corev3.CidrRange
 	for _, a := range addrs {
 		if ip, ok := netip.AddrFromSlice(a.GetAddress()); ok {
 			ip = ip.Unmap()
@@ -160,26 +193,22 @@ func (m *Mesh) addTCPOutbound(add func(*listenerv3.Listener) *listenerv3.Listene
 			if bits == 0 {
 				bits = uint32(ip.BitLen())
 			}
-			if chain.FilterChainMatch == nil {
-				chain.FilterChainMatch = &listenerv3.FilterChainMatch{}
-			}
-			chain.FilterChainMatch.PrefixRanges = append(chain.FilterChainMatch.PrefixRanges, &corev3.CidrRange{
-				AddressPrefix: ip.String(), PrefixLen: wrapperspb.UInt32(bits),
-			})
+			prefixes = append(prefixes, &corev3.CidrRange{AddressPrefix: ip.String(), PrefixLen: wrapperspb.UInt32(bits)})
 		}
 	}
-	if chain.FilterChainMatch == nil && (protocol == "TLS" || protocol == "HTTPS") {
-		chain.FilterChainMatch = &listenerv3.FilterChainMatch{ServerNames: []string{svc.GetHostname()}}
-		if !slices.ContainsFunc(l.ListenerFilters, func(f *listenerv3.ListenerFilter) bool { return f.GetName() == tlsInspectorName }) {
+	l := add(outboundListener("0.0.0.0", port))
+	for _, c := range m.tcpChains(p, svc, port, protocol, prefixes) {
+		match := c.match()
+		if slices.ContainsFunc(l.FilterChains, func(fc *listenerv3.FilterChain) bool { return proto.Equal(fc.GetFilterChainMatch(), match) }) {
+			continue // another service's chain takes these connections
+		}
+		if len(c.serverNames) > 0 && !slices.ContainsFunc(l.ListenerFilters, func(f *listenerv3.ListenerFilter) bool { return f.GetName() == tlsInspectorName }) {
 			l.ListenerFilters = append(l.ListenerFilters, tlsInspector())
 		}
-	}
-	if chain.FilterChainMatch == nil && slices.ContainsFunc(l.FilterChains, func(fc *listenerv3.FilterChain) bool { return fc.FilterChainMatch == nil }) {
-		return // the port's catch-all chain is taken
-	}
-	l.FilterChains = append(l.FilterChains, chain)
-	if l.DefaultFilterChain == nil && chain.FilterChainMatch != nil {
-		l.DefaultFilterChain = passthroughChain()
+		l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{FilterChainMatch: match, Filters: c.filters, Metadata: c.metadata()})
+		if l.DefaultFilterChain == nil && match != nil {
+			l.DefaultFilterChain = passthroughChain()
+		}
 	}
 }
 
@@ -195,8 +224,12 @@ func sidecarAddresses(svc *Service) []*workloadapi.NetworkAddress {
 
 const tlsInspectorName = "envoy.filters.listener.tls_inspector"
 
+// tlsInspector reads the ClientHello's server name and ALPN from at most
+// 512 bytes at first (istiod's size).
 func tlsInspector() *listenerv3.ListenerFilter {
-	return &listenerv3.ListenerFilter{Name: tlsInspectorName, ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&tlsinspectorv3.TlsInspector{})}}
+	return &listenerv3.ListenerFilter{Name: tlsInspectorName, ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&tlsinspectorv3.TlsInspector{
+		InitialReadBufferSize: wrapperspb.UInt32(512),
+	})}}
 }
 
 // metadataExchange is Istio's peer metadata exchange, a filter of Istio's
@@ -222,14 +255,16 @@ func sniffedOutboundListener(svc *Service, ip netip.Addr, port uint32) *listener
 	route := svc.GetHostname() + ":" + u32(port)
 	l.FilterChains = []*listenerv3.FilterChain{{
 		FilterChainMatch: &listenerv3.FilterChainMatch{TransportProtocol: "raw_buffer", ApplicationProtocols: plainHTTPProtocols},
-		Filters:          []*listenerv3.Filter{outboundHCM(route, port)},
+		Filters:          []*listenerv3.Filter{outboundHCM(route, port, "")},
 	}}
 	l.DefaultFilterChain = &listenerv3.FilterChain{Filters: []*listenerv3.Filter{tcpProxy(ClusterName(Outbound, port, "", svc.GetHostname()))}}
 	return l
 }
 
+const passthroughChainName = "PassthroughFilterChain"
+
 func passthroughChain() *listenerv3.FilterChain {
-	return &listenerv3.FilterChain{Name: "PassthroughFilterChain", FilterChainMatch: &listenerv3.FilterChainMatch{}, Filters: []*listenerv3.Filter{tcpProxy(PassthroughCluster)}}
+	return &listenerv3.FilterChain{Name: passthroughChainName, FilterChainMatch: &listenerv3.FilterChainMatch{}, Filters: []*listenerv3.Filter{tcpProxy(PassthroughCluster)}}
 }
 
 func tcpProxy(cluster string) *listenerv3.Filter {
@@ -242,20 +277,27 @@ func httpInspector() *listenerv3.ListenerFilter {
 	return &listenerv3.ListenerFilter{Name: "envoy.filters.listener.http_inspector", ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&httpinspectorv3.HttpInspector{})}}
 }
 
-// outboundHCM routes by the route configuration route over ADS.
-func outboundHCM(route string, port uint32) *listenerv3.Filter {
+// outboundHCM routes by the route configuration route over ADS; a
+// gRPC-Web port's (the protocol of the first service that made the
+// port's listener, as in istiod) translates gRPC-Web.
+func outboundHCM(route string, port uint32, protocol string) *listenerv3.Filter {
+	filters := []*hcmv3.HttpFilter{faultFilter(), corsFilter(), routerFilter()}
+	if protocol == "GRPC-Web" {
+		filters = append([]*hcmv3.HttpFilter{grpcWebFilter()}, filters...)
+	}
 	hcm := &hcmv3.HttpConnectionManager{
 		StatPrefix: "outbound_0.0.0.0_" + u32(port),
 		CodecType:  hcmv3.HttpConnectionManager_AUTO,
 		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{
 			ConfigSource: adsSourceNoWait(), RouteConfigName: route,
 		}},
-		HttpFilters:                  []*hcmv3.HttpFilter{faultFilter(), routerFilter()},
+		HttpFilters:                  filters,
 		UseRemoteAddress:             wrapperspb.Bool(false),
 		NormalizePath:                wrapperspb.Bool(true),
 		PathWithEscapedSlashesAction: hcmv3.HttpConnectionManager_KEEP_UNCHANGED,
 		StreamIdleTimeout:            durationpb.New(0),
 		UpgradeConfigs:               []*hcmv3.HttpConnectionManager_UpgradeConfig{{UpgradeType: "websocket"}},
+		Proxy_100Continue:            true,
 	}
 	return hcmFilter(hcm)
 }
@@ -268,6 +310,17 @@ func faultFilter() *hcmv3.HttpFilter {
 	return &hcmv3.HttpFilter{Name: "envoy.filters.http.fault", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&faultv3.HTTPFault{})}}
 }
 
+// corsFilter answers CORS preflights and checks origins as each route's
+// CORS policy says (none: it does nothing).
+func corsFilter() *hcmv3.HttpFilter {
+	return &hcmv3.HttpFilter{Name: "envoy.filters.http.cors", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&corsv3.Cors{})}}
+}
+
+// grpcWebFilter translates gRPC-Web requests to gRPC for the application.
+func grpcWebFilter() *hcmv3.HttpFilter {
+	return &hcmv3.HttpFilter{Name: "envoy.filters.http.grpc_web", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&grpcwebv3.GrpcWeb{})}}
+}
+
 // virtualOutbound takes the connections redirected to 15001 and hands
 // each to the listener of its original destination; what none takes
 // passes through, and a connection to 15001 itself goes nowhere.
@@ -277,6 +330,9 @@ func virtualOutbound() *listenerv3.Listener {
 		Address:          socketAddress("0.0.0.0", virtualOutboundPort),
 		TrafficDirection: corev3.TrafficDirection_OUTBOUND,
 		UseOriginalDst:   wrapperspb.Bool(true),
+		// One connection per wakeup: the accept queue is spread over
+		// Envoy's workers rather than drained by one.
+		MaxConnectionsToAcceptPerSocketEvent: wrapperspb.UInt32(1),
 		FilterChains: []*listenerv3.FilterChain{
 			{
 				Name:             VirtualOutbound + "-blackhole",
@@ -294,16 +350,27 @@ func virtualOutbound() *listenerv3.Listener {
 // chains ending at the original destination.
 func (m *Mesh) virtualInbound(p Proxy) *listenerv3.Listener {
 	l := &listenerv3.Listener{
-		Name:             VirtualInbound,
-		Address:          socketAddress("0.0.0.0", virtualInboundPort),
-		TrafficDirection: corev3.TrafficDirection_INBOUND,
-		ListenerFilters: []*listenerv3.ListenerFilter{
-			{Name: "envoy.filters.listener.original_dst", ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&originaldstv3.OriginalDst{})}},
-			tlsInspector(),
-			httpInspector(),
-		},
-		ListenerFiltersTimeout:           durationpb.New(0),
-		ContinueOnListenerFiltersTimeout: true,
+		Name:                                 VirtualInbound,
+		Address:                              socketAddress("0.0.0.0", virtualInboundPort),
+		TrafficDirection:                     corev3.TrafficDirection_INBOUND,
+		ListenerFiltersTimeout:               durationpb.New(0),
+		ContinueOnListenerFiltersTimeout:     true,
+		MaxConnectionsToAcceptPerSocketEvent: wrapperspb.UInt32(1),
+	}
+	// The inspectors skip connections to 15006 itself, and the HTTP one
+	// the ports whose protocol is known.
+	tls, http := tlsInspector(), httpInspector()
+	tls.FilterDisabled = portsPredicate([]uint32{virtualInboundPort})
+	known := []uint32{virtualInboundPort}
+	for _, in := range m.inboundPorts(p) {
+		if kindOf(in.protocol) != kindSniffed {
+			known = append(known, in.target)
+		}
+	}
+	http.FilterDisabled = portsPredicate(known)
+	l.ListenerFilters = []*listenerv3.ListenerFilter{
+		{Name: "envoy.filters.listener.original_dst", ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&originaldstv3.OriginalDst{})}},
+		tls, http,
 	}
 	l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{
 		Name:             VirtualInbound + "-blackhole",
@@ -314,13 +381,30 @@ func (m *Mesh) virtualInbound(p Proxy) *listenerv3.Listener {
 	// The passthrough chains, for ports no service names, by the
 	// workload's mode.
 	mode := m.MTLSMode(p.Namespace, p.Labels, 0)
-	l.FilterChains = append(l.FilterChains, inboundChains(VirtualInbound, 0, "", InboundPassthroughCluster, mode, rbac, VirtualInbound+"-catchall-http")...)
+	l.FilterChains = append(l.FilterChains, inboundChains(VirtualInbound, 0, 0, "", InboundPassthroughCluster, ":0/*", mode, rbac, VirtualInbound+"-catchall-http")...)
 	for _, in := range m.inboundPorts(p) {
 		name := listenerName("0.0.0.0", in.target)
 		cluster := ClusterName(Inbound, in.target, "", "")
-		l.FilterChains = append(l.FilterChains, inboundChains(name, in.target, in.protocol, cluster, m.MTLSMode(p.Namespace, p.Labels, in.target), rbac, name)...)
+		l.FilterChains = append(l.FilterChains, inboundChains(name, in.target, in.port, in.protocol, cluster, in.svc.GetHostname()+":"+u32(in.port)+"/*", m.MTLSMode(p.Namespace, p.Labels, in.target), rbac, name)...)
 	}
 	return l
+}
+
+// portsPredicate matches connections to any of ports.
+func portsPredicate(ports []uint32) *listenerv3.ListenerFilterChainMatchPredicate {
+	ports = slices.Compact(slices.Sorted(slices.Values(ports)))
+	var rules []*listenerv3.ListenerFilterChainMatchPredicate
+	for _, p := range ports {
+		rules = append(rules, &listenerv3.ListenerFilterChainMatchPredicate{Rule: &listenerv3.ListenerFilterChainMatchPredicate_DestinationPortRange{
+			DestinationPortRange: &typev3.Int32Range{Start: int32(p), End: int32(p) + 1},
+		}})
+	}
+	if len(rules) == 1 {
+		return rules[0]
+	}
+	return &listenerv3.ListenerFilterChainMatchPredicate{Rule: &listenerv3.ListenerFilterChainMatchPredicate_OrMatch{
+		OrMatch: &listenerv3.ListenerFilterChainMatchPredicate_MatchSet{Rules: rules},
+	}}
 }
 
 // inboundChains are the chains of one destination port (0: any): by
@@ -333,7 +417,7 @@ type inboundFilters struct {
 	trustDomain string
 }
 
-func inboundChains(name string, port uint32, protocol, cluster string, mode securityapi.PeerAuthentication_MutualTLS_Mode, rbac inboundFilters, httpName string) []*listenerv3.FilterChain {
+func inboundChains(name string, port, servicePort uint32, protocol, cluster, operation string, mode securityapi.PeerAuthentication_MutualTLS_Mode, rbac inboundFilters, httpName string) []*listenerv3.FilterChain {
 	kind := kindOf(protocol)
 	httpOK, tcpOK := kind != kindTCP, kind != kindHTTP
 	mtls := mode != securityapi.PeerAuthentication_MutualTLS_DISABLE
@@ -355,20 +439,20 @@ func inboundChains(name string, port uint32, protocol, cluster string, mode secu
 		if mtls {
 			out = append(out, &listenerv3.FilterChain{
 				Name: httpName, FilterChainMatch: match("tls", mtlsAnyProtocols),
-				TransportSocket: inboundTLS(true, rbac.trustDomain), Filters: []*listenerv3.Filter{metadataExchange(), inboundHCM(port, cluster, rbac.http)},
+				TransportSocket: inboundTLS(true, rbac.trustDomain), Filters: []*listenerv3.Filter{metadataExchange(), inboundHCM(port, servicePort, cluster, protocol, operation, rbac.http)},
 			})
 		}
 		if plain {
-			out = append(out, &listenerv3.FilterChain{Name: httpName, FilterChainMatch: match("raw_buffer", nil), Filters: []*listenerv3.Filter{metadataExchange(), inboundHCM(port, cluster, rbac.http)}})
+			out = append(out, &listenerv3.FilterChain{Name: httpName, FilterChainMatch: match("raw_buffer", nil), Filters: []*listenerv3.Filter{metadataExchange(), inboundHCM(port, servicePort, cluster, protocol, operation, rbac.http)}})
 		}
 		return out
 	}
 	if httpOK {
 		if mtls {
-			out = append(out, &listenerv3.FilterChain{Name: httpName, FilterChainMatch: match("tls", mtlsHTTPProtocols), TransportSocket: inboundTLS(true, rbac.trustDomain), Filters: []*listenerv3.Filter{metadataExchange(), inboundHCM(port, cluster, rbac.http)}})
+			out = append(out, &listenerv3.FilterChain{Name: httpName, FilterChainMatch: match("tls", mtlsHTTPProtocols), TransportSocket: inboundTLS(true, rbac.trustDomain), Filters: []*listenerv3.Filter{metadataExchange(), inboundHCM(port, servicePort, cluster, protocol, operation, rbac.http)}})
 		}
 		if plain {
-			out = append(out, &listenerv3.FilterChain{Name: httpName, FilterChainMatch: match("raw_buffer", plainHTTPProtocols), Filters: []*listenerv3.Filter{metadataExchange(), inboundHCM(port, cluster, rbac.http)}})
+			out = append(out, &listenerv3.FilterChain{Name: httpName, FilterChainMatch: match("raw_buffer", plainHTTPProtocols), Filters: []*listenerv3.Filter{metadataExchange(), inboundHCM(port, servicePort, cluster, protocol, operation, rbac.http)}})
 		}
 	}
 	if tcpOK {
@@ -408,8 +492,24 @@ func inboundTLS(http bool, trustDomain string) *corev3.TransportSocket {
 }
 
 // inboundHCM routes every request to cluster, through the HTTP RBAC
-// filters.
-func inboundHCM(port uint32, cluster string, rbac []*hcmv3.HttpFilter) *listenerv3.Filter {
+// filters; requests the application reset before it read them are tried
+// again (not gRPC's, whose streams may have been half sent). operation
+// names the route in traces.
+func inboundHCM(port, servicePort uint32, cluster, protocol, operation string, rbac []*hcmv3.HttpFilter) *listenerv3.Filter {
+	action := &routev3.RouteAction{
+		ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster},
+		Timeout:          noTimeout,
+		MaxStreamDuration: &routev3.RouteAction_MaxStreamDuration{
+			MaxStreamDuration: noTimeout, GrpcTimeoutHeaderMax: noTimeout,
+		},
+	}
+	if protocol != "GRPC" && protocol != "GRPC-Web" {
+		action.RetryPolicy = &routev3.RetryPolicy{RetryOn: "reset-before-request", NumRetries: wrapperspb.UInt32(2)}
+	}
+	filters := slices.Clone(rbac)
+	if protocol == "GRPC-Web" {
+		filters = append(filters, grpcWebFilter())
+	}
 	hcm := &hcmv3.HttpConnectionManager{
 		StatPrefix: "inbound_0.0.0.0_" + u32(port),
 		CodecType:  hcmv3.HttpConnectionManager_AUTO,
@@ -417,78 +517,32 @@ func inboundHCM(port uint32, cluster string, rbac []*hcmv3.HttpFilter) *listener
 			Name:             cluster,
 			ValidateClusters: wrapperspb.Bool(false),
 			VirtualHosts: []*routev3.VirtualHost{{
-				Name:    strings.Replace(cluster, "||", "|http|", 1),
+				Name:    "inbound|http|" + u32(servicePort),
 				Domains: []string{"*"},
 				Routes: []*routev3.Route{{
-					Name:  "default",
-					Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
-					Action: &routev3.Route_Route{Route: &routev3.RouteAction{
-						ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster},
-						Timeout:          noTimeout,
-						MaxStreamDuration: &routev3.RouteAction_MaxStreamDuration{
-							MaxStreamDuration: noTimeout, GrpcTimeoutHeaderMax: noTimeout,
-						},
-					}},
+					Name:      "default",
+					Match:     &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+					Decorator: &routev3.Decorator{Operation: operation},
+					Action:    &routev3.Route_Route{Route: action},
 				}},
 			}},
 		}},
-		HttpFilters:                  append(slices.Clone(rbac), faultFilter(), routerFilter()),
+		HttpFilters:                  append(filters, faultFilter(), corsFilter(), routerFilter()),
 		UseRemoteAddress:             wrapperspb.Bool(false),
 		NormalizePath:                wrapperspb.Bool(true),
 		PathWithEscapedSlashesAction: hcmv3.HttpConnectionManager_KEEP_UNCHANGED,
 		StreamIdleTimeout:            durationpb.New(0),
+		ServerName:                   "istio-envoy",
+		Proxy_100Continue:            true,
 		ForwardClientCertDetails:     hcmv3.HttpConnectionManager_APPEND_FORWARD,
 		SetCurrentClientCertDetails:  &hcmv3.HttpConnectionManager_SetCurrentClientCertDetails{Subject: wrapperspb.Bool(true), Uri: true, Dns: true},
 		UpgradeConfigs:               []*hcmv3.HttpConnectionManager_UpgradeConfig{{UpgradeType: "websocket"}},
 	}
+	if http2(protocol) {
+		// An HTTP/2 port takes HTTP/2 without negotiating it.
+		hcm.Http2ProtocolOptions = &corev3.Http2ProtocolOptions{}
+	}
 	return hcmFilter(hcm)
-}
-
-// networkRBAC are the network RBAC filters of the AuthorizationPolicies
-// that select the proxy, for its TCP chains, in istiod's order: CUSTOM
-// policies' DENY rules (one filter per provider), DENY rules, then ALLOW
-// rules, as they apply to TCP (tcpPolicies).
-func (m *Mesh) networkRBAC(p Proxy) []*listenerv3.Filter {
-	ps := m.AuthorizationPolicies(p.Namespace, p.Labels)
-	filter := func(rules *rbacv3.RBAC) *listenerv3.Filter {
-		return &listenerv3.Filter{Name: "envoy.filters.network.rbac", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(&rbacnetv3.RBAC{
-			StatPrefix: "tcp.", Rules: rules,
-		})}}
-	}
-	var out []*listenerv3.Filter
-	for _, rules := range customDenyRules(ps.Custom, func(aps []*securityv1.AuthorizationPolicy) []*securityv1.AuthorizationPolicy {
-		return tcpPolicies(true, aps)
-	}) {
-		out = append(out, filter(rules))
-	}
-	for _, f := range []struct {
-		action   rbacv3.RBAC_Action
-		policies []*securityv1.AuthorizationPolicy
-	}{{rbacv3.RBAC_DENY, tcpPolicies(true, ps.Deny)}, {rbacv3.RBAC_ALLOW, tcpPolicies(false, ps.Allow)}} {
-		if len(f.policies) == 0 {
-			continue
-		}
-		out = append(out, filter(rbacRules(f.action, f.policies, envoyPolicyName)))
-	}
-	return out
-}
-
-// httpRBAC are the HTTP RBAC filters of the AuthorizationPolicies that
-// select the proxy, in istiod's order: CUSTOM policies' DENY rules (one
-// filter per provider), DENY rules, then ALLOW rules.
-func (m *Mesh) httpRBAC(p Proxy) []*hcmv3.HttpFilter {
-	ps := m.AuthorizationPolicies(p.Namespace, p.Labels)
-	var out []*hcmv3.HttpFilter
-	for _, rules := range customDenyRules(ps.Custom, func(aps []*securityv1.AuthorizationPolicy) []*securityv1.AuthorizationPolicy { return aps }) {
-		out = append(out, rbacFilter("envoy.filters.http.rbac", rules))
-	}
-	if rules := rbacRules(rbacv3.RBAC_DENY, ps.Deny, envoyPolicyName); len(rules.Policies) > 0 {
-		out = append(out, rbacFilter("envoy.filters.http.rbac", rules))
-	}
-	if len(ps.Allow) > 0 {
-		out = append(out, rbacFilter("envoy.filters.http.rbac", rbacRules(rbacv3.RBAC_ALLOW, ps.Allow, envoyPolicyName)))
-	}
-	return out
 }
 
 // sidecarDomains are the names an application may call a service by on a

@@ -31,6 +31,7 @@ func (m *Mesh) SidecarRoutes(p Proxy, names []string) []Named {
 			}
 			rc.VirtualHosts = []*routev3.VirtualHost{{
 				Name: name, Domains: []string{"*"}, Routes: m.routes(p, routeTarget{svc: svc, port: port}),
+				IncludeRequestAttemptCount: true,
 			}}
 			continue
 		}
@@ -67,16 +68,20 @@ func (m *Mesh) SidecarRoutes(p Proxy, names []string) []Named {
 				Name:    svc.GetHostname() + ":" + u32(port),
 				Domains: domains,
 				Routes:  m.routes(p, routeTarget{svc: svc, port: port}),
+				// The application sees how many tries a request took.
+				IncludeRequestAttemptCount: true,
 			})
 		}
 		rc.VirtualHosts = append(rc.VirtualHosts, &routev3.VirtualHost{
-			Name: "allow_any", Domains: []string{"*"},
+			Name: "allow_any", Domains: []string{"*"}, IncludeRequestAttemptCount: true,
 			Routes: []*routev3.Route{{
 				Name:  "allow_any",
 				Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
 				Action: &routev3.Route_Route{Route: &routev3.RouteAction{
 					ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: PassthroughCluster},
 					Timeout:          noTimeout,
+					//lint:ignore SA1019 the field Istio's sidecars are configured by
+					MaxGrpcTimeout: noTimeout,
 				}},
 			}},
 		})

@@ -40,21 +40,40 @@ import (
 // when they get all of it.
 func VirtualServiceProblem(vs *networkingv1.VirtualService) string {
 	_, msg := usableVirtualService(vs)
-	return msg
+	return joinProblems(msg, untranslatedProblem("VirtualService", &vs.Spec))
+}
+
+// joinProblems joins what is said of one object.
+func joinProblems(msgs ...string) string {
+	var out []string
+	for _, m := range msgs {
+		if m != "" {
+			out = append(out, m)
+		}
+	}
+	return strings.Join(out, "; ")
+}
+
+// SidecarProblem says which fields of a Sidecar resource sidecars get
+// nothing of; "" when none.
+func SidecarProblem(sc *networkingv1.Sidecar) string {
+	return untranslatedProblem("Sidecar", &sc.Spec)
 }
 
 // DestinationRuleProblem says why sidecars do not get the clusters of
-// dr's host that dr shapes; "" when dr is valid.
+// dr's host that dr shapes, or which of its fields they get nothing of;
+// "" when they get all of it.
 func DestinationRuleProblem(dr *networkingv1.DestinationRule) string {
 	if err := validation.DestinationRule(dr.Namespace, &dr.Spec); err != nil {
 		return "sidecars that would use this rule get no cluster for host " + strconv.Quote(dr.Spec.GetHost()) +
 			": the rule is invalid: " + validation.Summary(err)
 	}
-	return ""
+	return untranslatedProblem("DestinationRule", &dr.Spec)
 }
 
 // ServiceEntryProblem says which of se's hosts sidecars do not get, and
-// why; "" when they get all of them.
+// why, and which of its fields they get nothing of; "" when they get all
+// of it.
 func ServiceEntryProblem(se *networkingv1.ServiceEntry) string {
 	var out []string
 	for _, h := range se.Spec.GetHosts() {
@@ -62,7 +81,7 @@ func ServiceEntryProblem(se *networkingv1.ServiceEntry) string {
 			out = append(out, fmt.Sprintf("host %q is not sent to sidecars: %s", h, validation.Summary(err)))
 		}
 	}
-	return strings.Join(out, "; ")
+	return joinProblems(strings.Join(out, "; "), untranslatedProblem("ServiceEntry", &se.Spec))
 }
 
 // serviceHost checks a service's hostname, which becomes route
@@ -76,9 +95,9 @@ func serviceHost(h string) error {
 }
 
 // usableVirtualService is vs as sidecars get it: vs itself, a copy without
-// the HTTP routes Istio's rules refuse, or nil when its spec is refused;
-// with what was left out and why ("" for nothing). TCP and TLS routes are
-// not checked: Canopy does not translate them.
+// the HTTP routes Istio's rules refuse (and without its TCP and TLS routes
+// when any of those is refused), or nil when its spec is refused; with
+// what was left out and why ("" for nothing).
 func usableVirtualService(vs *networkingv1.VirtualService) (*networkingv1.VirtualService, string) {
 	check := validation.CheckVirtualService(vs.Namespace, &vs.Spec)
 	if check.Spec != nil {
@@ -99,13 +118,19 @@ func usableVirtualService(vs *networkingv1.VirtualService) (*networkingv1.Virtua
 			bad[i] = validation.Summary(err)
 		}
 	}
-	if len(bad) == 0 {
+	if len(bad) == 0 && check.Other == nil {
 		return vs, ""
 	}
 	out := vs.DeepCopy()
 	routes := out.Spec.Http
 	out.Spec.Http = nil
 	var msgs []string
+	if check.Other != nil {
+		// Chains are built from every tcp or tls route at once: any
+		// refused one could make Envoy refuse the whole listener.
+		out.Spec.Tcp, out.Spec.Tls = nil, nil
+		msgs = append(msgs, "its TCP and TLS routes: "+validation.Summary(check.Other))
+	}
 	for i, hr := range routes {
 		if msg, ok := bad[i]; ok {
 			name := "HTTP route " + strconv.Itoa(i)

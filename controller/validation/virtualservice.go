@@ -22,7 +22,7 @@ type VirtualServiceCheck struct {
 	// spec.http; routes without problems are absent.
 	HTTP map[int]error
 	// Other is what is wrong with the TCP and TLS routes, which sidecars
-	// get from Canopy only as Istio's defaults.
+	// then do not get.
 	Other error
 }
 
