@@ -282,7 +282,7 @@ func applyLoadBalancer(c *clusterv3.Cluster, lb *networkingapi.LoadBalancerSetti
 		c.LbPolicy = clusterv3.Cluster_CLUSTER_PROVIDED
 		return
 	}
-	//lint:ignore SA1019 LEAST_CONN is LEAST_REQUEST, as in Istio
+	// LEAST_CONN (deprecated) and LEAST_REQUEST are the default.
 	switch lb.GetSimple() {
 	case networkingapi.LoadBalancerSettings_RANDOM:
 		c.LbPolicy = clusterv3.Cluster_RANDOM

@@ -243,6 +243,7 @@ func (m *Mesh) outboundCluster(p Proxy, name string, svc *Service, port uint32, 
 		c.LoadAssignment = m.dnsAssignment(name, svc, port)
 		// Periodic lookups spread over 100 ms; c-ares sends at most 100
 		// queries on one UDP socket before opening another.
+		//lint:ignore SA1019 the field Istio's sidecars are configured by
 		c.DnsJitter = durationpb.New(100 * time.Millisecond)
 		c.TypedDnsResolverConfig = &corev3.TypedExtensionConfig{Name: "envoy.network.dns_resolver.cares", TypedConfig: mustAny(&caresv3.CaresDnsResolverConfig{
 			UdpMaxQueries: wrapperspb.UInt32(100),
