@@ -58,7 +58,9 @@ func (m *Mesh) SidecarShares(p Proxy, typeURL string, names []string) []Share {
 	case ListenerType:
 		return []Share{
 			// VirtualServices' tcp and tls routes match on source labels.
-			{m.key(p, "out").scope(m.SidecarScope(p)).labels(m.listenerLabels(p.Labels)).String(), "", func(r *Reads) []Named { return m.reading(r).sidecarOutboundListeners(p) }, nil},
+			// A headless service's listeners leave out the proxy's own
+			// address when it is one of them.
+			{m.key(p, "out").scope(m.SidecarScope(p)).labels(m.listenerLabels(p.Labels)).field(m.headlessSelf(p)).String(), "", func(r *Reads) []Named { return m.reading(r).sidecarOutboundListeners(p) }, nil},
 			{m.key(p, "own").labels(p.Labels).ips(p).String(), "", func(r *Reads) []Named {
 				return []Named{{VirtualInbound, m.reading(r).virtualInbound(p)}}
 			}, nil},

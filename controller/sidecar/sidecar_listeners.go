@@ -74,6 +74,24 @@ func (m *Mesh) sidecarOutboundListeners(p Proxy) []Named {
 	for _, svc := range m.visibleServices(p) {
 		for _, port := range sortedPorts(svc) {
 			protocol := portProtocol(svc, port)
+			if k := kindOf(protocol); (k == kindTCP || k == kindSniffed) && m.perInstance(svc) {
+				// One listener per endpoint address, as istiod builds
+				// them for headless services: each is told apart by its
+				// destination, which a wildcard listener cannot do.
+				if ips, ok := m.instanceAddresses(svc, port); ok {
+					for _, ip := range ips {
+						if len(p.IPs) > 0 && p.IPs[0].Unmap() == ip {
+							continue // its own: the app calls itself directly
+						}
+						if k == kindTCP {
+							add(m.boundTCPListener(p, svc, ip, port, protocol))
+						} else {
+							add(sniffedOutboundListener(svc, ip, port))
+						}
+					}
+					continue
+				}
+			}
 			switch kindOf(protocol) {
 			case kindHTTP:
 				add(httpOutboundListener(port, protocol))
@@ -164,24 +182,7 @@ func (m *Mesh) addTCPOutbound(p Proxy, add func(*listenerv3.Listener) *listenerv
 	addrs := sidecarAddresses(svc)
 	if len(addrs) == 1 {
 		if ip, ok := netip.AddrFromSlice(addrs[0].GetAddress()); ok && (addrs[0].GetLength() == 0 || int(addrs[0].GetLength()) == ip.BitLen()) {
-			l := outboundListener(ip.Unmap().String(), port)
-			chains := m.tcpChains(p, svc, port, protocol, nil)
-			for i, c := range chains {
-				fc := &listenerv3.FilterChain{FilterChainMatch: c.match(), Filters: c.filters, Metadata: c.metadata()}
-				if len(c.serverNames) > 0 && !slices.ContainsFunc(l.ListenerFilters, func(f *listenerv3.ListenerFilter) bool { return f.GetName() == tlsInspectorName }) {
-					l.ListenerFilters = append(l.ListenerFilters, tlsInspector())
-				}
-				if fc.FilterChainMatch == nil && i > 0 {
-					// The rest, after chains that match: the default.
-					l.DefaultFilterChain = fc
-					continue
-				}
-				l.FilterChains = append(l.FilterChains, fc)
-			}
-			if l.DefaultFilterChain == nil && l.FilterChains[len(l.FilterChains)-1].FilterChainMatch != nil {
-				l.DefaultFilterChain = passthroughChain()
-			}
-			add(l)
+			add(m.boundTCPListener(p, svc, ip.Unmap(), port, protocol))
 			return
 		}
 	}
@@ -210,6 +211,68 @@ func (m *Mesh) addTCPOutbound(p Proxy, add func(*listenerv3.Listener) *listenerv
 			l.DefaultFilterChain = passthroughChain()
 		}
 	}
+}
+
+// boundTCPListener is a TCP service port's listener on one address: its
+// chains, the catch-all one as the default after chains that match, and
+// the passthrough as the default when every chain matches.
+func (m *Mesh) boundTCPListener(p Proxy, svc *Service, ip netip.Addr, port uint32, protocol string) *listenerv3.Listener {
+	l := outboundListener(ip.String(), port)
+	for i, c := range m.tcpChains(p, svc, port, protocol, nil) {
+		fc := &listenerv3.FilterChain{FilterChainMatch: c.match(), Filters: c.filters, Metadata: c.metadata()}
+		if len(c.serverNames) > 0 && !slices.ContainsFunc(l.ListenerFilters, func(f *listenerv3.ListenerFilter) bool { return f.GetName() == tlsInspectorName }) {
+			l.ListenerFilters = append(l.ListenerFilters, tlsInspector())
+		}
+		if fc.FilterChainMatch == nil && i > 0 {
+			l.DefaultFilterChain = fc
+			continue
+		}
+		l.FilterChains = append(l.FilterChains, fc)
+	}
+	if l.DefaultFilterChain == nil && l.FilterChains[len(l.FilterChains)-1].FilterChainMatch != nil {
+		l.DefaultFilterChain = passthroughChain()
+	}
+	return l
+}
+
+// perInstance reports a service without an address that sends to the
+// original destination (a headless Service, a ServiceEntry of resolution
+// NONE): its TCP ports get a listener per endpoint address.
+func (m *Mesh) perInstance(svc *Service) bool {
+	return (svc.Info.Resolution == None || m.isHeadless(svc)) && len(sidecarAddresses(svc)) == 0
+}
+
+// instanceAddresses are the first addresses of a per-instance service's
+// endpoints on port, sorted; false when the service falls back to a
+// wildcard listener (a ServiceEntry without endpoints: nothing tells its
+// addresses).
+func (m *Mesh) instanceAddresses(svc *Service, port uint32) ([]netip.Addr, bool) {
+	var out []netip.Addr
+	for _, ep := range m.endpointsOf(svc) {
+		if _, ok := ep.Ports[port]; !ok || len(ep.GetAddresses()) == 0 {
+			continue
+		}
+		if a, ok := netip.AddrFromSlice(ep.GetAddresses()[0]); ok {
+			out = append(out, a.Unmap())
+		}
+	}
+	if len(out) == 0 && !m.isKubernetesService(svc.Service) {
+		return nil, false
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out), true
+}
+
+// headlessSelf is the proxy's address when it is an endpoint of a
+// per-instance service, whose listeners leave the proxy's own address out;
+// "" otherwise.
+func (m *Mesh) headlessSelf(p Proxy) string {
+	for _, ref := range m.ownEndpoints(p) {
+		if m.perInstance(ref.svc) && len(p.IPs) > 0 {
+			return p.IPs[0].Unmap().String()
+		}
+	}
+	return ""
 }
 
 // sidecarAddresses are the addresses a sidecar captures a service by:
