@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -54,22 +55,11 @@ type Policies struct {
 // (logging only; neither data plane here logs them) and dry-run policies
 // (Canopy generates no shadow rules) are left out.
 func (m *Mesh) AuthorizationPolicies(ns string, lbls map[string]string) Policies {
-	m.readKind(authorizationPolicies)
-	var out Policies
-	for _, ap := range m.authorizationPolicies {
-		if !securitypolicy.AppliesTo(ap, m.RootNamespace, ns, lbls) || securitypolicy.IsDryRun(ap) {
-			continue
-		}
-		switch ap.Spec.GetAction() {
-		case securityapi.AuthorizationPolicy_CUSTOM:
-			out.Custom = append(out.Custom, ap)
-		case securityapi.AuthorizationPolicy_DENY:
-			out.Deny = append(out.Deny, ap)
-		case securityapi.AuthorizationPolicy_ALLOW:
-			out.Allow = append(out.Allow, ap)
-		}
+	ps := m.envoyPolicies(Proxy{Namespace: ns, Labels: lbls})
+	enforced := func(aps []*securityv1.AuthorizationPolicy) []*securityv1.AuthorizationPolicy {
+		return slices.DeleteFunc(slices.Clone(aps), securitypolicy.IsDryRun)
 	}
-	return out
+	return Policies{Custom: ps.custom, Deny: enforced(ps.deny), Allow: enforced(ps.allow)}
 }
 
 // grpcRBACFilters are the RBAC filters for a proxyless server: a DENY
