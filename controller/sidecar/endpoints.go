@@ -28,9 +28,9 @@ const tlsModeLabel = "security.istio.io/tlsMode"
 // UNHEALTHY but never terminating, grouped by locality with the
 // locality's weight the sum of its endpoints', and the localities
 // prioritised or weighed relative to the proxy's as the service's
-// DestinationRule or traffic distribution asks (locality.go). A name that is a valid
-// cluster name but matches no service gets an empty assignment, so a
-// client stops waiting for it.
+// DestinationRule or traffic distribution asks (locality.go). A name that
+// is a valid cluster name but matches no service gets an empty
+// assignment, so a client stops waiting for it.
 func (m *Mesh) Endpoints(p Proxy, names []string) []Named {
 	var out []Named
 	for _, name := range slices.Sorted(slices.Values(names)) {
