@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strings"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -28,6 +29,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/canopy-mesh/canopy/controller/sidecar"
 	"github.com/canopy-mesh/canopy/controller/validation"
 	"github.com/canopy-mesh/canopy/internal/admissionreview"
 )
@@ -89,7 +91,7 @@ func (h *Handler) review(_ context.Context, req *admissionv1.AdmissionRequest) *
 	if name == "" {
 		name = obj.Metadata.GenerateName + "*"
 	}
-	err := validate(req.Kind.Kind, ns, name, obj.Metadata.Annotations, obj.Spec)
+	spec, err := validate(req.Kind.Kind, ns, name, obj.Metadata.Annotations, obj.Spec)
 	if err != nil {
 		h.log.Info("refused invalid configuration", "kind", req.Kind.Kind, "namespace", ns, "name", name,
 			"dry_run", req.DryRun != nil && *req.DryRun, "err", validation.Summary(err))
@@ -98,7 +100,26 @@ func (h *Handler) review(_ context.Context, req *admissionv1.AdmissionRequest) *
 		}
 		return admissionreview.Deny(http.StatusBadRequest, "configuration is invalid: "+err.Error())
 	}
-	return &admissionv1.AdmissionResponse{Allowed: true}
+	resp := &admissionv1.AdmissionResponse{Allowed: true}
+	// What sidecars will get nothing of is said at once, beside the
+	// Warning Event the controller records.
+	if fields := untranslated(req.Kind.Kind, spec); len(fields) > 0 {
+		resp.Warnings = []string{"Canopy does not translate for sidecars: " + strings.Join(fields, ", ")}
+	}
+	return resp
+}
+
+// untranslated are the fields of a networking spec that Canopy does not
+// translate for sidecars (sidecar.UntranslatedFields); none for other
+// kinds.
+func untranslated(kind string, spec proto.Message) []string {
+	switch kind {
+	case "DestinationRule", "VirtualService", "ServiceEntry", "Sidecar", "WorkloadEntry":
+		if spec != nil {
+			return sidecar.UntranslatedFields(kind, spec)
+		}
+	}
+	return nil
 }
 
 // decodeError marks a spec that does not decode, which Istio's webhook
@@ -109,10 +130,11 @@ func (e decodeError) Error() string { return "error decoding configuration: " + 
 func (e decodeError) Unwrap() error { return e.err }
 
 // validate checks an object of kind of namespace/name with annotations
-// and a spec (JSON).
-func validate(kind, ns, name string, annotations map[string]string, spec json.RawMessage) error {
+// and a spec (JSON), and returns the spec decoded (nil for a kind it does
+// not check).
+func validate(kind, ns, name string, annotations map[string]string, spec json.RawMessage) (proto.Message, error) {
 	if err := validation.Annotations(kind, ns, name, annotations); err != nil {
-		return err
+		return nil, err
 	}
 	decode := func(m proto.Message) error {
 		if len(spec) == 0 || string(spec) == "null" {
@@ -131,39 +153,39 @@ func validate(kind, ns, name string, annotations map[string]string, spec json.Ra
 	case "VirtualService":
 		var s networkingapi.VirtualService
 		if err := decode(&s); err != nil {
-			return err
+			return nil, err
 		}
-		return validation.VirtualService(ns, &s)
+		return &s, validation.VirtualService(ns, &s)
 	case "DestinationRule":
 		var s networkingapi.DestinationRule
 		if err := decode(&s); err != nil {
-			return err
+			return nil, err
 		}
-		return validation.DestinationRule(ns, &s)
+		return &s, validation.DestinationRule(ns, &s)
 	case "ServiceEntry":
 		var s networkingapi.ServiceEntry
 		if err := decode(&s); err != nil {
-			return err
+			return nil, err
 		}
-		return validation.ServiceEntry(ns, &s)
+		return &s, validation.ServiceEntry(ns, &s)
 	case "Sidecar":
 		var s networkingapi.Sidecar
 		if err := decode(&s); err != nil {
-			return err
+			return nil, err
 		}
-		return validation.Sidecar(ns, &s)
+		return &s, validation.Sidecar(ns, &s)
 	case "AuthorizationPolicy":
 		var s securityapi.AuthorizationPolicy
 		if err := decode(&s); err != nil {
-			return err
+			return nil, err
 		}
-		return validation.AuthorizationPolicy(ns, name, annotations, &s)
+		return &s, validation.AuthorizationPolicy(ns, name, annotations, &s)
 	case "PeerAuthentication":
 		var s securityapi.PeerAuthentication
 		if err := decode(&s); err != nil {
-			return err
+			return nil, err
 		}
-		return validation.PeerAuthentication(&s)
+		return &s, validation.PeerAuthentication(&s)
 	}
-	return nil
+	return nil, nil
 }

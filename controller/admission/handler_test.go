@@ -18,9 +18,10 @@ import (
 
 // outcome is what a test reads of an answer.
 type outcome struct {
-	HTTP    int
-	Allowed bool
-	Message string // a part of the denial's message
+	HTTP     int
+	Allowed  bool
+	Message  string // a part of the denial's message
+	Warnings []string
 }
 
 func post(t *testing.T, path string, body []byte) (int, *admissionv1.AdmissionReview) {
@@ -112,6 +113,10 @@ func TestHandler(t *testing.T) {
 		{name: "a newer field beside a bad regex", op: admissionv1.Create, group: net, kind: "VirtualService",
 			body: `{"metadata":{"name":"r"},"spec":{"hosts":["r"],"fieldOfTomorrow":1,"http":[{"match":[{"uri":{"regex":"("}}],"route":[{"destination":{"host":"r"}}]}]}}`,
 			want: outcome{HTTP: 200, Message: "configuration is invalid"}},
+		// Allowed, with what sidecars will get nothing of said.
+		{name: "a field Canopy does not translate", op: admissionv1.Create, group: net, kind: "Sidecar",
+			body: `{"metadata":{"name":"s"},"spec":{"egress":[{"hosts":["./*"]}],"outboundTrafficPolicy":{"mode":"REGISTRY_ONLY"}}}`,
+			want: outcome{HTTP: 200, Allowed: true, Warnings: []string{"Canopy does not translate for sidecars: outboundTrafficPolicy"}}},
 		{name: "not Istio's", op: admissionv1.Create, group: "", kind: "Pod", body: `{}`,
 			want: outcome{HTTP: 200, Message: "unrecognized type"}},
 	} {
@@ -120,7 +125,7 @@ func TestHandler(t *testing.T) {
 			code, out := post(t, "/validate", review(t, tt.op, tt.group, tt.kind, tt.body))
 			got := outcome{HTTP: code}
 			if out != nil {
-				got.Allowed = out.Response.Allowed
+				got.Allowed, got.Warnings = out.Response.Allowed, out.Response.Warnings
 				if out.Response.UID != "uid-1" {
 					t.Errorf("answer for uid %q, want uid-1", out.Response.UID)
 				}
