@@ -148,6 +148,8 @@ func (m *Mesh) fingerprint() {
 				f.str(sa)
 			}
 			f.str("") // the end of the identities
+			// istioTLSPorts are read with the endpoints, whose
+			// fingerprint covers them.
 			f.uint(uint64(len(s.tunnelPorts)))
 			for _, p := range s.tunnelPorts {
 				f.uint(uint64(p))

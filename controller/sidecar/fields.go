@@ -83,6 +83,10 @@ var fieldUses = map[string]map[string]FieldUse{
 // listed prefix, else Translated.
 func subtreeUse(kind, path string) FieldUse {
 	uses := fieldUses[kind]
+	// A subset's traffic policy is read as the rule's.
+	if rest, ok := strings.CutPrefix(path, "subsets.trafficPolicy"); ok && kind == "DestinationRule" {
+		path = "trafficPolicy" + rest
+	}
 	for p := path; ; {
 		if u, ok := uses[p]; ok {
 			return u

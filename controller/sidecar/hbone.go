@@ -32,7 +32,12 @@ const (
 
 // hboneMatch sends the endpoints marked for tunnelling to the internal
 // listener.
-func hboneMatch() *clusterv3.Cluster_TransportSocketMatch {
+func hboneMatch() *clusterv3.Cluster_TransportSocketMatch { return hboneMatchAround(rawBufferSocket()) }
+
+// hboneMatchAround sends endpoints marked for a tunnel through the
+// connect_originate listener, with inner (plaintext, or the TLS the
+// destination gets) inside the tunnel.
+func hboneMatchAround(inner *corev3.TransportSocket) *clusterv3.Cluster_TransportSocketMatch {
 	return &clusterv3.Cluster_TransportSocketMatch{
 		Name:  "hbone",
 		Match: &structpb.Struct{Fields: map[string]*structpb.Value{"tunnel": structpb.NewStringValue("http")}},
@@ -45,7 +50,7 @@ func hboneMatch() *clusterv3.Cluster_TransportSocketMatch {
 					{Kind: &metadatav3.MetadataKind{Kind: &metadatav3.MetadataKind_Cluster_{Cluster: &metadatav3.MetadataKind_Cluster{}}}, Name: "istio"},
 					{Kind: hostMetadata(), Name: "istio"},
 				},
-				TransportSocket: rawBufferSocket(),
+				TransportSocket: inner,
 			}),
 		}},
 	}

@@ -364,8 +364,8 @@ func sortedKeys[K interface{ ~int | ~string }, V any](m map[K]V) []K {
 }
 
 // failoverKeys are the labels any failover priority of the mesh compares:
-// those of the DestinationRules' settings, and the node's when a service's
-// traffic distribution prefers the same node.
+// those of the DestinationRules' settings and of the services' traffic
+// distributions.
 func (m *Mesh) failoverKeys() map[string]bool {
 	m.readKind(destinationRules)
 	m.readServices()
@@ -395,9 +395,9 @@ func (m *Mesh) indexFailoverLabels() {
 	}
 	for _, svcs := range m.services {
 		for _, s := range svcs {
-			if slices.Contains(s.GetLoadBalancing().GetRoutingPreference(), workloadapi.LoadBalancing_NODE) {
-				m.failoverLabels[labelSubzone] = true
-				m.failoverLabels[labelHostname] = true
+			s, _ := effectiveLocality(nil, s)
+			for _, k := range s.failoverLabelKeys() {
+				m.failoverLabels[k] = true
 			}
 		}
 	}

@@ -78,9 +78,10 @@ type Service struct {
 	// foreign: its hostname is another namespace's Service name
 	// (ambient.ForeignServiceHost), so only its namespace's proxies get it.
 	foreign bool
-	// tunnelPorts are its ports whose endpoints all take HBONE, sorted
-	// (indexTunnels).
-	tunnelPorts []uint32
+	// tunnelPorts are its ports whose endpoints all take HBONE, and
+	// istioTLSPorts those whose endpoints are all labelled for Istio
+	// mutual TLS, sorted (indexTunnels).
+	tunnelPorts, istioTLSPorts []uint32
 }
 
 // ServiceInfo is what a sidecar's configuration needs of a service beyond

@@ -245,10 +245,13 @@ func (m *Mesh) routeDestinations(p Proxy, vs *networkingv1.VirtualService, hr *n
 				action.HostRewriteSpecifier = &routev3.RouteAction_HostRewriteLiteral{HostRewriteLiteral: ops.authority}
 			}
 		}
-		if hp := hashPolicy(hash(d.GetDestination())); hp != nil {
+		h := hash(d.GetDestination())
+		if hp := hashPolicy(h); hp != nil {
 			action.HashPolicy = append(action.HashPolicy, hp)
-			hashed = true
 		}
+		// A consistent hash without a key still picks the same host
+		// again: retries do not avoid it.
+		hashed = h != nil
 	} else {
 		weighted := &routev3.WeightedCluster{}
 		for _, d := range routes {

@@ -3,6 +3,7 @@ package sidecar
 import (
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
@@ -210,6 +211,8 @@ func (k *shareKey) place(m *Mesh, p Proxy) *shareKey {
 	loc := pl.locality
 	k.field(loc.GetRegion() + "/" + loc.GetZone() + "/" + loc.GetSubZone())
 	k.field(pl.labels[labelNetwork])
+	// A proxy without labels gets no failover priorities at all.
+	k.field(strconv.FormatBool(len(pl.labels) > 0))
 	return k.labels(labelsAmong(pl.labels, m.failoverKeys()))
 }
 

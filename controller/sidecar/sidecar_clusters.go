@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	networkingapi "istio.io/api/networking/v1"
+	securityapi "istio.io/api/security/v1beta1"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 
 	"github.com/canopy-mesh/canopy/workloadapi"
@@ -279,8 +280,9 @@ func (m *Mesh) outboundCluster(p Proxy, name string, svc *Service, port uint32, 
 	}
 
 	// Mutual TLS: as the rule says, else automatically towards the
-	// endpoints labelled for it (not for a service outside the mesh, nor
-	// towards an original destination).
+	// endpoints labelled for it (not for a service outside the mesh); to
+	// an original destination, when every endpoint is labelled for it and
+	// the namespace does not disable it.
 	alpn := []string{"istio-peer-exchange", "istio"}
 	if http2(protocol) || b.http.GetExplicitHttpConfig().GetHttp2ProtocolOptions() != nil {
 		alpn = append(alpn, "h2")
@@ -304,15 +306,28 @@ func (m *Mesh) outboundCluster(p Proxy, name string, svc *Service, port uint32, 
 			c.TransportSocket = tlsSocket(tlsContext())
 		}
 	case tls.GetMode() == networkingapi.ClientTLSSettings_SIMPLE || tls.GetMode() == networkingapi.ClientTLSSettings_MUTUAL:
-		c.TransportSocket = tlsSocket(originationTLS(tls, svc.GetHostname(), protocol))
-	case tls == nil && !svc.Info.External && !original:
+		ts := tlsSocket(originationTLS(tls, svc.GetHostname(), protocol))
+		if !p.HBONE {
+			c.TransportSocket = ts
+			break
+		}
+		// The destination gets the TLS asked for, through the tunnel to an
+		// ambient workload too.
+		matches = append(matches, hboneMatchAround(ts), &clusterv3.Cluster_TransportSocketMatch{Name: "user", TransportSocket: ts})
+	case tls == nil && !svc.Info.External && original:
+		if m.allIstioTLS(svc, port) && m.MTLSMode(svc.GetNamespace(), nil, 0) != securityapi.PeerAuthentication_MutualTLS_DISABLE {
+			c.TransportSocket = tlsSocket(tlsContext())
+		} else if p.HBONE {
+			matches = append(matches, &clusterv3.Cluster_TransportSocketMatch{Name: "tlsMode-disabled", Match: &structpb.Struct{}, TransportSocket: rawBufferSocket()})
+		}
+	case tls == nil && !svc.Info.External:
 		matches = append(matches,
 			&clusterv3.Cluster_TransportSocketMatch{Name: "tlsMode-istio", Match: tlsModeMatch(), TransportSocket: tlsSocket(tlsContext())},
 			&clusterv3.Cluster_TransportSocketMatch{Name: "tlsMode-disabled", Match: &structpb.Struct{}, TransportSocket: rawBufferSocket()})
 	case p.HBONE:
 		matches = append(matches, &clusterv3.Cluster_TransportSocketMatch{Name: "tlsMode-disabled", Match: &structpb.Struct{}, TransportSocket: rawBufferSocket()})
 	}
-	if p.HBONE && c.TransportSocket == nil {
+	if p.HBONE && c.TransportSocket == nil && (len(matches) == 0 || matches[0].GetName() != "hbone") {
 		matches = append([]*clusterv3.Cluster_TransportSocketMatch{hboneMatch()}, matches...)
 	}
 	c.TransportSocketMatches = matches
@@ -386,13 +401,23 @@ func (m *Mesh) allTunnel(svc *Service, port uint32) bool {
 	return slices.Contains(svc.tunnelPorts, port)
 }
 
-// indexTunnels finds each service's ports whose endpoints all take HBONE.
+// allIstioTLS reports a service port whose endpoints (there are some) are
+// all labelled for Istio mutual TLS (indexTunnels). Only clusters to an
+// original destination ask, and they then depend on the service's
+// endpoints, whose fingerprint covers the labels.
+func (m *Mesh) allIstioTLS(svc *Service, port uint32) bool {
+	m.readEndpoints(svc.GetHostname())
+	return slices.Contains(svc.istioTLSPorts, port)
+}
+
+// indexTunnels finds each service's ports whose endpoints all take HBONE,
+// and those whose endpoints are all labelled for Istio mutual TLS.
 func (m *Mesh) indexTunnels() {
 	for _, svcs := range m.services {
 		for _, s := range svcs {
-			s.tunnelPorts = nil
+			s.tunnelPorts, s.istioTLSPorts = nil, nil
 			for _, port := range sortedPorts(s) {
-				n, all := 0, true
+				n, all, allTLS := 0, true, true
 				for _, ep := range s.Endpoints {
 					// Every endpoint the registry holds, terminating
 					// ones too, as istiod counts them; a ServiceEntry
@@ -401,10 +426,14 @@ func (m *Mesh) indexTunnels() {
 					if _, ok := ep.Ports[port]; ok && !unready {
 						n++
 						all = all && ep.GetTunnelProtocol() == workloadapi.TunnelProtocol_HBONE
+						allTLS = allTLS && tlsMode(ep) == "istio"
 					}
 				}
 				if n > 0 && all {
 					s.tunnelPorts = append(s.tunnelPorts, port)
+				}
+				if n > 0 && allTLS {
+					s.istioTLSPorts = append(s.istioTLSPorts, port)
 				}
 			}
 		}

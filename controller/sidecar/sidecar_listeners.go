@@ -198,7 +198,7 @@ func (m *Mesh) addTCPOutbound(p Proxy, add func(*listenerv3.Listener) *listenerv
 		}
 	}
 	l := add(outboundListener("0.0.0.0", port))
-	for _, c := range m.tcpChains(p, svc, port, protocol, prefixes) {
+	for _, c := range m.tcpChains(p, svc, port, protocol, prefixes, false) {
 		match := c.match()
 		if slices.ContainsFunc(l.FilterChains, func(fc *listenerv3.FilterChain) bool { return proto.Equal(fc.GetFilterChainMatch(), match) }) {
 			continue // another service's chain takes these connections
@@ -218,7 +218,7 @@ func (m *Mesh) addTCPOutbound(p Proxy, add func(*listenerv3.Listener) *listenerv
 // the passthrough as the default when every chain matches.
 func (m *Mesh) boundTCPListener(p Proxy, svc *Service, ip netip.Addr, port uint32, protocol string) *listenerv3.Listener {
 	l := outboundListener(ip.String(), port)
-	for i, c := range m.tcpChains(p, svc, port, protocol, nil) {
+	for i, c := range m.tcpChains(p, svc, port, protocol, nil, true) {
 		fc := &listenerv3.FilterChain{FilterChainMatch: c.match(), Filters: c.filters, Metadata: c.metadata()}
 		if len(c.serverNames) > 0 && !slices.ContainsFunc(l.ListenerFilters, func(f *listenerv3.ListenerFilter) bool { return f.GetName() == tlsInspectorName }) {
 			l.ListenerFilters = append(l.ListenerFilters, tlsInspector())

@@ -49,7 +49,7 @@ func (c tcpChain) match() *listenerv3.FilterChainMatch {
 // tcpChains are the filter chains of port of svc (a TCP, TLS or HTTPS
 // port, of protocol protocol) for proxy p, as istiod builds them from the
 // VirtualServices for the host; prefixes are the service's addresses when
-// the listener is not bound to one of them.
+// the listener is not bound to one address (bound).
 //
 // A TLS or HTTPS port takes the tls routes whose match applies, one chain
 // per distinct server names and destination subnets (the first wins), else
@@ -58,7 +58,7 @@ func (c tcpChain) match() *listenerv3.FilterChainMatch {
 // without a match, or with a match without destination subnets, takes every
 // remaining connection and ends the list; matches with destination subnets
 // add a chain for them; the port's own cluster takes the rest.
-func (m *Mesh) tcpChains(p Proxy, svc *Service, port uint32, protocol string, prefixes []*corev3.CidrRange) []tcpChain {
+func (m *Mesh) tcpChains(p Proxy, svc *Service, port uint32, protocol string, prefixes []*corev3.CidrRange, bound bool) []tcpChain {
 	vss := m.VirtualServices(p, svc.GetHostname())
 	if protocol == "TLS" || protocol == "HTTPS" {
 		var out []tcpChain
@@ -89,7 +89,9 @@ func (m *Mesh) tcpChains(p Proxy, svc *Service, port uint32, protocol string, pr
 			return out
 		}
 		own := tcpChain{prefixes: prefixes, filters: m.ownTCPFilters(p, svc, port, protocol)}
-		if len(prefixes) == 0 && len(sidecarAddresses(svc)) != 1 {
+		if !bound && len(prefixes) == 0 {
+			// Only the name tells this service's connections apart on
+			// a wildcard listener.
 			own.serverNames = []string{svc.GetHostname()}
 		}
 		return []tcpChain{own}

@@ -70,7 +70,7 @@ func TestTCPRoutes(t *testing.T) {
 		}
 		return out
 	}
-	got := summarize(m.tcpChains(p, m.Service(p, "db.shop.svc.cluster.local"), 5432, "TCP", nil))
+	got := summarize(m.tcpChains(p, m.Service(p, "db.shop.svc.cluster.local"), 5432, "TCP", nil, true))
 	want := []chain{
 		{Prefixes: []string{"10.99.0.0"}, Cluster: "outbound|5432|replica|db.shop.svc.cluster.local"},
 		{Weighted: map[string]uint32{"outbound|5432|primary|db.shop.svc.cluster.local": 90, "outbound|5432|replica|db.shop.svc.cluster.local": 10}},
@@ -78,7 +78,7 @@ func TestTCPRoutes(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("db's chains (-want +got):\n%s", diff)
 	}
-	got = summarize(m.tcpChains(p, m.Service(p, "vault.shop.svc.cluster.local"), 8443, "TLS", nil))
+	got = summarize(m.tcpChains(p, m.Service(p, "vault.shop.svc.cluster.local"), 8443, "TLS", nil, true))
 	want = []chain{{ServerNames: []string{"a.example.com"}, Cluster: "outbound|5432||db.shop.svc.cluster.local"}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("vault's chains (-want +got):\n%s", diff)
