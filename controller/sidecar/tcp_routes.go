@@ -98,6 +98,7 @@ func (m *Mesh) tcpChains(p Proxy, svc *Service, port uint32, protocol string, pr
 	}
 
 	var out []tcpChain
+	ownTaken := false
 routes:
 	for _, vs := range vss {
 		for _, tr := range vs.Spec.GetTcp() {
@@ -122,13 +123,14 @@ routes:
 				out = append(out, tcpChain{prefixes: cidrRanges(subnets), filters: m.tcpRouteFilters(p, vs, tr.GetRoute(), port, protocol)})
 				if sameRanges(cidrRanges(subnets), prefixes) {
 					// The service's own chain would match the same
-					// connections: Envoy refuses two such chains.
-					return out
+					// connections (Envoy refuses two such chains): it is
+					// left out; later routes still add theirs.
+					ownTaken = true
 				}
 			}
 		}
 	}
-	if len(out) > 0 && out[len(out)-1].match() == nil {
+	if ownTaken || len(out) > 0 && out[len(out)-1].match() == nil {
 		return out
 	}
 	return append(out, tcpChain{prefixes: prefixes, filters: m.ownTCPFilters(p, svc, port, protocol)})
