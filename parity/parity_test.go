@@ -110,7 +110,7 @@ func TestCanopyMatchesIstiod(t *testing.T) {
 	}
 	waitQuietAfter(t, "both tables after the EndpointSlices' resync", resynced, fromIstiod, fromCanopy)
 	t.Run("proxyless", func(t *testing.T) { compareProxyless(t, ref.XDSAddr, canopyAddr) })
-	t.Run("sidecar", func(t *testing.T) { compareSidecar(t, ref.XDSAddr, canopyAddr) })
+	t.Run("sidecar", func(t *testing.T) { compareSidecars(t, ref.XDSAddr, canopyAddr) })
 	t.Logf("compared in %s", time.Since(start).Round(100*time.Millisecond))
 }
 

@@ -20,55 +20,86 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
-// The sidecar node: pod rpc/greeter-v2-0 of testdata/proxyless.yaml, which
-// serves Service greeter (7070 → 8080, 9901) and is labelled for Istio
-// mutual TLS.
-const (
-	sidecarNamespace = "rpc"
-	sidecarPod       = "greeter-v2-0"
-	sidecarAccount   = "greeter"
-	sidecarIP        = "10.244.3.21"
-)
+// sidecarPod is a pod of the fixtures whose Envoy sidecar the test plays,
+// with the allow-list of its comparison under testdata.
+type sidecarPod struct {
+	namespace, name, account, ip string
+	// workload and app are what Istio's agent reads of the pod (its
+	// workload name, its application container).
+	workload, app string
+	labels        map[string]string
+	// ports are the pod's container ports as the agent sends them.
+	ports     string
+	allowList string
+}
 
-var sidecarLabels = map[string]string{"app": "greeter", "version": "v2", "security.istio.io/tlsMode": "istio"}
+// sidecarPods: rpc/greeter-v2-0 of testdata/proxyless.yaml, which serves
+// Service greeter (7070 → 8080, 9901) and is labelled for Istio mutual
+// TLS, and sees the whole mesh; shop/cart-0 of testdata/traffic.yaml,
+// scoped by the Sidecar resource shop/cart (egress hosts, an inbound
+// connection pool).
+var sidecarPods = []sidecarPod{
+	{
+		namespace: "rpc", name: "greeter-v2-0", account: "greeter", ip: "10.244.3.21", workload: "greeter-v2", app: "greeter",
+		labels:    map[string]string{"app": "greeter", "version": "v2", "security.istio.io/tlsMode": "istio"},
+		ports:     `[{"name":"grpc","containerPort":8080,"protocol":"TCP"}]`,
+		allowList: "sidecar-allowlist.yaml",
+	},
+	{
+		namespace: "shop", name: "cart-0", account: "cart", ip: "10.244.4.10", workload: "cart", app: "cart",
+		labels:    map[string]string{"app": "cart", "version": "v1", "security.istio.io/tlsMode": "istio"},
+		ports:     `[{"name":"http","containerPort":8080,"protocol":"TCP"}]`,
+		allowList: "sidecar-scoped-allowlist.yaml",
+	},
+}
 
-// sidecarNode is the node Istio's agent sends for an Envoy sidecar of pod
-// pod (wire contract: sidecar §1.5).
-func sidecarNode(ns, pod, sa, ip string, labels map[string]string) (*corev3.Node, error) {
+// node is the node Istio's agent sends for the pod's Envoy sidecar (wire
+// contract: sidecar §1.5).
+func (sp sidecarPod) node() (*corev3.Node, error) {
 	lbls := map[string]any{}
-	for k, v := range labels {
+	for k, v := range sp.labels {
 		lbls[k] = v
 	}
 	md, err := structpb.NewStruct(map[string]any{
 		"ISTIO_VERSION": "1.32.0", "CLUSTER_ID": "Kubernetes", "MESH_ID": "cluster.local",
-		"NAME": pod, "NAMESPACE": ns, "SERVICE_ACCOUNT": sa, "INSTANCE_IPS": ip, "LABELS": lbls,
-		"INTERCEPTION_MODE": "REDIRECT", "WORKLOAD_NAME": "greeter-v2", "APP_CONTAINERS": "greeter", "NODE_NAME": "node-1",
-		"POD_PORTS":         `[{"name":"grpc","containerPort":8080,"protocol":"TCP"}]`,
+		"NAME": sp.name, "NAMESPACE": sp.namespace, "SERVICE_ACCOUNT": sp.account, "INSTANCE_IPS": sp.ip, "LABELS": lbls,
+		"INTERCEPTION_MODE": "REDIRECT", "WORKLOAD_NAME": sp.workload, "APP_CONTAINERS": sp.app, "NODE_NAME": "node-1",
+		"POD_PORTS":         sp.ports,
 		"ENVOY_STATUS_PORT": 15021.0, "ENVOY_PROMETHEUS_PORT": 15090.0,
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &corev3.Node{Id: fmt.Sprintf("sidecar~%s~%s.%s~%s.svc.cluster.local", ip, pod, ns, ns), Cluster: "greeter." + ns, Metadata: md}, nil
+	return &corev3.Node{
+		Id:      fmt.Sprintf("sidecar~%s~%s.%s~%s.svc.cluster.local", sp.ip, sp.name, sp.namespace, sp.namespace),
+		Cluster: sp.app + "." + sp.namespace, Metadata: md,
+	}, nil
+}
+
+// compareSidecars compares each of sidecarPods (compareSidecar).
+func compareSidecars(t *testing.T, istiodAddr, canopyAddr string) {
+	for _, sp := range sidecarPods {
+		t.Run(sp.namespace+"/"+sp.name, func(t *testing.T) { compareSidecar(t, istiodAddr, canopyAddr, sp) })
+	}
 }
 
 // compareSidecar subscribes to both control planes as the Envoy sidecar of
-// pod rpc/greeter-v2-0 and compares all four types whole, but for what only
-// telemetry reads (withoutTelemetry): Istio's own Envoy build has stats,
-// peer metadata and access log extensions Canopy does not configure.
-// Differences testdata/sidecar-allowlist.yaml does not list fail.
-func compareSidecar(t *testing.T, istiodAddr, canopyAddr string) {
-	allowPath := filepath.Join("testdata", "sidecar-allowlist.yaml")
+// a pod and compares all four types whole, but for what only telemetry
+// reads (withoutTelemetry): Istio's own Envoy build has stats, peer
+// metadata and access log extensions Canopy does not configure.
+// Differences the pod's allow-list does not list fail.
+func compareSidecar(t *testing.T, istiodAddr, canopyAddr string, sp sidecarPod) {
+	allowPath := filepath.Join("testdata", sp.allowList)
 	allowList, err := readAllowList(allowPath, "Listener", "RouteConfiguration", "Cluster", "ClusterLoadAssignment")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := t.Context()
-	node, err := sidecarNode(sidecarNamespace, sidecarPod, sidecarAccount, sidecarIP, sidecarLabels)
+	node, err := sp.node()
 	if err != nil {
 		t.Fatal(err)
 	}
-	istiodConn, canopyConn, canopyMD := envoyConnections(t, istiodAddr, canopyAddr, sidecarNamespace, sidecarAccount)
+	istiodConn, canopyConn, canopyMD := envoyConnections(t, istiodAddr, canopyAddr, sp.namespace, sp.account)
 	fromIstiod, err := subscribeSidecar(ctx, "istiod", istiodConn, node, metadata.MD{})
 	if err != nil {
 		t.Fatal(err)
@@ -76,7 +107,7 @@ func compareSidecar(t *testing.T, istiodAddr, canopyAddr string) {
 	dir := os.Getenv("CANOPY_PARITY_DUMP")
 	if dir != "" {
 		waitQuiet(t, "istiod's sidecar view", fromIstiod)
-		dumpView(t, filepath.Join(dir, "istiod-sidecar.json"), fromIstiod)
+		dumpView(t, filepath.Join(dir, "istiod-sidecar-"+sp.name+".json"), fromIstiod)
 	}
 	fromCanopy, err := subscribeSidecar(ctx, "canopy", canopyConn, node, canopyMD)
 	if err != nil {
@@ -84,9 +115,9 @@ func compareSidecar(t *testing.T, istiodAddr, canopyAddr string) {
 	}
 	waitQuiet(t, "both sidecar views", fromIstiod, fromCanopy)
 	if dir != "" {
-		dumpView(t, filepath.Join(dir, "canopy-sidecar.json"), fromCanopy)
+		dumpView(t, filepath.Join(dir, "canopy-sidecar-"+sp.name+".json"), fromCanopy)
 	}
-	compareViews(t, "sidecar ", envoyTypes, withoutTelemetry{fromIstiod}, withoutTelemetry{fromCanopy}, allowList, allowPath)
+	compareViews(t, "sidecar "+sp.name+" ", envoyTypes, withoutTelemetry{fromIstiod}, withoutTelemetry{fromCanopy}, allowList, allowPath)
 }
 
 // dumpView writes a view's resources as JSON, for a person reading them

@@ -1,6 +1,7 @@
 package sidecar
 
 import (
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -420,21 +421,6 @@ func (m *Mesh) virtualInbound(p Proxy) *listenerv3.Listener {
 		ContinueOnListenerFiltersTimeout:     true,
 		MaxConnectionsToAcceptPerSocketEvent: wrapperspb.UInt32(1),
 	}
-	// The inspectors skip connections to 15006 itself, and the HTTP one
-	// the ports whose protocol is known.
-	tls, http := tlsInspector(), httpInspector()
-	tls.FilterDisabled = portsPredicate([]uint32{virtualInboundPort})
-	known := []uint32{virtualInboundPort}
-	for _, in := range m.inboundPorts(p) {
-		if kindOf(in.protocol) != kindSniffed {
-			known = append(known, in.target)
-		}
-	}
-	http.FilterDisabled = portsPredicate(known)
-	l.ListenerFilters = []*listenerv3.ListenerFilter{
-		{Name: "envoy.filters.listener.original_dst", ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&originaldstv3.OriginalDst{})}},
-		tls, http,
-	}
 	l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{
 		Name:             VirtualInbound + "-blackhole",
 		FilterChainMatch: &listenerv3.FilterChainMatch{DestinationPort: wrapperspb.UInt32(virtualInboundPort)},
@@ -450,7 +436,63 @@ func (m *Mesh) virtualInbound(p Proxy) *listenerv3.Listener {
 		cluster := ClusterName(Inbound, in.target, "", "")
 		l.FilterChains = append(l.FilterChains, inboundChains(name, in.target, in.port, in.protocol, cluster, in.svc.GetHostname()+":"+u32(in.port)+"/*", m.MTLSMode(p.Namespace, p.Labels, in.target), rbac, name)...)
 	}
+	l.ListenerFilters = append([]*listenerv3.ListenerFilter{
+		{Name: "envoy.filters.listener.original_dst", ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&originaldstv3.OriginalDst{})}},
+	}, inspectors(l.FilterChains)...)
 	return l
+}
+
+// inspectors are the TLS and HTTP inspectors the inbound chains need, as
+// istiod derives them: a port needs the TLS one when a chain of it matches
+// TLS, the HTTP one when a chain matches plaintext HTTP's ALPN; an
+// inspector is left out when no port needs it, and disabled on the ports
+// that do not (or enabled on those that do, when the catch-all does not).
+func inspectors(chains []*listenerv3.FilterChain) []*listenerv3.ListenerFilter {
+	type need struct{ tls, http bool }
+	byPort := map[uint32]need{}
+	for _, fc := range chains {
+		port := fc.GetFilterChainMatch().GetDestinationPort().GetValue()
+		n := byPort[port]
+		n.tls = n.tls || fc.GetFilterChainMatch().GetTransportProtocol() == "tls"
+		n.http = n.http || slices.ContainsFunc(fc.GetFilterChainMatch().GetApplicationProtocols(), func(a string) bool { return a == "http/1.1" || a == "h2c" })
+		byPort[port] = n
+	}
+	ports := slices.Sorted(maps.Keys(byPort))
+	var out []*listenerv3.ListenerFilter
+	if slices.ContainsFunc(ports, func(p uint32) bool { return byPort[p].tls }) {
+		f := tlsInspector()
+		var off, on []uint32
+		for _, p := range ports {
+			switch {
+			case p == 0:
+			case byPort[p].tls:
+				on = append(on, p)
+			default:
+				off = append(off, p)
+			}
+		}
+		switch {
+		case byPort[0].tls && len(off) > 0:
+			f.FilterDisabled = portsPredicate(off)
+		case !byPort[0].tls && len(on) > 0:
+			f.FilterDisabled = &listenerv3.ListenerFilterChainMatchPredicate{Rule: &listenerv3.ListenerFilterChainMatchPredicate_NotMatch{NotMatch: portsPredicate(on)}}
+		}
+		out = append(out, f)
+	}
+	if slices.ContainsFunc(ports, func(p uint32) bool { return byPort[p].http }) {
+		f := httpInspector()
+		var off []uint32
+		for _, p := range ports {
+			if !byPort[p].http {
+				off = append(off, p)
+			}
+		}
+		if len(off) > 0 {
+			f.FilterDisabled = portsPredicate(off)
+		}
+		out = append(out, f)
+	}
+	return out
 }
 
 // portsPredicate matches connections to any of ports.
@@ -481,56 +523,77 @@ type inboundFilters struct {
 }
 
 func inboundChains(name string, port, servicePort uint32, protocol, cluster, operation string, mode securityapi.PeerAuthentication_MutualTLS_Mode, rbac inboundFilters, httpName string) []*listenerv3.FilterChain {
-	kind := kindOf(protocol)
-	httpOK, tcpOK := kind != kindTCP, kind != kindHTTP
-	mtls := mode != securityapi.PeerAuthentication_MutualTLS_DISABLE
-	plain := mode != securityapi.PeerAuthentication_MutualTLS_STRICT
-	match := func(transport string, alpn []string) *listenerv3.FilterChainMatch {
-		m := &listenerv3.FilterChainMatch{TransportProtocol: transport, ApplicationProtocols: alpn}
+	var out []*listenerv3.FilterChain
+	for _, o := range inboundMatches(kindOf(protocol), port == 0, mode) {
+		m := &listenerv3.FilterChainMatch{TransportProtocol: o.transport, ApplicationProtocols: o.alpn}
 		if port != 0 {
 			m.DestinationPort = wrapperspb.UInt32(port)
 		}
-		return m
-	}
-	tcpFilters := func() []*listenerv3.Filter {
-		return append(append([]*listenerv3.Filter{metadataExchange()}, rbac.network...), tcpProxy(cluster))
-	}
-	var out []*listenerv3.FilterChain
-	if port != 0 && kind == kindHTTP {
-		// A port known to carry HTTP: one mutual TLS chain taking every
-		// Istio protocol, as Istio's sidecars offer them.
-		if mtls {
-			out = append(out, &listenerv3.FilterChain{
-				Name: httpName, FilterChainMatch: match("tls", mtlsAnyProtocols),
-				TransportSocket: inboundTLS(true, rbac.trustDomain), Filters: []*listenerv3.Filter{metadataExchange(), inboundHCM(port, servicePort, cluster, protocol, operation, rbac.http)},
-			})
+		fc := &listenerv3.FilterChain{FilterChainMatch: m}
+		if o.http {
+			fc.Name = httpName
+			fc.Filters = []*listenerv3.Filter{metadataExchange(), inboundHCM(port, servicePort, cluster, protocol, operation, rbac.http)}
+		} else {
+			fc.Name = name
+			fc.Filters = append(append([]*listenerv3.Filter{metadataExchange()}, rbac.network...), tcpProxy(cluster))
 		}
-		if plain {
-			out = append(out, &listenerv3.FilterChain{Name: httpName, FilterChainMatch: match("raw_buffer", nil), Filters: []*listenerv3.Filter{metadataExchange(), inboundHCM(port, servicePort, cluster, protocol, operation, rbac.http)}})
+		if o.mtls {
+			fc.TransportSocket = inboundTLS(o.http, rbac.trustDomain)
 		}
-		return out
-	}
-	if httpOK {
-		if mtls {
-			out = append(out, &listenerv3.FilterChain{Name: httpName, FilterChainMatch: match("tls", mtlsHTTPProtocols), TransportSocket: inboundTLS(true, rbac.trustDomain), Filters: []*listenerv3.Filter{metadataExchange(), inboundHCM(port, servicePort, cluster, protocol, operation, rbac.http)}})
-		}
-		if plain {
-			out = append(out, &listenerv3.FilterChain{Name: httpName, FilterChainMatch: match("raw_buffer", plainHTTPProtocols), Filters: []*listenerv3.Filter{metadataExchange(), inboundHCM(port, servicePort, cluster, protocol, operation, rbac.http)}})
-		}
-	}
-	if tcpOK {
-		if mtls {
-			out = append(out, &listenerv3.FilterChain{Name: name, FilterChainMatch: match("tls", mtlsTCPProtocols), TransportSocket: inboundTLS(false, rbac.trustDomain), Filters: tcpFilters()})
-		}
-		if plain {
-			out = append(out,
-				&listenerv3.FilterChain{Name: name, FilterChainMatch: match("raw_buffer", nil), Filters: tcpFilters()},
-				// TLS the application terminates itself passes through.
-				&listenerv3.FilterChain{Name: name, FilterChainMatch: match("tls", nil), Filters: tcpFilters()},
-			)
-		}
+		out = append(out, fc)
 	}
 	return out
+}
+
+// inboundMatch is one inbound chain's match: transport and ALPN, whether
+// it carries HTTP, and whether it terminates Istio mutual TLS.
+type inboundMatch struct {
+	transport  string
+	alpn       []string
+	http, mtls bool
+}
+
+// inboundMatches are the chains of a port of a kind (any: the catch-all,
+// whose protocol is detected) under a PeerAuthentication mode, in istiod's
+// order. STRICT takes mutual TLS only, telling HTTP apart by its ALPN where
+// the protocol is detected; DISABLE plaintext only; PERMISSIVE both, and
+// on detected and TCP ports TLS the application terminates itself.
+func inboundMatches(kind portKind, catchAll bool, mode securityapi.PeerAuthentication_MutualTLS_Mode) []inboundMatch {
+	if catchAll {
+		kind = kindSniffed
+	}
+	switch mode {
+	case securityapi.PeerAuthentication_MutualTLS_STRICT:
+		switch kind {
+		case kindHTTP:
+			return []inboundMatch{{transport: "tls", http: true, mtls: true}}
+		case kindTCP:
+			return []inboundMatch{{transport: "tls", mtls: true}}
+		}
+		return []inboundMatch{{transport: "tls", alpn: mtlsHTTPProtocols, http: true, mtls: true}, {transport: "tls", mtls: true}}
+	case securityapi.PeerAuthentication_MutualTLS_DISABLE:
+		switch kind {
+		case kindHTTP:
+			return []inboundMatch{{transport: "raw_buffer", http: true}}
+		case kindTCP:
+			return []inboundMatch{{transport: "raw_buffer"}}
+		}
+		return []inboundMatch{{transport: "raw_buffer", alpn: plainHTTPProtocols, http: true}, {transport: "raw_buffer"}}
+	}
+	switch kind {
+	case kindHTTP:
+		return []inboundMatch{{transport: "tls", alpn: mtlsAnyProtocols, http: true, mtls: true}, {transport: "raw_buffer", http: true}}
+	case kindTCP:
+		return []inboundMatch{{transport: "tls", alpn: mtlsAnyProtocols, mtls: true}, {transport: "tls"}, {transport: "raw_buffer"}}
+	}
+	return []inboundMatch{
+		{transport: "tls", alpn: mtlsHTTPProtocols, http: true, mtls: true},
+		{transport: "raw_buffer", alpn: plainHTTPProtocols, http: true},
+		{transport: "tls", alpn: mtlsTCPProtocols, mtls: true},
+		{transport: "raw_buffer"},
+		// TLS the application terminates itself passes through.
+		{transport: "tls"},
+	}
 }
 
 // inboundTLS terminates Istio mutual TLS: the sidecar's certificate and
