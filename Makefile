@@ -22,7 +22,7 @@ GOTESTP     ?= 2
 LDFLAGS := -s -w -X $(MODULE)/internal/version.version=$(VERSION)
 BINARIES := $(notdir $(patsubst %/,%,$(dir $(wildcard cmd/*/main.go))))
 
-.PHONY: all build images deps modules tools test-tools demo demo-down crds test test-packages test-race test-e2e test-unit lint proto bench clean help
+.PHONY: all build images deps modules tools test-tools demo demo-down crds test test-packages test-race race-build test-e2e test-unit lint proto bench clean help
 
 all: build
 
@@ -81,24 +81,30 @@ RACE_PKGS := ./node/hbone ./node/proxy ./node/inpod ./controller/xds ./ca/... ./
 
 # Lint runs beside everything else; the tests start once the tools are
 # built. Cold, the tools build (two modules at a time) and lint keep both
-# cores busy; after that three go test runs and the rest of lint share them:
-# the end-to-end suite mostly waits (nodes booting, rollouts, drains) while
-# the others compile and run. The end-to-end suite runs its scenario once
-# per redirection backend, longer than go test's default timeout of 10
-# minutes for one package on 2 cores.
+# cores busy; after that two go test runs, the race build and the rest of
+# lint share them: the end-to-end suite mostly waits (nodes booting,
+# rollouts, drains) while the others compile and run. The race detector's
+# tests run last, alone: slowed five- to tenfold, their liveness bounds
+# (a slow proxy cut off, a change reaching every proxy) did not hold with
+# two other test runs beside them. The end-to-end suite runs its scenario
+# once per redirection backend, longer than go test's default timeout of
+# 10 minutes for one package on 2 cores.
 test: deps modules ## every test level: unit, kube (real API server), root-level and e2e (local cluster), RACE_PKGS under the race detector
-	@$(MAKE) --no-print-directory -j 4 lint test-packages test-race test-e2e
+	@$(MAKE) --no-print-directory -j 4 lint test-packages test-e2e race-build
+	@$(MAKE) --no-print-directory test-race
 
 test-packages: test-tools # every package but the end-to-end suite and RACE_PKGS
 	@env $(TOOLS_ENV) $(GO) test -p $(GOTESTP) -count=1 -timeout 40m $(GOTESTFLAGS) \
 		$$($(GO) list ./... | grep -vxF -f <($(GO) list ./e2e $(RACE_PKGS)))
 
-# The race run's tests go one package at a time beside the others, but
-# -p 1 would also compile one package at a time: the race-instrumented build
-# of everything they import (the standard library, client-go, the Envoy
-# protos) comes first, two compilers at a time, and is cached.
-test-race: test-tools # RACE_PKGS under the race detector
+# The race run's tests go one package at a time, but -p 1 would also
+# compile one package at a time: the race-instrumented build of everything
+# they import (the standard library, client-go, the Envoy protos) comes
+# first, two compilers at a time, beside the other tests, and is cached.
+race-build: # the race-instrumented imports of RACE_PKGS, into the build cache
 	@$(GO) build -race $$($(GO) list -deps -test $(RACE_PKGS) | grep -v -e '\.test$$' -e ' \[')
+
+test-race: test-tools race-build # RACE_PKGS under the race detector
 	@env $(TOOLS_ENV) $(GO) test -race -p 1 -count=1 -timeout 40m $(GOTESTFLAGS) $(RACE_PKGS)
 
 test-e2e: test-tools

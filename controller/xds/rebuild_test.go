@@ -93,7 +93,8 @@ func TestEventsMatchARebuild(t *testing.T) {
 		for i, e := range envoys {
 			want[i] = e.expected(gen)
 		}
-		deadline := time.Now().Add(10 * time.Second)
+		// A liveness bound, not a speed one: stale config never converges.
+		deadline := time.Now().Add(settle)
 		for {
 			zdiff := snapshotDiff(wantTable, ztunnel.table.Snapshot())
 			var ediffs []string
