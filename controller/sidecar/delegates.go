@@ -242,6 +242,9 @@ func matchesConflict(r, s *networkingapi.HTTPMatchRequest) bool {
 		}
 	}
 	if len(r.GetGateways()) > 0 && len(s.GetGateways()) > 0 {
+		if len(r.GetGateways()) < len(s.GetGateways()) {
+			return true
+		}
 		for _, g := range s.GetGateways() {
 			if !slices.Contains(r.GetGateways(), g) {
 				return true

@@ -13,8 +13,8 @@ import (
 
 // TestMergeDelegates: a root's delegating route becomes the delegate's
 // routes, narrowed by its match and filled in by its fields; a delegate
-// route outside the root's match, and a delegate not exported to the
-// root, route nothing.
+// route outside the root's match (a path, more gateways than the root
+// names), and a delegate not exported to the root, route nothing.
 func TestMergeDelegates(t *testing.T) {
 	prefix := func(p string) *networkingapi.StringMatch {
 		return &networkingapi.StringMatch{MatchType: &networkingapi.StringMatch_Prefix{Prefix: p}}
@@ -31,7 +31,7 @@ func TestMergeDelegates(t *testing.T) {
 	root := vs("front", "root", []string{"front"}, nil,
 		&networkingapi.HTTPRoute{
 			Name:     "api",
-			Match:    []*networkingapi.HTTPMatchRequest{{Name: "m", Uri: prefix("/api/")}},
+			Match:    []*networkingapi.HTTPMatchRequest{{Name: "m", Uri: prefix("/api/"), Gateways: []string{"mesh"}}},
 			Delegate: &networkingapi.Delegate{Name: "api", Namespace: "team"},
 			Timeout:  durationpb.New(3e9),
 		},
@@ -41,6 +41,7 @@ func TestMergeDelegates(t *testing.T) {
 	api := vs("team", "api", nil, nil,
 		&networkingapi.HTTPRoute{Name: "orders", Match: []*networkingapi.HTTPMatchRequest{{Name: "o", Uri: exact("/api/orders")}}, Route: to("orders")},
 		&networkingapi.HTTPRoute{Name: "outside", Match: []*networkingapi.HTTPMatchRequest{{Uri: prefix("/other/")}}, Route: to("orders")},
+		&networkingapi.HTTPRoute{Name: "more-gateways", Match: []*networkingapi.HTTPMatchRequest{{Gateways: []string{"mesh", "mesh"}}}, Route: to("orders")},
 		&networkingapi.HTTPRoute{Route: to("catalog.shop.svc.cluster.local"), Timeout: durationpb.New(1e9)},
 	)
 	private := vs("team", "private", nil, []string{"."}, &networkingapi.HTTPRoute{Route: to("secret")})
@@ -49,13 +50,13 @@ func TestMergeDelegates(t *testing.T) {
 	want := []*networkingapi.HTTPRoute{
 		{
 			Name:    "api-orders",
-			Match:   []*networkingapi.HTTPMatchRequest{{Name: "m-o", Uri: exact("/api/orders")}},
+			Match:   []*networkingapi.HTTPMatchRequest{{Name: "m-o", Uri: exact("/api/orders"), Gateways: []string{"mesh"}}},
 			Route:   to("orders.team.svc.cluster.local"),
 			Timeout: durationpb.New(3e9),
 		},
 		{
 			Name:    "api",
-			Match:   []*networkingapi.HTTPMatchRequest{{Name: "m", Uri: prefix("/api/")}},
+			Match:   []*networkingapi.HTTPMatchRequest{{Name: "m", Uri: prefix("/api/"), Gateways: []string{"mesh"}}},
 			Route:   to("catalog.shop.svc.cluster.local"),
 			Timeout: durationpb.New(1e9),
 		},
