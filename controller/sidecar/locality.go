@@ -1,6 +1,7 @@
 package sidecar
 
 import (
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -197,7 +198,7 @@ func distribute(groups []*endpointv3.LocalityLbEndpoints, loc *corev3.Locality, 
 		for i := range groups {
 			unmatched[i] = true
 		}
-		for _, pattern := range sortedKeys(r.GetTo()) {
+		for _, pattern := range slices.Sorted(maps.Keys(r.GetTo())) {
 			weight := r.GetTo()[pattern]
 			matched := map[int]uint32{}
 			total := uint32(0)
@@ -333,7 +334,7 @@ func failoverPriorities(groups []localityGroup, proxyLabels map[string]string, p
 			}
 			byPriority[priority+adjust] = append(byPriority[priority+adjust], i)
 		}
-		for _, pr := range sortedKeys(byPriority) {
+		for _, pr := range slices.Sorted(maps.Keys(byPriority)) {
 			split := proto.Clone(g.lb).(*endpointv3.LocalityLbEndpoints)
 			split.LbEndpoints = nil
 			split.Priority = uint32(pr)
@@ -351,15 +352,6 @@ func failoverPriorities(groups []localityGroup, proxyLabels map[string]string, p
 		rank[i] = int(g.GetPriority())
 	}
 	compactPriorities(out, rank)
-	return out
-}
-
-func sortedKeys[K interface{ ~int | ~string }, V any](m map[K]V) []K {
-	out := make([]K, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
 	return out
 }
 

@@ -76,7 +76,7 @@ func (m *Mesh) tcpChains(p Proxy, svc *Service, port uint32, protocol string, pr
 					if len(mr.GetDestinationSubnets()) > 0 {
 						ranges = cidrRanges(mr.GetDestinationSubnets())
 					}
-					key := joinKey(mr.GetSniHosts()) + "|" + joinKey(mr.GetDestinationSubnets())
+					key := strings.Join(mr.GetSniHosts(), ",") + "|" + strings.Join(mr.GetDestinationSubnets(), ",")
 					if seen[key] {
 						continue // the same connections are already routed
 					}
@@ -303,5 +303,3 @@ func sameRanges(a, b []*corev3.CidrRange) bool {
 	}
 	return slices.Equal(key(a), key(b))
 }
-
-func joinKey(parts []string) string { return strings.Join(parts, ",") }
